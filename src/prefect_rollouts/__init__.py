@@ -1,0 +1,61 @@
+"""prefect-rollouts: run and score LLM-agent rollouts; each rollout can be a Prefect flow."""
+
+from prefect_rollouts.agent import Agent, Interaction, make_agent
+from prefect_rollouts.config import (
+    AgentConfig,
+    ClientConfig,
+    HarnessConfig,
+    NetworkPolicy,
+    RetryConfig,
+    RuntimeConfig,
+    SamplingConfig,
+    ScoringConfig,
+    TimeoutConfig,
+    load_config,
+)
+from prefect_rollouts.errors import (
+    ConfigError,
+    InfrastructureError,
+    ProviderError,
+    RolloutsError,
+    RuntimeUnavailableError,
+    ScoringEnvError,
+    StageTimeoutError,
+    TaskError,
+)
+from prefect_rollouts.runtimes import ExecResult
+from prefect_rollouts.stages import Segment
+from prefect_rollouts.task import Task, TaskData, metric, reward
+from prefect_rollouts.trace import Receipt, Trace
+
+__all__ = [
+    "Agent",
+    "AgentConfig",
+    "ClientConfig",
+    "ConfigError",
+    "ExecResult",
+    "HarnessConfig",
+    "InfrastructureError",
+    "Interaction",
+    "NetworkPolicy",
+    "ProviderError",
+    "Receipt",
+    "RetryConfig",
+    "RolloutsError",
+    "RuntimeConfig",
+    "RuntimeUnavailableError",
+    "SamplingConfig",
+    "ScoringConfig",
+    "ScoringEnvError",
+    "Segment",
+    "StageTimeoutError",
+    "Task",
+    "TaskData",
+    "TaskError",
+    "TimeoutConfig",
+    "Trace",
+    "load_config",
+    "make_agent",
+    "metric",
+    "reward",
+]

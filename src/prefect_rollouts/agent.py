@@ -1,0 +1,297 @@
+"""The public entry points: ``make_agent``, ``Agent.run`` and ``Agent.interaction``.
+
+An ``Agent`` owns one model client (one connection pool) shared by all its rollouts. Each
+rollout runs the lifecycle in ``stages.py``; failures are data on the returned trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from types import TracebackType
+from typing import Any, Literal
+
+from prefect_rollouts.config import AgentConfig
+from prefect_rollouts.errors import ConfigError
+from prefect_rollouts.model import ModelClient
+from prefect_rollouts.scoring.env import is_template
+from prefect_rollouts.stages import RolloutState, Segment, close, new_state, opening_messages, run_segment, setup, teardown
+from prefect_rollouts.task import Task
+from prefect_rollouts.trace import Receipt, SendRecord, Trace
+
+
+def make_agent(config: AgentConfig) -> Agent:
+    """Build an ``Agent`` from ``config``. Use it as ``async with make_agent(config) as agent:``."""
+    return Agent(config)
+
+
+class Agent:
+    """A configured harness and model that runs rollouts in fresh runtimes.
+
+    Args:
+        config: The ``AgentConfig``; stamped on every trace with secrets redacted.
+
+    Raises:
+        TypeError: ``config`` is not an ``AgentConfig``.
+    """
+
+    def __init__(self, config: AgentConfig) -> None:
+        if not isinstance(config, AgentConfig):
+            raise TypeError(f"make_agent(config=...) needs an AgentConfig, got {type(config).__name__}")
+        self.config = config
+        self.info = redacted_config(config)
+        self._client: ModelClient | None = None
+
+    async def __aenter__(self) -> Agent:
+        if self._client is not None:
+            raise RuntimeError("this Agent is already open; enter it once")
+        self._client = ModelClient(self.config.client)
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+    async def run(self, task: Task) -> Trace:
+        """Run one rollout to completion: setup, one segment on the task's prompt, finalize, score.
+
+        Returns:
+            The finished ``Trace``. Rollout failures (model endpoint, runtime, task code,
+            deadlines) are recorded on it, not raised.
+
+        Raises:
+            ConfigError: the task has no prompt (use ``interaction`` for prompt-less tasks).
+        """
+        if task.data.prompt is None:
+            raise ConfigError(f"TaskData.prompt = None (task {task.id!r}): run() needs a prompt. "
+                              "Set a prompt, or drive the task with agent.interaction(task)")
+        async with self._borrow_client() as client:
+            state = new_state(self.config, task, client, agent_info=self.info)
+            try:
+                await setup(state)
+                if not state.stopped:
+                    await run_segment(state, opening_messages(task))
+                    state.trace.stop("agent_completed")
+                await close(state)
+            finally:
+                await teardown(state)
+            return state.trace
+
+    def interaction(self, task: Task) -> Interaction:
+        """Open a turn-by-turn rollout of ``task``: ``async with agent.interaction(task) as it:``."""
+        return Interaction(self, task)
+
+    @contextlib.asynccontextmanager
+    async def _borrow_client(self) -> Any:
+        if self._client is not None:
+            yield self._client
+            return
+        client = ModelClient(self.config.client)  # un-entered agent: a pool for this rollout only
+        try:
+            yield client
+        finally:
+            await client.aclose()
+
+
+class Interaction:
+    """One open rollout driven by the caller, who plays the user.
+
+    ``turn()`` runs one harness segment; ``send()`` delivers messages while the agent works
+    (``steer``) or at the next turn boundary (``queue``). Leaving the ``async with`` block
+    cancels outstanding deliveries, then finalizes and scores; ``trace`` is then complete.
+    """
+
+    def __init__(self, agent: Agent, task: Task) -> None:
+        self.agent = agent
+        self.task = task
+        self.state: RolloutState | None = None
+        self._client_cm: Any = None
+        self._lock = asyncio.Lock()
+        self._active = False
+        self._opened = False
+        self._closed = False
+        self._queue: list[SendRecord] = []
+        self._sends: dict[str, SendRecord] = {}
+        self._drain: asyncio.Task[None] | None = None
+
+    @property
+    def trace(self) -> Trace:
+        """The live trace (complete after the block exits)."""
+        if self.state is None:
+            raise RuntimeError("the interaction has not started; use it as `async with agent.interaction(task)`")
+        return self.state.trace
+
+    async def __aenter__(self) -> Interaction:
+        self._client_cm = self.agent._borrow_client()
+        client = await self._client_cm.__aenter__()
+        self.state = new_state(self.agent.config, self.task, client, agent_info=self.agent.info)
+        try:
+            await setup(self.state)
+        except BaseException:
+            await teardown(self.state)
+            await self._client_cm.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        state = self.state
+        assert state is not None
+        self._closed = True
+        try:
+            await self._cancel_deliveries()
+            if exc is None:
+                state.trace.stop("user_closed")
+                await close(state)
+            elif not isinstance(exc, asyncio.CancelledError):
+                state.trace.record_error(exc, "interaction")  # recorded, then re-raised by the block
+        finally:
+            await teardown(state)
+            await self._client_cm.__aexit__(None, None, None)
+
+    async def turn(self, message: str | list[dict[str, Any]] | None = None) -> Segment:
+        """Run one harness segment and return it.
+
+        The opening turn is a bare ``turn()`` when the task has a prompt, ``turn(message)``
+        when its prompt is None. Queued messages are delivered first, in order. After the
+        rollout stopped, returns an empty terminated ``Segment`` without consuming ``message``.
+
+        Raises:
+            ValueError: the opening turn got the wrong form, or a later turn has no message
+                and nothing is queued.
+            RuntimeError: the interaction was not entered or is closed.
+        """
+        async with self._lock:
+            return await self._turn(message)
+
+    async def send(self, text: str, mode: Literal["steer", "queue"] = "steer",
+                   message_id: str | None = None) -> Receipt:
+        """Offer a user message while the agent works, or wake an idle interaction.
+
+        ``steer`` is injected at the harness's next safe point (before its next model call);
+        ``queue`` waits for the current turn to end and is delivered with the other pending
+        messages, in order, at the start of the next turn. When no turn is running, the
+        message starts a new turn in the background (``wait_idle`` waits for it).
+
+        Returns:
+            ``Receipt``: ``accepted`` says whether it was accepted for delivery (not whether
+            it was acted on); ``reason`` says why not. The same ``message_id`` twice returns
+            the first receipt and is delivered once.
+
+        Raises:
+            ValueError: empty text, unknown mode, or a ``message_id`` reused with other text.
+        """
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError("send(text=...): text must be a non-empty string")
+        if mode not in ("steer", "queue"):
+            raise ValueError(f"send(mode={mode!r}): use 'steer' or 'queue'")
+        message_id = message_id or uuid.uuid4().hex
+        if (previous := self._sends.get(message_id)) is not None:
+            if previous.text != text:
+                raise ValueError(f"send(message_id={message_id!r}): already used for a different message")
+            return previous.receipt
+        state = self.state
+        if state is None:
+            raise RuntimeError("the interaction has not started; use it as `async with agent.interaction(task)`")
+        refusal = None
+        if self._closed or state.stopped:
+            refusal = f"the interaction has stopped ({state.trace.stop_condition or 'closed'})"
+        elif mode == "steer" and not state.harness.can_steer:
+            refusal = f"harness {state.harness.id!r} cannot steer; send with mode='queue'"
+        elif not self._opened and self.task.data.prompt is not None:
+            refusal = "the opening turn() has not run yet; call turn() first"
+        if refusal is not None:
+            receipt = Receipt(accepted=False, message_id=message_id, mode=mode, reason=refusal)
+            record = SendRecord(message_id=message_id, text=text, mode=mode, receipt=receipt, status="refused")
+        elif self._active and mode == "steer":
+            receipt = Receipt(accepted=True, message_id=message_id, mode=mode, reason="injected at the next safe point")
+            record = SendRecord(message_id=message_id, text=text, mode=mode, receipt=receipt)
+            state.steer_inbox.append(record)
+        else:
+            reason = "delivered at the start of the next turn" if self._active else "woke the idle interaction"
+            receipt = Receipt(accepted=True, message_id=message_id, mode=mode, reason=reason)
+            record = SendRecord(message_id=message_id, text=text, mode=mode, receipt=receipt)
+            self._queue.append(record)
+            if not self._active:
+                self._wake()
+        self._sends[message_id] = record
+        state.trace.sends.append(record)
+        return receipt
+
+    async def wait_idle(self) -> None:
+        """Wait until no delivery is pending or running (turns woken by ``send`` have finished)."""
+        while self._drain is not None and not self._drain.done():
+            await asyncio.shield(self._drain)
+
+    async def _turn(self, message: str | list[dict[str, Any]] | None) -> Segment:
+        state = self.state
+        if state is None or self._closed:
+            raise RuntimeError("the interaction is not open; call turn() inside `async with agent.interaction(task)`")
+        limit = state.config.max_turns
+        if limit is not None and state.turns >= limit:
+            state.trace.stop("max_turns")
+        if state.stopped:
+            return Segment([], True)
+        messages: list[dict[str, Any]] = []
+        if not self._opened:
+            has_prompt = self.task.data.prompt is not None
+            if has_prompt and message is not None:
+                raise ValueError("this task has a prompt: open the interaction with a bare turn()")
+            if not has_prompt and message is None and not self._queue:
+                raise ValueError("this task has no prompt: open the interaction with turn(message)")
+            messages = opening_messages(self.task)
+            self._opened = True
+        elif message is None and not self._queue:
+            raise ValueError("turn() needs a message (or a queued send) after the opening turn")
+        index = len(state.trace.segments)
+        for record in self._queue:
+            messages.append({"role": "user", "content": record.text})
+            record.status, record.delivered_segment = "delivered", index
+        self._queue.clear()
+        if isinstance(message, str):
+            messages.append({"role": "user", "content": message})
+        elif message is not None:
+            messages.extend(dict(m) for m in message)
+        self._active = True
+        try:
+            segment = await run_segment(state, messages)
+        finally:
+            self._active = False
+        self._queue[:0] = state.steer_inbox  # steers that arrived after the last safe point
+        state.steer_inbox.clear()
+        if self._queue:
+            self._wake()
+        return segment
+
+    def _wake(self) -> None:
+        if self._drain is None or self._drain.done():
+            self._drain = asyncio.create_task(self._run_queued())
+
+    async def _run_queued(self) -> None:
+        async with self._lock:
+            while self._queue and not self._closed:
+                await self._turn(None)
+
+    async def _cancel_deliveries(self) -> None:
+        if self._drain is not None and not self._drain.done():
+            self._drain.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._drain
+        state = self.state
+        for record in [*self._queue, *(state.steer_inbox if state else [])]:
+            record.status = "cancelled"
+        self._queue.clear()
+        if state is not None:
+            state.steer_inbox.clear()
+
+
+def redacted_config(config: AgentConfig) -> dict[str, Any]:
+    """``config`` as a JSON dict with secrets replaced by ``"***"``: header values, and
+    ``scoring.env`` values that are not pure ``${VAR}`` templates (a literal may be a key)."""
+    data = config.model_dump(mode="json")
+    data["client"]["headers"] = {key: "***" for key in data["client"]["headers"]}
+    env = data["scoring"]["env"]
+    data["scoring"]["env"] = {key: value if is_template(value) else "***" for key, value in env.items()}
+    return data

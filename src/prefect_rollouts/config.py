@@ -1,0 +1,240 @@
+"""Agent configuration: pydantic models and TOML loading.
+
+Every model forbids unknown keys, so a typo is an error that names the key and its section.
+TOML uses the seed's layout: ``[env.agent]`` holds ``AgentConfig``; its sub-tables are
+``[env.agent.client]``, ``[env.agent.sampling]``, ``[env.agent.harness]``,
+``[env.agent.runtime]``, ``[env.agent.timeouts]`` and ``[env.agent.scoring]``.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from prefect_rollouts.errors import ConfigError
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
+
+
+class RetryConfig(_Config):
+    """How often and how patiently to retry a retryable failure.
+
+    Used by ``ScoringConfig.retries`` (isolated scoring; the seed's default ``max_retries=2``)
+    and ``ClientConfig.retries`` (model requests). Backoff before retry ``n`` (0-based) is
+    ``min(backoff_s * 2**n, max_backoff_s)`` scaled by a random factor in [0.5, 1.5]; a
+    ``Retry-After`` header from the server wins when it is longer.
+    """
+
+    max_retries: int = Field(2, ge=0)
+    """Retries after the first attempt; 0 disables retrying."""
+    backoff_s: float = Field(0.5, ge=0)
+    """Wait before the first retry, in seconds; doubles on each further retry."""
+    max_backoff_s: float = Field(30.0, ge=0)
+    """Upper bound of a single wait, in seconds."""
+    max_elapsed_s: float | None = Field(None, gt=0)
+    """Stop retrying once this many seconds have passed since the first attempt; None = no bound."""
+
+
+class ClientConfig(_Config):
+    """An OpenAI-compatible endpoint. The API key is read from ``api_key_env`` at request time."""
+
+    base_url: str = "http://127.0.0.1:8000/v1"
+    """Endpoint root; requests go to ``{base_url}/chat/completions``. Usually ends in ``/v1``."""
+    api_key_env: str | None = "OPENAI_API_KEY"
+    """Name of the environment variable holding the API key; unset variable = no auth header."""
+    headers: dict[str, str] = {}
+    """Extra HTTP headers. Their values are redacted from traces."""
+    timeout: float = Field(600.0, gt=0)
+    """Per-request timeout in seconds (connect, read and write each)."""
+    retries: RetryConfig = RetryConfig(max_retries=5, backoff_s=0.5, max_backoff_s=30.0, max_elapsed_s=300.0)
+    """Retries on 429, 5xx, connect and read errors."""
+    max_connections: int = Field(64, ge=1)
+    """Size of the agent's connection pool; keep it near your rollout concurrency."""
+
+
+class SamplingConfig(_Config):
+    """Sampling parameters sent with every request; None leaves the server default."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    """Completion token cap per request; ``max_turn_tokens`` wins when both are set."""
+    seed: int | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    """``"auto"``, ``"required"``, ``"none"`` or a named function; sent only when tools are offered."""
+    extra: dict[str, Any] = {}
+    """Further request-body keys, sent as they are (e.g. ``{"stop": ["\\n\\n"]}``)."""
+
+
+class HarnessConfig(_Config):
+    """Which harness drives the model."""
+
+    id: Literal["chat", "tools"] = "tools"
+    """``chat``: one model response per segment. ``tools``: the tool-calling loop (can steer)."""
+    runtime_tools: list[Literal["bash", "read_file", "write_file"]] = ["bash", "read_file", "write_file"]
+    """Runtime tools the ``tools`` harness offers besides the task's own tools."""
+
+
+class NetworkPolicy(_Config):
+    """Network access of a runtime. TOML and Python also accept the string ``"open"`` or ``"none"``."""
+
+    mode: Literal["open", "none"] = "open"
+    allow: list[str] = []
+    """Hosts to allow under ``mode = "none"``. Not supported yet: must stay empty."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, value: Any) -> Any:
+        return {"mode": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _no_allow_list(self) -> NetworkPolicy:
+        if self.allow:
+            raise ValueError(f"allow = {self.allow!r}: host allow-lists are not supported yet. "
+                             'Use mode = "open" or mode = "none" with an empty allow list')
+        return self
+
+
+class RuntimeConfig(_Config):
+    """Where the agent's tools and the task's commands run."""
+
+    type: Literal["local"] = "local"
+    """``local``: a fresh temporary directory and subprocesses on this machine."""
+    network: NetworkPolicy = NetworkPolicy()
+    """Network policy of the runtime. ``local`` supports ``open`` only."""
+    exec_timeout_s: float = Field(120.0, gt=0)
+    """Default timeout of one command (``runtime.exec`` and the ``bash`` tool), in seconds."""
+    output_cap_bytes: int = Field(64 * 1024, ge=1024)
+    """stdout and stderr of a command are each cut to this many bytes."""
+    artifact_max_bytes: int = Field(32 * 1024 * 1024, ge=1)
+    """Cap of the collected artifacts archive (verifiers' 32 MiB default)."""
+    env: dict[str, str] = {}
+    """Environment variables set for commands, over a minimal PATH/HOME/LANG base."""
+
+
+class TimeoutConfig(_Config):
+    """Stage deadlines in seconds; None = no deadline. An expired one stops the run as ``<stage>_timeout``."""
+
+    setup: float | None = Field(None, gt=0)
+    agent: float | None = Field(None, gt=0)
+    """Budget of all harness segments together; time waiting on an interaction's caller is not counted."""
+    finalize: float | None = Field(None, gt=0)
+    scoring: float | None = Field(None, gt=0)
+
+
+class ScoringConfig(_Config):
+    """Where and how task scoring runs.
+
+    ``TaskData.scoring`` gives a task's defaults; every field explicitly set on
+    ``AgentConfig.scoring`` overrides them (``effective_scoring``); ``mode`` falls back to shared.
+    """
+
+    mode: Literal["shared", "isolated"] | None = None
+    """``shared``: score in the agent's workspace. ``isolated``: restore artifacts into a fresh runtime."""
+    runtime: RuntimeConfig | None = None
+    """Runtime of isolated scoring; None = the agent's runtime config."""
+    env: dict[str, str] = {}
+    """Environment of scoring commands; values may use ``${VAR}`` and ``${VAR:-default}``."""
+    network: NetworkPolicy | None = None
+    """Network policy while scoring runs; None = the runtime's."""
+    retries: RetryConfig = RetryConfig(max_retries=2)
+    """Retries of isolated scoring on retryable errors, each with a fresh runtime. Shared is never retried."""
+    skip_on_truncated: bool = False
+    """Skip task scoring (reward 0) when ``trace.is_truncated``."""
+    skip_on_timeout: bool = False
+    """Skip task scoring (reward 0) when ``trace.is_timeout``."""
+
+
+class AgentConfig(_Config):
+    """A harness driving a model inside a runtime; the ``[env.agent]`` table."""
+
+    model: str
+    """Model name sent in each request."""
+    client: ClientConfig = ClientConfig()
+    sampling: SamplingConfig = SamplingConfig()
+    harness: HarnessConfig = HarnessConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
+    max_turns: int | None = Field(None, ge=1)
+    """Cap on sampled model responses per rollout; hitting it stops the run as ``max_turns``."""
+    max_turn_tokens: int | None = Field(None, ge=1)
+    """Token cap of each response; a response that hits it stops the run as ``max_turn_tokens``."""
+    timeouts: TimeoutConfig = TimeoutConfig()
+    scoring: ScoringConfig = ScoringConfig()
+
+
+def effective_scoring(agent: ScoringConfig, task: ScoringConfig | None) -> ScoringConfig:
+    """Merge scoring configs: the task's defaults, then every field explicitly set on the agent's.
+
+    ``env`` merges key by key (agent keys win); every other field is replaced whole. A mode
+    set by neither falls back to ``"shared"``. Returns a new ``ScoringConfig`` with ``mode`` set.
+    """
+    merged = (task or ScoringConfig()).model_dump(exclude_unset=True)
+    for name in agent.model_fields_set:
+        value = getattr(agent, name)
+        if name == "env":
+            merged["env"] = {**merged.get("env", {}), **value}
+        else:
+            merged[name] = value
+    merged.setdefault("mode", None)
+    if merged["mode"] is None:
+        merged["mode"] = "shared"
+    return ScoringConfig.model_validate(merged)
+
+
+def load_config(source: str | Path, *, section: str = "env.agent") -> AgentConfig:
+    """Load an ``AgentConfig`` from a TOML file (or TOML text) at ``section`` (default ``env.agent``).
+
+    Raises:
+        ConfigError: the file is missing or not TOML, the section is absent, or a key is unknown
+            or invalid; the message names the key with its ``[section]`` and the fix.
+    """
+    data = _read_toml(source)
+    table: Any = data
+    for part in section.split("."):
+        if not isinstance(table, dict) or part not in table:
+            raise ConfigError(f"[{section}]: table not found in {_describe(source)}. "
+                              f"Add a [{section}] table with at least model = \"...\"")
+        table = table[part]
+    return validate_config(AgentConfig, table, section)
+
+
+def validate_config(model: type[BaseModel], data: Any, section: str) -> Any:
+    """Validate ``data`` as ``model``, turning pydantic errors into a ``ConfigError`` naming ``[section] key``."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError("\n".join(_explain(err, section) for err in exc.errors())) from None
+
+
+def _read_toml(source: str | Path) -> dict[str, Any]:
+    path = Path(source) if isinstance(source, Path) or "\n" not in source and source.endswith(".toml") else None
+    try:
+        text = path.read_text() if path is not None else str(source)
+        return tomllib.loads(text)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(path)!r}: not found. Check the path") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{_describe(source)}: not valid TOML ({exc})") from None
+
+
+def _describe(source: str | Path) -> str:
+    return f"config file {str(source)!r}" if isinstance(source, Path) or str(source).endswith(".toml") else "TOML text"
+
+
+def _explain(err: Any, section: str) -> str:
+    loc = [str(p) for p in err["loc"] if not str(p).startswith("function-")]
+    tables = [section] + [p for p in loc[:-1] if not p.isdigit()]
+    key = loc[-1] if loc else "(table)"
+    where = f"[{'.'.join(tables)}] {key}"
+    if err["type"] == "extra_forbidden":
+        return f"{where}: unknown key. Remove it or check its spelling against the documented keys"
+    if err["type"] == "missing":
+        return f"{where}: required key is missing. Add it"
+    value = err.get("input")
+    shown = "" if isinstance(value, dict) else f" = {value!r}"
+    return f"{where}{shown}: {err['msg']}. Fix the value"

@@ -1,0 +1,78 @@
+"""Every public exception of prefect-rollouts.
+
+The tree::
+
+    RolloutsError
+    ├── ConfigError(ValueError)          bad TOML, arguments or config; raised before anything starts
+    │   └── ScoringEnvError              a ${VAR} in scoring.env is unset and has no default
+    ├── InfrastructureError              .retryable tells a stage whether to retry it
+    │   ├── RuntimeUnavailableError      a runtime (workspace, engine, namespace) cannot start
+    │   └── ProviderError                transport error or non-2xx from the model server; .status_code
+    ├── TaskError                        user code (task hook, tool, reward, metric) raised
+    └── StageTimeoutError(TimeoutError)  a stage deadline from [env.agent.timeouts] expired
+
+The error model: a rollout failure is recorded once on the trace as data (``trace.errors``,
+``trace.stop_condition``); ``Agent.run`` does not raise it. Only infrastructure errors propagate
+out of a stage function, so an orchestrator (the Prefect layer) can decide to retry that stage.
+Messages follow ``<where> = <value>: <what is wrong>. <how to fix>.`` and never hold a secret.
+"""
+
+from __future__ import annotations
+
+
+class RolloutsError(Exception):
+    """Base class of every exception raised by prefect-rollouts."""
+
+
+class ConfigError(RolloutsError, ValueError):
+    """A configuration value, TOML key or argument is invalid; the message names it and the fix."""
+
+
+class ScoringEnvError(ConfigError):
+    """``scoring.env`` references ``${VAR}`` that is unset where scoring runs and has no default."""
+
+
+class InfrastructureError(RolloutsError):
+    """Something outside the task failed (model server, runtime). ``retryable`` says if a retry can help."""
+
+    retryable: bool = True
+
+    def __init__(self, message: str, *, retryable: bool | None = None) -> None:
+        super().__init__(message)
+        if retryable is not None:
+            self.retryable = retryable
+
+
+class RuntimeUnavailableError(InfrastructureError):
+    """A runtime could not be started or reached (workspace, container engine, namespace)."""
+
+
+class ProviderError(InfrastructureError):
+    """The model endpoint failed after all client retries.
+
+    Attributes:
+        status_code: HTTP status of the last attempt; 503 for a connection failure, 504 for a
+            timeout, 502 for a malformed response (the mapping verifiers uses, so 5xx means
+            "the provider side failed").
+        retryable: True for 429, 5xx and transport errors; False for other 4xx.
+    """
+
+    def __init__(self, message: str, *, status_code: int, retryable: bool | None = None) -> None:
+        if retryable is None:
+            retryable = status_code == 429 or status_code >= 500
+        super().__init__(message, retryable=retryable)
+        self.status_code = status_code
+
+
+class TaskError(RolloutsError):
+    """User code of a task raised: a ``setup``/``finalize`` hook, a reward or a metric."""
+
+
+class StageTimeoutError(RolloutsError, TimeoutError):
+    """A stage deadline (``[env.agent.timeouts]``) expired. ``stage`` names it."""
+
+    def __init__(self, stage: str, seconds: float) -> None:
+        super().__init__(f"stage {stage!r} exceeded its deadline of {seconds:g} s "
+                         f"([env.agent.timeouts] {stage} = {seconds:g})")
+        self.stage = stage
+        self.seconds = seconds

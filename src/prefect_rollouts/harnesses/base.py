@@ -1,0 +1,94 @@
+"""The harness protocol and the one model call every harness makes (``sample``)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+from prefect_rollouts.config import AgentConfig, HarnessConfig
+from prefect_rollouts.errors import ProviderError
+from prefect_rollouts.trace import ModelCall
+
+if TYPE_CHECKING:
+    from prefect_rollouts.stages import RolloutState
+
+
+class Harness(Protocol):
+    """Drives the model through one segment at a time.
+
+    ``open`` runs once in setup (after the runtime started); ``run_segment`` runs the model
+    on ``state.trace.messages`` (the new user input is already appended) until the segment
+    ends, appending every message to the trace. ``can_steer`` says whether it injects
+    ``state.steer_inbox`` messages at its safe points.
+    """
+
+    id: str
+    can_steer: bool
+
+    async def open(self, state: RolloutState) -> None: ...
+    async def run_segment(self, state: RolloutState) -> None: ...
+
+
+def make_harness(config: HarnessConfig) -> Harness:
+    """A new harness instance (one per rollout) for ``config.id``."""
+    from prefect_rollouts.harnesses.chat import ChatHarness
+    from prefect_rollouts.harnesses.tools import ToolsHarness
+
+    return {"chat": ChatHarness, "tools": ToolsHarness}[config.id](config)
+
+
+def request_template(config: AgentConfig) -> dict[str, Any]:
+    """The request-body keys every call of a rollout shares: model and sampling (built once)."""
+    sampling = config.sampling
+    body: dict[str, Any] = {"model": config.model}
+    for key in ("temperature", "top_p", "seed"):
+        if (value := getattr(sampling, key)) is not None:
+            body[key] = value
+    max_tokens = config.max_turn_tokens or sampling.max_tokens
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    body.update(sampling.extra)
+    return body
+
+
+async def sample(state: RolloutState, template: dict[str, Any]) -> dict[str, Any] | None:
+    """Make one model call on the trace's messages and append the assistant message.
+
+    Checks ``max_turns`` first (the cap reached -> stop ``max_turns``, returns None, no call).
+    After the call, a ``length`` finish under ``max_turn_tokens`` stops the run as
+    ``max_turn_tokens``. Records a ``ModelCall`` (also for a failed call) and the usage.
+
+    Returns:
+        The assistant message as appended (content ``""`` rather than null), or None.
+
+    Raises:
+        ProviderError: the call failed after the client's retries.
+    """
+    config, trace = state.config, state.trace
+    if config.max_turns is not None and state.turns >= config.max_turns:
+        trace.stop("max_turns")
+        return None
+    body = dict(template)
+    body["messages"] = trace.messages
+    started_at, started = time.time(), time.perf_counter()
+    try:
+        completion = await state.client.complete(body)
+    except ProviderError as exc:
+        trace.model_calls.append(ModelCall(
+            segment=state.segment_index, started_at=started_at, latency_ms=(time.perf_counter() - started) * 1e3,
+            retries=getattr(exc, "retries", 0), status_code=exc.status_code, error=str(exc)))
+        raise
+    trace.model_calls.append(ModelCall(
+        segment=state.segment_index, started_at=started_at, latency_ms=(time.perf_counter() - started) * 1e3,
+        prompt_tokens=completion.prompt_tokens, completion_tokens=completion.completion_tokens,
+        finish_reason=completion.finish_reason, retries=completion.retries, status_code=completion.status_code))
+    trace.usage.add(completion.prompt_tokens, completion.completion_tokens)
+    state.turns += 1
+    raw = completion.message
+    message: dict[str, Any] = {"role": "assistant", "content": raw.get("content") or ""}
+    if raw.get("tool_calls"):
+        message["tool_calls"] = raw["tool_calls"]
+    trace.messages.append(message)
+    if config.max_turn_tokens is not None and completion.finish_reason == "length":
+        trace.stop("max_turn_tokens")
+    return message

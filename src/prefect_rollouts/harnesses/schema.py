@@ -1,0 +1,76 @@
+"""Tool definitions from Python callables: OpenAI function schema and argument validation.
+
+The JSON schema comes from the callable's type hints (via a pydantic model of its
+parameters); the description and per-argument descriptions from its Google-style docstring.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, get_type_hints
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A callable offered to the model: ``name``, wire ``schema`` and the ``arguments`` model."""
+
+    name: str
+    schema: dict[str, Any]
+    arguments: type[BaseModel]
+    fn: Callable[..., Any]
+
+
+def tool_spec(fn: Callable[..., Any], name: str | None = None) -> ToolSpec:
+    """Describe ``fn`` as an OpenAI tool.
+
+    Raises:
+        ValueError: the name does not match ``[A-Za-z0-9_-]{1,64}`` (what servers accept).
+    """
+    name = name or fn.__name__
+    if not _NAME.match(name):
+        raise ValueError(f"tool name {name!r}: must match [A-Za-z0-9_-]{{1,64}}. Rename the function")
+    summary, arg_docs = _parse_docstring(inspect.getdoc(fn) or "")
+    hints = get_type_hints(fn)
+    fields: dict[str, Any] = {}
+    for pname, param in inspect.signature(fn).parameters.items():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD) or pname == "self":
+            continue
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        fields[pname] = (hints.get(pname, Any), Field(default, description=arg_docs.get(pname)))
+    arguments = create_model(f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
+    parameters = arguments.model_json_schema()
+    parameters.pop("title", None)
+    for prop in parameters.get("properties", {}).values():
+        prop.pop("title", None)
+    function = {"name": name, "description": summary or name, "parameters": parameters}
+    return ToolSpec(name=name, schema={"type": "function", "function": function}, arguments=arguments, fn=fn)
+
+
+def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """Summary (text before the first section) and ``Args:`` descriptions by parameter name."""
+    summary_lines: list[str] = []
+    args: dict[str, str] = {}
+    section = None
+    current = None
+    for line in doc.splitlines():
+        stripped = line.strip()
+        if re.fullmatch(r"(Args|Arguments|Parameters|Returns|Raises|Yields|Examples?|Notes?):", stripped):
+            section = stripped[:-1]
+            continue
+        if section is None:
+            summary_lines.append(stripped)
+        elif section in ("Args", "Arguments", "Parameters") and stripped:
+            match = re.match(r"^(\w+)\s*(\([^)]*\))?\s*:\s*(.*)$", stripped)
+            if match and line.startswith(" " * 4) and not line.startswith(" " * 8) or match and not line.startswith(" "):
+                current = match.group(1)
+                args[current] = match.group(3)
+            elif current:
+                args[current] += " " + stripped
+    return " ".join(" ".join(summary_lines).split()), args

@@ -1,0 +1,152 @@
+"""The ``tools`` harness: the standard tool-calling loop, with steering.
+
+Per segment: model -> execute its tool calls -> model ... until a reply without tool calls
+(and no steer waiting) or a stop. Before each model call (the safe point) pending steer
+messages are appended as user messages. A tool that raises, an unknown tool, or arguments
+that are not valid JSON become a tool message with the error; the loop goes on.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from prefect_rollouts.config import HarnessConfig
+from prefect_rollouts.harnesses.base import request_template, sample
+from prefect_rollouts.harnesses.schema import ToolSpec, tool_spec
+from prefect_rollouts.trace import ToolCall
+
+if TYPE_CHECKING:
+    from prefect_rollouts.runtimes import Runtime
+    from prefect_rollouts.stages import RolloutState
+
+
+class ToolsHarness:
+    """Tool-calling loop over the task's tools plus ``HarnessConfig.runtime_tools``."""
+
+    id = "tools"
+    can_steer = True
+
+    def __init__(self, config: HarnessConfig) -> None:
+        self.config = config
+        self.tools: dict[str, ToolSpec] = {}
+        self.template: dict[str, Any] = {}
+
+    async def open(self, state: RolloutState) -> None:
+        """Build the tool table and the request template (tools, ``tool_choice``)."""
+        specs = [tool_spec(fn) for fn in state.task.tools()]
+        specs += [tool_spec(fn) for fn in runtime_tools(state.runtime, self.config.runtime_tools)]
+        self.tools = {}
+        for spec in specs:
+            if spec.name in self.tools:
+                raise ValueError(f"tool name {spec.name!r} is offered twice; rename the task's tool "
+                                 "or drop it from [env.agent.harness] runtime_tools")
+            self.tools[spec.name] = spec
+        self.template = request_template(state.config)
+        if self.tools:
+            self.template["tools"] = [spec.schema for spec in self.tools.values()]
+            if state.config.sampling.tool_choice is not None:
+                self.template["tool_choice"] = state.config.sampling.tool_choice
+
+    async def run_segment(self, state: RolloutState) -> None:
+        """Loop model and tool calls until a reply without tool calls, or a stop."""
+        while True:
+            deliver_steers(state)
+            message = await sample(state, self.template)
+            if message is None or state.stopped:
+                return
+            calls = message.get("tool_calls")
+            if not calls:
+                if state.steer_inbox:
+                    continue
+                return
+            for call in calls:
+                await self._execute(state, call)
+
+    async def _execute(self, state: RolloutState, call: dict[str, Any]) -> None:
+        function = call.get("function") or {}
+        name, raw = str(function.get("name", "")), function.get("arguments") or "{}"
+        raw = raw if isinstance(raw, str) else json.dumps(raw)
+        started = time.perf_counter()
+        output, is_error = await self._invoke(name, raw)
+        call_id = str(call.get("id") or f"call_{len(state.trace.tool_calls)}")
+        state.trace.tool_calls.append(ToolCall(
+            segment=state.segment_index, id=call_id, name=name, arguments=raw, output=output,
+            is_error=is_error, latency_ms=(time.perf_counter() - started) * 1e3))
+        state.trace.messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
+
+    async def _invoke(self, name: str, raw: str) -> tuple[str, bool]:
+        spec = self.tools.get(name)
+        if spec is None:
+            return f"Error: unknown tool {name!r}. Available tools: {', '.join(sorted(self.tools)) or 'none'}.", True
+        try:
+            arguments = json.loads(raw)
+            if not isinstance(arguments, dict):
+                raise ValueError("arguments must be a JSON object")
+        except ValueError as exc:
+            return f"Error: the arguments of {name!r} are not a valid JSON object ({exc}).", True
+        try:
+            validated = spec.arguments.model_validate(arguments)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(arguments)'}: {e['msg']}" for e in exc.errors())
+            return f"Error: invalid arguments for {name!r}: {problems}.", True
+        try:
+            result = spec.fn(**{key: getattr(validated, key) for key in type(validated).model_fields})
+            if inspect.isawaitable(result):
+                result = await result
+        except Exception as exc:
+            return f"Error: {name} raised {type(exc).__name__}: {exc}", True
+        return (result if isinstance(result, str) else json.dumps(result, default=str)), False
+
+
+def deliver_steers(state: RolloutState) -> None:
+    """Append waiting steer messages as user messages, in arrival order; mark them delivered."""
+    inbox = state.steer_inbox
+    if not inbox:
+        return
+    for record in inbox:
+        state.trace.messages.append({"role": "user", "content": record.text})
+        record.status, record.delivered_segment = "delivered", state.segment_index
+    inbox.clear()
+
+
+def runtime_tools(runtime: Runtime | None, names: list[str]) -> list[Any]:
+    """The runtime tools ``names`` (``bash``, ``read_file``, ``write_file``) bound to ``runtime``."""
+    if runtime is None:
+        return []
+
+    async def bash(command: str, timeout: float | None = None) -> str:
+        """Run a shell command in the workspace and return its exit code, stdout and stderr.
+
+        Args:
+            command: The command line, run with bash -c in the workspace directory.
+            timeout: Seconds before the command is killed; default: the runtime's limit.
+        """
+        result = await runtime.exec(command, timeout=timeout)
+        note = " (killed: timeout)" if result.timed_out else ""
+        return f"exit_code: {result.exit_code}{note}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+
+    async def read_file(path: str) -> str:
+        """Read a text file from the workspace.
+
+        Args:
+            path: Path relative to the workspace.
+        """
+        return (await runtime.read_file(path)).decode("utf-8", errors="replace")
+
+    async def write_file(path: str, content: str) -> str:
+        """Create or overwrite a text file in the workspace.
+
+        Args:
+            path: Path relative to the workspace; parent directories are created.
+            content: The full new content of the file.
+        """
+        await runtime.write_file(path, content)
+        return f"wrote {len(content.encode())} bytes to {path}"
+
+    table = {"bash": bash, "read_file": read_file, "write_file": write_file}
+    return [table[name] for name in names]

@@ -1,0 +1,149 @@
+"""OpenAI-compatible chat-completions client over one pooled ``httpx.AsyncClient`` per agent.
+
+Retries (tenacity) on 429, 5xx, connect and read errors with exponential backoff and jitter,
+honouring ``Retry-After``, bounded by ``ClientConfig.retries`` (count and total time). The API
+key is read from the environment variable ``ClientConfig.api_key_env`` at each request, so it
+is never stored on a config, a trace or a log line.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import os
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, stop_after_delay, stop_never
+
+from prefect_rollouts.config import ClientConfig
+from prefect_rollouts.errors import ProviderError
+
+_RETRY_STATUS = frozenset({408, 409, 429}) | frozenset(range(500, 600))
+
+
+@dataclass(slots=True)
+class Completion:
+    """One parsed response: the assistant ``message`` (wire dict) and its bookkeeping."""
+
+    message: dict[str, Any]
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    retries: int
+    status_code: int
+
+
+class _Attempt(Exception):
+    """A failed attempt; carries what the retry policy and the final ProviderError need."""
+
+    def __init__(self, message: str, status_code: int, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.retry_after = retry_after
+
+    @property
+    def retryable(self) -> bool:
+        return self.status_code in _RETRY_STATUS
+
+
+class ModelClient:
+    """Posts chat-completions requests for one agent; share it across that agent's rollouts.
+
+    Args:
+        config: Endpoint, headers, per-request timeout (s), retries and pool size.
+    """
+
+    def __init__(self, config: ClientConfig) -> None:
+        self.config = config
+        self.url = config.base_url.rstrip("/") + "/chat/completions"
+        limits = httpx.Limits(max_connections=config.max_connections,
+                              max_keepalive_connections=config.max_connections)
+        self._http = httpx.AsyncClient(timeout=config.timeout, limits=limits, headers=config.headers)
+        retries = config.retries
+        stop = stop_after_attempt(retries.max_retries + 1)
+        stop = stop | (stop_after_delay(retries.max_elapsed_s) if retries.max_elapsed_s else stop_never)
+        self._retrying = AsyncRetrying(stop=stop, wait=self._wait, reraise=True,
+                                       retry=retry_if_exception(lambda e: isinstance(e, _Attempt) and e.retryable))
+
+    async def complete(self, body: dict[str, Any]) -> Completion:
+        """POST ``body`` to ``{base_url}/chat/completions`` and parse the first choice.
+
+        Args:
+            body: The request body (``model``, ``messages``, sampling keys, ``tools``...).
+
+        Returns:
+            ``Completion``; ``retries`` counts attempts beyond the first.
+
+        Raises:
+            ProviderError: the last attempt failed (non-2xx, transport error, malformed body);
+                ``status_code`` is the HTTP status, 503 for connection errors, 504 for timeouts,
+                502 for a malformed body. ``retries`` is set on it as well.
+        """
+        attempts = 0
+        try:
+            async for attempt in self._retrying.copy():  # per call: the iterator keeps state
+                with attempt:
+                    attempts += 1
+                    return await self._post(body, attempts - 1)
+        except _Attempt as exc:
+            error = ProviderError(f"model endpoint: POST {self.url} {exc} (after {attempts} attempt"
+                                  f"{'s' if attempts > 1 else ''})", status_code=exc.status_code)
+            error.retries = attempts - 1  # type: ignore[attr-defined]
+            raise error from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._http.aclose()
+
+    async def _post(self, body: dict[str, Any], retries: int) -> Completion:
+        headers = None
+        if self.config.api_key_env and (key := os.environ.get(self.config.api_key_env)):
+            headers = {"Authorization": f"Bearer {key}"}
+        try:
+            response = await self._http.post(self.url, json=body, headers=headers)
+        except httpx.TimeoutException as exc:
+            raise _Attempt(f"timed out after {self.config.timeout:g} s ({type(exc).__name__})", 504) from None
+        except httpx.TransportError as exc:
+            raise _Attempt(f"failed: {type(exc).__name__}: {exc}", 503) from None
+        if response.status_code >= 300:
+            hint = "; base_url usually ends in /v1" if response.status_code == 404 else ""
+            raise _Attempt(f"returned {response.status_code}: {response.text[:300]}{hint}",
+                           response.status_code, _retry_after(response.headers.get("retry-after")))
+        try:
+            data = response.json()
+            choice = data["choices"][0]
+            message = choice["message"]
+            usage = data.get("usage") or {}
+            return Completion(message=message, finish_reason=choice.get("finish_reason"),
+                              prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                              completion_tokens=int(usage.get("completion_tokens") or 0),
+                              retries=retries, status_code=response.status_code)
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise _Attempt(f"returned a malformed body ({type(exc).__name__}: {exc}): {response.text[:200]!r}",
+                           502) from None
+
+    def _wait(self, state: RetryCallState) -> float:
+        policy = self.config.retries
+        backoff = min(policy.backoff_s * 2 ** (state.attempt_number - 1), policy.max_backoff_s)
+        backoff *= random.uniform(0.5, 1.5)
+        exc = state.outcome.exception() if state.outcome else None
+        retry_after = getattr(exc, "retry_after", None)
+        return max(backoff, min(retry_after, policy.max_backoff_s)) if retry_after is not None else backoff
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date); None if absent or bad."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,5 @@
+"""Scoring: running task rewards and metrics, placement (shared or isolated), ``${VAR}`` env.
+
+Contract: functions here record on the ``Trace`` they are given and raise ``TaskError``,
+``ScoringEnvError`` or ``InfrastructureError``; the lifecycle records those. Must not import Prefect.
+"""

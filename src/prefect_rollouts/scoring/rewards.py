@@ -1,0 +1,56 @@
+"""Running a task's ``@metric`` and ``@reward`` functions and recording them on the trace."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+from prefect_rollouts.errors import TaskError
+from prefect_rollouts.task import Task, call_injected
+from prefect_rollouts.trace import Trace
+
+
+async def run_scoring_functions(task: Task, trace: Trace, runtime: Any) -> None:
+    """Run the task's metrics, then its rewards, each group concurrently, and record them.
+
+    Every name is first recorded as None, so an unscored function stays visible. On success
+    ``trace.reward`` is the sum of reward x weight. A function that raises or returns a
+    non-number leaves ``trace.reward`` None.
+
+    Raises:
+        TaskError: a function raised or returned something that is not a finite number; the
+            message names it. Values recorded before it stay on the trace.
+    """
+    functions = task.scoring_functions()
+    for name, kind, weight, _ in functions:
+        if kind == "reward":
+            trace.rewards[name] = None
+            trace.reward_weights[name] = weight
+        else:
+            trace.metrics[name] = None
+    available = {"trace": trace, "runtime": runtime, "task": task}
+    for group in ("metric", "reward"):
+        chosen = [(name, fn) for name, kind, _, fn in functions if kind == group]
+        results = await asyncio.gather(*(call_injected(fn, available) for _, fn in chosen), return_exceptions=True)
+        failure = None
+        for (name, _), result in zip(chosen, results):
+            if isinstance(result, BaseException):
+                failure = failure or TaskError(f"{group} {name!r} raised {type(result).__name__}: {result}")
+                continue
+            value = _as_score(result)
+            if value is None:
+                failure = failure or TaskError(f"{group} {name!r} returned {result!r}; return a finite number")
+                continue
+            (trace.rewards if group == "reward" else trace.metrics)[name] = value
+        if failure is not None:
+            raise failure
+    trace.reward = sum(trace.rewards[name] * trace.reward_weights[name] for name in trace.rewards)  # type: ignore[operator]
+
+
+def _as_score(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return float(value)
+    return None

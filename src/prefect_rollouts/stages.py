@@ -1,0 +1,288 @@
+"""The rollout lifecycle as plain async stages over one ``RolloutState``.
+
+Order: ``setup`` -> ``run_segment`` (once per harness segment) -> ``finalize`` ->
+``skip_check`` -> ``score`` (shared or isolated) -> ``teardown`` (always). ``close`` runs the
+part after the last segment. Orchestrators (the inline path in ``agent.py``, Prefect tasks
+later) call these functions; they hold all behaviour.
+
+A stage records failures on the trace and returns. With ``raise_retryable=True`` a retryable
+``InfrastructureError`` is raised instead (after undoing the stage's partial effects), so an
+orchestrator can retry the stage; it then calls the last attempt with ``raise_retryable=False``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from prefect_rollouts.config import AgentConfig, ScoringConfig, effective_scoring
+from prefect_rollouts.errors import InfrastructureError, StageTimeoutError
+from prefect_rollouts.harnesses import Harness, make_harness
+from prefect_rollouts.runtimes import Runtime, make_runtime
+from prefect_rollouts.scoring.placement import score_isolated, score_shared
+from prefect_rollouts.task import Task, call_injected
+from prefect_rollouts.trace import SegmentRecord, SendRecord, Trace
+
+if TYPE_CHECKING:
+    from prefect_rollouts.model import ModelClient
+
+
+@dataclass(eq=False)
+class RolloutState:
+    """Everything one rollout holds between stages. Lives in the orchestrating process."""
+
+    config: AgentConfig
+    task: Task
+    client: ModelClient
+    trace: Trace
+    harness: Harness
+    scoring: ScoringConfig
+    runtime: Runtime | None = None
+    turns: int = 0
+    """Model responses sampled so far (for ``max_turns``)."""
+    agent_elapsed_s: float = 0.0
+    """Agent budget consumed by segments so far."""
+    steer_inbox: list[SendRecord] = field(default_factory=list)
+    """Steer messages waiting for the harness's next safe point."""
+    artifacts: bytes | None = None
+    """Archive collected after finalize for isolated scoring."""
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def stopped(self) -> bool:
+        """True once the run has a stop condition (completed, limited, timed out or failed)."""
+        return self.trace.stop_condition is not None
+
+    @property
+    def segment_index(self) -> int:
+        """Index of the current (or last) segment."""
+        return len(self.trace.segments) - 1
+
+
+class Segment:
+    """What one ``turn()`` produced.
+
+    Attributes:
+        messages: Messages the harness added in the segment (assistant messages, tool
+            results, steer messages injected mid-segment), in order; wire-format dicts.
+        terminated: True when the rollout has stopped; no further turn will run.
+        last_reply: Content of the segment's last assistant message, stripped ("" if none).
+    """
+
+    __slots__ = ("messages", "terminated", "last_reply")
+
+    def __init__(self, messages: list[dict[str, Any]], terminated: bool, last_reply: str = "") -> None:
+        self.messages = messages
+        self.terminated = terminated
+        self.last_reply = last_reply
+
+    def __repr__(self) -> str:
+        return f"Segment(messages=<{len(self.messages)}>, terminated={self.terminated}, last_reply={self.last_reply!r})"
+
+
+def new_state(config: AgentConfig, task: Task, client: ModelClient, *, agent_info: dict[str, Any],
+              labels: dict[str, str] | None = None) -> RolloutState:
+    """Mint the trace and state of one rollout (no I/O)."""
+    trace = Trace(task_id=task.id, task_type=type(task).__name__, model=config.model, agent=agent_info)
+    if task.data.info:
+        trace.info["task"] = dict(task.data.info)
+    return RolloutState(config=config, task=task, client=client, trace=trace,
+                        harness=make_harness(config.harness), labels=dict(labels or {}),
+                        scoring=effective_scoring(config.scoring, task.data.scoring))
+
+
+def opening_messages(task: Task) -> list[dict[str, Any]]:
+    """The system prompt (if any) and the task's prompt as wire messages."""
+    messages: list[dict[str, Any]] = []
+    if task.data.system_prompt:
+        messages.append({"role": "system", "content": task.data.system_prompt})
+    prompt = task.data.prompt
+    if isinstance(prompt, str):
+        messages.append({"role": "user", "content": prompt})
+    elif prompt is not None:
+        messages.extend(dict(m) for m in prompt)
+    return messages
+
+
+async def setup(state: RolloutState, *, raise_retryable: bool = False) -> None:
+    """Start the runtime, write ``TaskData.files``, run ``Task.setup`` and open the harness.
+
+    Deadline ``timeouts.setup``: on expiry the run stops as ``setup_timeout``. A failure
+    stops it as ``<kind>_error``; with ``raise_retryable`` a retryable infrastructure error
+    is raised instead, after the runtime it started is stopped.
+    """
+    async with _stage(state, "setup", state.config.timeouts.setup, raise_retryable):
+        try:
+            state.runtime = make_runtime(state.config.runtime, labels=state.labels)
+            await state.runtime.start()
+            for path, content in state.task.data.files.items():
+                await state.runtime.write_file(path, content)
+            await call_injected(state.task.setup, {"runtime": state.runtime, "trace": state.trace, "task": state.task})
+            await state.harness.open(state)
+        except InfrastructureError as exc:
+            if raise_retryable and exc.retryable:
+                await _stop_runtime(state)
+            raise
+
+
+async def run_segment(state: RolloutState, messages: list[dict[str, Any]], *,
+                      raise_retryable: bool = False) -> Segment:
+    """Deliver ``messages`` (user input) and run one harness segment.
+
+    The agent deadline (``timeouts.agent``) is a budget over all segments; on expiry the run
+    stops as ``agent_timeout``. A ``ProviderError`` or harness failure stops it as an error.
+    With ``raise_retryable`` a retryable error is raised after the segment's effects are
+    undone, so a retry starts from the messages the segment began with.
+
+    Returns:
+        ``Segment``; ``terminated`` is True when the run has stopped.
+    """
+    trace = state.trace
+    if state.stopped:
+        return Segment([], True)
+    mark = (len(trace.messages), len(trace.model_calls), len(trace.tool_calls), state.turns,
+            trace.usage.model_copy())
+    trace.messages.extend(messages)
+    record = SegmentRecord(index=len(trace.segments), start=mark[0], end=mark[0], terminated=False, model_calls=0)
+    trace.segments.append(record)
+    first_new = len(trace.messages)
+    budget = state.config.timeouts.agent
+    remaining = None if budget is None else max(budget - state.agent_elapsed_s, 0.0)
+    started = time.perf_counter()
+    try:
+        async with _stage(state, "agent", remaining, raise_retryable, label="segment"):
+            await state.harness.run_segment(state)
+    except InfrastructureError:
+        del trace.messages[mark[0]:], trace.model_calls[mark[1]:], trace.tool_calls[mark[2]:]
+        trace.segments.pop()
+        state.turns, trace.usage = mark[3], mark[4]
+        raise
+    finally:
+        state.agent_elapsed_s += time.perf_counter() - started
+        trace.timings["agent"] = round(state.agent_elapsed_s, 6)
+    record.end = len(trace.messages)
+    record.model_calls = len(trace.model_calls) - mark[1]
+    record.terminated = state.stopped
+    produced = trace.messages[first_new:]
+    return Segment(produced, state.stopped, _last_reply(produced))
+
+
+async def finalize(state: RolloutState) -> None:
+    """Run ``Task.finalize`` (deadline ``timeouts.finalize``, expiry -> ``finalize_timeout``,
+    scoring still runs); for isolated scoring, then collect ``TaskData.artifacts``.
+
+    Skipped when the run failed (it will not be scored).
+    """
+    if state.trace.errors:
+        return
+    async with _stage(state, "finalize", state.config.timeouts.finalize, False):
+        available = {"trace": state.trace, "runtime": state.runtime, "task": state.task}
+        await call_injected(state.task.finalize, available)
+        if state.scoring.mode == "isolated" and state.runtime is not None:
+            state.artifacts = await state.runtime.collect_artifacts(list(state.task.data.artifacts))
+
+
+def skip_check(state: RolloutState) -> str | None:
+    """Apply ``skip_on_truncated`` / ``skip_on_timeout``.
+
+    Returns:
+        ``"truncated"`` or ``"timeout"`` when scoring is skipped (then ``trace.reward`` is 0,
+        no task rewards or metrics are kept, ``trace.info["scoring_skipped"]`` holds the
+        reason); None when scoring should run.
+    """
+    trace, scoring = state.trace, state.scoring
+    reason = None
+    if scoring.skip_on_truncated and trace.is_truncated:
+        reason = "truncated"
+    elif scoring.skip_on_timeout and trace.is_timeout:
+        reason = "timeout"
+    if reason is not None:
+        trace.info["scoring_skipped"] = reason
+        trace.rewards.clear()
+        trace.metrics.clear()
+        trace.reward = 0.0
+    return reason
+
+
+async def score(state: RolloutState, *, raise_retryable: bool = False) -> None:
+    """Score the rollout in its placement (``scoring.mode``) under ``timeouts.scoring``.
+
+    Not run for a failed rollout. Shared scoring runs in the agent's runtime and is never
+    retried; isolated scoring retries itself per ``scoring.retries`` (see
+    ``scoring.placement.score_isolated``). Any failure leaves ``trace.reward`` None and is
+    recorded as an error; expiry stops the run as ``scoring_timeout``.
+    """
+    if state.trace.errors:
+        return
+    async with _stage(state, "scoring", state.config.timeouts.scoring, raise_retryable):
+        if state.scoring.mode == "isolated":
+            await _stop_runtime(state)
+            await score_isolated(state.task, state.trace, state.artifacts or b"", state.scoring,
+                                 state.config.runtime, state.labels)
+        else:
+            await score_shared(state.task, state.trace, state.runtime, state.scoring)
+
+
+async def teardown(state: RolloutState) -> None:
+    """Stop the runtime. Runs on every path; completes even if the caller is cancelled."""
+    started = time.perf_counter()
+    job = asyncio.ensure_future(_stop_runtime(state))
+    try:
+        await asyncio.shield(job)
+    except asyncio.CancelledError:
+        await job
+        raise
+    finally:
+        state.trace.timings["teardown"] = round(time.perf_counter() - started, 6)
+
+
+async def close(state: RolloutState) -> None:
+    """Finalize, skip-check and score a rollout whose segments are done (teardown not included)."""
+    await finalize(state)
+    if skip_check(state) is None:
+        await score(state)
+
+
+async def _stop_runtime(state: RolloutState) -> None:
+    runtime, state.runtime = state.runtime, None
+    if runtime is not None:
+        with contextlib.suppress(Exception):
+            await runtime.stop()
+
+
+@contextlib.asynccontextmanager
+async def _stage(state: RolloutState, stage: str, deadline: float | None, raise_retryable: bool,
+                 label: str | None = None) -> AsyncIterator[None]:
+    """Time a stage, enforce its deadline and record its failure on the trace."""
+    trace = state.trace
+    started = time.perf_counter()
+    deadline_cm = asyncio.timeout(deadline)
+    try:
+        async with deadline_cm:
+            yield
+    except TimeoutError as exc:
+        if deadline_cm.expired():
+            trace.record_timeout(stage)
+            trace.info.setdefault("timeouts", []).append(str(StageTimeoutError(stage, deadline or 0.0)))
+        else:  # a TimeoutError raised by user code, not our deadline
+            trace.record_error(exc, label or stage)
+    except InfrastructureError as exc:
+        if raise_retryable and exc.retryable:
+            raise
+        trace.record_error(exc, label or stage)
+    except Exception as exc:
+        trace.record_error(exc, label or stage)
+    finally:
+        if stage != "agent":
+            trace.timings[stage] = round(time.perf_counter() - started, 6)
+
+
+def _last_reply(messages: list[dict[str, Any]]) -> str:
+    for message in reversed(messages):
+        if message.get("role") == "assistant" and isinstance(message.get("content"), str):
+            return message["content"].strip()
+    return ""

@@ -1,0 +1,141 @@
+"""Tasks: ``TaskData`` (what to solve) and ``Task`` (how to set up, finalize and score it).
+
+Subclass ``Task`` for behaviour::
+
+    class Add(vf.Task):
+        @vf.reward(weight=1.0)
+        async def correct(self, trace: vf.Trace) -> float:
+            return float(trace.last_reply == self.data.answer)
+
+Reward and metric methods, and the ``setup``/``finalize`` hooks, receive the parameters they
+name: ``trace``, ``runtime`` and ``task``. They may be sync or async.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from collections.abc import Callable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from prefect_rollouts.config import ScoringConfig
+
+Messages = list[dict[str, Any]]
+
+_SCORE_ATTR = "__prefect_rollouts_score__"
+
+
+class TaskData(BaseModel):
+    """The data of one task. Frozen; subclass to add fields.
+
+    ``id`` defaults to a hash of the other fields, so the same data has the same id across runs.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str | None = None
+    """Durable task id; default: the first 16 hex digits of the sha256 of the data's JSON."""
+    prompt: str | Messages | None = None
+    """The opening user message (or messages); None = the user opens through an interaction."""
+    system_prompt: str | None = None
+    answer: Any = None
+    """Reference answer, for rewards and judges."""
+    info: dict[str, Any] = {}
+    """Free-form task metadata, copied to ``trace.info["task"]``."""
+    files: dict[str, str | bytes] = {}
+    """Files created in the workspace at setup: relative path -> content."""
+    artifacts: list[str] = []
+    """Workspace paths (relative) collected after finalize for isolated scoring."""
+    scoring: ScoringConfig | None = None
+    """Task defaults for scoring placement; fields set on ``AgentConfig.scoring`` override them."""
+
+    @model_validator(mode="after")
+    def _default_id(self) -> TaskData:
+        if self.id is None:
+            payload = self.model_dump(mode="json", exclude={"id"}, exclude_none=True)
+            digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+            object.__setattr__(self, "id", digest)
+        return self
+
+
+class Task:
+    """Behaviour of a task. Override ``setup``, ``finalize``, ``tools`` and add ``@reward``/``@metric`` methods.
+
+    Args:
+        data: The task's ``TaskData``.
+    """
+
+    def __init__(self, data: TaskData) -> None:
+        if not isinstance(data, TaskData):
+            raise TypeError(f"Task(data=...) needs a TaskData, got {type(data).__name__}")
+        self.data = data
+
+    @property
+    def id(self) -> str:
+        """The task id (``data.id``)."""
+        return self.data.id  # type: ignore[return-value]
+
+    async def setup(self, runtime: Any) -> None:
+        """Prepare the workspace after ``data.files`` are written. Default: nothing."""
+
+    async def finalize(self, trace: Any, runtime: Any) -> None:
+        """Run after the last segment, before scoring (e.g. record a diff). Default: nothing."""
+
+    def tools(self) -> list[Callable[..., Any]]:
+        """Python callables offered to the model as tools by the ``tools`` harness. Default: none.
+
+        Each tool's JSON schema comes from its type hints; its description and argument
+        descriptions from its Google-style docstring. Tools may be sync or async.
+        """
+        return []
+
+    def scoring_functions(self) -> list[tuple[str, Literal["reward", "metric"], float, Callable[..., Any]]]:
+        """The task's ``@reward`` and ``@metric`` methods as ``(name, kind, weight, bound method)``, by name."""
+        found = []
+        for name in sorted(dir(type(self))):
+            marker = getattr(getattr(type(self), name, None), _SCORE_ATTR, None)
+            if marker is not None:
+                found.append((name, marker[0], marker[1], getattr(self, name)))
+        return found
+
+
+def reward(fn: Callable[..., Any] | None = None, *, weight: float = 1.0) -> Any:
+    """Mark a ``Task`` method as a reward. ``trace.reward`` is the sum of reward x ``weight``.
+
+    Use as ``@reward`` or ``@reward(weight=0.5)``. The method returns a float (bool is accepted).
+    """
+    def mark(f: Callable[..., Any]) -> Callable[..., Any]:
+        setattr(f, _SCORE_ATTR, ("reward", float(weight)))
+        return f
+    return mark(fn) if fn is not None else mark
+
+
+def metric(fn: Callable[..., Any] | None = None) -> Any:
+    """Mark a ``Task`` method as a metric: recorded in ``trace.metrics``, not part of the reward."""
+    def mark(f: Callable[..., Any]) -> Callable[..., Any]:
+        setattr(f, _SCORE_ATTR, ("metric", 0.0))
+        return f
+    return mark(fn) if fn is not None else mark
+
+
+async def call_injected(fn: Callable[..., Any], available: dict[str, Any]) -> Any:
+    """Call ``fn`` with the parameters it names from ``available``; await it if it is async.
+
+    Raises:
+        TypeError: ``fn`` names a required parameter that is not available.
+    """
+    params = inspect.signature(fn).parameters
+    kwargs = {}
+    for name, param in params.items():
+        if name in available:
+            kwargs[name] = available[name]
+        elif param.default is inspect.Parameter.empty and param.kind not in (param.VAR_KEYWORD, param.VAR_POSITIONAL):
+            raise TypeError(f"{getattr(fn, '__qualname__', fn)} asks for parameter {name!r}; "
+                            f"available are {sorted(available)}")
+    result = fn(**kwargs)
+    if inspect.isawaitable(result):
+        result = await result
+    return result

@@ -1,0 +1,208 @@
+"""The trace: everything one rollout did, as data that round-trips through JSON.
+
+Messages are kept in OpenAI wire form (plain dicts) and shared with the harness, so a model
+call appends to the trace instead of copying it.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field
+
+TRACE_VERSION = 1
+
+#: Stop conditions that mean a turn or token cap cut the run short.
+TRUNCATING_STOPS = frozenset({"max_turns", "max_turn_tokens"})
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Usage(_Record):
+    """Token counts summed over model calls (as reported by the server's ``usage``)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+    def add(self, prompt_tokens: int, completion_tokens: int) -> None:
+        """Add one call's counts."""
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += completion_tokens
+        self.total_tokens += prompt_tokens + completion_tokens
+
+
+class ModelCall(_Record):
+    """One chat-completions request, successful or not."""
+
+    segment: int
+    """Index of the segment (``Trace.segments``) the call belongs to."""
+    started_at: float
+    """Unix time (s) the first attempt started."""
+    latency_ms: float
+    """Wall time of the call including retries, in milliseconds."""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+    """``stop``, ``length``, ``tool_calls``, ...; None when the call failed."""
+    retries: int = 0
+    """Attempts beyond the first."""
+    status_code: int | None = None
+    """HTTP status of the final attempt (503 connect failure, 504 timeout)."""
+    error: str | None = None
+
+
+class ToolCall(_Record):
+    """One executed tool call."""
+
+    segment: int
+    id: str
+    name: str
+    arguments: str
+    """The arguments string as the model sent it."""
+    output: str
+    is_error: bool = False
+    latency_ms: float
+
+
+class SegmentRecord(_Record):
+    """One harness segment: which messages it added and how it ended."""
+
+    index: int
+    start: int
+    """Index into ``Trace.messages`` of the segment's first new message (user input included)."""
+    end: int
+    """Index one past its last message."""
+    terminated: bool
+    model_calls: int
+
+
+class Receipt(_Record):
+    """Answer to ``Interaction.send``: whether the message was accepted for delivery (not acted on)."""
+
+    accepted: bool
+    message_id: str
+    mode: Literal["steer", "queue"]
+    reason: str | None = None
+    """Why it was refused, or how it will be delivered (e.g. ``"woke idle interaction"``)."""
+
+
+class SendRecord(_Record):
+    """One ``send`` with its receipt and the segment it landed in (None = never delivered)."""
+
+    message_id: str
+    text: str
+    mode: Literal["steer", "queue"]
+    receipt: Receipt
+    delivered_segment: int | None = None
+    status: Literal["pending", "delivered", "refused", "cancelled"] = "pending"
+
+
+class ErrorRecord(_Record):
+    """A failure recorded on the trace instead of raised."""
+
+    type: str
+    message: str
+    stage: str
+    status_code: int | None = None
+
+
+class Trace(BaseModel):
+    """Everything one rollout did.
+
+    ``reward`` is the weighted sum of ``rewards`` (None when scoring failed or did not run; 0
+    when it was skipped by a skip rule). ``is_truncated`` and ``last_reply`` are derived and
+    serialised for readers; loading ignores them.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    version: int = TRACE_VERSION
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    """Rollout id."""
+    task_id: str
+    task_type: str = "Task"
+    model: str
+    agent: dict[str, Any] = {}
+    """The agent config with secrets (header values, literal scoring env values) redacted."""
+    messages: list[dict[str, Any]] = []
+    segments: list[SegmentRecord] = []
+    model_calls: list[ModelCall] = []
+    tool_calls: list[ToolCall] = []
+    sends: list[SendRecord] = []
+    usage: Usage = Field(default_factory=Usage)
+    rewards: dict[str, float | None] = {}
+    reward_weights: dict[str, float] = {}
+    metrics: dict[str, float | None] = {}
+    reward: float | None = None
+    info: dict[str, Any] = {}
+    errors: list[ErrorRecord] = []
+    stop_condition: str | None = None
+    is_timeout: bool = False
+    started_at: float = Field(default_factory=time.time)
+    """Unix time (s) the rollout started."""
+    timings: dict[str, float] = {}
+    """Wall seconds per stage: setup, agent, finalize, scoring, teardown (those that ran)."""
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def is_truncated(self) -> bool:
+        """A turn or token cap stopped the run, or the last model response finished with ``length``."""
+        if self.stop_condition in TRUNCATING_STOPS:
+            return True
+        for call in reversed(self.model_calls):
+            if call.finish_reason is not None:
+                return call.finish_reason == "length"
+        return False
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def last_reply(self) -> str:
+        """Content of the last assistant message, stripped; ``""`` if there is none."""
+        for message in reversed(self.messages):
+            if message.get("role") == "assistant":
+                return _text(message.get("content")).strip()
+        return ""
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing failed (a stop by a limit or timeout is not a failure)."""
+        return not self.errors
+
+    def stop(self, condition: str, *, override: bool = False) -> None:
+        """Set the stop condition; the first one wins unless ``override``."""
+        if self.stop_condition is None or override:
+            self.stop_condition = condition
+
+    def record_error(self, exc: BaseException, stage: str) -> None:
+        """Append ``exc`` as an ``ErrorRecord`` and stop the run as ``<kind>_error``."""
+        self.errors.append(ErrorRecord(type=type(exc).__name__, message=str(exc), stage=stage,
+                                       status_code=getattr(exc, "status_code", None)))
+        self.stop(f"{_error_kind(exc, stage)}_error")
+
+    def record_timeout(self, stage: str) -> None:
+        """Mark a stage deadline as expired: ``is_timeout`` and stop condition ``<stage>_timeout``."""
+        self.is_timeout = True
+        self.stop(f"{stage}_timeout", override=True)
+
+
+def _error_kind(exc: BaseException, stage: str) -> str:
+    from prefect_rollouts.errors import ProviderError, RuntimeUnavailableError
+
+    if isinstance(exc, ProviderError):
+        return "provider"
+    if isinstance(exc, RuntimeUnavailableError):
+        return "runtime"
+    return {"setup": "setup", "segment": "harness", "finalize": "task", "scoring": "scoring"}.get(stage, stage)
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return ""

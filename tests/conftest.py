@@ -1,0 +1,34 @@
+"""Shared fixtures: the scripted OpenAI-compatible server and agent configs pointing at it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import prefect_rollouts as vf
+from tests.fakes.openai_server import ScriptedOpenAIServer
+
+
+@pytest.fixture(scope="session")
+def _openai_server_session():
+    """One ScriptedOpenAIServer for the whole session (use `openai_server` in tests)."""
+    with ScriptedOpenAIServer() as server:
+        yield server
+
+
+@pytest.fixture
+def openai_server(_openai_server_session):
+    """The session's ScriptedOpenAIServer, reset (empty script, no requests, no default)."""
+    _openai_server_session.reset()
+    yield _openai_server_session
+
+
+@pytest.fixture
+def agent_config(openai_server):
+    """Factory of ``AgentConfig`` aimed at the scripted server, with fast client retries."""
+    def make(**fields: Any) -> vf.AgentConfig:
+        client = vf.ClientConfig(base_url=openai_server.base_url, api_key_env="TEST_OPENAI_KEY", timeout=10,
+                                 retries=vf.RetryConfig(max_retries=2, backoff_s=0.01, max_backoff_s=0.05))
+        return vf.AgentConfig(model="scripted", client=fields.pop("client", client), **fields)
+    return make

@@ -1,0 +1,1 @@
+"""Test doubles (fake servers) used by the prefect_rollouts test suite."""

@@ -1,0 +1,285 @@
+"""Scripted OpenAI-compatible chat-completions server for tests (real sockets, 127.0.0.1).
+
+Each ``POST /v1/chat/completions`` consumes the next *step* of the script; once it is
+exhausted ``server.default`` answers (``None`` -> HTTP 500 "script exhausted").
+``GET /v1/models`` lists one model (not recorded); other paths get 404. Every POST is
+recorded in ``server.requests`` before its step is chosen.
+
+    with ScriptedOpenAIServer() as server:
+        server.play([tool_call("search", query="x"), status(429, headers={"Retry-After": "0"}),
+                     delayed(0.2, reply("done")), lambda req: reply(str(len(req.messages)))])
+        client = SomeOpenAIClient(base_url=server.base_url, api_key="test")
+        ...
+        assert server.requests[0].headers["authorization"] == "Bearer test"
+
+A step is ``reply``/``tool_call``/``tool_calls``/``status``/``delayed``/``malformed`` or a
+callable ``fn(RecordedRequest) -> step``. An exception raised while producing a step
+becomes a 500 response and is kept in ``server.errors``.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import socketserver
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+CHAT_PATH = "/v1/chat/completions"
+MODELS = {"object": "list", "data": [{"id": "scripted", "object": "model"}]}
+Response = tuple[int, dict[str, str], bytes]
+
+
+@dataclass
+class RecordedRequest:
+    """One received POST: path (no query string), lower-cased headers, parsed JSON body."""
+
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]  # {"_raw": text} when the body is not a JSON object
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The request's ``messages`` list (empty if absent)."""
+        return self.body.get("messages", [])
+
+
+@dataclass(frozen=True)
+class _Reply:
+    content: str | None
+    finish_reason: str = "stop"
+    usage: dict[str, int] | None = None
+    model: str = "scripted"
+    calls: tuple[tuple[str, str], ...] = ()  # (function name, arguments string)
+
+
+@dataclass(frozen=True)
+class _Status:
+    code: int
+    body: Any = None  # dict -> JSON; str -> sent verbatim
+    headers: dict[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class _Delayed:
+    seconds: float
+    step: Any
+
+
+def reply(content: str = "", finish_reason: str = "stop", usage: dict[str, int] | None = None,
+          model: str = "scripted") -> _Reply:
+    """A 200 assistant message; default usage: 10 prompt tokens per request message."""
+    return _Reply(content, finish_reason, usage, model)
+
+
+def tool_call(name: str, /, *, raw_arguments: str | None = None, **arguments: Any) -> _Reply:
+    """A reply with one tool call; ``raw_arguments`` (verbatim string) overrides ``arguments``."""
+    return _Reply(None, "tool_calls", calls=((name, raw_arguments if raw_arguments is not None
+                                              else json.dumps(arguments)),))
+
+
+def tool_calls(*calls: tuple[str, dict[str, Any] | str], content: str | None = None) -> _Reply:
+    """A reply with several tool calls, each ``(name, arguments_dict_or_raw_string)``."""
+    return _Reply(content, "tool_calls", calls=tuple(
+        (name, args if isinstance(args, str) else json.dumps(args)) for name, args in calls))
+
+
+def status(code: int, body: Any = None, headers: dict[str, str] | None = None) -> _Status:
+    """An HTTP ``code`` response; default body ``{"error": {"message": "scripted <code>"}}``."""
+    return _Status(code, body, headers)
+
+
+def delayed(seconds: float, step: Any) -> _Delayed:
+    """Sleep ``seconds`` in the handler thread, then answer with ``step``."""
+    return _Delayed(seconds, step)
+
+
+def malformed(text: str = "not json") -> _Status:
+    """A 200 response labelled ``application/json`` whose body is ``text`` (not JSON)."""
+    return _Status(200, text)
+
+
+def repeat(step: Any, n: int) -> list[Any]:
+    """``n`` copies of ``step`` (for ``server.play``)."""
+    return [step] * n
+
+
+def _json(code: int, obj: Any, headers: dict[str, str] | None = None) -> Response:
+    return code, {"Content-Type": "application/json", **(headers or {})}, json.dumps(obj).encode()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _HTTPServer
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # no 40 ms ACK stall
+        self.server.track(self.connection, add=True)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.server.track(self.connection, add=False)
+
+    def log_message(self, format: str, *args: Any) -> None:  # keep test output quiet
+        pass
+
+    def do_GET(self) -> None:
+        found = self.path.split("?", 1)[0] == "/v1/models"
+        self._send(_json(200, MODELS) if found else _json(404, {"error": {"message": "not found"}}))
+
+    def do_POST(self) -> None:
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode("utf-8", "replace")
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        self._send(self.server.owner._handle(RecordedRequest(
+            self.path.split("?", 1)[0], {k.lower(): v for k, v in self.headers.items()},
+            body if isinstance(body, dict) else {"_raw": raw})))
+
+    def _send(self, response: Response) -> None:
+        code, headers, payload = response
+        try:
+            self.send_response(code)
+            for key, value in headers.items():
+                self.send_header(key, value)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+        except OSError:  # client went away (e.g. it timed out during a delayed step)
+            self.close_connection = True
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128  # default listen backlog of 5 drops SYNs under bursts -> 1 s stalls
+
+    def __init__(self, owner: ScriptedOpenAIServer) -> None:
+        self.owner, self.connections, self.conn_lock = owner, set(), threading.Lock()
+        super().__init__(("127.0.0.1", 0), _Handler)
+
+    def server_bind(self) -> None:  # skip HTTPServer's socket.getfqdn() (slow reverse DNS)
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = "127.0.0.1", self.server_address[1]
+
+    def track(self, conn: socket.socket, add: bool) -> None:
+        with self.conn_lock:
+            (self.connections.add if add else self.connections.discard)(conn)
+
+
+class ScriptedOpenAIServer:
+    """OpenAI-compatible server in a daemon thread, answering from a script of steps."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._script: deque[Any] = deque()
+        self._ids: dict[str, int] = {}  # per-kind counters; never reset, so ids stay unique
+        self._httpd: _HTTPServer | None = None
+        self.default: Any = None
+        self.requests: list[RecordedRequest] = []
+        self.errors: list[BaseException] = []
+
+    def start(self) -> ScriptedOpenAIServer:
+        """Bind a free port on 127.0.0.1 and start serving (no-op if already started)."""
+        if self._httpd is None:
+            self._httpd = _HTTPServer(self)
+            threading.Thread(target=self._httpd.serve_forever, args=(0.05,), daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close open keep-alive connections. Idempotent."""
+        httpd, self._httpd = self._httpd, None
+        if httpd is not None:
+            httpd.shutdown()  # returns once serve_forever has exited
+            httpd.server_close()
+            with httpd.conn_lock:
+                for conn in httpd.connections:
+                    try:
+                        conn.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+
+    def __enter__(self) -> ScriptedOpenAIServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:PORT/v1`` (the server must be started)."""
+        if self._httpd is None:
+            raise RuntimeError("ScriptedOpenAIServer is not started")
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
+
+    def play(self, steps: list[Any]) -> None:
+        """Replace the script; each chat-completions POST consumes the next step."""
+        with self._lock:
+            self._script = deque(steps)
+
+    @property
+    def remaining(self) -> int:
+        """Number of script steps not consumed yet."""
+        with self._lock:
+            return len(self._script)
+
+    def reset(self) -> None:
+        """Clear the script, recorded requests, errors and the default step."""
+        with self._lock:
+            self._script.clear()
+            self.requests.clear()
+            self.errors.clear()
+            self.default = None
+
+    def _next_id(self, kind: str) -> int:
+        with self._lock:
+            self._ids[kind] = self._ids.get(kind, 0) + 1
+            return self._ids[kind]
+
+    def _handle(self, request: RecordedRequest) -> Response:
+        with self._lock:
+            self.requests.append(request)
+            if request.path != CHAT_PATH:
+                return _json(404, {"error": {"message": f"no route for POST {request.path}"}})
+            step = self._script.popleft() if self._script else self.default
+        if step is None:
+            return _json(500, {"error": {"message": "script exhausted"}})
+        try:
+            return self._respond(step, request)
+        except Exception as exc:  # e.g. a buggy callable step: answer 500, keep the error
+            self.errors.append(exc)
+            return _json(500, {"error": {"message": f"scripted step raised {exc!r}"}})
+
+    def _respond(self, step: Any, request: RecordedRequest) -> Response:
+        while callable(step):
+            step = step(request)
+        if isinstance(step, _Delayed):
+            time.sleep(step.seconds)
+            return self._respond(step.step, request)
+        if isinstance(step, _Status):
+            if isinstance(step.body, str):  # sent verbatim (malformed JSON, HTML error page, ...)
+                headers = {"Content-Type": "application/json", **(step.headers or {})}
+                return step.code, headers, step.body.encode()
+            body = step.body if step.body is not None else {"error": {"message": f"scripted {step.code}"}}
+            return _json(step.code, body, step.headers)
+        if not isinstance(step, _Reply):
+            raise TypeError(f"not a step: {step!r}")
+        message: dict[str, Any] = {"role": "assistant", "content": step.content}
+        if step.calls:
+            message["tool_calls"] = [{"id": f"call_{self._next_id('call')}", "type": "function",
+                                      "function": {"name": name, "arguments": args}}
+                                     for name, args in step.calls]
+        prompt, completion = len(request.messages) * 10, max(1, len((step.content or "").split()))
+        return _json(200, {
+            "id": f"chatcmpl-{self._next_id('chatcmpl')}", "object": "chat.completion",
+            "created": int(time.time()), "model": step.model,
+            "choices": [{"index": 0, "message": message, "finish_reason": step.finish_reason}],
+            "usage": step.usage or {"prompt_tokens": prompt, "completion_tokens": completion,
+                                    "total_tokens": prompt + completion}})
