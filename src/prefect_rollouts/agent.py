@@ -265,6 +265,12 @@ class Interaction:
             self._wake()
         return segment
 
+    async def _cancel_drain(self) -> None:
+        if self._drain is not None and not self._drain.done():
+            self._drain.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._drain
+
     def _wake(self) -> None:
         if self._drain is None or self._drain.done():
             self._drain = asyncio.create_task(self._run_queued())
@@ -275,10 +281,10 @@ class Interaction:
                 await self._turn(None)
 
     async def _cancel_deliveries(self) -> None:
-        if self._drain is not None and not self._drain.done():
-            self._drain.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._drain
+        """Cancel a running woken turn, wait for a caller's running turn, then drop pending sends."""
+        await self._cancel_drain()
+        async with self._lock:
+            await self._cancel_drain()
         state = self.state
         for record in [*self._queue, *(state.steer_inbox if state else [])]:
             record.status = "cancelled"

@@ -6,7 +6,7 @@ import asyncio
 import math
 from typing import Any
 
-from prefect_rollouts.errors import TaskError
+from prefect_rollouts.errors import InfrastructureError, TaskError
 from prefect_rollouts.task import Task, call_injected
 from prefect_rollouts.trace import Trace
 
@@ -19,6 +19,7 @@ async def run_scoring_functions(task: Task, trace: Trace, runtime: Any) -> None:
     non-number leaves ``trace.reward`` None.
 
     Raises:
+        InfrastructureError: a function hit one (e.g. its runtime was lost); raised as it is.
         TaskError: a function raised or returned something that is not a finite number; the
             message names it. Values recorded before it stay on the trace.
     """
@@ -35,6 +36,8 @@ async def run_scoring_functions(task: Task, trace: Trace, runtime: Any) -> None:
         results = await asyncio.gather(*(call_injected(fn, available) for _, fn in chosen), return_exceptions=True)
         failure = None
         for (name, _), result in zip(chosen, results):
+            if isinstance(result, InfrastructureError):
+                raise result  # the runtime failed, not the task: placement may retry
             if isinstance(result, BaseException):
                 failure = failure or TaskError(f"{group} {name!r} raised {type(result).__name__}: {result}")
                 continue

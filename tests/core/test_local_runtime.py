@@ -1,0 +1,165 @@
+"""The local runtime, and isolated scoring on top of it."""
+
+from __future__ import annotations
+
+import pytest
+
+import prefect_rollouts as vf
+from prefect_rollouts.runtimes import make_runtime
+from tests.fakes.openai_server import reply, tool_call
+
+
+@pytest.fixture
+async def runtime():
+    rt = make_runtime(vf.RuntimeConfig(exec_timeout_s=5, output_cap_bytes=1024, artifact_max_bytes=40_000))
+    await rt.start()
+    yield rt
+    await rt.stop()
+
+
+async def test_exec_runs_in_the_workspace_with_exit_code_and_streams(runtime):
+    result = await runtime.exec("echo out; echo err >&2; pwd; exit 3")
+    assert (result.exit_code, result.stderr, result.timed_out) == (3, "err\n", False)
+    assert result.stdout == f"out\n{runtime.workspace}\n"
+
+
+async def test_exec_timeout_kills_the_command_and_its_children(runtime):
+    result = await runtime.exec("sleep 30 & sleep 30; echo never", timeout=0.3)
+    assert (result.exit_code, result.timed_out, result.stdout) == (-9, True, "")
+
+
+async def test_output_is_capped(runtime):
+    result = await runtime.exec("head -c 100000 /dev/zero | tr '\\0' a")
+    assert result.exit_code == 0 and len(result.stdout) == 1024
+
+
+async def test_files_round_trip_and_paths_cannot_leave_the_workspace(runtime):
+    await runtime.write_file("a/b.txt", "hello")
+    assert await runtime.read_file("a/b.txt") == b"hello"
+    with pytest.raises(ValueError, match="leaves the workspace"):
+        await runtime.read_file("../../etc/passwd")
+    with pytest.raises(FileNotFoundError):
+        await runtime.read_file("absent.txt")
+
+
+async def test_artifacts_move_between_runtimes_and_respect_the_cap(runtime):
+    await runtime.write_file("src/main.py", "print(1)")
+    await runtime.write_file("secret.txt", "agent only")
+    archive = await runtime.collect_artifacts(["src", "missing.txt"])
+    other = make_runtime(vf.RuntimeConfig())
+    await other.start()
+    try:
+        await other.restore_artifacts(archive)
+        assert await other.read_file("src/main.py") == b"print(1)"
+        assert (await other.exec("test -e secret.txt")).exit_code == 1
+    finally:
+        await other.stop()
+    await runtime.write_file("big.bin", b"x" * 50_000)
+    with pytest.raises(vf.TaskError, match="exceed artifact_max_bytes"):
+        await runtime.collect_artifacts(["big.bin"])
+
+
+async def test_stop_removes_the_workspace():
+    rt = make_runtime(vf.RuntimeConfig())
+    await rt.start()
+    workspace = rt.workspace
+    await rt.write_file("x", "y")
+    await rt.stop()
+    await rt.stop()
+    assert not workspace.exists()
+
+
+async def test_network_none_leaves_only_loopback_and_blocks_the_host(openai_server):
+    port = openai_server.base_url.split(":")[2].split("/")[0]
+    probe = f"exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected"
+    results = {}
+    for mode in ("open", "none"):
+        rt = make_runtime(vf.RuntimeConfig(network=mode))
+        await rt.start()
+        try:
+            links = await rt.exec("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")
+            results[mode] = (links.stdout.split(), (await rt.exec(probe, timeout=5)).stdout.strip())
+        finally:
+            await rt.stop()
+    assert results["none"] == (["lo"], "")
+    assert results["open"][1] == "connected" and len(results["open"][0]) >= 1
+
+
+class Solution(vf.Task):
+    """The agent writes solution.txt (declared) and notes.txt (not declared)."""
+
+    @vf.reward
+    async def solved(self, runtime):
+        try:
+            return float((await runtime.read_file("solution.txt")) == b"42")
+        except FileNotFoundError:
+            return 0.0
+
+    @vf.metric
+    async def notes_visible(self, runtime):
+        return float((await runtime.exec("test -e notes.txt")).exit_code == 0)
+
+
+def solution_task(**scoring):
+    return Solution(vf.TaskData(prompt="solve", artifacts=["solution.txt"],
+                                scoring=vf.ScoringConfig(**scoring) if scoring else None))
+
+
+def play_solution(server):
+    server.play([tool_call("bash", command="printf 42 > solution.txt; echo draft > notes.txt"), reply("done")])
+
+
+@pytest.mark.parametrize("mode", ["shared", "isolated"])
+async def test_the_same_task_scores_the_same_shared_and_isolated(openai_server, agent_config, mode):
+    play_solution(openai_server)
+    async with vf.make_agent(agent_config(scoring=vf.ScoringConfig(mode=mode))) as agent:
+        trace = await agent.run(solution_task())
+    assert trace.reward == 1.0 and trace.errors == []
+    # only declared artifacts reach the isolated scoring runtime
+    assert trace.metrics == {"notes_visible": 1.0 if mode == "shared" else 0.0}
+
+
+async def test_task_default_isolated_mode_is_used_when_the_agent_sets_none(openai_server, agent_config):
+    play_solution(openai_server)
+    async with vf.make_agent(agent_config()) as agent:
+        trace = await agent.run(solution_task(mode="isolated"))
+    assert trace.metrics == {"notes_visible": 0.0} and trace.info["scoring_attempts"] == 1
+
+
+class Flaky(Solution):
+    failures = 0
+
+    @vf.reward
+    async def solved(self, runtime):
+        if type(self).failures > 0:
+            type(self).failures -= 1
+            raise vf.RuntimeUnavailableError("scoring runtime lost")
+        return float((await runtime.read_file("solution.txt")) == b"42")
+
+
+async def test_isolated_scoring_retries_with_a_fresh_runtime_and_reuses_the_submission(openai_server, agent_config):
+    Flaky.failures = 2
+    play_solution(openai_server)
+    config = agent_config(scoring=vf.ScoringConfig(mode="isolated", retries=vf.RetryConfig(max_retries=2, backoff_s=0.01)))
+    async with vf.make_agent(config) as agent:
+        trace = await agent.run(Flaky(vf.TaskData(prompt="solve", artifacts=["solution.txt"])))
+    assert (trace.reward, trace.info["scoring_attempts"], trace.errors) == (1.0, 3, [])
+    assert len(openai_server.requests) == 2          # the agent never ran again
+
+
+async def test_exhausted_isolated_retries_leave_an_error_and_no_reward(openai_server, agent_config):
+    Flaky.failures = 5
+    play_solution(openai_server)
+    config = agent_config(scoring=vf.ScoringConfig(mode="isolated", retries=vf.RetryConfig(max_retries=1, backoff_s=0.01)))
+    async with vf.make_agent(config) as agent:
+        trace = await agent.run(Flaky(vf.TaskData(prompt="solve", artifacts=["solution.txt"])))
+    assert trace.reward is None and trace.info["scoring_attempts"] == 2
+    assert (trace.errors[0].type, trace.errors[0].stage) == ("RuntimeUnavailableError", "scoring")
+
+
+async def test_shared_scoring_is_not_retried(openai_server, agent_config):
+    Flaky.failures = 1
+    play_solution(openai_server)
+    async with vf.make_agent(agent_config(scoring=vf.ScoringConfig(mode="shared"))) as agent:
+        trace = await agent.run(Flaky(vf.TaskData(prompt="solve")))
+    assert trace.reward is None and Flaky.failures == 0 and "scoring_attempts" not in trace.info

@@ -1,0 +1,116 @@
+"""ModelClient against real sockets: retries, Retry-After, error mapping, wire shapes."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+import prefect_rollouts as vf
+from prefect_rollouts.model import ModelClient
+from tests.fakes.openai_server import malformed, reply, status, tool_call
+
+BODY = {"model": "scripted", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def client_for(base_url, **retry):
+    policy = {"max_retries": 2, "backoff_s": 0.01, "max_backoff_s": 0.05} | retry
+    return ModelClient(vf.ClientConfig(base_url=base_url, api_key_env=None, timeout=2, retries=vf.RetryConfig(**policy)))
+
+
+async def test_completion_parses_message_usage_and_finish_reason(openai_server):
+    openai_server.play([tool_call("f", x=1)])
+    client = client_for(openai_server.base_url)
+    try:
+        completion = await client.complete(BODY)
+    finally:
+        await client.aclose()
+    assert completion.finish_reason == "tool_calls" and completion.retries == 0
+    assert completion.message["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"x": 1}'}
+    assert (completion.prompt_tokens, completion.completion_tokens) == (10, 1)
+    assert openai_server.requests[0].path == "/v1/chat/completions"
+
+
+async def test_retry_after_is_honoured(openai_server):
+    openai_server.play([status(429, headers={"Retry-After": "0.3"}), reply("ok")])
+    client = client_for(openai_server.base_url, max_backoff_s=1.0)
+    started = time.perf_counter()
+    try:
+        completion = await client.complete(BODY)
+    finally:
+        await client.aclose()
+    assert completion.retries == 1 and time.perf_counter() - started >= 0.3
+
+
+async def test_a_4xx_other_than_429_is_not_retried(openai_server):
+    openai_server.default = status(401)
+    client = client_for(openai_server.base_url)
+    try:
+        with pytest.raises(vf.ProviderError) as caught:
+            await client.complete(BODY)
+    finally:
+        await client.aclose()
+    assert (caught.value.status_code, caught.value.retryable, len(openai_server.requests)) == (401, False, 1)
+
+
+async def test_a_404_hints_at_the_base_url(openai_server):
+    client = client_for(openai_server.base_url.removesuffix("/v1"))
+    try:
+        with pytest.raises(vf.ProviderError, match="base_url usually ends in /v1") as caught:
+            await client.complete(BODY)
+    finally:
+        await client.aclose()
+    assert caught.value.status_code == 404
+
+
+async def test_a_malformed_body_is_retried_then_reported_as_502(openai_server):
+    openai_server.play([malformed(), malformed(), reply("fine")])
+    client = client_for(openai_server.base_url)
+    try:
+        completion = await client.complete(BODY)
+        openai_server.default = malformed()
+        with pytest.raises(vf.ProviderError, match="malformed body") as caught:
+            await client.complete(BODY)
+    finally:
+        await client.aclose()
+    assert completion.retries == 2 and caught.value.status_code == 502
+
+
+async def test_connection_refused_is_retried_then_a_503():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    client = client_for(f"http://127.0.0.1:{port}/v1", max_retries=1)
+    try:
+        with pytest.raises(vf.ProviderError) as caught:
+            await client.complete(BODY)
+    finally:
+        await client.aclose()
+    assert caught.value.status_code == 503 and caught.value.retries == 1 and caught.value.retryable
+
+
+async def test_retrying_stops_at_max_elapsed_time(openai_server):
+    openai_server.default = status(503, headers={"Retry-After": "0.2"})
+    client = client_for(openai_server.base_url, max_retries=50, max_elapsed_s=0.5, max_backoff_s=0.2)
+    started = time.perf_counter()
+    try:
+        with pytest.raises(vf.ProviderError):
+            await client.complete(BODY)
+    finally:
+        await client.aclose()
+    assert 2 <= len(openai_server.requests) <= 5 and time.perf_counter() - started < 2
+
+
+async def test_the_error_message_never_holds_the_api_key(openai_server, monkeypatch):
+    monkeypatch.setenv("SECRET_KEY_VAR", "sk-do-not-print")
+    openai_server.default = status(500, body="upstream exploded")
+    client = ModelClient(vf.ClientConfig(base_url=openai_server.base_url, api_key_env="SECRET_KEY_VAR",
+                                         retries=vf.RetryConfig(max_retries=0)))
+    try:
+        with pytest.raises(vf.ProviderError) as caught:
+            await client.complete(BODY)
+    finally:
+        await client.aclose()
+    assert "sk-do-not-print" not in str(caught.value) and "upstream exploded" in str(caught.value)
+    assert openai_server.requests[0].headers["authorization"] == "Bearer sk-do-not-print"
