@@ -173,7 +173,9 @@ def effective_scoring(agent: ScoringConfig, task: ScoringConfig | None) -> Scori
     ``env`` merges key by key (agent keys win); every other field is replaced whole. A mode
     set by neither falls back to ``"shared"``. Returns a new ``ScoringConfig`` with ``mode`` set.
     """
-    merged = (task or ScoringConfig()).model_dump(exclude_unset=True)
+    if task is None:  # the common case: no copy through validation (it deep-copies defaults)
+        return agent if agent.mode is not None else agent.model_copy(update={"mode": "shared"})
+    merged = task.model_dump(exclude_unset=True)
     for name in agent.model_fields_set:
         value = getattr(agent, name)
         if name == "env":

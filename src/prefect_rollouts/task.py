@@ -127,15 +127,29 @@ async def call_injected(fn: Callable[..., Any], available: dict[str, Any]) -> An
     Raises:
         TypeError: ``fn`` names a required parameter that is not available.
     """
-    params = inspect.signature(fn).parameters
     kwargs = {}
-    for name, param in params.items():
+    for name, required in _parameters(fn):
         if name in available:
             kwargs[name] = available[name]
-        elif param.default is inspect.Parameter.empty and param.kind not in (param.VAR_KEYWORD, param.VAR_POSITIONAL):
+        elif required:
             raise TypeError(f"{getattr(fn, '__qualname__', fn)} asks for parameter {name!r}; "
                             f"available are {sorted(available)}")
     result = fn(**kwargs)
     if inspect.isawaitable(result):
         result = await result
     return result
+
+
+_PARAMETERS: dict[Any, tuple[tuple[str, bool], ...]] = {}
+
+
+def _parameters(fn: Callable[..., Any]) -> tuple[tuple[str, bool], ...]:
+    """``(name, required)`` of ``fn``'s named parameters, cached per underlying function."""
+    key = (getattr(fn, "__func__", fn), hasattr(fn, "__self__"))
+    found = _PARAMETERS.get(key)
+    if found is None:
+        found = tuple((name, p.default is inspect.Parameter.empty)
+                      for name, p in inspect.signature(fn).parameters.items()
+                      if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL))
+        _PARAMETERS[key] = found
+    return found

@@ -127,25 +127,25 @@ class Trace(BaseModel):
     task_id: str
     task_type: str = "Task"
     model: str
-    agent: dict[str, Any] = {}
+    agent: dict[str, Any] = Field(default_factory=dict)
     """The agent config with secrets (header values, literal scoring env values) redacted."""
-    messages: list[dict[str, Any]] = []
-    segments: list[SegmentRecord] = []
-    model_calls: list[ModelCall] = []
-    tool_calls: list[ToolCall] = []
-    sends: list[SendRecord] = []
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    segments: list[SegmentRecord] = Field(default_factory=list)
+    model_calls: list[ModelCall] = Field(default_factory=list)
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    sends: list[SendRecord] = Field(default_factory=list)
     usage: Usage = Field(default_factory=Usage)
-    rewards: dict[str, float | None] = {}
-    reward_weights: dict[str, float] = {}
-    metrics: dict[str, float | None] = {}
+    rewards: dict[str, float | None] = Field(default_factory=dict)
+    reward_weights: dict[str, float] = Field(default_factory=dict)
+    metrics: dict[str, float | None] = Field(default_factory=dict)
     reward: float | None = None
-    info: dict[str, Any] = {}
-    errors: list[ErrorRecord] = []
+    info: dict[str, Any] = Field(default_factory=dict)
+    errors: list[ErrorRecord] = Field(default_factory=list)
     stop_condition: str | None = None
     is_timeout: bool = False
     started_at: float = Field(default_factory=time.time)
     """Unix time (s) the rollout started."""
-    timings: dict[str, float] = {}
+    timings: dict[str, float] = Field(default_factory=dict)
     """Wall seconds per stage: setup, agent, finalize, scoring, teardown (those that ran)."""
 
     @computed_field  # type: ignore[prop-decorator]
