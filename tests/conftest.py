@@ -26,9 +26,11 @@ def openai_server(_openai_server_session):
 
 @pytest.fixture
 def agent_config(openai_server):
-    """Factory of ``AgentConfig`` aimed at the scripted server, with fast client retries."""
+    """Factory of inline ``AgentConfig`` aimed at the scripted server, with fast client and stage retries."""
     def make(**fields: Any) -> vf.AgentConfig:
         client = vf.ClientConfig(base_url=openai_server.base_url, api_key_env="TEST_OPENAI_KEY", timeout=10,
                                  retries=vf.RetryConfig(max_retries=2, backoff_s=0.01, max_backoff_s=0.05))
+        fields.setdefault("orchestrator", "inline")
+        fields.setdefault("retries", vf.StageRetryConfig(backoff_s=0.01))
         return vf.AgentConfig(model="scripted", client=fields.pop("client", client), **fields)
     return make

@@ -10,6 +10,7 @@ from prefect_rollouts.config import (
     RuntimeConfig,
     SamplingConfig,
     ScoringConfig,
+    StageRetryConfig,
     TimeoutConfig,
     load_config,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "ScoringConfig",
     "ScoringEnvError",
     "Segment",
+    "StageRetryConfig",
     "StageTimeoutError",
     "Task",
     "TaskData",

@@ -13,10 +13,11 @@ from types import TracebackType
 from typing import Any, Literal
 
 from prefect_rollouts.config import AgentConfig
+from prefect_rollouts.engine import InlineOrchestrator, Orchestrator, run_rollout
 from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.model import ModelClient
 from prefect_rollouts.scoring.env import is_template
-from prefect_rollouts.stages import RolloutState, Segment, close, new_state, opening_messages, run_segment, setup, teardown
+from prefect_rollouts.stages import RolloutState, Segment, new_state, opening_messages
 from prefect_rollouts.task import Task
 from prefect_rollouts.trace import Receipt, SendRecord, Trace
 
@@ -69,15 +70,11 @@ class Agent:
                               "Set a prompt, or drive the task with agent.interaction(task)")
         async with self._borrow_client() as client:
             state = new_state(self.config, task, client, agent_info=self.info)
-            try:
-                await setup(state)
-                if not state.stopped:
-                    await run_segment(state, opening_messages(task))
-                    state.trace.stop("agent_completed")
-                await close(state)
-            finally:
-                await teardown(state)
-            return state.trace
+            return await run_rollout(InlineOrchestrator(), state)
+
+    def orchestrator(self) -> Orchestrator:
+        """A fresh orchestrator for one rollout, as ``config.orchestrator`` selects."""
+        return InlineOrchestrator()
 
     def interaction(self, task: Task) -> Interaction:
         """Open a turn-by-turn rollout of ``task``: ``async with agent.interaction(task) as it:``."""
@@ -107,6 +104,7 @@ class Interaction:
         self.agent = agent
         self.task = task
         self.state: RolloutState | None = None
+        self._orchestrator = agent.orchestrator()
         self._client_cm: Any = None
         self._lock = asyncio.Lock()
         self._active = False
@@ -128,9 +126,9 @@ class Interaction:
         client = await self._client_cm.__aenter__()
         self.state = new_state(self.agent.config, self.task, client, agent_info=self.agent.info)
         try:
-            await setup(self.state)
+            await self._orchestrator.setup(self.state)
         except BaseException:
-            await teardown(self.state)
+            await self._orchestrator.teardown(self.state)
             await self._client_cm.__aexit__(None, None, None)
             raise
         return self
@@ -144,11 +142,11 @@ class Interaction:
             await self._cancel_deliveries()
             if exc is None:
                 state.trace.stop("user_closed")
-                await close(state)
+                await self._orchestrator.score(state)
             elif not isinstance(exc, asyncio.CancelledError):
                 state.trace.record_error(exc, "interaction")  # recorded, then re-raised by the block
         finally:
-            await teardown(state)
+            await self._orchestrator.teardown(state)
             await self._client_cm.__aexit__(None, None, None)
 
     async def turn(self, message: str | list[dict[str, Any]] | None = None) -> Segment:
@@ -256,9 +254,13 @@ class Interaction:
             messages.extend(dict(m) for m in message)
         self._active = True
         try:
-            segment = await run_segment(state, messages)
+            segment = await self._orchestrator.segment(state, messages)
         finally:
             self._active = False
+        if limit is not None and state.turns >= limit and not state.stopped:
+            state.trace.stop("max_turns")  # no further response can be sampled: the exchange is over
+            state.trace.segments[-1].terminated = True
+            segment = Segment(segment.messages, True, segment.last_reply)
         self._queue[:0] = state.steer_inbox  # steers that arrived after the last safe point
         state.steer_inbox.clear()
         if self._queue:

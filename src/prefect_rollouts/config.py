@@ -46,7 +46,8 @@ class ClientConfig(_Config):
     base_url: str = "http://127.0.0.1:8000/v1"
     """Endpoint root; requests go to ``{base_url}/chat/completions``. Usually ends in ``/v1``."""
     api_key_env: str | None = "OPENAI_API_KEY"
-    """Name of the environment variable holding the API key; unset variable = no auth header."""
+    """Name of the environment variable holding the API key, read at each request. None or ``""``:
+    a keyless server. A named variable that is unset sends no auth header and logs a warning once."""
     headers: dict[str, str] = {}
     """Extra HTTP headers. Their values are redacted from traces."""
     timeout: float = Field(600.0, gt=0)
@@ -72,12 +73,17 @@ class SamplingConfig(_Config):
 
 
 class HarnessConfig(_Config):
-    """Which harness drives the model."""
+    """Which harness drives the model. TOML and Python also accept the string ``"chat"`` or ``"tools"``."""
 
     id: Literal["chat", "tools"] = "tools"
     """``chat``: one model response per segment. ``tools``: the tool-calling loop (can steer)."""
     runtime_tools: list[Literal["bash", "read_file", "write_file"]] = ["bash", "read_file", "write_file"]
     """Runtime tools the ``tools`` harness offers besides the task's own tools."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, value: Any) -> Any:
+        return {"id": value} if isinstance(value, str) else value
 
 
 class NetworkPolicy(_Config):
@@ -150,6 +156,21 @@ class ScoringConfig(_Config):
     """Skip task scoring (reward 0) when ``trace.is_timeout``."""
 
 
+class StageRetryConfig(_Config):
+    """Stage retries, the ``[env.agent.retries]`` table (the model client retries each request first).
+
+    A retried segment starts again from the messages it began with; a retried setup starts a
+    fresh runtime. Shared scoring is never retried; isolated scoring uses ``scoring.retries``.
+    """
+
+    setup: int = Field(1, ge=0)
+    """Retries of setup when the runtime fails to start."""
+    segment: int = Field(1, ge=0)
+    """Retries of a harness segment after a ``ProviderError`` (on top of ``client.retries``)."""
+    backoff_s: float = Field(1.0, ge=0)
+    """Wait before a stage retry, in seconds (doubled each time, jittered)."""
+
+
 class AgentConfig(_Config):
     """A harness driving a model inside a runtime; the ``[env.agent]`` table."""
 
@@ -164,7 +185,10 @@ class AgentConfig(_Config):
     max_turn_tokens: int | None = Field(None, ge=1)
     """Token cap of each response; a response that hits it stops the run as ``max_turn_tokens``."""
     timeouts: TimeoutConfig = TimeoutConfig()
+    retries: StageRetryConfig = StageRetryConfig()
     scoring: ScoringConfig = ScoringConfig()
+    orchestrator: Literal["inline"] = "inline"
+    """``inline``: the stages as plain asyncio calls, with stage retries."""
 
 
 def effective_scoring(agent: ScoringConfig, task: ScoringConfig | None) -> ScoringConfig:

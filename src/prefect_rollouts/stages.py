@@ -5,9 +5,12 @@ Order: ``setup`` -> ``run_segment`` (once per harness segment) -> ``finalize`` -
 part after the last segment. Orchestrators (the inline path in ``agent.py``, Prefect tasks
 later) call these functions; they hold all behaviour.
 
-A stage records failures on the trace and returns. With ``raise_retryable=True`` a retryable
-``InfrastructureError`` is raised instead (after undoing the stage's partial effects), so an
-orchestrator can retry the stage; it then calls the last attempt with ``raise_retryable=False``.
+A stage records failures on the trace and returns. Two switches let an orchestrator see them:
+``raise_retryable=True`` raises the errors the stage is retried on (``RETRY_ON``: runtime start
+failures for setup, ``ProviderError`` for a segment, infrastructure errors for isolated scoring)
+after undoing the stage's partial effects, so the orchestrator can retry it (the last attempt
+runs with ``raise_retryable=False``); ``raise_timeout=True`` raises ``StageTimeoutError`` after
+recording an expired deadline on the trace, so the orchestrator can show the stage as timed out.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from prefect_rollouts.config import AgentConfig, ScoringConfig, effective_scoring
-from prefect_rollouts.errors import InfrastructureError, StageTimeoutError
+from prefect_rollouts.errors import InfrastructureError, ProviderError, RuntimeUnavailableError, StageTimeoutError
 from prefect_rollouts.harnesses import Harness, make_harness
 from prefect_rollouts.runtimes import Runtime, make_runtime
 from prefect_rollouts.scoring.placement import score_isolated, score_shared
@@ -29,6 +32,13 @@ from prefect_rollouts.trace import SegmentRecord, SendRecord, Trace
 
 if TYPE_CHECKING:
     from prefect_rollouts.model import ModelClient
+
+#: Errors each stage is retried on (when ``retryable``); everything else is recorded at once.
+RETRY_ON: dict[str, tuple[type[InfrastructureError], ...]] = {
+    "setup": (RuntimeUnavailableError,),
+    "segment": (ProviderError,),
+    "scoring": (InfrastructureError,),
+}
 
 
 @dataclass(eq=False)
@@ -48,6 +58,8 @@ class RolloutState:
     """Agent budget consumed by segments so far."""
     steer_inbox: list[SendRecord] = field(default_factory=list)
     """Steer messages waiting for the harness's next safe point."""
+    segment_inputs: int = 0
+    """User messages delivered at the start of the last segment (they are not part of its output)."""
     artifacts: bytes | None = None
     """Archive collected after finalize for isolated scoring."""
     labels: dict[str, str] = field(default_factory=dict)
@@ -108,14 +120,14 @@ def opening_messages(task: Task) -> list[dict[str, Any]]:
     return messages
 
 
-async def setup(state: RolloutState, *, raise_retryable: bool = False) -> None:
+async def setup(state: RolloutState, *, raise_retryable: bool = False, raise_timeout: bool = False) -> None:
     """Start the runtime, write ``TaskData.files``, run ``Task.setup`` and open the harness.
 
     Deadline ``timeouts.setup``: on expiry the run stops as ``setup_timeout``. A failure
     stops it as ``<kind>_error``; with ``raise_retryable`` a retryable infrastructure error
     is raised instead, after the runtime it started is stopped.
     """
-    async with _stage(state, "setup", state.config.timeouts.setup, raise_retryable):
+    async with _stage(state, "setup", state.config.timeouts.setup, raise_retryable, raise_timeout):
         try:
             state.runtime = make_runtime(state.config.runtime, labels=state.labels)
             await state.runtime.start()
@@ -123,14 +135,14 @@ async def setup(state: RolloutState, *, raise_retryable: bool = False) -> None:
                 await state.runtime.write_file(path, content)
             await call_injected(state.task.setup, {"runtime": state.runtime, "trace": state.trace, "task": state.task})
             await state.harness.open(state)
-        except InfrastructureError as exc:
+        except RETRY_ON["setup"] as exc:
             if raise_retryable and exc.retryable:
                 await _stop_runtime(state)
             raise
 
 
 async def run_segment(state: RolloutState, messages: list[dict[str, Any]], *,
-                      raise_retryable: bool = False) -> Segment:
+                      raise_retryable: bool = False, raise_timeout: bool = False) -> Segment:
     """Deliver ``messages`` (user input) and run one harness segment.
 
     The agent deadline (``timeouts.agent``) is a budget over all segments; on expiry the run
@@ -149,14 +161,14 @@ async def run_segment(state: RolloutState, messages: list[dict[str, Any]], *,
     trace.messages.extend(messages)
     record = SegmentRecord(index=len(trace.segments), start=mark[0], end=mark[0], terminated=False, model_calls=0)
     trace.segments.append(record)
-    first_new = len(trace.messages)
+    state.segment_inputs = len(messages)
     budget = state.config.timeouts.agent
     remaining = None if budget is None else max(budget - state.agent_elapsed_s, 0.0)
     started = time.perf_counter()
     try:
-        async with _stage(state, "agent", remaining, raise_retryable, label="segment"):
+        async with _stage(state, "agent", remaining, raise_retryable, raise_timeout, label="segment"):
             await state.harness.run_segment(state)
-    except InfrastructureError:
+    except RETRY_ON["segment"]:
         del trace.messages[mark[0]:], trace.model_calls[mark[1]:], trace.tool_calls[mark[2]:]
         trace.segments.pop()
         state.turns, trace.usage = mark[3], mark[4]
@@ -164,26 +176,43 @@ async def run_segment(state: RolloutState, messages: list[dict[str, Any]], *,
     finally:
         state.agent_elapsed_s += time.perf_counter() - started
         trace.timings["agent"] = round(state.agent_elapsed_s, 6)
-    record.end = len(trace.messages)
-    record.model_calls = len(trace.model_calls) - mark[1]
-    record.terminated = state.stopped
-    produced = trace.messages[first_new:]
+        if trace.segments and trace.segments[-1] is record:
+            record.end = len(trace.messages)
+            record.model_calls = len(trace.model_calls) - mark[1]
+            record.terminated = state.stopped
+    return last_segment(state)
+
+
+def last_segment(state: RolloutState) -> Segment:
+    """The ``Segment`` of the trace's last segment record (what ``turn()`` returns)."""
+    trace = state.trace
+    if not trace.segments:
+        return Segment([], state.stopped)
+    record = trace.segments[-1]
+    produced = trace.messages[record.start + state.segment_inputs:record.end]
     return Segment(produced, state.stopped, _last_reply(produced))
 
 
-async def finalize(state: RolloutState) -> None:
+async def finalize(state: RolloutState, *, raise_timeout: bool = False) -> None:
     """Run ``Task.finalize`` (deadline ``timeouts.finalize``, expiry -> ``finalize_timeout``,
     scoring still runs); for isolated scoring, then collect ``TaskData.artifacts``.
 
-    Skipped when the run failed (it will not be scored).
+    Skipped when the run failed or its setup did not finish (it will not be scored).
     """
-    if state.trace.errors:
+    if not scorable(state):
         return
-    async with _stage(state, "finalize", state.config.timeouts.finalize, False):
+    async with _stage(state, "finalize", state.config.timeouts.finalize, False, raise_timeout):
         available = {"trace": state.trace, "runtime": state.runtime, "task": state.task}
         await call_injected(state.task.finalize, available)
         if state.scoring.mode == "isolated" and state.runtime is not None:
-            state.artifacts = await state.runtime.collect_artifacts(list(state.task.data.artifacts))
+            state.artifacts, missing = await state.runtime.collect_artifacts(list(state.task.data.artifacts))
+            if missing:
+                state.trace.info["artifacts_missing"] = missing
+
+
+def scorable(state: RolloutState) -> bool:
+    """False when the run failed or setup did not finish (``setup_timeout``): reward stays None."""
+    return not state.trace.errors and state.trace.stop_condition != "setup_timeout"
 
 
 def skip_check(state: RolloutState) -> str | None:
@@ -195,6 +224,8 @@ def skip_check(state: RolloutState) -> str | None:
         reason); None when scoring should run.
     """
     trace, scoring = state.trace, state.scoring
+    if not scorable(state):
+        return None
     reason = None
     if scoring.skip_on_truncated and trace.is_truncated:
         reason = "truncated"
@@ -208,23 +239,29 @@ def skip_check(state: RolloutState) -> str | None:
     return reason
 
 
-async def score(state: RolloutState, *, raise_retryable: bool = False) -> None:
-    """Score the rollout in its placement (``scoring.mode``) under ``timeouts.scoring``.
+async def score(state: RolloutState, *, raise_retryable: bool = False, raise_timeout: bool = False) -> None:
+    """Score the rollout once in its placement (``scoring.mode``) under ``timeouts.scoring``.
 
     Not run for a failed rollout. Shared scoring runs in the agent's runtime and is never
-    retried; isolated scoring retries itself per ``scoring.retries`` (see
-    ``scoring.placement.score_isolated``). Any failure leaves ``trace.reward`` None and is
-    recorded as an error; expiry stops the run as ``scoring_timeout``.
+    retried. Isolated scoring starts a fresh runtime per call; an orchestrator retries it
+    per ``scoring.retries`` with ``raise_retryable`` (``RETRY_ON["scoring"]``), reusing the
+    collected artifacts. Any failure leaves ``trace.reward`` None and is recorded as an
+    error; expiry stops the run as ``scoring_timeout``.
     """
-    if state.trace.errors:
+    if not scorable(state):
         return
-    async with _stage(state, "scoring", state.config.timeouts.scoring, raise_retryable):
-        if state.scoring.mode == "isolated":
-            await _stop_runtime(state)
-            await score_isolated(state.task, state.trace, state.artifacts or b"", state.scoring,
-                                 state.config.runtime, state.labels)
-        else:
-            await score_shared(state.task, state.trace, state.runtime, state.scoring)
+    isolated = state.scoring.mode == "isolated"
+    try:
+        async with _stage(state, "scoring", state.config.timeouts.scoring, raise_retryable and isolated, raise_timeout):
+            if isolated:
+                await _stop_runtime(state)
+                await score_isolated(state.task, state.trace, state.artifacts or b"", state.scoring,
+                                     state.config.runtime, state.labels)
+            else:
+                await score_shared(state.task, state.trace, state.runtime, state.scoring)
+    except RETRY_ON["scoring"]:
+        state.trace.rewards.clear(), state.trace.metrics.clear(), state.trace.reward_weights.clear()
+        raise
 
 
 async def teardown(state: RolloutState) -> None:
@@ -240,13 +277,6 @@ async def teardown(state: RolloutState) -> None:
         state.trace.timings["teardown"] = round(time.perf_counter() - started, 6)
 
 
-async def close(state: RolloutState) -> None:
-    """Finalize, skip-check and score a rollout whose segments are done (teardown not included)."""
-    await finalize(state)
-    if skip_check(state) is None:
-        await score(state)
-
-
 async def _stop_runtime(state: RolloutState) -> None:
     runtime, state.runtime = state.runtime, None
     if runtime is not None:
@@ -256,7 +286,7 @@ async def _stop_runtime(state: RolloutState) -> None:
 
 @contextlib.asynccontextmanager
 async def _stage(state: RolloutState, stage: str, deadline: float | None, raise_retryable: bool,
-                 label: str | None = None) -> AsyncIterator[None]:
+                 raise_timeout: bool, label: str | None = None) -> AsyncIterator[None]:
     """Time a stage, enforce its deadline and record its failure on the trace."""
     trace = state.trace
     started = time.perf_counter()
@@ -266,12 +296,15 @@ async def _stage(state: RolloutState, stage: str, deadline: float | None, raise_
             yield
     except TimeoutError as exc:
         if deadline_cm.expired():
+            error = StageTimeoutError(stage, deadline or 0.0)
             trace.record_timeout(stage)
-            trace.info.setdefault("timeouts", []).append(str(StageTimeoutError(stage, deadline or 0.0)))
+            trace.info.setdefault("timeouts", []).append(str(error))
+            if raise_timeout:
+                raise error from None
         else:  # a TimeoutError raised by user code, not our deadline
             trace.record_error(exc, label or stage)
     except InfrastructureError as exc:
-        if raise_retryable and exc.retryable:
+        if raise_retryable and exc.retryable and isinstance(exc, RETRY_ON.get(label or stage, ())):
             raise
         trace.record_error(exc, label or stage)
     except Exception as exc:

@@ -78,6 +78,11 @@ def test_missing_file_is_a_config_error(tmp_path):
         vf.load_config(tmp_path / "absent.toml")
 
 
+def test_harness_accepts_the_string_shorthand():
+    assert vf.AgentConfig(model="m", harness="chat").harness == vf.HarnessConfig(id="chat")
+    assert vf.load_config('[env.agent]\nmodel = "m"\nharness = "chat"').harness.id == "chat"
+
+
 def test_network_policy_accepts_the_string_shorthand_and_rejects_allow_lists():
     assert vf.RuntimeConfig(network="none").network.mode == "none"
     assert vf.ScoringConfig(network="open").network == vf.NetworkPolicy()

@@ -51,9 +51,19 @@ async def test_seed_loop_with_prompt_none_ends_at_max_turns(openai_server, agent
                 segment = await interaction.turn(f"you said: {segment.last_reply}")
                 replies.append(segment.last_reply)
     trace = interaction.trace
-    assert replies == ["echo 1", "echo 3", "echo 5", ""]
+    assert replies == ["echo 1", "echo 3", "echo 5"]     # the third segment is terminated: the cap is reached
     assert (trace.stop_condition, trace.is_truncated, len(openai_server.requests)) == ("max_turns", True, 3)
-    assert trace.messages[-1] == {"role": "assistant", "content": "echo 5"}   # the last message was not consumed
+    assert trace.segments[-1].terminated and trace.messages[-1] == {"role": "assistant", "content": "echo 5"}
+
+
+async def test_turn_after_the_max_turns_segment_does_not_consume_the_message(openai_server, agent_config):
+    openai_server.default = reply("only")
+    async with vf.make_agent(agent_config(max_turns=1, harness="chat")) as agent:
+        async with agent.interaction(Echo(vf.TaskData(prompt=None))) as interaction:
+            first = await interaction.turn("hello")
+            later = await interaction.turn("ignored")
+    assert first.terminated and (later.messages, later.terminated) == ([], True)
+    assert [m["content"] for m in interaction.trace.messages] == ["hello", "only"]
 
 
 async def test_turn_after_termination_returns_an_empty_terminated_segment(openai_server, agent_config):

@@ -45,7 +45,8 @@ async def test_files_round_trip_and_paths_cannot_leave_the_workspace(runtime):
 async def test_artifacts_move_between_runtimes_and_respect_the_cap(runtime):
     await runtime.write_file("src/main.py", "print(1)")
     await runtime.write_file("secret.txt", "agent only")
-    archive = await runtime.collect_artifacts(["src", "missing.txt"])
+    archive, missing = await runtime.collect_artifacts(["src", "missing.txt"])
+    assert missing == ["missing.txt"]
     other = make_runtime(vf.RuntimeConfig())
     await other.start()
     try:
@@ -114,9 +115,16 @@ async def test_the_same_task_scores_the_same_shared_and_isolated(openai_server, 
     play_solution(openai_server)
     async with vf.make_agent(agent_config(scoring=vf.ScoringConfig(mode=mode))) as agent:
         trace = await agent.run(solution_task())
-    assert trace.reward == 1.0 and trace.errors == []
+    assert trace.reward == 1.0 and trace.errors == [], (trace.tool_calls, trace.messages, openai_server.requests)
     # only declared artifacts reach the isolated scoring runtime
     assert trace.metrics == {"notes_visible": 1.0 if mode == "shared" else 0.0}
+
+
+async def test_a_missing_declared_artifact_is_noted_and_scores_zero(openai_server, agent_config):
+    openai_server.play([reply("I did nothing")])
+    async with vf.make_agent(agent_config(scoring=vf.ScoringConfig(mode="isolated"))) as agent:
+        trace = await agent.run(solution_task())
+    assert (trace.reward, trace.info["artifacts_missing"], trace.errors) == (0.0, ["solution.txt"], [])
 
 
 async def test_task_default_isolated_mode_is_used_when_the_agent_sets_none(openai_server, agent_config):

@@ -114,3 +114,17 @@ async def test_the_error_message_never_holds_the_api_key(openai_server, monkeypa
         await client.aclose()
     assert "sk-do-not-print" not in str(caught.value) and "upstream exploded" in str(caught.value)
     assert openai_server.requests[0].headers["authorization"] == "Bearer sk-do-not-print"
+
+
+async def test_an_unset_key_variable_sends_no_header_and_warns_once(openai_server, monkeypatch, caplog):
+    monkeypatch.delenv("UNSET_KEY_VAR", raising=False)
+    openai_server.default = reply("ok")
+    client = ModelClient(vf.ClientConfig(base_url=openai_server.base_url, api_key_env="UNSET_KEY_VAR"))
+    try:
+        await client.complete(BODY)
+        await client.complete(BODY)
+    finally:
+        await client.aclose()
+    assert "authorization" not in openai_server.requests[0].headers
+    warnings = [r.getMessage() for r in caplog.records if "UNSET_KEY_VAR" in r.getMessage()]
+    assert len(warnings) == 1 and "is not set" in warnings[0]

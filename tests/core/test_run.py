@@ -216,6 +216,7 @@ async def test_setup_and_finalize_timeouts(openai_server, agent_config):
         slow_setup = await agent.run(SlowSetup(vf.TaskData(prompt="2+3?", answer="5")))
         slow_finalize = await agent.run(SlowFinalize(vf.TaskData(prompt="2+3?", answer="5")))
     assert (slow_setup.stop_condition, slow_setup.is_timeout, slow_setup.model_calls) == ("setup_timeout", True, [])
+    assert (slow_setup.reward, slow_setup.rewards) == (None, {})   # the agent never ran: not scored
     assert (slow_finalize.stop_condition, slow_finalize.is_timeout) == ("finalize_timeout", True)
     assert slow_finalize.reward == 1.0     # scoring still runs after a finalize timeout
 
@@ -244,10 +245,22 @@ async def test_persistent_500_is_a_provider_error_on_the_trace_and_no_reward(ope
     openai_server.default = status(500)
     async with vf.make_agent(agent_config()) as agent:
         trace = await agent.run(add_task())
-    assert len(openai_server.requests) == 3          # 1 attempt + max_retries=2
+    assert len(openai_server.requests) == 6          # (1 + client max_retries=2) x (1 + segment retries=1)
     assert trace.reward is None and trace.rewards == {}
     assert (trace.stop_condition, trace.errors[0].type, trace.errors[0].status_code) == ("provider_error", "ProviderError", 500)
     assert trace.model_calls[0].status_code == 500 and trace.model_calls[0].retries == 2
+
+
+async def test_a_segment_is_retried_after_a_provider_error_from_the_messages_it_began_with(openai_server, agent_config):
+    openai_server.play([tool_call("bash", command="echo one"), status(500), status(500), status(500),
+                        tool_call("bash", command="echo two"), reply("5")])
+    async with vf.make_agent(agent_config()) as agent:
+        trace = await agent.run(add_task())
+    assert (trace.reward, trace.errors, trace.stop_condition) == (1.0, [], "agent_completed")
+    retried = openai_server.requests[4].messages
+    assert [m["role"] for m in retried] == ["user"]      # the retry started from the segment's input
+    assert [t.output.split("\n")[2] for t in trace.tool_calls] == ["two"]
+    assert len(trace.model_calls) == 2 and len(trace.segments) == 1
 
 
 async def test_api_key_is_read_at_request_time_and_never_reaches_the_trace(openai_server, agent_config, monkeypatch):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import email.utils
 import itertools
+import logging
 import os
 import random
 import time
@@ -31,6 +32,8 @@ from prefect_rollouts.errors import ProviderError
 #: here (benchmarks/inline_throughput.py setup, 32 in flight, 50 ms server): one 32-connection
 #: client 118-175 requests/s at 5.6-8.4 ms CPU each, two 16-connection lanes 537/s at 1.5 ms.
 _LANE_CONNECTIONS = 16
+
+logger = logging.getLogger("prefect_rollouts.model")
 
 _RETRY_STATUS = frozenset({408, 409, 429}) | frozenset(range(500, 600))
 
@@ -77,6 +80,7 @@ class ModelClient:
         self._lanes = [httpx.AsyncClient(timeout=config.timeout, limits=limits, headers=config.headers)
                        for _ in range(lanes)]
         self._next_lane = itertools.cycle(self._lanes).__next__
+        self._warned_no_key = False
         retries = config.retries
         stop = stop_after_attempt(retries.max_retries + 1)
         stop = stop | (stop_after_delay(retries.max_elapsed_s) if retries.max_elapsed_s else stop_never)
@@ -117,8 +121,14 @@ class ModelClient:
 
     async def _post(self, body: dict[str, Any], retries: int) -> Completion:
         headers = None
-        if self.config.api_key_env and (key := os.environ.get(self.config.api_key_env)):
-            headers = {"Authorization": f"Bearer {key}"}
+        if self.config.api_key_env:
+            if key := os.environ.get(self.config.api_key_env):
+                headers = {"Authorization": f"Bearer {key}"}
+            elif not self._warned_no_key:
+                self._warned_no_key = True
+                logger.warning("client.api_key_env = %r: the variable is not set; requests to %s go without "
+                               "an Authorization header. Export it, or set api_key_env = \"\" for a keyless "
+                               "server", self.config.api_key_env, self.url)
         try:
             response = await self._next_lane().post(self.url, json=body, headers=headers)
         except httpx.TimeoutException as exc:

@@ -131,15 +131,19 @@ class LocalRuntime:
             target.write_bytes(payload)
         await asyncio.to_thread(write)
 
-    async def collect_artifacts(self, paths: list[str]) -> bytes:
+    async def collect_artifacts(self, paths: list[str]) -> tuple[bytes, list[str]]:
         """Pack the workspace paths that exist into an uncompressed tar (paths relative).
 
-        Missing paths are left out (scoring then sees them absent).
+        Returns:
+            ``(archive, missing)``: the tar bytes and the declared paths that did not exist
+            (left out; scoring then sees them absent).
 
         Raises:
             TaskError: the archive exceeds ``config.artifact_max_bytes``.
         """
         root = self._root()
+
+        missing: list[str] = []
 
         def pack() -> bytes:
             buffer = io.BytesIO()
@@ -148,13 +152,15 @@ class LocalRuntime:
                     source = self._resolve(rel)
                     if source.exists():
                         tar.add(source, arcname=str(source.relative_to(root)))
+                    else:
+                        missing.append(rel)
             return buffer.getvalue()
         archive = await asyncio.to_thread(pack)
         if len(archive) > self.config.artifact_max_bytes:
             raise TaskError(f"artifacts {paths!r}: {len(archive)} bytes exceed artifact_max_bytes = "
                             f"{self.config.artifact_max_bytes}. Declare fewer paths or raise "
                             "[env.agent.runtime] artifact_max_bytes")
-        return archive
+        return archive, missing
 
     async def restore_artifacts(self, archive: bytes) -> None:
         """Unpack a ``collect_artifacts`` archive into the workspace (no path may leave it)."""

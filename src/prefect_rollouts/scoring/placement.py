@@ -2,18 +2,16 @@
 
 Isolated scoring follows the seed: the task's collected artifacts are restored into a fresh
 runtime (``scoring.runtime``, else the agent's runtime config) and the task's metrics and
-rewards run there. A retryable infrastructure error retries with another fresh runtime,
-reusing the same submission; nothing is sent to the model again.
+rewards run there. The orchestrator retries a retryable infrastructure error with another
+call (another fresh runtime), reusing the same submission; nothing is sent to the model again.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
 from typing import Any
 
 from prefect_rollouts.config import RuntimeConfig, ScoringConfig
-from prefect_rollouts.errors import InfrastructureError
 from prefect_rollouts.runtimes import make_runtime
 from prefect_rollouts.scoring.env import resolve_env
 from prefect_rollouts.scoring.rewards import run_scoring_functions
@@ -35,44 +33,33 @@ async def score_shared(task: Task, trace: Trace, runtime: Any, scoring: ScoringC
 
 async def score_isolated(task: Task, trace: Trace, artifacts: bytes, scoring: ScoringConfig,
                          agent_runtime: RuntimeConfig, labels: dict[str, str] | None = None) -> None:
-    """Restore ``artifacts`` into a fresh runtime and run the task's scoring functions there.
+    """Restore ``artifacts`` into a fresh runtime and run the task's scoring functions there (one attempt).
+
+    The caller retries per ``scoring.retries`` on a retryable ``InfrastructureError``; each
+    call starts its own runtime and stops it on every path. ``trace.info["scoring_attempts"]``
+    counts the calls.
 
     Args:
         task: The task whose ``@metric``/``@reward`` functions run.
         trace: The finished trace; rewards and metrics are recorded on it.
         artifacts: Tar archive from ``Runtime.collect_artifacts`` (the finished submission).
         scoring: Effective scoring config: ``runtime`` (None = ``agent_runtime``), ``env``
-            (templated), ``network``, ``retries`` (``max_retries`` further attempts, default 2).
+            (templated), ``network``.
         agent_runtime: The agent's runtime config.
         labels: Labels for the scoring runtime.
 
-    Returns:
-        None; ``trace.info["scoring_attempts"]`` holds the number of runtimes used.
-
     Raises:
-        ScoringEnvError: a ``${VAR}`` is unset without default (not retried).
-        InfrastructureError: every attempt hit a retryable infrastructure error; the last is raised.
-        TaskError: a scoring function failed (not retried: the same code would fail again).
+        ScoringEnvError: a ``${VAR}`` is unset without default (not retryable).
+        InfrastructureError: the scoring runtime failed to start or was lost.
+        TaskError: a scoring function failed (not retryable: the same code would fail again).
     """
     env = resolve_env(scoring.env)
-    config = scoring.runtime or agent_runtime
-    policy = scoring.retries
-    attempt = 0
-    while True:
-        attempt += 1
-        trace.info["scoring_attempts"] = attempt
-        runtime = make_runtime(config, network=scoring.network, labels={**(labels or {}), "role": "scoring"})
-        try:
-            await runtime.start()
-            await runtime.restore_artifacts(artifacts)
-            view = await runtime.scoped(env=env)
-            await run_scoring_functions(task, trace, view)
-            return
-        except InfrastructureError as exc:
-            if not exc.retryable or attempt > policy.max_retries:
-                raise
-            trace.rewards.clear(), trace.metrics.clear()
-            wait = min(policy.backoff_s * 2 ** (attempt - 1), policy.max_backoff_s) * random.uniform(0.5, 1.5)
-            await asyncio.sleep(wait)
-        finally:
-            await asyncio.shield(runtime.stop())
+    trace.info["scoring_attempts"] = trace.info.get("scoring_attempts", 0) + 1
+    runtime = make_runtime(scoring.runtime or agent_runtime, network=scoring.network,
+                           labels={**(labels or {}), "role": "scoring"})
+    try:
+        await runtime.start()
+        await runtime.restore_artifacts(artifacts)
+        await run_scoring_functions(task, trace, await runtime.scoped(env=env))
+    finally:
+        await asyncio.shield(runtime.stop())

@@ -48,7 +48,7 @@ async def run_scoring_functions(task: Task, trace: Trace, runtime: Any) -> None:
             (trace.rewards if group == "reward" else trace.metrics)[name] = value
         if failure is not None:
             raise failure
-    trace.reward = sum(trace.rewards[name] * trace.reward_weights[name] for name in trace.rewards)  # type: ignore[operator]
+    trace.reward = float(sum(trace.rewards[name] * trace.reward_weights[name] for name in trace.rewards))  # type: ignore[misc]
 
 
 def _as_score(value: Any) -> float | None:
