@@ -70,10 +70,18 @@ class Agent:
                               "Set a prompt, or drive the task with agent.interaction(task)")
         async with self._borrow_client() as client:
             state = new_state(self.config, task, client, agent_info=self.info)
+            if self.config.orchestrator == "prefect":
+                from prefect_rollouts.flows.rollout import run_rollout_flow  # Prefect loads only here
+
+                return await run_rollout_flow(state)
             return await run_rollout(InlineOrchestrator(), state)
 
     def orchestrator(self) -> Orchestrator:
         """A fresh orchestrator for one rollout, as ``config.orchestrator`` selects."""
+        if self.config.orchestrator == "prefect":
+            from prefect_rollouts.flows.rollout import FlowOrchestrator
+
+            return FlowOrchestrator()
         return InlineOrchestrator()
 
     def interaction(self, task: Task) -> Interaction:

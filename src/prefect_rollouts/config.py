@@ -187,8 +187,9 @@ class AgentConfig(_Config):
     timeouts: TimeoutConfig = TimeoutConfig()
     retries: StageRetryConfig = StageRetryConfig()
     scoring: ScoringConfig = ScoringConfig()
-    orchestrator: Literal["inline"] = "inline"
-    """``inline``: the stages as plain asyncio calls, with stage retries."""
+    orchestrator: Literal["prefect", "inline"] = "prefect"
+    """``prefect``: each rollout is a Prefect flow run with one task run per stage.
+    ``inline``: the same stages as plain asyncio calls (tests, RL loops, benchmarks)."""
 
 
 def effective_scoring(agent: ScoringConfig, task: ScoringConfig | None) -> ScoringConfig:
