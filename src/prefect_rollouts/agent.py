@@ -12,7 +12,7 @@ import uuid
 from types import TracebackType
 from typing import Any, Literal
 
-from prefect_rollouts.config import AgentConfig
+from prefect_rollouts.config import AgentConfig, ClientConfig
 from prefect_rollouts.engine import InlineOrchestrator, Orchestrator, run_rollout
 from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.model import ModelClient
@@ -47,7 +47,7 @@ class Agent:
     async def __aenter__(self) -> Agent:
         if self._client is not None:
             raise RuntimeError("this Agent is already open; enter it once")
-        self._client = ModelClient(self.config.client)
+        self._client = await open_client(self.config.client)
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -84,6 +84,21 @@ class Agent:
             return FlowOrchestrator()
         return InlineOrchestrator()
 
+    def new_rollout(self, task: Task, client: ModelClient, labels: dict[str, str] | None = None) -> RolloutState:
+        """The state of a new rollout of ``task`` on ``client`` (for orchestrators such as ``eval_flow``)."""
+        return new_state(self.config, task, client, agent_info=self.info, labels=labels)
+
+    @property
+    def client(self) -> ModelClient:
+        """The agent's model client (its connection pool); the agent must be entered.
+
+        Raises:
+            RuntimeError: the agent is not open.
+        """
+        if self._client is None:
+            raise RuntimeError("the agent is not open; use `async with make_agent(config) as agent:`")
+        return self._client
+
     def interaction(self, task: Task) -> Interaction:
         """Open a turn-by-turn rollout of ``task``: ``async with agent.interaction(task) as it:``."""
         return Interaction(self, task)
@@ -93,7 +108,7 @@ class Agent:
         if self._client is not None:
             yield self._client
             return
-        client = ModelClient(self.config.client)  # un-entered agent: a pool for this rollout only
+        client = await open_client(self.config.client)  # un-entered agent: a pool for this rollout only
         try:
             yield client
         finally:
@@ -301,6 +316,16 @@ class Interaction:
         self._queue.clear()
         if state is not None:
             state.steer_inbox.clear()
+
+
+async def open_client(config: ClientConfig) -> ModelClient:
+    """A ``ModelClient`` for ``config``; a ``ModelEndpoint`` block it names is loaded here (Prefect)."""
+    if config.endpoint is None:
+        return ModelClient(config)
+    from prefect_rollouts.blocks import resolve_client
+
+    resolved, key = await resolve_client(config)
+    return ModelClient(resolved, api_key=key)
 
 
 def redacted_config(config: AgentConfig) -> dict[str, Any]:

@@ -50,6 +50,9 @@ class ClientConfig(_Config):
     a keyless server. A named variable that is unset sends no auth header and logs a warning once."""
     headers: dict[str, str] = {}
     """Extra HTTP headers. Their values are redacted from traces."""
+    endpoint: str | None = None
+    """Name of a ``ModelEndpoint`` Prefect block supplying ``base_url``, the API key and headers
+    (fields set here win); the key then comes from the block, not ``api_key_env``."""
     timeout: float = Field(600.0, gt=0)
     """Per-request timeout in seconds (connect, read and write each)."""
     retries: RetryConfig = RetryConfig(max_retries=5, backoff_s=0.5, max_backoff_s=30.0, max_elapsed_s=300.0)
@@ -255,9 +258,9 @@ def _describe(source: str | Path) -> str:
 
 def _explain(err: Any, section: str) -> str:
     loc = [str(p) for p in err["loc"] if not str(p).startswith("function-")]
-    tables = [section] + [p for p in loc[:-1] if not p.isdigit()]
+    tables = ([section] if section else []) + [p for p in loc[:-1] if not p.isdigit()]
     key = loc[-1] if loc else "(table)"
-    where = f"[{'.'.join(tables)}] {key}"
+    where = f"[{'.'.join(tables)}] {key}" if tables else key
     if err["type"] == "extra_forbidden":
         return f"{where}: unknown key. Remove it or check its spelling against the documented keys"
     if err["type"] == "missing":

@@ -9,7 +9,8 @@ The tree::
     │   ├── RuntimeUnavailableError      a runtime (workspace, engine, namespace) cannot start
     │   └── ProviderError                transport error or non-2xx from the model server; .status_code
     ├── TaskError                        user code (task hook, tool, reward, metric) raised
-    └── StageTimeoutError(TimeoutError)  a stage deadline from [env.agent.timeouts] expired
+    ├── StageTimeoutError(TimeoutError)  a stage deadline from [env.agent.timeouts] expired
+    └── TraceStoreError(OSError)         the Parquet trace dataset cannot be written or read
 
 The error model: a rollout failure is recorded once on the trace as data (``trace.errors``,
 ``trace.stop_condition``); ``Agent.run`` does not raise it. Only infrastructure errors propagate
@@ -76,3 +77,7 @@ class StageTimeoutError(RolloutsError, TimeoutError):
                          f"([env.agent.timeouts] {stage} = {seconds:g})")
         self.stage = stage
         self.seconds = seconds
+
+
+class TraceStoreError(RolloutsError, OSError):
+    """The Parquet trace dataset cannot be written or read; the message names the path."""

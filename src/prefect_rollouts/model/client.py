@@ -69,10 +69,13 @@ class ModelClient:
     Args:
         config: Endpoint, headers, per-request timeout (s), retries and pool size
             (``max_connections``, split into lanes of at most 16).
+        api_key: A key from a ``ModelEndpoint`` block; when None the key is read from the
+            environment variable ``config.api_key_env`` at each request.
     """
 
-    def __init__(self, config: ClientConfig) -> None:
+    def __init__(self, config: ClientConfig, api_key: str | None = None) -> None:
         self.config = config
+        self._api_key = api_key
         self.url = config.base_url.rstrip("/") + "/chat/completions"
         lanes = -(-config.max_connections // _LANE_CONNECTIONS)
         per_lane = -(-config.max_connections // lanes)
@@ -121,7 +124,9 @@ class ModelClient:
 
     async def _post(self, body: dict[str, Any], retries: int) -> Completion:
         headers = None
-        if self.config.api_key_env:
+        if self._api_key is not None:
+            headers = {"Authorization": f"Bearer {self._api_key}"}
+        elif self.config.api_key_env and not self.config.endpoint:
             if key := os.environ.get(self.config.api_key_env):
                 headers = {"Authorization": f"Bearer {key}"}
             elif not self._warned_no_key:

@@ -1,0 +1,91 @@
+"""The ``ModelEndpoint`` and ``TraceStore`` blocks and how configs that name them are resolved."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect.blocks.core import Block
+from pydantic import Field, SecretStr
+
+from prefect_rollouts.config import ClientConfig
+from prefect_rollouts.errors import ConfigError
+
+
+class ModelEndpoint(Block):
+    """An OpenAI-compatible model endpoint and its API key.
+
+    Name it in an agent config instead of an environment variable; the key is read from the
+    block when the agent opens and never reaches a trace, a flow run's parameters or a log.
+
+    Example:
+        ```python
+        from prefect_rollouts.blocks import ModelEndpoint
+        ModelEndpoint(base_url="http://127.0.0.1:8000/v1", api_key="sk-...").save("local-llm")
+        ```
+        then in TOML: ``[env.agent.client] endpoint = "local-llm"``.
+    """
+
+    _block_type_name = "Model Endpoint"
+    _block_type_slug = "prefect-rollouts-model-endpoint"
+    _description = "An OpenAI-compatible model endpoint (base URL, API key, headers) for prefect-rollouts."
+
+    base_url: str = Field(description="Endpoint root; requests go to {base_url}/chat/completions.")
+    api_key: SecretStr | None = Field(default=None, description="API key sent as a Bearer token.")
+    headers: dict[str, str] = Field(default_factory=dict, description="Extra HTTP headers (redacted from traces).")
+    model: str | None = Field(default=None, description="Default model name served here (informational).")
+
+
+class TraceStore(Block):
+    """Where an eval's Parquet trace dataset lives (a local or mounted directory).
+
+    Example:
+        ```python
+        from prefect_rollouts.blocks import TraceStore
+        TraceStore(path="/data/traces").save("nightly")
+        ```
+        then in TOML: ``[traces] store = "nightly"``.
+    """
+
+    _block_type_name = "Trace Store"
+    _block_type_slug = "prefect-rollouts-trace-store"
+    _description = "Location of a prefect-rollouts Parquet trace dataset."
+
+    path: str = Field(description="Dataset root directory (holds rollouts/ and model_calls/).")
+
+
+async def resolve_client(config: ClientConfig) -> tuple[ClientConfig, str | None]:
+    """Apply the ``ModelEndpoint`` block named by ``config.endpoint``.
+
+    Returns:
+        ``(client config, api key)``: the block's ``base_url`` and ``headers`` (fields set
+        explicitly on ``config`` win) and the key in plain text, for the client's memory only.
+
+    Raises:
+        ConfigError: no such block.
+    """
+    name = config.endpoint
+    assert name is not None
+    try:
+        block = await ModelEndpoint.aload(name)
+    except ValueError as exc:
+        raise ConfigError(f"[env.agent.client] endpoint = {name!r}: no ModelEndpoint block with that name "
+                          f"({exc}). Create it with ModelEndpoint(...).save({name!r})") from None
+    update: dict[str, Any] = {}
+    if "base_url" not in config.model_fields_set:
+        update["base_url"] = block.base_url
+    update["headers"] = {**block.headers, **config.headers}
+    key = block.api_key.get_secret_value() if block.api_key is not None else None
+    return config.model_copy(update=update), key
+
+
+async def resolve_trace_path(store: str) -> str:
+    """The dataset path of the ``TraceStore`` block named ``store``.
+
+    Raises:
+        ConfigError: no such block.
+    """
+    try:
+        return (await TraceStore.aload(store)).path
+    except ValueError as exc:
+        raise ConfigError(f"[traces] store = {store!r}: no TraceStore block with that name ({exc}). "
+                          f"Create it with TraceStore(path=...).save({store!r}), or set [traces] path") from None

@@ -1,0 +1,119 @@
+"""The eval config: a taskset, an agent, how many rollouts, where traces go. Loaded from TOML.
+
+```toml
+run_name = "nightly"          # optional
+num_tasks = 50                # optional: all when absent
+rollouts_per_task = 1
+max_concurrent = 16
+
+[traces]
+path = "./traces"             # or store = "<TraceStore block name>"
+
+[env.taskset]
+id = "arithmetic"             # a built-in name, or "pkg.module:function"
+count = 200                   # taskset options
+
+[env.agent]                   # AgentConfig
+model = "some/model"
+```
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from prefect_rollouts.config import AgentConfig, _Config, _read_toml, validate_config
+from prefect_rollouts.errors import ConfigError
+
+
+class TasksetConfig(BaseModel):
+    """``[env.taskset]``: ``id`` plus the taskset's own options (any other keys)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    """A built-in taskset name, or ``pkg.module:function`` returning tasks."""
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The keys other than ``id``, passed to the taskset's loader."""
+        return dict(self.model_extra or {})
+
+
+class EnvConfig(_Config):
+    """``[env]``: the taskset and the agent."""
+
+    taskset: TasksetConfig
+    agent: AgentConfig
+
+
+class TracesConfig(_Config):
+    """``[traces]``: where the Parquet dataset goes: a local ``path`` or a ``TraceStore`` block."""
+
+    path: str | None = "./traces"
+    store: str | None = None
+    """Name of a ``TraceStore`` block; wins over ``path``."""
+
+
+class EvalConfig(_Config):
+    """A whole evaluation: ``num_tasks`` tasks x ``rollouts_per_task`` rollouts of one agent."""
+
+    run_name: str | None = None
+    """Prefix of the run id; default: the taskset id."""
+    num_tasks: int | None = Field(None, ge=1)
+    """How many tasks from the start of the taskset; None = all."""
+    rollouts_per_task: int = Field(1, ge=1)
+    """Rollouts of each task (pass@k is reported for every k up to this)."""
+    max_concurrent: int = Field(16, ge=1)
+    """Rollouts in flight at once."""
+    rollout_granularity: Literal["flow", "task", "batch"] = "flow"
+    """``flow``: a flow run per rollout, a task run per stage (most visible). ``task``: a task run
+    per rollout. ``batch``: a task run per shard of ``batch_size`` rollouts (fastest)."""
+    batch_size: int = Field(50, ge=1)
+    """Rollouts per shard with ``rollout_granularity = "batch"``."""
+    pass_threshold: float = 1.0
+    """A rollout passes (for pass@k) when its reward is at least this."""
+    traces: TracesConfig = TracesConfig()
+    env: EnvConfig
+
+
+
+def load_eval_config(source: str | Path, overrides: list[str] | None = None) -> EvalConfig:
+    """Load an ``EvalConfig`` from a TOML file or text, then apply ``--set`` overrides.
+
+    Args:
+        source: Path of a ``.toml`` file, or TOML text.
+        overrides: ``dotted.key=value`` strings; the value is parsed as a TOML value
+            (``3``, ``true``, ``"x"``, ``[1, 2]``) and taken as a plain string otherwise.
+
+    Raises:
+        ConfigError: unreadable TOML, a malformed override, or an invalid or unknown key (the
+            message names the key and its table).
+    """
+    data = _read_toml(source)
+    for item in overrides or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected dotted.key=value, e.g. --set env.agent.max_turns=4")
+        _assign(data, key.strip().split("."), _parse_value(raw.strip()))
+    return validate_config(EvalConfig, data, "")
+
+
+def _parse_value(raw: str) -> Any:
+    try:
+        return tomllib.loads(f"value = {raw}")["value"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def _assign(data: dict[str, Any], path: list[str], value: Any) -> None:
+    for part in path[:-1]:
+        node = data.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {'.'.join(path)}: {part!r} is a value, not a table")
+        data = node
+    data[path[-1]] = value

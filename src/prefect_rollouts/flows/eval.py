@@ -1,0 +1,237 @@
+"""``eval_flow``: a whole evaluation as one Prefect flow run that streams traces into Parquet.
+
+Rollouts run with bounded concurrency (``max_concurrent``) at the chosen granularity:
+``flow`` (a ``rollout_flow`` subflow per rollout, a task run per stage), ``task`` (a task run
+per rollout) or ``batch`` (a task run per shard of rollouts). Rows are written as rollouts
+finish; a rollout counts as done once its row is durable. Re-running with ``resume=<run id>``
+runs only the rollouts of that run that have no durable row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import datetime as dt
+import hashlib
+import json
+import math
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import acreate_progress_artifact, acreate_table_artifact, aupdate_progress_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
+from prefect.utilities.annotations import quote
+
+from prefect_rollouts.agent import Agent, make_agent
+from prefect_rollouts.blocks import resolve_trace_path
+from prefect_rollouts.engine import InlineOrchestrator, run_rollout
+from prefect_rollouts.environments import load_taskset
+from prefect_rollouts.eval_config import EvalConfig
+from prefect_rollouts.flows.rollout import RolloutRequest, rollout_flow
+from prefect_rollouts.stages import RolloutState
+from prefect_rollouts.task import Task
+from prefect_rollouts.trace import Trace
+from prefect_rollouts.traces import EvalSummary, TraceWriter, durable_keys, read_rollouts, summarize
+
+#: Called as ``listener(durable, total)`` whenever more rollouts become durable (the CLI's progress bar).
+progress_listener: contextvars.ContextVar[Callable[[int, int], None] | None] = contextvars.ContextVar(
+    "prefect_rollouts_progress_listener", default=None)
+
+FLUSH_INTERVAL_S = 2.0
+"""Buffered rows are made durable at least this often."""
+
+
+@dataclass(eq=False)
+class _Run:
+    """What every rollout of one eval run shares."""
+
+    agent: Agent
+    writer: TraceWriter
+    run_id: str
+    environment: str
+    config_hash: str
+    total: int
+    gate: asyncio.Semaphore
+    progress_id: Any = None
+    last_report: float = 0.0
+    failures: list[BaseException] = field(default_factory=list)
+
+    def state(self, task_: Task, index: int) -> RolloutState:
+        labels = {"run_id": self.run_id, "rollout_index": str(index)}
+        return self.agent.new_rollout(task_, self.agent.client, labels)
+
+    async def record(self, trace: Trace, index: int, elapsed_s: float) -> None:
+        if self.writer.add(trace, rollout_index=index, environment=self.environment,
+                           config_hash=self.config_hash, elapsed_s=elapsed_s):
+            await self.report()
+
+    async def flush(self) -> None:
+        if self.writer.flush():
+            await self.report()
+
+    async def report(self, force: bool = False) -> None:
+        done = len(self.writer.durable)
+        if (listener := progress_listener.get()) is not None:
+            listener(done, self.total)
+        now = time.monotonic()
+        if self.progress_id is not None and (force or now - self.last_report >= 1.0):
+            self.last_report = now
+            await aupdate_progress_artifact(self.progress_id, progress=100.0 * done / max(self.total, 1))
+
+
+def _flow_run_name() -> str:
+    parameters = flow_run.parameters
+    config = parameters.get("config")
+    run_name = getattr(config, "run_name", None) or (config.get("run_name") if isinstance(config, dict) else None)
+    taskset = getattr(getattr(getattr(config, "env", None), "taskset", None), "id", None)
+    return parameters.get("resume") or parameters.get("run_id") or run_name or taskset or "eval"
+
+
+@flow(name="eval", flow_run_name=_flow_run_name, persist_result=False, log_prints=False)
+async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str | None = None) -> EvalSummary:
+    """Evaluate an agent on a taskset and write every rollout to the Parquet trace dataset.
+
+    Args:
+        config: The eval: taskset (``env.taskset``), agent (``env.agent``), ``num_tasks``,
+            ``rollouts_per_task``, ``max_concurrent``, ``rollout_granularity`` and ``traces``.
+        resume: Run id of an earlier run to continue: only its rollouts without a durable
+            row run, and the summary covers the whole run.
+        run_id: Id for a new run; default ``<run_name or taskset id>-<UTC time>-<4 hex>``.
+
+    Returns:
+        ``EvalSummary``: per environment the mean reward with standard error, pass@k for
+        every k up to ``rollouts_per_task``, counts of truncated, timed-out, skipped and
+        errored rollouts, total tokens; and the wall time. Also published as a table artifact.
+    """
+    logger = get_run_logger()
+    started = time.perf_counter()
+    root = await resolve_trace_path(config.traces.store) if config.traces.store else (config.traces.path or "./traces")
+    run_id = resume or run_id or _new_run_id(config)
+    tasks = load_taskset(config.env.taskset.id, config.env.taskset.options, config.num_tasks)
+    plan = [(task_, index) for task_ in tasks for index in range(config.rollouts_per_task)]
+    durable = durable_keys(root, run_id) if resume else set()
+    todo = [(task_, index) for task_, index in plan if (task_.id, index) not in durable]
+    logger.info("run %s: %d rollouts (%d tasks x %d), %d to run, traces in %s", run_id, len(plan), len(tasks),
+                config.rollouts_per_task, len(todo), root)
+    writer = TraceWriter(root, run_id, batch_size=max(1, min(64, config.max_concurrent)), durable=durable)
+    async with make_agent(config.env.agent) as agent:
+        run = _Run(agent=agent, writer=writer, run_id=run_id, environment=config.env.taskset.id,
+                   config_hash=_config_hash(agent.info), total=len(plan), gate=asyncio.Semaphore(config.max_concurrent))
+        run.progress_id = await acreate_progress_artifact(
+            progress=100.0 * len(durable) / max(len(plan), 1), key=_artifact_key(run_id, "progress"),
+            description=f"Durable rollouts of run {run_id}")
+        await run.report(force=True)
+        flusher = asyncio.create_task(_flush_periodically(run))
+        try:
+            runner = {"flow": _run_flows, "task": _run_tasks, "batch": _run_batches}[config.rollout_granularity]
+            await runner(run, todo, config)
+        finally:
+            flusher.cancel()
+            await run.flush()
+            await run.report(force=True)
+    summary = summarize(read_rollouts(root, run_id=run_id), run_id=run_id, rollouts_per_task=config.rollouts_per_task,
+                        pass_threshold=config.pass_threshold, wall_time_s=round(time.perf_counter() - started, 3))
+    await acreate_table_artifact(table=summary.table(), key=_artifact_key(run_id, "summary"),
+                                 description=f"Summary of run {run_id} ({summary.rollouts} rollouts, traces in {root})")
+    if run.failures:
+        raise RuntimeError(f"{len(run.failures)} rollouts failed to run and have no row; "
+                           f"resume with --resume {run_id}") from run.failures[0]
+    return summary
+
+
+async def _flush_periodically(run: _Run) -> None:
+    while True:
+        await asyncio.sleep(FLUSH_INTERVAL_S)
+        await run.flush()
+
+
+async def _run_flows(run: _Run, todo: list[tuple[Task, int]], config: EvalConfig) -> None:
+    """One ``rollout_flow`` subflow per rollout."""
+    async def one(task_: Task, index: int) -> None:
+        async with run.gate:
+            state, started = run.state(task_, index), time.perf_counter()
+            final = await rollout_flow(RolloutRequest.of(state), return_state=True)
+            if not final.is_completed():
+                _record_crash(state, final)
+            await run.record(state.trace, index, time.perf_counter() - started)
+    await asyncio.gather(*(one(task_, index) for task_, index in todo))
+
+
+@task(name="rollout", task_run_name="{task_id}#{index}", persist_result=False, cache_policy=NO_CACHE)
+async def rollout_task(state: RolloutState, task_id: str, index: int) -> Trace:
+    """A whole rollout as one task run: the inline engine runs its stages (with stage retries)."""
+    return await run_rollout(InlineOrchestrator(), state)
+
+
+async def _run_tasks(run: _Run, todo: list[tuple[Task, int]], config: EvalConfig) -> None:
+    """One ``rollout`` task run per rollout."""
+    async def one(task_: Task, index: int) -> None:
+        async with run.gate:
+            state, started = run.state(task_, index), time.perf_counter()
+            final = await rollout_task(quote(state), task_.id, index, return_state=True)
+            if not final.is_completed():
+                _record_crash(state, final)
+            await run.record(state.trace, index, time.perf_counter() - started)
+    await asyncio.gather(*(one(task_, index) for task_, index in todo))
+
+
+@task(name="shard", task_run_name="shard-{shard_index}", retries=1, persist_result=False, cache_policy=NO_CACHE)
+async def shard_task(run: _Run, shard: list[tuple[Task, int]], shard_index: int) -> int:
+    """A shard of rollouts run by the inline engine. A retry runs only the rollouts with no durable row.
+
+    Returns:
+        How many rollouts this attempt ran.
+    """
+    await run.flush()  # rows of a failed attempt become durable first, so they are not run twice
+    pending = [(task_, index) for task_, index in shard if (task_.id, index) not in run.writer.durable]
+
+    async def one(task_: Task, index: int) -> None:
+        async with run.gate:
+            state, started = run.state(task_, index), time.perf_counter()
+            await run_rollout(InlineOrchestrator(), state)
+            await run.record(state.trace, index, time.perf_counter() - started)
+    results = await asyncio.gather(*(one(task_, index) for task_, index in pending), return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        raise errors[0]
+    return len(pending)
+
+
+async def _run_batches(run: _Run, todo: list[tuple[Task, int]], config: EvalConfig) -> None:
+    """Shards of ``batch_size`` rollouts, one task run each, as many at once as keep ``max_concurrent`` busy."""
+    shards = [todo[i:i + config.batch_size] for i in range(0, len(todo), config.batch_size)]
+    shard_gate = asyncio.Semaphore(math.ceil(config.max_concurrent / config.batch_size) + 1)
+
+    async def one(shard: list[tuple[Task, int]], shard_index: int) -> None:
+        async with shard_gate:
+            final = await shard_task(quote(run), quote(shard), shard_index, return_state=True)
+            if not final.is_completed():
+                run.failures.append(final.data if isinstance(final.data, BaseException) else RuntimeError(str(final)))
+    await asyncio.gather(*(one(shard, i) for i, shard in enumerate(shards)))
+
+
+def _record_crash(state: RolloutState, final: Any) -> None:
+    """A rollout's flow or task run crashed outside the stages: keep it as an errored row."""
+    error = final.data if isinstance(final.data, BaseException) else RuntimeError(final.message or final.name)
+    if not state.trace.errors:
+        state.trace.record_error(error, "orchestration")
+
+
+def _new_run_id(config: EvalConfig) -> str:
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return f"{config.run_name or config.env.taskset.id}-{stamp}-{uuid.uuid4().hex[:4]}"
+
+
+def _config_hash(agent_info: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(agent_info, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _artifact_key(run_id: str, kind: str) -> str:
+    """Artifact keys allow lowercase letters, digits and dashes only."""
+    safe = "".join(c if c.isalnum() else "-" for c in run_id.lower())
+    return f"eval-{kind}-{safe}"[:100]
