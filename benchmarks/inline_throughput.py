@@ -63,7 +63,7 @@ async def raw_httpx(args: argparse.Namespace, base_url: str) -> tuple[float, flo
 async def main(args: argparse.Namespace, base_url: str) -> None:
     config = vf.AgentConfig(model="bench", client=vf.ClientConfig(base_url=base_url, api_key_env=None,
                                                                    max_connections=args.concurrency),
-                            harness=vf.HarnessConfig(id="chat"))
+                            harness=vf.HarnessConfig(id="chat"), orchestrator="inline")
     gate = asyncio.Semaphore(args.concurrency)
     walls: list[float] = []
 

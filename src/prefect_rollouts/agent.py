@@ -12,6 +12,8 @@ import uuid
 from types import TracebackType
 from typing import Any, Literal
 
+import httpx
+
 from prefect_rollouts.config import AgentConfig, ClientConfig
 from prefect_rollouts.engine import InlineOrchestrator, Orchestrator, run_rollout
 from prefect_rollouts.errors import ConfigError
@@ -145,6 +147,8 @@ class Interaction:
         return self.state.trace
 
     async def __aenter__(self) -> Interaction:
+        if self.state is not None:
+            raise RuntimeError("an Interaction runs one rollout; call agent.interaction(task) again for another")
         self._client_cm = self.agent._borrow_client()
         client = await self._client_cm.__aenter__()
         self.state = new_state(self.agent.config, self.task, client, agent_info=self.agent.info)
@@ -329,10 +333,16 @@ async def open_client(config: ClientConfig) -> ModelClient:
 
 
 def redacted_config(config: AgentConfig) -> dict[str, Any]:
-    """``config`` as a JSON dict with secrets replaced by ``"***"``: header values, and
-    ``scoring.env`` values that are not pure ``${VAR}`` templates (a literal may be a key)."""
+    """``config`` as a JSON dict with what may be a secret replaced by ``"***"``: header values,
+    a password in ``base_url``, and environment values (``runtime.env``, ``scoring.env``,
+    ``scoring.runtime.env``) that are not pure ``${VAR}`` templates."""
     data = config.model_dump(mode="json")
-    data["client"]["headers"] = {key: "***" for key in data["client"]["headers"]}
-    env = data["scoring"]["env"]
-    data["scoring"]["env"] = {key: value if is_template(value) else "***" for key, value in env.items()}
+    client = data["client"]
+    client["headers"] = {key: "***" for key in client["headers"]}
+    url = httpx.URL(client["base_url"])
+    if url.password or url.username:
+        client["base_url"] = str(url.copy_with(username="***", password=None))
+    for table in (data["runtime"], data["scoring"], data["scoring"].get("runtime") or {}):
+        if table.get("env"):
+            table["env"] = {key: value if is_template(value) else "***" for key, value in table["env"].items()}
     return data

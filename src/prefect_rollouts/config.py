@@ -18,7 +18,8 @@ from prefect_rollouts.errors import ConfigError
 
 
 class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True,
+                              allow_inf_nan=False)
 
 
 class RetryConfig(_Config):
@@ -82,6 +83,11 @@ class HarnessConfig(_Config):
     """``chat``: one model response per segment. ``tools``: the tool-calling loop (can steer)."""
     runtime_tools: list[Literal["bash", "read_file", "write_file"]] = ["bash", "read_file", "write_file"]
     """Runtime tools the ``tools`` harness offers besides the task's own tools."""
+    tool_timeout_s: float = Field(600.0, gt=0)
+    """A tool call that runs longer returns an error to the model (``bash`` is also bounded by
+    ``runtime.exec_timeout_s``)."""
+    tool_output_cap_chars: int = Field(64 * 1024, ge=256)
+    """A tool result longer than this is cut (with a note) before it reaches the model and the trace."""
 
     @model_validator(mode="before")
     @classmethod
@@ -227,7 +233,7 @@ def load_config(source: str | Path, *, section: str = "env.agent") -> AgentConfi
     table: Any = data
     for part in section.split("."):
         if not isinstance(table, dict) or part not in table:
-            raise ConfigError(f"[{section}]: table not found in {_describe(source)}. "
+            raise ConfigError(f"[{section}]: table not found in the config. "
                               f"Add a [{section}] table with at least model = \"...\"")
         table = table[part]
     return validate_config(AgentConfig, table, section)
@@ -242,18 +248,28 @@ def validate_config(model: type[BaseModel], data: Any, section: str) -> Any:
 
 
 def _read_toml(source: str | Path) -> dict[str, Any]:
-    path = Path(source) if isinstance(source, Path) or "\n" not in source and source.endswith(".toml") else None
+    """Parse ``source``: a ``Path``, a string naming an existing file, or TOML text.
+
+    A one-line string without ``=`` or ``[`` is taken as a path (so a typo in a file name
+    says "not found" rather than "not valid TOML").
+    """
+    text_like = isinstance(source, str) and ("\n" in source or "=" in source or source.lstrip().startswith("["))
+    path = None if text_like and not Path(source).is_file() else Path(source)
     try:
-        text = path.read_text() if path is not None else str(source)
+        text = path.read_text(encoding="utf-8") if path is not None else str(source)
         return tomllib.loads(text)
     except FileNotFoundError:
         raise ConfigError(f"config file {str(path)!r}: not found. Check the path") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {str(path)!r}: is a directory. Name the .toml file inside it") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {str(path)!r}: not UTF-8 text ({exc.reason}). Save it as UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{_describe(source)}: not valid TOML ({exc})") from None
+        raise ConfigError(f"{_describe(source, path)}: not valid TOML ({exc})") from None
 
 
-def _describe(source: str | Path) -> str:
-    return f"config file {str(source)!r}" if isinstance(source, Path) or str(source).endswith(".toml") else "TOML text"
+def _describe(source: str | Path, path: Path | None = None) -> str:
+    return f"config file {str(path)!r}" if path is not None else "TOML text"
 
 
 def _explain(err: Any, section: str) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import math
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -34,7 +35,7 @@ class TaskData(BaseModel):
     ``id`` defaults to a hash of the other fields, so the same data has the same id across runs.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_bytes="base64", val_json_bytes="base64")
 
     id: str | None = None
     """Durable task id; default: the first 16 hex digits of the sha256 of the data's JSON."""
@@ -107,6 +108,9 @@ def reward(fn: Callable[..., Any] | None = None, *, weight: float = 1.0) -> Any:
 
     Use as ``@reward`` or ``@reward(weight=0.5)``. The method returns a float (bool is accepted).
     """
+    if not math.isfinite(weight):
+        raise ValueError(f"@reward(weight={weight!r}): the weight must be a finite number")
+
     def mark(f: Callable[..., Any]) -> Callable[..., Any]:
         setattr(f, _SCORE_ATTR, ("reward", float(weight)))
         return f

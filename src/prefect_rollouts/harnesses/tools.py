@@ -8,6 +8,7 @@ that are not valid JSON become a tool message with the error; the loop goes on.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import time
@@ -71,9 +72,19 @@ class ToolsHarness:
         function = call.get("function") or {}
         name, raw = str(function.get("name", "")), function.get("arguments") or "{}"
         raw = raw if isinstance(raw, str) else json.dumps(raw)
+        if not call.get("id"):  # the assistant message and its tool result must agree on the id
+            call["id"] = f"call_{state.segment_index}_{len(state.trace.tool_calls)}"
+        call_id = str(call["id"])
         started = time.perf_counter()
-        output, is_error = await self._invoke(name, raw)
-        call_id = str(call.get("id") or f"call_{len(state.trace.tool_calls)}")
+        try:
+            async with asyncio.timeout(self.config.tool_timeout_s):
+                output, is_error = await self._invoke(name, raw)
+        except TimeoutError:
+            output, is_error = (f"Error: {name} did not finish within {self.config.tool_timeout_s:g} s "
+                                "([env.agent.harness] tool_timeout_s)."), True
+        cap = self.config.tool_output_cap_chars
+        if len(output) > cap:
+            output = output[:cap] + f"\n[output cut at {cap} characters]"
         state.trace.tool_calls.append(ToolCall(
             segment=state.segment_index, id=call_id, name=name, arguments=raw, output=output,
             is_error=is_error, latency_ms=(time.perf_counter() - started) * 1e3))
@@ -94,10 +105,14 @@ class ToolsHarness:
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(arguments)'}: {e['msg']}" for e in exc.errors())
             return f"Error: invalid arguments for {name!r}: {problems}.", True
+        arguments = {key: getattr(validated, key) for key in type(validated).model_fields}
         try:
-            result = spec.fn(**{key: getattr(validated, key) for key in type(validated).model_fields})
-            if inspect.isawaitable(result):
-                result = await result
+            if inspect.iscoroutinefunction(spec.fn):
+                result = await spec.fn(**arguments)
+            else:  # a blocking tool must not stall the event loop (and the other rollouts)
+                result = await asyncio.to_thread(spec.fn, **arguments)
+                if inspect.isawaitable(result):
+                    result = await result
         except Exception as exc:
             return f"Error: {name} raised {type(exc).__name__}: {exc}", True
         return (result if isinstance(result, str) else json.dumps(result, default=str)), False
@@ -124,9 +139,10 @@ def runtime_tools(runtime: Runtime | None, names: list[str]) -> list[Any]:
 
         Args:
             command: The command line, run with bash -c in the workspace directory.
-            timeout: Seconds before the command is killed; default: the runtime's limit.
+            timeout: Seconds before the command is killed; at most (and by default) the runtime's limit.
         """
-        result = await runtime.exec(command, timeout=timeout)
+        limit = runtime.config.exec_timeout_s
+        result = await runtime.exec(command, timeout=min(timeout, limit) if timeout and timeout > 0 else limit)
         note = " (killed: timeout)" if result.timed_out else ""
         return f"exit_code: {result.exit_code}{note}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
 

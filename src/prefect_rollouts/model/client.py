@@ -12,6 +12,7 @@ is never stored on a config, a trace or a log line.
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import itertools
 import logging
@@ -77,6 +78,7 @@ class ModelClient:
         self.config = config
         self._api_key = api_key
         self.url = config.base_url.rstrip("/") + "/chat/completions"
+        self._shown_url = str(httpx.URL(self.url).copy_with(username=None, password=None))  # for messages
         lanes = -(-config.max_connections // _LANE_CONNECTIONS)
         per_lane = -(-config.max_connections // lanes)
         limits = httpx.Limits(max_connections=per_lane, max_keepalive_connections=per_lane)
@@ -111,7 +113,7 @@ class ModelClient:
                     attempts += 1
                     return await self._post(body, attempts - 1)
         except _Attempt as exc:
-            error = ProviderError(f"model endpoint: POST {self.url} {exc} (after {attempts} attempt"
+            error = ProviderError(f"model endpoint: POST {self._shown_url} {exc} (after {attempts} attempt"
                                   f"{'s' if attempts > 1 else ''})", status_code=exc.status_code)
             error.retries = attempts - 1  # type: ignore[attr-defined]
             raise error from None
@@ -123,47 +125,66 @@ class ModelClient:
             await lane.aclose()
 
     async def _post(self, body: dict[str, Any], retries: int) -> Completion:
-        headers = None
-        if self._api_key is not None:
-            headers = {"Authorization": f"Bearer {self._api_key}"}
-        elif self.config.api_key_env and not self.config.endpoint:
-            if key := os.environ.get(self.config.api_key_env):
-                headers = {"Authorization": f"Bearer {key}"}
-            elif not self._warned_no_key:
-                self._warned_no_key = True
-                logger.warning("client.api_key_env = %r: the variable is not set; requests to %s go without "
-                               "an Authorization header. Export it, or set api_key_env = \"\" for a keyless "
-                               "server", self.config.api_key_env, self.url)
+        key = self._key()
+        headers = {"Authorization": f"Bearer {key}"} if key else None
         try:
-            response = await self._next_lane().post(self.url, json=body, headers=headers)
-        except httpx.TimeoutException as exc:
-            raise _Attempt(f"timed out after {self.config.timeout:g} s ({type(exc).__name__})", 504) from None
+            async with asyncio.timeout(self.config.timeout):  # httpx's timeouts are per read, not total
+                response = await self._next_lane().post(self.url, json=body, headers=headers)
+        except (httpx.TimeoutException, TimeoutError):
+            raise _Attempt(f"timed out after {self.config.timeout:g} s", 504) from None
         except httpx.TransportError as exc:
-            raise _Attempt(f"failed: {type(exc).__name__}: {exc}", 503) from None
+            raise _Attempt(_scrub(f"failed: {type(exc).__name__}: {exc}", key), 503) from None
         if response.status_code >= 300:
             hint = "; base_url usually ends in /v1" if response.status_code == 404 else ""
-            raise _Attempt(f"returned {response.status_code}: {response.text[:300]}{hint}",
+            raise _Attempt(_scrub(f"returned {response.status_code}: {response.text[:300]}{hint}", key),
                            response.status_code, _retry_after(response.headers.get("retry-after")))
         try:
-            data = response.json()
-            choice = data["choices"][0]
-            message = choice["message"]
-            usage = data.get("usage") or {}
-            return Completion(message=message, finish_reason=choice.get("finish_reason"),
-                              prompt_tokens=int(usage.get("prompt_tokens") or 0),
-                              completion_tokens=int(usage.get("completion_tokens") or 0),
-                              retries=retries, status_code=response.status_code)
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise _Attempt(f"returned a malformed body ({type(exc).__name__}: {exc}): {response.text[:200]!r}",
-                           502) from None
+            return _parse(response.json(), retries, response.status_code)
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise _Attempt(_scrub(f"returned a malformed body ({type(exc).__name__}: {exc}): "
+                                  f"{response.text[:200]!r}", key), 502) from None
+
+    def _key(self) -> str | None:
+        """The API key for this request (block key, else the environment variable), stripped."""
+        if self._api_key is not None:
+            return self._api_key.strip() or None
+        if not self.config.api_key_env or self.config.endpoint:
+            return None
+        key = os.environ.get(self.config.api_key_env, "").strip()
+        if not key and not self._warned_no_key:
+            self._warned_no_key = True
+            logger.warning("client.api_key_env = %r: the variable is not set; requests to %s go without "
+                           "an Authorization header. Export it, or set api_key_env = \"\" for a keyless "
+                           "server", self.config.api_key_env, self._shown_url)
+        return key or None
 
     def _wait(self, state: RetryCallState) -> float:
         policy = self.config.retries
-        backoff = min(policy.backoff_s * 2 ** (state.attempt_number - 1), policy.max_backoff_s)
+        backoff = min(policy.backoff_s * 2 ** min(state.attempt_number - 1, 30), policy.max_backoff_s)
         backoff *= random.uniform(0.5, 1.5)
         exc = state.outcome.exception() if state.outcome else None
         retry_after = getattr(exc, "retry_after", None)
         return max(backoff, min(retry_after, policy.max_backoff_s)) if retry_after is not None else backoff
+
+
+def _parse(data: Any, retries: int, status_code: int) -> Completion:
+    """The first choice of a chat.completion body; raises on any shape error (a malformed body)."""
+    choice = data["choices"][0]
+    message = choice["message"]
+    if not isinstance(message, dict):
+        raise TypeError(f"choices[0].message is {type(message).__name__}, not an object")
+    usage = data.get("usage") or {}
+    if not isinstance(usage, dict):
+        raise TypeError(f"usage is {type(usage).__name__}, not an object")
+    return Completion(message=message, finish_reason=choice.get("finish_reason"),
+                      prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                      completion_tokens=int(usage.get("completion_tokens") or 0),
+                      retries=retries, status_code=status_code)
+
+
+def _scrub(text: str, key: str | None) -> str:
+    """``text`` with the API key (should a server or an exception echo it) replaced by ``***``."""
+    return text.replace(key, "***") if key else text
 
 
 def _retry_after(value: str | None) -> float | None:

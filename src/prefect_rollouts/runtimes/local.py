@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import io
+import logging
 import os
 import shutil
 import signal
@@ -22,7 +23,11 @@ from prefect_rollouts.config import NetworkPolicy, RuntimeConfig
 from prefect_rollouts.errors import ConfigError, RuntimeUnavailableError, TaskError
 from prefect_rollouts.runtimes.base import ExecResult
 
+logger = logging.getLogger("prefect_rollouts.runtimes")
+
 _BASE_ENV_KEYS = ("PATH", "LANG", "LC_ALL", "TZ")
+_DRAIN_S = 1.0
+"""After a command ends, how long its pipes may stay open (held by an escaped process) before reading stops."""
 
 
 class LocalRuntime:
@@ -79,8 +84,14 @@ class LocalRuntime:
     async def stop(self) -> None:
         """Remove the workspace. Idempotent; a ``scoped`` view leaves it alone."""
         if self.workspace is not None and self._owner:
-            await asyncio.to_thread(shutil.rmtree, self.workspace, True)
-            self.workspace = None
+            workspace, self.workspace = self.workspace, None
+            for _ in range(3):  # a process that escaped its command may still be writing into it
+                await asyncio.to_thread(shutil.rmtree, workspace, True)
+                if not workspace.exists():
+                    return
+                await asyncio.sleep(0.2)
+            logger.warning('runtime "local": could not remove workspace %s (a process started by the agent '
+                           "may still be writing into it)", workspace)
 
     async def exec(self, cmd: str, timeout: float | None = None, env: dict[str, str] | None = None) -> ExecResult:
         """Run ``cmd`` with ``bash -c`` in the workspace.
@@ -102,28 +113,47 @@ class LocalRuntime:
             *self._prefix, "bash", "-c", cmd, cwd=root, env=proc_env, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         cap = self.config.output_cap_bytes
-        reads = asyncio.gather(_read_capped(proc.stdout, cap), _read_capped(proc.stderr, cap), proc.wait())
+        out, err = bytearray(), bytearray()
+        readers = [asyncio.ensure_future(_read_capped(proc.stdout, cap, out)),
+                   asyncio.ensure_future(_read_capped(proc.stderr, cap, err))]
         timed_out = False
         try:
             async with asyncio.timeout(timeout or self.config.exec_timeout_s):
-                out, err, code = await asyncio.shield(reads)
+                code = await _wait_exit(proc, readers)
         except TimeoutError:
-            timed_out = True
+            timed_out, code = True, -9
         finally:
+            _kill_group(proc.pid)  # the command's background jobs end with it
             if proc.returncode is None:
-                _kill_group(proc.pid)
-        if timed_out:
-            out, err, _ = await reads
-            code = -9
-        return ExecResult(code, out, err, timed_out)
+                await asyncio.shield(proc.wait())
+            # a process that left the group (setsid) may hold the pipes open: stop reading soon
+            await asyncio.wait(readers, timeout=_DRAIN_S)
+            for reader in readers:
+                reader.cancel()
+        return ExecResult(code, out.decode("utf-8", errors="replace"), err.decode("utf-8", errors="replace"), timed_out)
 
     async def read_file(self, path: str) -> bytes:
-        """Bytes of a workspace file. Raises ``FileNotFoundError`` when it does not exist."""
-        return await asyncio.to_thread(self._resolve(path).read_bytes)
+        """Bytes of a workspace file.
+
+        Raises:
+            FileNotFoundError: it does not exist.
+            ValueError: it is not a regular file (a FIFO or device would block), or the path
+                leaves the workspace.
+        """
+        target = self._resolve(path)
+        if target.exists() and not target.is_file():
+            raise ValueError(f"path {path!r} is not a regular file")
+        return await asyncio.to_thread(target.read_bytes)
 
     async def write_file(self, path: str, data: bytes | str) -> None:
-        """Create or replace a workspace file, creating parent directories."""
+        """Create or replace a workspace file, creating parent directories.
+
+        Raises:
+            ValueError: the path leaves the workspace or names something that is not a regular file.
+        """
         target = self._resolve(path)
+        if target.exists() and not target.is_file():
+            raise ValueError(f"path {path!r} exists and is not a regular file")
         payload = data.encode() if isinstance(data, str) else data
 
         def write() -> None:
@@ -132,35 +162,46 @@ class LocalRuntime:
         await asyncio.to_thread(write)
 
     async def collect_artifacts(self, paths: list[str]) -> tuple[bytes, list[str]]:
-        """Pack the workspace paths that exist into an uncompressed tar (paths relative).
+        """Pack the declared workspace paths into an uncompressed tar (names relative to the workspace).
+
+        Regular files and directories are packed; a symlink is packed as the file or directory
+        it points to when that target lies inside the workspace. Anything else (a missing path,
+        a link leaving the workspace, a FIFO or device) is left out and listed as missing, so
+        scoring sees it absent.
 
         Returns:
-            ``(archive, missing)``: the tar bytes and the declared paths that did not exist
-            (left out; scoring then sees them absent).
+            ``(archive, missing)``.
 
         Raises:
-            TaskError: the archive exceeds ``config.artifact_max_bytes``.
+            TaskError: the files to pack exceed ``config.artifact_max_bytes`` (checked before
+                anything is read).
         """
-        root = self._root()
+        root = self._root().resolve()
 
-        missing: list[str] = []
+        def plan() -> tuple[list[tuple[Path, str]], list[str]]:
+            chosen, missing = [], []
+            for rel in paths:
+                found = _walk(root, rel)
+                if found:
+                    chosen.extend(found)
+                else:
+                    missing.append(rel)
+            return chosen, missing
+
+        chosen, missing = await asyncio.to_thread(plan)
+        size = sum(source.stat().st_size for source, _ in chosen if source.is_file())
+        if size > self.config.artifact_max_bytes:
+            raise TaskError(f"artifacts {paths!r}: {size} bytes exceed artifact_max_bytes = "
+                            f"{self.config.artifact_max_bytes}. Declare fewer paths or raise "
+                            "[env.agent.runtime] artifact_max_bytes")
 
         def pack() -> bytes:
             buffer = io.BytesIO()
             with tarfile.open(fileobj=buffer, mode="w") as tar:
-                for rel in paths:
-                    source = self._resolve(rel)
-                    if source.exists():
-                        tar.add(source, arcname=str(source.relative_to(root)))
-                    else:
-                        missing.append(rel)
+                for source, name in chosen:
+                    tar.add(source, arcname=name, recursive=False)
             return buffer.getvalue()
-        archive = await asyncio.to_thread(pack)
-        if len(archive) > self.config.artifact_max_bytes:
-            raise TaskError(f"artifacts {paths!r}: {len(archive)} bytes exceed artifact_max_bytes = "
-                            f"{self.config.artifact_max_bytes}. Declare fewer paths or raise "
-                            "[env.agent.runtime] artifact_max_bytes")
-        return archive, missing
+        return await asyncio.to_thread(pack), missing
 
     async def restore_artifacts(self, archive: bytes) -> None:
         """Unpack a ``collect_artifacts`` archive into the workspace (no path may leave it)."""
@@ -193,13 +234,44 @@ class LocalRuntime:
                               'network = "open"')
 
 
-async def _read_capped(stream: asyncio.StreamReader | None, cap: int) -> str:
-    kept = bytearray()
+async def _wait_exit(proc: asyncio.subprocess.Process, readers: list[asyncio.Future[None]]) -> int:
+    """The command's exit code, once its output ended, or once it exited while a background job
+    it started still holds the pipes (``Process.wait`` would wait for that job on Python 3.11)."""
+    while True:
+        done, _ = await asyncio.wait(readers, timeout=0.05)
+        if len(done) == len(readers):
+            return await proc.wait()
+        if proc.returncode is not None:
+            return proc.returncode
+
+
+def _walk(root: Path, rel: str, seen: set[Path] | None = None) -> list[tuple[Path, str]]:
+    """``(real path, archive name)`` of the regular files and directories under ``root / rel``
+    (each real directory once, so a symlink loop ends)."""
+    seen = set() if seen is None else seen
+    name = os.path.normpath(rel).lstrip("/")
+    if name.startswith(".."):
+        return []
+    source = (root / name).resolve()
+    if source != root and root not in source.parents:
+        return []
+    if source.is_file():
+        return [(source, name)]
+    if not source.is_dir() or source in seen:
+        return []
+    seen.add(source)
+    found = [(source, name)]
+    for entry in sorted(source.iterdir()):
+        found.extend(_walk(root, os.path.join(name, entry.name), seen))
+    return found
+
+
+async def _read_capped(stream: asyncio.StreamReader | None, cap: int, kept: bytearray) -> None:
+    """Read ``stream`` to EOF, keeping its first ``cap`` bytes in ``kept`` (kept even if cancelled)."""
     if stream is not None:
         while chunk := await stream.read(65536):
             if len(kept) < cap:
                 kept += chunk[: cap - len(kept)]
-    return kept.decode("utf-8", errors="replace")
 
 
 def _kill_group(pid: int) -> None:

@@ -48,12 +48,19 @@ async def run_scoring_functions(task: Task, trace: Trace, runtime: Any) -> None:
             (trace.rewards if group == "reward" else trace.metrics)[name] = value
         if failure is not None:
             raise failure
-    trace.reward = float(sum(trace.rewards[name] * trace.reward_weights[name] for name in trace.rewards))  # type: ignore[misc]
+    total = float(sum(trace.rewards[name] * trace.reward_weights[name] for name in trace.rewards))  # type: ignore[misc]
+    if not math.isfinite(total):
+        raise TaskError(f"the weighted sum of rewards {trace.rewards} is not finite; return smaller values")
+    trace.reward = total
 
 
 def _as_score(value: Any) -> float | None:
     if isinstance(value, bool):
         return float(value)
-    if isinstance(value, (int, float)) and math.isfinite(value):
-        return float(value)
+    if isinstance(value, (int, float)):
+        try:
+            number = float(value)
+        except OverflowError:
+            return None
+        return number if math.isfinite(number) else None
     return None
