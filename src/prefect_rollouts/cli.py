@@ -1,0 +1,117 @@
+"""The ``prefect-rollouts`` command: run evals, summarise trace datasets, serve the deployments."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from prefect_rollouts.errors import ConfigError, TraceStoreError
+
+app = typer.Typer(help="Run and score LLM-agent rollouts with Prefect.", no_args_is_help=True,
+                  pretty_exceptions_show_locals=False)
+traces_app = typer.Typer(help="Inspect Parquet trace datasets.", no_args_is_help=True)
+app.add_typer(traces_app, name="traces")
+console = Console()
+
+
+@app.command("eval")
+def eval_command(
+    config: Annotated[Path, typer.Argument(help="Eval config TOML ([env.taskset], [env.agent], [traces], ...).")],
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a key: dotted.key=value (repeatable).")] = None,
+    resume: Annotated[Optional[str], typer.Option(help="Continue run RUN_ID: run only rollouts without a durable row.")] = None,
+    run_id: Annotated[Optional[str], typer.Option(help="Id for a new run (default: generated).")] = None,
+) -> None:
+    """Run an evaluation as a Prefect flow and print its summary."""
+    from prefect_rollouts.eval_config import load_eval_config
+
+    try:
+        eval_config = load_eval_config(config, set_ or [])
+    except ConfigError as exc:
+        console.print(f"[red]config error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    from prefect_rollouts.flows.eval import eval_flow, progress_listener
+
+    with Progress(TextColumn("[bold]rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=False) as progress:
+        bar = progress.add_task("rollouts", total=None)
+
+        def listen(done: int, total: int) -> None:
+            progress.update(bar, completed=done, total=total)
+        progress_listener.set(listen)
+        try:
+            summary = asyncio.run(eval_flow(eval_config, resume=resume, run_id=run_id))
+        except ConfigError as exc:
+            console.print(f"[red]config error:[/red] {exc}")
+            raise typer.Exit(2) from None
+    _print_summary(summary)
+    root = eval_config.traces.store and f"TraceStore block {eval_config.traces.store!r}" or eval_config.traces.path
+    console.print(f"traces: {root} (run_id={summary.run_id})")
+    console.print(f"Prefect UI: {_ui_url()} (flow 'eval', run '{summary.run_id}')")
+
+
+@traces_app.command("summary")
+def traces_summary(
+    path: Annotated[Path, typer.Argument(help="Dataset root (holds rollouts/ and model_calls/).")],
+    run_id: Annotated[Optional[str], typer.Option(help="Only this run; default: every run in the dataset.")] = None,
+    pass_threshold: Annotated[float, typer.Option(help="Reward at which a rollout passes (pass@k).")] = 1.0,
+) -> None:
+    """Print the summary table of the runs in a trace dataset."""
+    from prefect_rollouts.traces import read_rollouts, summarize
+
+    try:
+        rows = read_rollouts(path, **({"run_id": run_id} if run_id else {}))
+    except TraceStoreError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from None
+    if rows.empty:
+        console.print(f"no rollouts in {path}" + (f" for run {run_id}" if run_id else ""))
+        raise typer.Exit(1)
+    for rid, group in rows.groupby("run_id", sort=True):
+        _print_summary(summarize(group, run_id=str(rid), pass_threshold=pass_threshold))
+
+
+@app.command("serve")
+def serve_command(
+    config: Annotated[Path, typer.Argument(help="Eval config TOML used as the nightly deployment's default.")] = Path(
+        "examples/arithmetic.toml"),
+    cron: Annotated[str, typer.Option(help="Schedule of the nightly eval (cron).")] = "0 2 * * *",
+    timezone: Annotated[str, typer.Option(help="Time zone of the schedule.")] = "UTC",
+) -> None:
+    """Serve the nightly eval deployment from this process (no work pool needed)."""
+    from prefect_rollouts.flows.deployments import serve_deployments
+
+    serve_deployments(config, cron=cron, timezone=timezone)
+
+
+def _print_summary(summary: object) -> None:
+    rows = summary.table()  # type: ignore[attr-defined]
+    table = Table(title=f"run {summary.run_id}", show_lines=False)  # type: ignore[attr-defined]
+    if not rows:
+        console.print("no rollouts")
+        return
+    for column in rows[0]:
+        table.add_column(column, justify="left" if column == "environment" else "right")
+    for row in rows:
+        table.add_row(*("—" if v is None else str(v) for v in row.values()))
+    console.print(table)
+    wall = getattr(summary, "wall_time_s", None)
+    if wall is not None:
+        console.print(f"wall time: {wall:.1f} s, total tokens: {summary.total_tokens}")  # type: ignore[attr-defined]
+
+
+def _ui_url() -> str:
+    from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL
+
+    return PREFECT_UI_URL.value() or PREFECT_API_URL.value() or "no Prefect server configured (ephemeral)"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

@@ -1,0 +1,32 @@
+"""The deployments of this project, served from one process (``prefect-rollouts serve``).
+
+``deployments/prefect.yaml`` declares the same deployments for ``prefect deploy`` onto a work
+pool; this module is the no-work-pool way (``flow.serve``) for a single machine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import serve
+
+from prefect_rollouts.eval_config import load_eval_config
+from prefect_rollouts.flows.eval import eval_flow
+
+NIGHTLY = "nightly-eval"
+
+
+def serve_deployments(config: str | Path, *, cron: str = "0 2 * * *", timezone: str = "UTC") -> None:
+    """Serve the ``eval`` flow as ``nightly-eval`` (on ``cron`` in ``timezone``, and launchable
+    from the UI with the config as its default parameters) until interrupted.
+
+    Raises:
+        ConfigError: the config does not load.
+    """
+    eval_config = load_eval_config(config)
+    nightly = eval_flow.to_deployment(
+        name=NIGHTLY, cron=cron, timezone=timezone, parameters={"config": eval_config.model_dump(mode="json")},
+        description=f"Nightly eval of {eval_config.env.agent.model} on {eval_config.env.taskset.id} "
+                    f"(config {config}); launch from the UI to run it now with edited parameters.",
+        tags=["prefect-rollouts", "eval"])
+    serve(nightly)
