@@ -91,6 +91,37 @@ def serve_command(
     serve_deployments(config, cron=cron, timezone=timezone)
 
 
+server_app = typer.Typer(help="A local Prefect server on PostgreSQL (faster than SQLite for many flow runs).",
+                          no_args_is_help=True)
+app.add_typer(server_app, name="server")
+
+
+@server_app.command("start")
+def server_start(
+    home: Annotated[Path, typer.Option(help="Directory for the database, the Prefect home and logs.")] = Path(
+        ".prefect-rollouts"),
+    port: Annotated[int, typer.Option(help="Prefect API port on 127.0.0.1.")] = 4200,
+    pg_port: Annotated[int, typer.Option(help="PostgreSQL port on 127.0.0.1.")] = 5433,
+) -> None:
+    """Start PostgreSQL and a Prefect server on it in the background; print PREFECT_API_URL."""
+    from prefect_rollouts import localserver
+
+    api_url = localserver.start(home, port=port, pg_port=pg_port)
+    console.print(f"Prefect server on PostgreSQL is up. UI: {api_url.removesuffix('/api')}")
+    console.print(f"export PREFECT_API_URL={api_url}")
+
+
+@server_app.command("stop")
+def server_stop(
+    home: Annotated[Path, typer.Option(help="The directory given to `server start`.")] = Path(".prefect-rollouts"),
+) -> None:
+    """Stop the Prefect server and PostgreSQL started by `server start`."""
+    from prefect_rollouts import localserver
+
+    localserver.stop(home)
+    console.print("stopped")
+
+
 def _print_summary(summary: object) -> None:
     rows = summary.table()  # type: ignore[attr-defined]
     table = Table(title=f"run {summary.run_id}", show_lines=False)  # type: ignore[attr-defined]
