@@ -10,14 +10,16 @@ runs only the rollouts of that run that have no durable row.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import datetime as dt
 import hashlib
 import json
+import logging
 import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +39,7 @@ from prefect_rollouts.stages import RolloutState
 from prefect_rollouts.task import Task
 from prefect_rollouts.trace import Trace
 from prefect_rollouts.traces import EvalSummary, TraceWriter, durable_keys, read_rollouts, summarize
+from prefect_rollouts.traces.summary import SUMMARY_COLUMNS
 
 #: Called as ``listener(durable, total)`` whenever more rollouts become durable (the CLI's progress bar).
 progress_listener: contextvars.ContextVar[Callable[[int, int], None] | None] = contextvars.ContextVar(
@@ -68,10 +71,10 @@ class _Run:
     async def record(self, trace: Trace, index: int, elapsed_s: float) -> None:
         if self.writer.add(trace, rollout_index=index, environment=self.environment,
                            config_hash=self.config_hash, elapsed_s=elapsed_s):
-            await self.report()
+            await self.flush()
 
     async def flush(self) -> None:
-        if self.writer.flush():
+        if await self.writer.aflush():
             await self.report()
 
     async def report(self, force: bool = False) -> None:
@@ -122,19 +125,18 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
     async with make_agent(config.env.agent) as agent:
         run = _Run(agent=agent, writer=writer, run_id=run_id, environment=config.env.taskset.id,
                    config_hash=_config_hash(agent.info), total=len(plan), gate=asyncio.Semaphore(config.max_concurrent))
-        run.progress_id = await acreate_progress_artifact(
-            progress=100.0 * len(durable) / max(len(plan), 1), key=_artifact_key(run_id, "progress"),
-            description=f"Durable rollouts of run {run_id}")
-        await run.report(force=True)
+        progress = asyncio.create_task(_create_progress(run, run_id))   # rollouts start meanwhile
         flusher = asyncio.create_task(_flush_periodically(run))
         try:
             runner = {"flow": _run_flows, "task": _run_tasks, "batch": _run_batches}[config.rollout_granularity]
-            await runner(run, todo, config)
+            with _quiet_task_run_logs(not config.task_run_logs):
+                await runner(run, todo, config)
         finally:
             flusher.cancel()
             await run.flush()
+            await progress
             await run.report(force=True)
-    summary = summarize(read_rollouts(root, run_id=run_id), run_id=run_id, rollouts_per_task=config.rollouts_per_task,
+    summary = summarize(read_rollouts(root, run_id=run_id, columns=SUMMARY_COLUMNS), run_id=run_id, rollouts_per_task=config.rollouts_per_task,
                         pass_threshold=config.pass_threshold, wall_time_s=round(time.perf_counter() - started, 3))
     await acreate_table_artifact(table=summary.table(), key=_artifact_key(run_id, "summary"),
                                  description=f"Summary of run {run_id} ({summary.rollouts} rollouts, traces in {root})")
@@ -142,6 +144,30 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
         raise RuntimeError(f"{len(run.failures)} rollouts failed to run and have no row; "
                            f"resume with --resume {run_id}") from run.failures[0]
     return summary
+
+
+async def _create_progress(run: _Run, run_id: str) -> None:
+    run.progress_id = await acreate_progress_artifact(
+        progress=100.0 * len(run.writer.durable) / max(run.total, 1), key=_artifact_key(run_id, "progress"),
+        description=f"Durable rollouts of run {run_id}")
+    await run.report(force=True)
+
+
+@contextlib.contextmanager
+def _quiet_task_run_logs(quiet: bool) -> Iterator[None]:
+    """Keep each task run's INFO lines ("Finished in state Completed") out of the API log stream.
+
+    They cost the server about 15 ms CPU per task run on 2 cores (benchmarks/overhead.py);
+    warnings and errors (timeouts, retries, crashes) still go through.
+    """
+    logger = logging.getLogger("prefect.task_runs")
+    previous = logger.level
+    if quiet:
+        logger.setLevel(max(previous, logging.WARNING))
+    try:
+        yield
+    finally:
+        logger.setLevel(previous)
 
 
 async def _flush_periodically(run: _Run) -> None:
