@@ -1,0 +1,149 @@
+"""Arrow schemas of the trace dataset and the mapping from ``Trace`` to rows.
+
+The dataset root holds two hive-partitioned tables, ``rollouts/`` (one row per rollout) and
+``model_calls/`` (one row per model call), each under ``date=YYYY-MM-DD/run_id=<id>/``.
+Nested values (rewards, metrics, info, errors, the full trace) are JSON strings, which pandas
+and DuckDB (``json_extract``) both read without a schema per taskset.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+import pyarrow as pa
+
+from prefect_rollouts.trace import Trace
+
+#: Bumped when a column changes meaning or type; readers can filter on it.
+SCHEMA_VERSION = 1
+
+PARTITIONING = pa.schema([("date", pa.string()), ("run_id", pa.string())])
+
+ROLLOUTS = pa.schema([
+    ("schema_version", pa.int16()),
+    ("rollout_id", pa.string()),
+    ("task_id", pa.string()),
+    ("rollout_index", pa.int32()),
+    ("task_type", pa.string()),
+    ("environment", pa.string()),
+    ("model", pa.string()),
+    ("config_hash", pa.string()),
+    ("flow_run_id", pa.string()),
+    ("reward", pa.float64()),
+    ("rewards", pa.string()),
+    ("metrics", pa.string()),
+    ("stop_condition", pa.string()),
+    ("is_truncated", pa.bool_()),
+    ("is_timeout", pa.bool_()),
+    ("scoring_skipped", pa.string()),
+    ("is_error", pa.bool_()),
+    ("error_type", pa.string()),
+    ("error_message", pa.string()),
+    ("prompt_tokens", pa.int64()),
+    ("completion_tokens", pa.int64()),
+    ("total_tokens", pa.int64()),
+    ("num_model_calls", pa.int32()),
+    ("num_tool_calls", pa.int32()),
+    ("num_segments", pa.int32()),
+    ("started_at", pa.timestamp("ms", tz="UTC")),
+    ("elapsed_s", pa.float64()),
+    ("setup_s", pa.float64()),
+    ("agent_s", pa.float64()),
+    ("finalize_s", pa.float64()),
+    ("scoring_s", pa.float64()),
+    ("teardown_s", pa.float64()),
+    ("info", pa.string()),
+    ("errors", pa.string()),
+    ("trace", pa.string()),
+])
+
+MODEL_CALLS = pa.schema([
+    ("schema_version", pa.int16()),
+    ("rollout_id", pa.string()),
+    ("task_id", pa.string()),
+    ("rollout_index", pa.int32()),
+    ("environment", pa.string()),
+    ("model", pa.string()),
+    ("call_index", pa.int32()),
+    ("segment", pa.int32()),
+    ("started_at", pa.timestamp("ms", tz="UTC")),
+    ("latency_ms", pa.float64()),
+    ("prompt_tokens", pa.int64()),
+    ("completion_tokens", pa.int64()),
+    ("finish_reason", pa.string()),
+    ("retries", pa.int32()),
+    ("status_code", pa.int32()),
+    ("error", pa.string()),
+])
+
+
+def rollout_row(trace: Trace, *, rollout_index: int, environment: str, config_hash: str,
+                elapsed_s: float) -> dict[str, Any]:
+    """One ``rollouts`` row for a finished trace (``elapsed_s``: wall seconds of the whole rollout)."""
+    timings = trace.timings
+    first_error = trace.errors[0] if trace.errors else None
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "rollout_id": trace.id,
+        "task_id": trace.task_id,
+        "rollout_index": rollout_index,
+        "task_type": trace.task_type,
+        "environment": environment,
+        "model": trace.model,
+        "config_hash": config_hash,
+        "flow_run_id": trace.info.get("flow_run_id"),
+        "reward": trace.reward,
+        "rewards": json.dumps(trace.rewards),
+        "metrics": json.dumps(trace.metrics),
+        "stop_condition": trace.stop_condition,
+        "is_truncated": trace.is_truncated,
+        "is_timeout": trace.is_timeout,
+        "scoring_skipped": trace.info.get("scoring_skipped"),
+        "is_error": bool(trace.errors),
+        "error_type": first_error.type if first_error else None,
+        "error_message": first_error.message if first_error else None,
+        "prompt_tokens": trace.usage.prompt_tokens,
+        "completion_tokens": trace.usage.completion_tokens,
+        "total_tokens": trace.usage.total_tokens,
+        "num_model_calls": len(trace.model_calls),
+        "num_tool_calls": len(trace.tool_calls),
+        "num_segments": len(trace.segments),
+        "started_at": _utc(trace.started_at),
+        "elapsed_s": elapsed_s,
+        "setup_s": timings.get("setup"),
+        "agent_s": timings.get("agent"),
+        "finalize_s": timings.get("finalize"),
+        "scoring_s": timings.get("scoring"),
+        "teardown_s": timings.get("teardown"),
+        "info": json.dumps(trace.info, default=str),
+        "errors": json.dumps([e.model_dump() for e in trace.errors]),
+        "trace": trace.model_dump_json(),
+    }
+
+
+def model_call_rows(trace: Trace, *, rollout_index: int, environment: str) -> list[dict[str, Any]]:
+    """The ``model_calls`` rows of a finished trace, in call order."""
+    return [{
+        "schema_version": SCHEMA_VERSION,
+        "rollout_id": trace.id,
+        "task_id": trace.task_id,
+        "rollout_index": rollout_index,
+        "environment": environment,
+        "model": trace.model,
+        "call_index": index,
+        "segment": call.segment,
+        "started_at": _utc(call.started_at),
+        "latency_ms": call.latency_ms,
+        "prompt_tokens": call.prompt_tokens,
+        "completion_tokens": call.completion_tokens,
+        "finish_reason": call.finish_reason,
+        "retries": call.retries,
+        "status_code": call.status_code,
+        "error": call.error,
+    } for index, call in enumerate(trace.model_calls)]
+
+
+def _utc(timestamp: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(timestamp, tz=dt.timezone.utc)

@@ -1,0 +1,114 @@
+"""The eval summary: mean reward with standard error, pass@k, outcome counts, tokens, wall time."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+from pydantic import BaseModel
+
+
+#: The ``rollouts`` columns ``summarize`` needs (readers can skip the large JSON columns).
+SUMMARY_COLUMNS = ["run_id", "task_id", "rollout_index", "environment", "reward", "is_truncated", "is_timeout",
+                   "scoring_skipped", "is_error", "total_tokens"]
+
+
+class EnvironmentSummary(BaseModel):
+    """Figures of one environment (taskset) of a run."""
+
+    environment: str
+    rollouts: int
+    """Rows written, errored ones included."""
+    scored: int
+    """Rollouts with a reward (errored and unscored ones are excluded from the mean)."""
+    mean_reward: float | None
+    stderr: float | None
+    """Standard error of the mean: sample std (ddof=1) / sqrt(scored); None below 2 scored."""
+    pass_at_k: dict[int, float]
+    """Unbiased pass@k (Chen et al. 2021) for k = 1..rollouts_per_task, a pass being reward >= threshold."""
+    truncated: int
+    timed_out: int
+    skipped: int
+    errored: int
+    total_tokens: int
+
+
+class EvalSummary(BaseModel):
+    """What ``eval_flow`` returns and ``prefect-rollouts traces summary`` prints."""
+
+    run_id: str
+    environments: list[EnvironmentSummary]
+    rollouts: int
+    errored: int
+    total_tokens: int
+    wall_time_s: float | None = None
+
+    def table(self) -> list[dict[str, Any]]:
+        """One flat dict per environment (for a Prefect table artifact or a terminal table)."""
+        rows = []
+        for env in self.environments:
+            row: dict[str, Any] = {
+                "environment": env.environment, "rollouts": env.rollouts, "scored": env.scored,
+                "mean_reward": _round(env.mean_reward), "stderr": _round(env.stderr)}
+            row.update({f"pass@{k}": _round(v) for k, v in env.pass_at_k.items()})
+            row.update(truncated=env.truncated, timed_out=env.timed_out, skipped=env.skipped,
+                       errored=env.errored, total_tokens=env.total_tokens)
+            rows.append(row)
+        return rows
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for one task: ``1 - C(n - c, k) / C(n, k)`` (n samples, c passing).
+
+    Raises:
+        ValueError: ``k > n`` (the estimator needs at least k samples).
+    """
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples, got {n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def summarize(rows: pd.DataFrame, *, run_id: str, rollouts_per_task: int | None = None,
+              pass_threshold: float = 1.0, wall_time_s: float | None = None) -> EvalSummary:
+    """Summarise ``read_rollouts`` rows of one run.
+
+    Errored rollouts (infrastructure or task-code failures, reward None) are counted apart and
+    excluded from means and pass@k, never counted as reward 0. Skipped rollouts (skip rules)
+    have reward 0 and count. pass@k uses, per task, the scored rollouts; tasks with fewer than
+    k scored rollouts are left out of that k.
+
+    Args:
+        rows: Rows of the ``rollouts`` table.
+        run_id: The run the rows belong to.
+        rollouts_per_task: Largest k to report; default: the most rollouts any task has.
+        pass_threshold: A rollout passes when ``reward >= pass_threshold``.
+        wall_time_s: Wall time of the run, recorded as is.
+    """
+    environments = []
+    for name, group in rows.groupby("environment", sort=True):
+        scored = group[group["reward"].notna()]
+        rewards = scored["reward"].astype(float)
+        per_task = scored.groupby("task_id")["reward"].agg(n="count", c=lambda r: int((r >= pass_threshold).sum()))
+        top = rollouts_per_task or (int(per_task["n"].max()) if len(per_task) else 0)
+        passes = {}
+        for k in range(1, top + 1):
+            eligible = per_task[per_task["n"] >= k]
+            if len(eligible):
+                passes[k] = float(sum(pass_at_k(int(n), int(c), k) for n, c in zip(eligible["n"], eligible["c"])) / len(eligible))
+        environments.append(EnvironmentSummary(
+            environment=str(name), rollouts=len(group), scored=len(scored),
+            mean_reward=float(rewards.mean()) if len(rewards) else None,
+            stderr=float(rewards.std(ddof=1) / math.sqrt(len(rewards))) if len(rewards) > 1 else None,
+            pass_at_k=passes, truncated=int(group["is_truncated"].sum()), timed_out=int(group["is_timeout"].sum()),
+            skipped=int(group["scoring_skipped"].notna().sum()), errored=int(group["is_error"].sum()),
+            total_tokens=int(group["total_tokens"].sum())))
+    return EvalSummary(run_id=run_id, environments=environments, rollouts=len(rows),
+                       errored=int(rows["is_error"].sum()) if len(rows) else 0,
+                       total_tokens=int(rows["total_tokens"].sum()) if len(rows) else 0, wall_time_s=wall_time_s)
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)

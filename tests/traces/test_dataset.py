@@ -1,0 +1,133 @@
+"""The Parquet trace dataset: atomic batched writes, readers, DuckDB, the summary."""
+
+from __future__ import annotations
+
+import math
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import prefect_rollouts as vf
+from prefect_rollouts.trace import ErrorRecord, ModelCall
+from prefect_rollouts.traces.schema import MODEL_CALLS, model_call_rows
+from prefect_rollouts.traces.writer import _write_atomic
+from prefect_rollouts.traces import (
+    SCHEMA_VERSION, TraceWriter, durable_keys, pass_at_k, read_model_calls, read_rollouts, read_traces, summarize)
+
+
+def make_trace(task_id: str, reward: float | None, calls: int = 1, **fields) -> vf.Trace:
+    trace = vf.Trace(task_id=task_id, model="m", reward=reward, stop_condition="agent_completed", **fields)
+    for i in range(calls):
+        trace.model_calls.append(ModelCall(segment=0, started_at=1_800_000_000.0 + i, latency_ms=10.0 * (i + 1),
+                                           prompt_tokens=5, completion_tokens=2, finish_reason="stop"))
+    trace.usage.add(5 * calls, 2 * calls)
+    if reward is None:
+        trace.errors.append(ErrorRecord(type="ProviderError", message="down", stage="segment", status_code=503))
+    return trace
+
+
+def add(writer, trace, index=0, env="arith"):
+    return writer.add(trace, rollout_index=index, environment=env, config_hash="h", elapsed_s=0.5)
+
+
+def test_flush_writes_one_file_per_table_per_batch_atomically(tmp_path):
+    writer = TraceWriter(tmp_path, "r1", batch_size=10)
+    for name in "abc":
+        add(writer, make_trace(name, 1.0, calls=2))
+    assert writer.flush() == 3 and writer.durable == {("a", 0), ("b", 0), ("c", 0)}
+    files = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.parquet"))
+    assert len(files) == 2
+    assert files[0].startswith("model_calls/date=") and "/run_id=r1/part-" in files[0]
+    assert files[1].startswith("rollouts/date=")
+    assert pq.read_table(tmp_path / files[1]).num_rows == 3 and pq.read_table(tmp_path / files[0]).num_rows == 6
+    assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
+
+
+async def test_add_says_when_the_batch_is_full_and_aflush_makes_it_durable(tmp_path):
+    writer = TraceWriter(tmp_path, "r1", batch_size=2)
+    assert add(writer, make_trace("a", 1.0)) is False and writer.pending == 1
+    assert add(writer, make_trace("b", 1.0)) is True
+    assert await writer.aflush() == 2 and writer.pending == 0 and writer.durable == {("a", 0), ("b", 0)}
+    assert len(read_rollouts(tmp_path, run_id="r1")) == 2
+
+
+def test_readers_filter_and_ignore_temporary_files_and_drop_orphan_calls(tmp_path):
+    writer = TraceWriter(tmp_path, "r1")
+    add(writer, make_trace("a", 1.0, calls=2))
+    writer.flush()
+    other = TraceWriter(tmp_path, "r2")
+    add(other, make_trace("b", 0.0))
+    other.flush()
+    day_dir = next((tmp_path / "rollouts").iterdir()) / "run_id=r1"
+    (day_dir / ".part-crash.parquet.tmp").write_bytes(b"half a file")
+    orphan_dir = next((tmp_path / "model_calls").iterdir()) / "run_id=r1"   # calls whose rollouts file never landed
+    orphan_rows = model_call_rows(make_trace("ghost", 1.0), rollout_index=0, environment="arith")
+    _write_atomic(pa.Table.from_pylist(orphan_rows, schema=MODEL_CALLS), orphan_dir / "part-orphan.parquet")
+
+    rows = read_rollouts(tmp_path, run_id="r1")
+    assert list(rows["task_id"]) == ["a"] and rows["schema_version"].tolist() == [SCHEMA_VERSION]
+    assert set(read_rollouts(tmp_path)["run_id"]) == {"r1", "r2"}
+    calls = read_model_calls(tmp_path, run_id="r1")
+    assert list(calls["call_index"]) == [0, 1] and set(calls["rollout_id"]) == {rows["rollout_id"][0]}
+    assert durable_keys(tmp_path, "r1") == {("a", 0)}
+    with pytest.raises(vf.errors.TraceStoreError, match="no such column"):
+        read_rollouts(tmp_path, colour="red")
+
+
+def test_full_traces_come_back(tmp_path):
+    writer = TraceWriter(tmp_path, "r1")
+    trace = make_trace("a", 1.0, info={"k": "v"})
+    add(writer, trace)
+    writer.flush()
+    assert read_traces(tmp_path, run_id="r1") == [trace]
+
+
+def test_an_empty_dataset_reads_as_empty_frames(tmp_path):
+    assert read_rollouts(tmp_path).empty and read_model_calls(tmp_path).empty
+    assert durable_keys(tmp_path, "nothing") == set()
+
+
+def test_the_same_files_query_with_duckdb_and_join(tmp_path):
+    writer = TraceWriter(tmp_path, "r1")
+    add(writer, make_trace("a", 1.0, calls=3))
+    add(writer, make_trace("b", 0.0, calls=1))
+    writer.flush()
+    joined = duckdb.sql(f"""
+        select r.task_id, count(*) as calls, avg(c.latency_ms) as latency, max(r.reward) as reward
+        from read_parquet('{tmp_path}/rollouts/**/*.parquet', hive_partitioning = true) r
+        join read_parquet('{tmp_path}/model_calls/**/*.parquet', hive_partitioning = true) c using (rollout_id)
+        where r.run_id = 'r1' group by r.task_id order by r.task_id""").fetchall()
+    assert joined == [("a", 3, 20.0, 1.0), ("b", 1, 10.0, 0.0)]
+
+
+def test_pass_at_k_is_the_unbiased_estimator():
+    assert pass_at_k(5, 0, 1) == 0.0 and pass_at_k(5, 5, 3) == 1.0
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(4, 1, 2) == pytest.approx(1 - math.comb(3, 2) / math.comb(4, 2))   # 0.5
+    with pytest.raises(ValueError):
+        pass_at_k(2, 1, 3)
+
+
+def test_summary_excludes_errors_from_means_and_counts_outcomes(tmp_path):
+    writer = TraceWriter(tmp_path, "r1")
+    add(writer, make_trace("t1", 1.0), 0)
+    add(writer, make_trace("t1", 0.0), 1)
+    add(writer, make_trace("t2", 0.0, is_timeout=True), 0)
+    add(writer, make_trace("t2", None), 1)                      # an infrastructure error: not a 0
+    skipped = make_trace("t3", 0.0, info={"scoring_skipped": "truncated"})
+    skipped.stop_condition = "max_turns"
+    add(writer, skipped, 0)
+    add(writer, make_trace("t3", 1.0), 1)
+    writer.flush()
+    summary = summarize(read_rollouts(tmp_path), run_id="r1", rollouts_per_task=2)
+    env = summary.environments[0]
+    assert (env.rollouts, env.scored, env.errored, env.truncated, env.timed_out, env.skipped) == (6, 5, 1, 1, 1, 1)
+    assert env.mean_reward == pytest.approx(0.4)
+    assert env.stderr == pytest.approx(math.sqrt(0.3) / math.sqrt(5))
+    # t1: n=2, c=1; t2: n=1 (error excluded), c=0; t3: n=2, c=1
+    assert env.pass_at_k[1] == pytest.approx((0.5 + 0.0 + 0.5) / 3)
+    assert env.pass_at_k[2] == pytest.approx((1.0 + 1.0) / 2)      # t2 has fewer than 2 scored rollouts
+    assert env.total_tokens == 6 * 7 and summary.errored == 1
+    assert summary.table()[0]["pass@2"] == 1.0
