@@ -34,3 +34,23 @@ def agent_config(openai_server):
         fields.setdefault("retries", vf.StageRetryConfig(backoff_s=0.01))
         return vf.AgentConfig(model="scripted", client=fields.pop("client", client), **fields)
     return make
+
+
+@pytest.fixture(scope="session")
+def docker_engine():
+    """The Docker engine and the sandbox image. Without them: a skip locally, a failure in CI."""
+    import os
+
+    from prefect_rollouts.errors import RuntimeUnavailableError
+    from prefect_rollouts.runtimes.docker import docker_client
+
+    try:
+        client = docker_client()
+        client.images.get(vf.RuntimeConfig().image)
+    except Exception as exc:  # no engine, or no sandbox image
+        reason = f"Docker tests need a running engine and the sandbox image ({exc})"
+        if os.environ.get("CI"):
+            pytest.fail(reason + "; CI must provide them (.ci/run)")
+        pytest.skip(reason)
+    assert not isinstance(client, RuntimeUnavailableError)
+    return client

@@ -85,10 +85,35 @@ def serve_command(
     cron: Annotated[str, typer.Option(help="Schedule of the nightly eval (cron).")] = "0 2 * * *",
     timezone: Annotated[str, typer.Option(help="Time zone of the schedule.")] = "UTC",
 ) -> None:
-    """Serve the nightly eval deployment from this process (no work pool needed)."""
+    """Serve the nightly eval and the sandbox janitor deployments from this process (no work pool needed)."""
     from prefect_rollouts.flows.deployments import serve_deployments
 
     serve_deployments(config, cron=cron, timezone=timezone)
+
+
+sandbox_app = typer.Typer(help="The Docker sandbox image.", no_args_is_help=True)
+app.add_typer(sandbox_app, name="sandbox")
+
+
+@sandbox_app.command("build")
+def sandbox_build(
+    tag: Annotated[str, typer.Option(help="Image name to build.")] = "prefect-rollouts-sandbox:latest",
+    offline: Annotated[Optional[bool], typer.Option("--offline/--pull", help="Force debootstrap, or force a pull "
+                                                    "(default: pull, then debootstrap if no registry answers).")] = None,
+) -> None:
+    """Build the default sandbox image of the docker runtime (bash, coreutils, python3, /workspace)."""
+    import logging
+
+    from prefect_rollouts.errors import RuntimeUnavailableError
+    from prefect_rollouts.runtimes.sandbox import build_sandbox_image
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        image_id = build_sandbox_image(tag, offline=offline)
+    except RuntimeUnavailableError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from None
+    console.print(f"built {tag} ({image_id[:19]})")
 
 
 server_app = typer.Typer(help="A local Prefect server on PostgreSQL (faster than SQLite for many flow runs).",

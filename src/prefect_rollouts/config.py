@@ -116,12 +116,13 @@ class NetworkPolicy(_Config):
 
 
 class RuntimeConfig(_Config):
-    """Where the agent's tools and the task's commands run."""
+    """Where the agent's tools and the task's commands run (``[env.agent.runtime]``)."""
 
-    type: Literal["local"] = "local"
-    """``local``: a fresh temporary directory and subprocesses on this machine."""
+    type: Literal["local", "docker"] = "local"
+    """``local``: a fresh temporary directory and subprocesses on this machine (no isolation
+    beyond files). ``docker``: a fresh container per rollout."""
     network: NetworkPolicy = NetworkPolicy()
-    """Network policy of the runtime. ``local`` supports ``open`` only."""
+    """Network policy of the runtime; ``none`` leaves only a loopback interface."""
     exec_timeout_s: float = Field(120.0, gt=0)
     """Default timeout of one command (``runtime.exec`` and the ``bash`` tool), in seconds."""
     output_cap_bytes: int = Field(64 * 1024, ge=1024)
@@ -129,7 +130,25 @@ class RuntimeConfig(_Config):
     artifact_max_bytes: int = Field(32 * 1024 * 1024, ge=1)
     """Cap of the collected artifacts archive (verifiers' 32 MiB default)."""
     env: dict[str, str] = {}
-    """Environment variables set for commands, over a minimal PATH/HOME/LANG base."""
+    """Environment variables set for commands (local: over a minimal PATH/HOME/LANG base)."""
+    image: str = "prefect-rollouts-sandbox:latest"
+    """docker: the container image (build the default with ``prefect-rollouts sandbox build``)."""
+    workdir: str = "/workspace"
+    """docker: the workspace directory in the container (absolute)."""
+    cpus: float = Field(1.0, gt=0)
+    """docker: CPU limit, in CPUs."""
+    memory_mb: int = Field(2048, ge=16)
+    """docker: memory limit, in MiB."""
+    pids_limit: int = Field(512, ge=16)
+    """docker: most processes the container may hold."""
+    docker_network: str = "bridge"
+    """docker: the Docker network joined under ``network = "open"``."""
+
+    @model_validator(mode="after")
+    def _absolute_workdir(self) -> RuntimeConfig:
+        if not self.workdir.startswith("/"):
+            raise ValueError(f"workdir = {self.workdir!r}: must be an absolute path in the container, e.g. /workspace")
+        return self
 
 
 class TimeoutConfig(_Config):

@@ -14,11 +14,13 @@ from prefect_rollouts.eval_config import load_eval_config
 from prefect_rollouts.flows.eval import eval_flow
 
 NIGHTLY = "nightly-eval"
+JANITOR = "sandbox-janitor"
 
 
 def serve_deployments(config: str | Path, *, cron: str = "0 2 * * *", timezone: str = "UTC") -> None:
     """Serve the ``eval`` flow as ``nightly-eval`` (on ``cron`` in ``timezone``, and launchable
-    from the UI with the config as its default parameters) until interrupted.
+    from the UI with the config as its default parameters) and the ``janitor`` flow as
+    ``sandbox-janitor`` (hourly), until interrupted.
 
     Raises:
         ConfigError: the config does not load.
@@ -29,4 +31,8 @@ def serve_deployments(config: str | Path, *, cron: str = "0 2 * * *", timezone: 
         description=f"Nightly eval of {eval_config.env.agent.model} on {eval_config.env.taskset.id} "
                     f"(config {config}); launch from the UI to run it now with edited parameters.",
         tags=["prefect-rollouts", "eval"])
-    serve(nightly)
+    from prefect_rollouts.flows.janitor import janitor_flow
+
+    janitor = janitor_flow.to_deployment(name=JANITOR, interval=3600, tags=["prefect-rollouts", "janitor"],
+                                         description="Removes sandbox containers left by killed rollouts.")
+    serve(nightly, janitor)

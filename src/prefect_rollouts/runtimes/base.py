@@ -40,8 +40,10 @@ class Runtime(Protocol):
 
 def make_runtime(config: RuntimeConfig, *, network: NetworkPolicy | None = None, labels: dict[str, str] | None = None) -> Runtime:
     """Build an unstarted runtime from ``config``; ``network`` overrides ``config.network`` (scoring)."""
+    if config.type == "docker":
+        from prefect_rollouts.runtimes.docker import DockerRuntime  # the docker SDK loads only when used
+
+        return DockerRuntime(config, network=network, labels=labels)
     from prefect_rollouts.runtimes.local import LocalRuntime
 
-    if config.type == "local":
-        return LocalRuntime(config, network=network, labels=labels)
-    raise AssertionError(f"unknown runtime type {config.type!r}")  # pydantic's Literal prevents this
+    return LocalRuntime(config, network=network, labels=labels)

@@ -1,0 +1,311 @@
+"""The ``docker`` runtime: one container per rollout (and per isolated scoring attempt).
+
+Built on the Python ``docker`` SDK (a local daemon or ``DOCKER_HOST``). The container runs
+``sleep infinity`` under an init process with CPU, memory and pids limits, all capabilities
+dropped and ``no-new-privileges``, labelled with the run, rollout and flow run ids so the
+janitor flow can find leftovers. ``network = "none"`` gives it only a loopback interface.
+The SDK is blocking, so every call runs in a worker thread. ``stop`` removes the container on
+every path, cancellation included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import functools
+import io
+import posixpath
+import tarfile
+import time
+from typing import Any
+
+import docker
+import docker.errors
+
+from prefect_rollouts.config import NetworkPolicy, RuntimeConfig
+from prefect_rollouts.errors import RuntimeUnavailableError, TaskError
+from prefect_rollouts.runtimes.base import ExecResult
+
+LABEL = "org.prefect-rollouts"
+"""Every container this project starts carries ``LABEL=1`` and ``LABEL.<key>`` labels."""
+
+# Runs the command in its own process group and kills that group when the command ends, so a
+# background job neither outlives the command nor holds its output open; a watchdog (output
+# to /dev/null, so it holds nothing) kills the group at the deadline. The wrapper's own job-control
+# messages go to /dev/null; the command's stderr is fd 3. $1 = command, $2 = seconds.
+_WRAPPER = r"""exec 3>&2 2>/dev/null
+set -m
+bash -c "$1" </dev/null 2>&3 3>&- &
+pid=$!
+( sleep "$2"; kill -9 -- -$pid ) >/dev/null </dev/null 3>&- &
+watchdog=$!
+wait $pid
+code=$?
+kill -9 -- -$pid
+kill -9 -- -$watchdog
+exit $code
+"""
+
+
+@functools.cache
+def docker_client() -> docker.DockerClient:
+    """One Docker client per process (``docker.from_env()``: the local socket or ``DOCKER_HOST``).
+
+    Raises:
+        RuntimeUnavailableError: no engine answers.
+    """
+    try:
+        client = docker.from_env(timeout=120)
+        client.ping()
+        return client
+    except docker.errors.DockerException as exc:
+        raise RuntimeUnavailableError(f'runtime "docker": no Docker engine answers at DOCKER_HOST or '
+                                      f"/var/run/docker.sock ({exc}). Start dockerd, or set "
+                                      '[env.agent.runtime] type = "local"') from exc
+
+
+class DockerRuntime:
+    """A container as workspace; commands run with ``bash -c`` in ``config.workdir``.
+
+    Args:
+        config: ``RuntimeConfig`` with ``type = "docker"`` (image, workdir, cpus, memory_mb,
+            pids_limit, docker_network, network, limits).
+        network: Overrides ``config.network`` (scoring's policy).
+        labels: Added to the container as ``org.prefect-rollouts.<key>`` labels.
+    """
+
+    def __init__(self, config: RuntimeConfig, *, network: NetworkPolicy | None = None,
+                 labels: dict[str, str] | None = None) -> None:
+        self.config = config
+        self.network = network or config.network
+        self.labels = dict(labels or {})
+        self.id = ""
+        self.container: Any = None
+        self._owner = True
+
+    async def start(self) -> None:
+        """Create and start the container.
+
+        Raises:
+            RuntimeUnavailableError: no engine (retryable), the image is missing (not
+                retryable; the message names ``prefect-rollouts sandbox build``), or the
+                container cannot start.
+        """
+        self.container = await asyncio.to_thread(self._create)
+        self.id = self.container.id
+
+    def _create(self) -> Any:
+        client = docker_client()
+        config = self.config
+        try:
+            client.images.get(config.image)
+        except docker.errors.ImageNotFound:
+            raise RuntimeUnavailableError(
+                f'[env.agent.runtime] image = "{config.image}": no such image on the Docker engine. Build the '
+                "default sandbox with `prefect-rollouts sandbox build`, or name an image you have",
+                retryable=False) from None
+        labels = {LABEL: "1", f"{LABEL}.started_at": str(int(time.time())),
+                  **{f"{LABEL}.{key}": value for key, value in self.labels.items()}}
+        none = self.network.mode == "none"
+        try:
+            return client.containers.run(
+                config.image, ["sleep", "infinity"], detach=True, init=True, working_dir=config.workdir,
+                labels=labels, network_mode="none" if none else config.docker_network,
+                nano_cpus=int(config.cpus * 1e9), mem_limit=f"{config.memory_mb}m", pids_limit=config.pids_limit,
+                cap_drop=["ALL"], security_opt=["no-new-privileges"], environment=dict(config.env))
+        except docker.errors.APIError as exc:
+            raise RuntimeUnavailableError(f'runtime "docker": cannot start a container from {config.image} '
+                                          f"({exc.explanation or exc})") from exc
+
+    async def stop(self) -> None:
+        """Remove the container (force). Idempotent; a ``scoped`` view leaves it alone."""
+        container, self.container = self.container, None
+        if container is not None and self._owner:
+            job = asyncio.ensure_future(asyncio.to_thread(_remove, container))
+            try:
+                await asyncio.shield(job)
+            except asyncio.CancelledError:
+                await job
+                raise
+
+    async def scoped(self, *, env: dict[str, str] | None = None, network: NetworkPolicy | None = None) -> DockerRuntime:
+        """A view of this started container whose commands get ``env``; ``network`` (if it
+        differs) reconnects the container: ``none`` disconnects every network, ``open``
+        connects ``docker_network``. Stopping the view does nothing."""
+        view = copy.copy(self)
+        view.config = self.config.model_copy(update={"env": {**self.config.env, **(env or {})}})
+        view._owner = False
+        if network is not None and network.mode != self.network.mode:
+            await asyncio.to_thread(self._set_network, network)
+            view.network = self.network = network
+        return view
+
+    def _set_network(self, network: NetworkPolicy) -> None:
+        client = docker_client()
+        self.container.reload()
+        attached = list(self.container.attrs["NetworkSettings"]["Networks"])
+        for name in attached:
+            client.networks.get(name).disconnect(self.container, force=True)
+        if network.mode == "open":
+            client.networks.get(self.config.docker_network).connect(self.container)
+        else:
+            client.networks.get("none").connect(self.container)
+
+    async def exec(self, cmd: str, timeout: float | None = None, env: dict[str, str] | None = None) -> ExecResult:
+        """Run ``cmd`` with ``bash -c`` in the workdir.
+
+        Args:
+            cmd: Shell command.
+            timeout: Seconds before the command's process group is killed; default
+                ``config.exec_timeout_s``. A killed command returns exit code -9, ``timed_out``.
+            env: Extra environment variables over ``config.env``.
+
+        Raises:
+            RuntimeUnavailableError: the container is gone or the engine failed (retryable).
+        """
+        limit = timeout or self.config.exec_timeout_s
+        environment = {**self.config.env, **(env or {})}
+        started = time.monotonic()
+        code, out, err = await asyncio.to_thread(self._exec, ["bash", "-c", _WRAPPER, "bash", cmd, f"{limit:.3f}"],
+                                                 environment)
+        timed_out = code == 137 and time.monotonic() - started >= limit
+        if code in (137, -1) and not timed_out:  # SIGKILL: of the command, or of the whole container?
+            await asyncio.to_thread(self._check_alive)
+        return ExecResult(-9 if timed_out else code, out, err, timed_out)
+
+    def _check_alive(self, settle_s: float = 1.0) -> None:
+        """Raise if the container stopped (the daemon marks it a moment after its processes die)."""
+        deadline = time.monotonic() + settle_s
+        while True:
+            self.container.reload()
+            if self.container.status != "running":
+                raise RuntimeUnavailableError(f'runtime "docker": container {self.id[:12]} was lost during a command '
+                                              f"(status {self.container.status})")
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.1)
+
+    def _exec(self, argv: list[str], environment: dict[str, str]) -> tuple[int, str, str]:
+        api = docker_client().api
+        cap = self.config.output_cap_bytes
+        try:
+            exec_id = api.exec_create(self._container_id(), argv, workdir=self.config.workdir,
+                                      environment=environment)["Id"]
+            out, err = bytearray(), bytearray()
+            for chunk_out, chunk_err in api.exec_start(exec_id, stream=True, demux=True):
+                if chunk_out and len(out) < cap:
+                    out += chunk_out[: cap - len(out)]
+                if chunk_err and len(err) < cap:
+                    err += chunk_err[: cap - len(err)]
+            code = api.exec_inspect(exec_id)["ExitCode"]
+        except docker.errors.APIError as exc:
+            raise RuntimeUnavailableError(f'runtime "docker": exec in container {self.id[:12]} failed '
+                                          f"({exc.explanation or exc})") from exc
+        return int(code if code is not None else -1), out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+    async def read_file(self, path: str) -> bytes:
+        """Bytes of a file in the workdir.
+
+        Raises:
+            FileNotFoundError: it does not exist. ValueError: not a regular file, or the path leaves the workdir.
+        """
+        target = self._path(path)
+
+        def read() -> bytes:
+            try:
+                stream, _ = docker_client().api.get_archive(self._container_id(), target)
+            except docker.errors.NotFound:
+                raise FileNotFoundError(path) from None
+            with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+                member = tar.next()
+                if member is None or not member.isfile():
+                    raise ValueError(f"path {path!r} is not a regular file")
+                handle = tar.extractfile(member)
+                assert handle is not None
+                return handle.read()
+        return await asyncio.to_thread(read)
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        """Create or replace a file in the workdir (parent directories are created)."""
+        target = self._path(path)
+        payload = data.encode() if isinstance(data, str) else data
+        relative = posixpath.relpath(target, self.config.workdir)
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            parts = relative.split("/")
+            for depth in range(1, len(parts)):
+                directory = tarfile.TarInfo("/".join(parts[:depth]))
+                directory.type, directory.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(directory)
+            info = tarfile.TarInfo(relative)
+            info.size, info.mode, info.mtime = len(payload), 0o644, int(time.time())
+            tar.addfile(info, io.BytesIO(payload))
+
+        def put() -> None:
+            docker_client().api.put_archive(self._container_id(), self.config.workdir, buffer.getvalue())
+        await asyncio.to_thread(put)
+
+    async def collect_artifacts(self, paths: list[str]) -> tuple[bytes, list[str]]:
+        """Pack the declared workdir paths into a tar (names relative to the workdir).
+
+        Regular files, directories and symlinks are kept (a link is restored as a link);
+        devices and FIFOs are dropped. Missing paths are listed, not raised.
+
+        Raises:
+            TaskError: more than ``config.artifact_max_bytes`` (counted while streaming).
+        """
+        def collect() -> tuple[bytes, list[str]]:
+            api, cap = docker_client().api, self.config.artifact_max_bytes
+            buffer, missing, total = io.BytesIO(), [], 0
+            with tarfile.open(fileobj=buffer, mode="w") as out:
+                for rel in paths:
+                    target = self._path(rel)
+                    try:
+                        stream, _ = api.get_archive(self._container_id(), target)
+                    except docker.errors.NotFound:
+                        missing.append(rel)
+                        continue
+                    raw = bytearray()
+                    for chunk in stream:
+                        raw += chunk
+                        if len(raw) > cap + 1024 * 1024:  # tar headers and padding on top of the content
+                            raise TaskError(f"artifacts {paths!r}: more than artifact_max_bytes = {cap} bytes. "
+                                            "Declare fewer paths or raise [env.agent.runtime] artifact_max_bytes")
+                    with tarfile.open(fileobj=io.BytesIO(bytes(raw)), mode="r|") as source:
+                        base = posixpath.relpath(target, self.config.workdir)
+                        for member in source:
+                            if not (member.isfile() or member.isdir() or member.issym()):
+                                continue
+                            total += member.size
+                            if total > cap:
+                                raise TaskError(f"artifacts {paths!r}: more than artifact_max_bytes = {cap} bytes. "
+                                                "Declare fewer paths or raise [env.agent.runtime] artifact_max_bytes")
+                            tail = member.name.split("/", 1)[1] if "/" in member.name else ""
+                            member.name = posixpath.join(base, tail) if tail else base
+                            out.addfile(member, source.extractfile(member) if member.isfile() else None)
+            return buffer.getvalue(), missing
+        return await asyncio.to_thread(collect)
+
+    async def restore_artifacts(self, archive: bytes) -> None:
+        """Unpack a ``collect_artifacts`` archive into the workdir."""
+        def put() -> None:
+            docker_client().api.put_archive(self._container_id(), self.config.workdir, archive)
+        await asyncio.to_thread(put)
+
+    def _container_id(self) -> str:
+        if self.container is None:
+            raise RuntimeError('runtime "docker" is not started (or already stopped)')
+        return str(self.container.id)
+
+    def _path(self, path: str) -> str:
+        target = posixpath.normpath(posixpath.join(self.config.workdir, path))
+        if target != self.config.workdir and not target.startswith(self.config.workdir.rstrip("/") + "/"):
+            raise ValueError(f"path {path!r} leaves the workspace; use a path relative to it")
+        return target
+
+
+def _remove(container: Any) -> None:
+    try:
+        container.remove(force=True)
+    except docker.errors.NotFound:
+        pass

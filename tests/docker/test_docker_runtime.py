@@ -1,0 +1,190 @@
+"""The docker runtime on a real engine: isolation, limits, network policy, isolated scoring, cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import pytest
+
+import prefect_rollouts as vf
+from prefect_rollouts.runtimes import make_runtime
+from prefect_rollouts.runtimes.docker import LABEL
+from tests.fakes.openai_server import delayed, reply, tool_call
+
+pytestmark = pytest.mark.usefixtures("docker_engine")
+
+
+def docker_config(**fields) -> vf.RuntimeConfig:
+    return vf.RuntimeConfig(type="docker", exec_timeout_s=20, **fields)
+
+
+def containers_of(client, run_id: str) -> list:
+    return client.containers.list(all=True, filters={"label": f"{LABEL}.run_id={run_id}"})
+
+
+async def test_a_container_is_locked_down_labelled_and_removed(docker_engine):
+    run_id = uuid.uuid4().hex
+    runtime = make_runtime(docker_config(memory_mb=256, pids_limit=64, cpus=0.5),
+                           labels={"run_id": run_id, "rollout_id": "r1", "flow_run_id": "f1"})
+    await runtime.start()
+    try:
+        container = docker_engine.containers.get(runtime.id)
+        host = container.attrs["HostConfig"]
+        assert (host["Memory"], host["PidsLimit"], host["NanoCpus"]) == (256 * 2**20, 64, 500_000_000)
+        assert host["CapDrop"] == ["ALL"] and host["SecurityOpt"] == ["no-new-privileges"]
+        labels = container.labels
+        assert (labels[f"{LABEL}.run_id"], labels[f"{LABEL}.rollout_id"], labels[f"{LABEL}.flow_run_id"]) == (run_id, "r1", "f1")
+        status = await runtime.exec("grep -E '^(CapEff|NoNewPrivs)' /proc/self/status; pwd")
+        assert status.stdout.split() == ["CapEff:", "0000000000000000", "NoNewPrivs:", "1", "/workspace"]
+        result = await runtime.exec("sleep 30 & echo started")
+        assert (result.exit_code, result.stdout) == (0, "started\n")
+        slow = await runtime.exec("sleep 30", timeout=0.5)
+        assert (slow.exit_code, slow.timed_out) == (-9, True)
+        await runtime.write_file("dir/a.txt", "hello")
+        assert await runtime.read_file("dir/a.txt") == b"hello"
+        with pytest.raises(FileNotFoundError):
+            await runtime.read_file("absent")
+    finally:
+        await runtime.stop()
+    assert containers_of(docker_engine, run_id) == []
+
+
+async def test_a_missing_image_names_the_build_command():
+    runtime = make_runtime(docker_config(image="prefect-rollouts-no-such-image:1"))
+    with pytest.raises(vf.RuntimeUnavailableError, match="prefect-rollouts sandbox build"):
+        await runtime.start()
+
+
+@pytest.fixture
+def test_network(docker_engine):
+    """A Docker network the test owns, with a web server in a second container on it."""
+    name = f"pr-test-{uuid.uuid4().hex[:8]}"
+    network = docker_engine.networks.create(name, driver="bridge")
+    server = docker_engine.containers.run(vf.RuntimeConfig().image, ["python3", "-m", "http.server", "8080"],
+                                          detach=True, network=name, labels={f"{LABEL}.test": "1"})
+    server.reload()
+    address = server.attrs["NetworkSettings"]["Networks"][name]["IPAddress"]
+    yield name, address
+    server.remove(force=True)
+    network.remove()
+
+
+async def test_network_none_leaves_loopback_only_and_open_reaches_the_test_server(test_network):
+    name, address = test_network
+    probe = f"python3 -c \"import urllib.request; print(urllib.request.urlopen('http://{address}:8080/', timeout=3).status)\""
+    seen = {}
+    for mode in ("none", "open"):
+        runtime = make_runtime(docker_config(network=mode, docker_network=name))
+        await runtime.start()
+        try:
+            await asyncio.sleep(1.0 if mode == "open" else 0)   # the server container may still be starting
+            links = await runtime.exec("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")
+            reach = await runtime.exec(probe)
+            seen[mode] = (links.stdout.split(), reach.stdout.strip())
+        finally:
+            await runtime.stop()
+    assert seen["none"] == (["lo"], "")
+    assert "eth0" in seen["open"][0] and seen["open"][1] == "200"
+
+
+class Solution(vf.Task):
+    @vf.reward
+    async def solved(self, runtime):
+        try:
+            return float((await runtime.read_file("solution.txt")).strip() == b"42")
+        except FileNotFoundError:
+            return 0.0
+
+    @vf.metric
+    async def notes_visible(self, runtime):
+        return float((await runtime.exec("test -e notes.txt")).exit_code == 0)
+
+    @vf.metric
+    async def hostname(self, runtime):
+        return float(int((await runtime.exec("hostname | cksum | cut -c1-6")).stdout.strip()))
+
+
+def solution_task():
+    return Solution(vf.TaskData(prompt="solve", artifacts=["solution.txt"]))
+
+
+def play_solution(server):
+    server.play([tool_call("bash", command="echo 42 > solution.txt; echo draft > notes.txt"), reply("done")])
+
+
+@pytest.mark.parametrize("mode", ["shared", "isolated"])
+async def test_the_same_task_scores_the_same_shared_and_isolated_and_only_artifacts_cross(
+        openai_server, agent_config, docker_engine, mode):
+    play_solution(openai_server)
+    config = agent_config(runtime=docker_config(), scoring=vf.ScoringConfig(mode=mode))
+    async with vf.make_agent(config) as agent:
+        trace = await agent.run(solution_task())
+    assert (trace.reward, trace.errors) == (1.0, [])
+    assert trace.metrics["notes_visible"] == (1.0 if mode == "shared" else 0.0)
+
+
+class KilledOnce(Solution):
+    kills = 0
+
+    @vf.reward
+    async def solved(self, runtime):
+        if type(self).kills > 0:
+            type(self).kills -= 1
+            from prefect_rollouts.runtimes.docker import docker_client
+            asyncio.get_running_loop().call_later(0.3, lambda: docker_client().containers.get(runtime.id).kill())
+            await runtime.exec("sleep 10")          # the container dies under it
+        return float((await runtime.read_file("solution.txt")).strip() == b"42")
+
+
+async def test_a_scoring_container_killed_mid_scoring_is_retried_and_the_rollout_scores(
+        openai_server, agent_config, docker_engine):
+    KilledOnce.kills = 1
+    play_solution(openai_server)
+    run_id = uuid.uuid4().hex
+    config = agent_config(runtime=docker_config(), scoring=vf.ScoringConfig(
+        mode="isolated", retries=vf.RetryConfig(max_retries=2, backoff_s=0.01)))
+    async with vf.make_agent(config) as agent:
+        state = agent.new_rollout(KilledOnce(vf.TaskData(prompt="solve", artifacts=["solution.txt"])), agent.client,
+                                  {"run_id": run_id})
+        from prefect_rollouts.engine import InlineOrchestrator, run_rollout
+        trace = await run_rollout(InlineOrchestrator(), state)
+    assert (trace.reward, trace.errors, trace.info["scoring_attempts"]) == (1.0, [], 2)
+    assert len(openai_server.requests) == 2                       # the agent never ran again
+    assert containers_of(docker_engine, run_id) == []
+
+
+async def test_exhausted_scoring_retries_leave_an_error_and_no_reward(openai_server, agent_config, docker_engine):
+    KilledOnce.kills = 5
+    play_solution(openai_server)
+    config = agent_config(runtime=docker_config(), scoring=vf.ScoringConfig(
+        mode="isolated", retries=vf.RetryConfig(max_retries=1, backoff_s=0.01)))
+    async with vf.make_agent(config) as agent:
+        trace = await agent.run(KilledOnce(vf.TaskData(prompt="solve", artifacts=["solution.txt"])))
+    assert trace.reward is None and trace.info["scoring_attempts"] == 2
+    assert (trace.errors[0].type, trace.errors[0].stage) == ("RuntimeUnavailableError", "scoring")
+
+
+async def test_no_container_of_a_run_remains_after_success_failure_and_cancellation(
+        openai_server, agent_config, docker_engine):
+    run_id = uuid.uuid4().hex
+    config = agent_config(runtime=docker_config(), scoring=vf.ScoringConfig(mode="isolated"))
+    from prefect_rollouts.engine import InlineOrchestrator, run_rollout
+    async with vf.make_agent(config) as agent:
+        def rollout(task):
+            return run_rollout(InlineOrchestrator(), agent.new_rollout(task, agent.client, {"run_id": run_id}))
+        play_solution(openai_server)
+        assert (await rollout(solution_task())).reward == 1.0                          # success
+        openai_server.default = __import__("tests.fakes.openai_server", fromlist=["status"]).status(500)
+        assert (await rollout(solution_task())).errors                                  # failure
+        openai_server.default = delayed(10, reply("late"))
+        job = asyncio.create_task(rollout(solution_task()))                              # cancellation
+        deadline = time.monotonic() + 30
+        while not containers_of(docker_engine, run_id) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        job.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await job
+    assert containers_of(docker_engine, run_id) == []
