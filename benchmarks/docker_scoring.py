@@ -1,0 +1,81 @@
+"""Container start latency, and the wall time isolated scoring adds over shared, per rollout.
+
+50 rollouts (sequential, so each figure is one rollout's own latency) of a task whose agent
+writes a file with one bash call and whose reward reads it, on the ``docker`` runtime against
+the scripted OpenAI server. Prints median and p95.
+
+    .venv/bin/python benchmarks/docker_scoring.py [--rollouts 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import prefect_rollouts as vf  # noqa: E402
+from prefect_rollouts.runtimes import make_runtime  # noqa: E402
+from tests.fakes.openai_server import ScriptedOpenAIServer, reply, tool_call  # noqa: E402
+
+
+class Solution(vf.Task):
+    @vf.reward
+    async def solved(self, runtime: object) -> float:
+        return float((await runtime.read_file("solution.txt")).strip() == b"42")  # type: ignore[attr-defined]
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def container_starts(n: int) -> list[float]:
+    latencies = []
+    for _ in range(n):
+        runtime = make_runtime(vf.RuntimeConfig(type="docker"))
+        started = time.perf_counter()
+        await runtime.start()
+        await runtime.exec("true")
+        latencies.append(time.perf_counter() - started)
+        await runtime.stop()
+    return latencies
+
+
+async def rollouts(server: ScriptedOpenAIServer, mode: str, n: int) -> list[float]:
+    config = vf.AgentConfig(model="bench", orchestrator="inline", client=vf.ClientConfig(base_url=server.base_url,
+                            api_key_env=""), runtime=vf.RuntimeConfig(type="docker"), scoring=vf.ScoringConfig(mode=mode))
+    walls = []
+    async with vf.make_agent(config) as agent:
+        for _ in range(n):
+            server.play([tool_call("bash", command="echo 42 > solution.txt"), reply("done")])
+            started = time.perf_counter()
+            trace = await agent.run(Solution(vf.TaskData(prompt="solve", artifacts=["solution.txt"])))
+            walls.append(time.perf_counter() - started)
+            assert trace.reward == 1.0, trace.errors
+    return walls
+
+
+async def main(n: int) -> None:
+    starts = await container_starts(n)
+    with ScriptedOpenAIServer() as server:
+        await rollouts(server, "shared", 3)   # warm up
+        shared = await rollouts(server, "shared", n)
+        isolated = await rollouts(server, "isolated", n)
+    print(f"{n} samples each, docker runtime, image {vf.RuntimeConfig().image}")
+    print(f"container start (create + start + first exec): median {statistics.median(starts) * 1e3:.0f} ms, "
+          f"p95 {pct(starts, 0.95) * 1e3:.0f} ms")
+    print(f"rollout wall, shared scoring:   median {statistics.median(shared) * 1e3:.0f} ms, p95 {pct(shared, 0.95) * 1e3:.0f} ms")
+    print(f"rollout wall, isolated scoring: median {statistics.median(isolated) * 1e3:.0f} ms, p95 {pct(isolated, 0.95) * 1e3:.0f} ms")
+    print(f"added by isolated scoring:      median {(statistics.median(isolated) - statistics.median(shared)) * 1e3:.0f} ms, "
+          f"p95 {(pct(isolated, 0.95) - pct(shared, 0.95)) * 1e3:.0f} ms (quantile differences)")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rollouts", type=int, default=50)
+    asyncio.run(main(parser.parse_args().rollouts))
