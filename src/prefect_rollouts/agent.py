@@ -14,10 +14,11 @@ from typing import Any, Literal
 
 import httpx
 
-from prefect_rollouts.config import AgentConfig, ClientConfig
+from prefect_rollouts.config import AgentConfig
 from prefect_rollouts.engine import InlineOrchestrator, Orchestrator, run_rollout
 from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.model import ModelClient
+from prefect_rollouts.model.local import is_local
 from prefect_rollouts.scoring.env import is_template
 from prefect_rollouts.stages import RolloutState, Segment, new_state, opening_messages
 from prefect_rollouts.task import Task
@@ -45,17 +46,23 @@ class Agent:
         self.config = config
         self.info = redacted_config(config)
         self._client: ModelClient | None = None
+        self._server: Any = None
 
     async def __aenter__(self) -> Agent:
         if self._client is not None:
             raise RuntimeError("this Agent is already open; enter it once")
-        self._client = await open_client(self.config.client)
+        self._client, self._server = await open_client(self.config)
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
         client, self._client = self._client, None
-        if client is not None:
-            await client.aclose()
+        server, self._server = self._server, None
+        try:
+            if client is not None:
+                await client.aclose()
+        finally:
+            if server is not None:
+                await server.stop()
 
     async def run(self, task: Task) -> Trace:
         """Run one rollout to completion: setup, one segment on the task's prompt, finalize, score.
@@ -110,11 +117,13 @@ class Agent:
         if self._client is not None:
             yield self._client
             return
-        client = await open_client(self.config.client)  # un-entered agent: a pool for this rollout only
+        client, server = await open_client(self.config)  # un-entered agent: a pool for this rollout only
         try:
             yield client
         finally:
             await client.aclose()
+            if server is not None:
+                await server.stop()
 
 
 class Interaction:
@@ -322,14 +331,31 @@ class Interaction:
             state.steer_inbox.clear()
 
 
-async def open_client(config: ClientConfig) -> ModelClient:
-    """A ``ModelClient`` for ``config``; a ``ModelEndpoint`` block it names is loaded here (Prefect)."""
-    if config.endpoint is None:
-        return ModelClient(config)
-    from prefect_rollouts.blocks import resolve_client
+async def open_client(config: AgentConfig) -> tuple[ModelClient, Any]:
+    """The model client of ``config`` and the local model server it needs (or None).
 
-    resolved, key = await resolve_client(config)
-    return ModelClient(resolved, api_key=key)
+    ``local/...`` models start a llama.cpp server (``model/local.py``); a ``ModelEndpoint``
+    block named by ``client.endpoint`` is loaded here (that imports Prefect).
+    """
+    client_config = config.client
+    server = None
+    if is_local(config.model):
+        from prefect_rollouts.model.local import LocalModelServer
+
+        server = LocalModelServer(config.model)
+        base_url = await server.start()
+        client_config = client_config.model_copy(update={"base_url": base_url, "api_key_env": None, "endpoint": None})
+    try:
+        if client_config.endpoint is None:
+            return ModelClient(client_config), server
+        from prefect_rollouts.blocks import resolve_client
+
+        resolved, key = await resolve_client(client_config)
+        return ModelClient(resolved, api_key=key), server
+    except BaseException:
+        if server is not None:
+            await server.stop()
+        raise
 
 
 def redacted_config(config: AgentConfig) -> dict[str, Any]:

@@ -50,6 +50,9 @@ class TaskData(BaseModel):
     """Files created in the workspace at setup: relative path -> content."""
     artifacts: list[str] = []
     """Workspace paths (relative) collected after finalize for isolated scoring."""
+    tool_choice: str | dict[str, Any] | None = None
+    """Per-task ``tool_choice`` sent when tools are offered (wins over ``sampling.tool_choice``);
+    e.g. a taskset forcing the call of its one function for a model that only calls forced tools."""
     scoring: ScoringConfig | None = None
     """Task defaults for scoring placement; fields set on ``AgentConfig.scoring`` override them."""
 

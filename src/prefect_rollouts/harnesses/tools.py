@@ -50,8 +50,9 @@ class ToolsHarness:
         self.template = request_template(state.config)
         if self.tools:
             self.template["tools"] = [spec.schema for spec in self.tools.values()]
-            if state.config.sampling.tool_choice is not None:
-                self.template["tool_choice"] = state.config.sampling.tool_choice
+            tool_choice = state.task.data.tool_choice or state.config.sampling.tool_choice
+            if tool_choice is not None:
+                self.template["tool_choice"] = tool_choice
 
     async def run_segment(self, state: RolloutState) -> None:
         """Loop model and tool calls until a reply without tool calls, or a stop."""

