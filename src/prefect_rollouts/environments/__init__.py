@@ -16,6 +16,7 @@ from prefect_rollouts.task import Task
 #: Built-in taskset names and the function behind each.
 BUILTIN = {
     "arithmetic": "prefect_rollouts.environments.arithmetic:load",
+    "bfcl": "prefect_rollouts.environments.bfcl:load",
 }
 
 

@@ -19,12 +19,28 @@ _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 @dataclass(frozen=True, slots=True)
 class ToolSpec:
-    """A callable offered to the model: ``name``, wire ``schema`` and the ``arguments`` model."""
+    """A tool offered to the model: ``name``, wire ``schema``, the ``arguments`` model and ``fn``.
+
+    An *answer tool* has no ``fn`` (and no ``arguments`` model): its calls are the model's answer
+    (as in function-calling benchmarks); the harness records them and ends the segment.
+    """
 
     name: str
     schema: dict[str, Any]
-    arguments: type[BaseModel]
-    fn: Callable[..., Any]
+    arguments: type[BaseModel] | None
+    fn: Callable[..., Any] | None
+
+
+def answer_tool(name: str, description: str, parameters: dict[str, Any]) -> ToolSpec:
+    """An answer tool: offered with this JSON schema, never executed (see ``ToolSpec``).
+
+    Raises:
+        ValueError: the name does not match ``[A-Za-z0-9_-]{1,64}``.
+    """
+    if not _NAME.match(name):
+        raise ValueError(f"tool name {name!r}: must match [A-Za-z0-9_-]{{1,64}}")
+    function = {"name": name, "description": description or name, "parameters": parameters}
+    return ToolSpec(name=name, schema={"type": "function", "function": function}, arguments=None, fn=None)
 
 
 def tool_spec(fn: Callable[..., Any], name: str | None = None) -> ToolSpec:

@@ -39,7 +39,7 @@ class ToolsHarness:
 
     async def open(self, state: RolloutState) -> None:
         """Build the tool table and the request template (tools, ``tool_choice``)."""
-        specs = [tool_spec(fn) for fn in state.task.tools()]
+        specs = [fn if isinstance(fn, ToolSpec) else tool_spec(fn) for fn in state.task.tools()]
         specs += [tool_spec(fn) for fn in runtime_tools(state.runtime, self.config.runtime_tools)]
         self.tools = {}
         for spec in specs:
@@ -68,6 +68,8 @@ class ToolsHarness:
                 return
             for call in calls:
                 await self._execute(state, call)
+            if all(self._is_answer(call) for call in calls):
+                return  # the calls are the answer: nothing runs them, the segment is over
 
     async def _execute(self, state: RolloutState, call: dict[str, Any]) -> None:
         function = call.get("function") or {}
@@ -91,8 +93,14 @@ class ToolsHarness:
             is_error=is_error, latency_ms=(time.perf_counter() - started) * 1e3))
         state.trace.messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
 
+    def _is_answer(self, call: dict[str, Any]) -> bool:
+        spec = self.tools.get(str((call.get("function") or {}).get("name", "")))
+        return spec is not None and spec.fn is None
+
     async def _invoke(self, name: str, raw: str) -> tuple[str, bool]:
         spec = self.tools.get(name)
+        if spec is not None and spec.fn is None:
+            return "recorded", False
         if spec is None:
             return f"Error: unknown tool {name!r}. Available tools: {', '.join(sorted(self.tools)) or 'none'}.", True
         try:
@@ -101,6 +109,7 @@ class ToolsHarness:
                 raise ValueError("arguments must be a JSON object")
         except ValueError as exc:
             return f"Error: the arguments of {name!r} are not a valid JSON object ({exc}).", True
+        assert spec.arguments is not None and spec.fn is not None
         try:
             validated = spec.arguments.model_validate(arguments)
         except ValidationError as exc:

@@ -1,0 +1,139 @@
+"""``bfcl``: single-turn categories of the Berkeley Function Calling Leaderboard (PyPI ``bfcl-eval``).
+
+The task's functions are offered as answer tools (never executed); the model's tool calls are
+its answer, scored by BFCL's AST rules (``bfcl_scoring.py``). Function names with dots (not
+allowed in tool names) are sent with ``_`` and mapped back before scoring. ``bfcl-eval`` is
+installed with ``--no-deps`` (its pinned dependencies are heavy): only its data files are read,
+located with ``importlib.util.find_spec`` so nothing of it is imported.
+
+Options: ``category`` (``simple_python``, ``multiple``, ``parallel``, ``parallel_multiple``,
+``irrelevance``), ``count`` (first N items), ``force_tool_choice`` (force a call of the task's
+function when it has exactly one, and ``"required"`` otherwise; models such as SmolLM2-135M
+make no tool calls unless forced; off for ``irrelevance``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from prefect_rollouts.environments.bfcl_scoring import check
+from prefect_rollouts.errors import ConfigError
+from prefect_rollouts.harnesses.schema import ToolSpec, answer_tool
+from prefect_rollouts.task import Task, TaskData, metric, reward
+from prefect_rollouts.trace import Trace
+
+CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance")
+_TYPE = {"dict": "object", "float": "number", "tuple": "array", "any": "string"}
+
+
+def data_dir() -> Path:
+    """The ``data`` directory of the installed ``bfcl-eval`` package.
+
+    Raises:
+        ConfigError: the package is not installed.
+    """
+    spec = importlib.util.find_spec("bfcl_eval")
+    if spec is None or spec.origin is None:
+        raise ConfigError('[env.taskset] id = "bfcl": the package bfcl-eval is not installed. Install it without '
+                          "its pinned dependencies: pip install --no-deps bfcl-eval")
+    return Path(spec.origin).parent / "data"
+
+
+class BfclTask(Task):
+    """One BFCL item: ``info`` holds ``category``, ``functions`` and ``ground_truth``."""
+
+    def tools(self) -> list[ToolSpec]:
+        """The item's functions as answer tools, names sanitised for the wire."""
+        return [answer_tool(tool_name(f["name"]), f.get("description", ""), wire_schema(f["parameters"]))
+                for f in self.data.info["functions"]]
+
+    def calls(self, trace: Trace) -> list[dict[str, dict[str, Any]]] | None:
+        """The model's answer: the calls of its first tool-calling message, original names; None if
+        an argument string is not a JSON object."""
+        names = {tool_name(f["name"]): f["name"] for f in self.data.info["functions"]}
+        for message in trace.messages:
+            if message.get("role") == "assistant" and message.get("tool_calls"):
+                answer = []
+                for call in message["tool_calls"]:
+                    function = call.get("function") or {}
+                    try:
+                        arguments = json.loads(function.get("arguments") or "{}")
+                    except ValueError:
+                        return None
+                    if not isinstance(arguments, dict):
+                        return None
+                    answer.append({names.get(function.get("name", ""), function.get("name", "")): arguments})
+                return answer
+        return []
+
+    @reward
+    def ast_match(self, trace: Trace) -> float:
+        """1.0 when the calls satisfy BFCL's AST rules for the category."""
+        calls = self.calls(trace)
+        info = self.data.info
+        return float(calls is not None and check(info["category"], info["functions"], calls, info["ground_truth"]))
+
+    @metric
+    def num_calls(self, trace: Trace) -> float:
+        """How many calls the answer makes."""
+        return float(len(self.calls(trace) or []))
+
+
+def tool_name(name: str) -> str:
+    """``name`` made valid as a tool name (``[A-Za-z0-9_-]``): other characters become ``_``."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64]
+
+
+def wire_schema(parameters: dict[str, Any]) -> dict[str, Any]:
+    """A BFCL parameter schema in JSON Schema terms (``dict`` -> ``object``, ``float`` -> ``number``, ...)."""
+    converted: dict[str, Any] = {}
+    for key, value in parameters.items():
+        if key == "type" and isinstance(value, str):
+            converted[key] = _TYPE.get(value, value)
+        elif key == "properties" and isinstance(value, dict):
+            converted[key] = {name: wire_schema(spec) for name, spec in value.items()}
+        elif key == "items" and isinstance(value, dict):
+            converted[key] = wire_schema(value)
+        else:
+            converted[key] = value
+    return converted
+
+
+def load(category: str = "simple_python", count: int | None = None, force_tool_choice: bool = True) -> list[BfclTask]:
+    """The first ``count`` items (all when None) of a single-turn BFCL category as tasks.
+
+    Raises:
+        ConfigError: unknown category, or bfcl-eval not installed.
+    """
+    if category not in CATEGORIES:
+        raise ConfigError(f"[env.taskset] category = {category!r}: not supported. Use one of {', '.join(CATEGORIES)}")
+    root = data_dir()
+    items = _read_jsonl(root / f"BFCL_v4_{category}.json", count)
+    answers = {} if category == "irrelevance" else {
+        row["id"]: row["ground_truth"] for row in _read_jsonl(root / "possible_answer" / f"BFCL_v4_{category}.json", None)}
+    tasks = []
+    for item in items:
+        functions = item["function"]
+        choice: Any = None
+        if force_tool_choice and category != "irrelevance":
+            choice = ({"type": "function", "function": {"name": tool_name(functions[0]["name"])}}
+                      if len(functions) == 1 else "required")
+        tasks.append(BfclTask(TaskData(
+            id=item["id"], prompt=item["question"][0], tool_choice=choice,
+            info={"category": category, "functions": functions, "ground_truth": answers.get(item["id"], [])})))
+    return tasks
+
+
+def _read_jsonl(path: Path, count: int | None) -> list[dict[str, Any]]:
+    rows = []
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            if count is not None and len(rows) >= count:
+                break
+            if line.strip():
+                rows.append(json.loads(line))
+    return rows
