@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -18,7 +19,7 @@ app = typer.Typer(help="Run and score LLM-agent rollouts with Prefect.", no_args
                   pretty_exceptions_show_locals=False)
 traces_app = typer.Typer(help="Inspect Parquet trace datasets.", no_args_is_help=True)
 app.add_typer(traces_app, name="traces")
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 160)  # piped output keeps whole columns
 
 
 @app.command("eval")
