@@ -28,7 +28,7 @@ from prefect_rollouts.harnesses import Harness, make_harness
 from prefect_rollouts.runtimes import Runtime, make_runtime
 from prefect_rollouts.scoring.placement import score_isolated, score_shared
 from prefect_rollouts.task import Task, call_injected
-from prefect_rollouts.trace import SegmentRecord, SendRecord, Trace
+from prefect_rollouts.trace import SegmentRecord, SendRecord, Trace, last_assistant_text
 
 if TYPE_CHECKING:
     from prefect_rollouts.model import ModelClient
@@ -190,7 +190,7 @@ def last_segment(state: RolloutState) -> Segment:
         return Segment([], state.stopped)
     record = trace.segments[-1]
     produced = trace.messages[record.start + state.segment_inputs:record.end]
-    return Segment(produced, state.stopped, _last_reply(produced))
+    return Segment(produced, state.stopped, last_assistant_text(produced))
 
 
 async def finalize(state: RolloutState, *, raise_timeout: bool = False) -> None:
@@ -312,10 +312,3 @@ async def _stage(state: RolloutState, stage: str, deadline: float | None, raise_
     finally:
         if stage != "agent":
             trace.timings[stage] = round(time.perf_counter() - started, 6)
-
-
-def _last_reply(messages: list[dict[str, Any]]) -> str:
-    for message in reversed(messages):
-        if message.get("role") == "assistant" and isinstance(message.get("content"), str):
-            return message["content"].strip()
-    return ""

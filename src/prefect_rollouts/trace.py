@@ -163,10 +163,7 @@ class Trace(BaseModel):
     @property
     def last_reply(self) -> str:
         """Content of the last assistant message, stripped; ``""`` if there is none."""
-        for message in reversed(self.messages):
-            if message.get("role") == "assistant":
-                return _text(message.get("content")).strip()
-        return ""
+        return last_assistant_text(self.messages)
 
     @property
     def ok(self) -> bool:
@@ -198,6 +195,14 @@ def _error_kind(exc: BaseException, stage: str) -> str:
     if isinstance(exc, RuntimeUnavailableError):
         return "runtime"
     return {"setup": "setup", "segment": "harness", "finalize": "task", "scoring": "scoring"}.get(stage, stage)
+
+
+def last_assistant_text(messages: list[dict[str, Any]]) -> str:
+    """Text of the last assistant message in ``messages`` (content parts joined), stripped; ``""`` if none."""
+    for message in reversed(messages):
+        if message.get("role") == "assistant":
+            return _text(message.get("content")).strip()
+    return ""
 
 
 def _text(content: Any) -> str:

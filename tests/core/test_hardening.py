@@ -183,3 +183,12 @@ async def test_an_interaction_cannot_be_entered_twice(openai_server, agent_confi
         async with interaction:
             with pytest.raises(RuntimeError, match="one rollout"):
                 await interaction.__aenter__()
+
+
+async def test_content_given_as_parts_is_read_the_same_by_the_trace_and_the_segment(openai_server, agent_config):
+    openai_server.play([status(200, body={"choices": [{"finish_reason": "stop", "message": {
+        "role": "assistant", "content": [{"type": "text", "text": "4"}, {"type": "text", "text": "2 "}]}}]})])
+    async with vf.make_agent(agent_config(harness="chat")) as agent:
+        async with agent.interaction(vf.Task(vf.TaskData(prompt=None))) as interaction:
+            segment = await interaction.turn("answer?")
+    assert segment.last_reply == interaction.trace.last_reply == "42"

@@ -7,7 +7,9 @@ unique ids. ``load_taskset`` resolves ``[env.taskset]``. Must not import Prefect
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from prefect_rollouts.errors import ConfigError
@@ -47,6 +49,19 @@ def load_taskset(taskset_id: str, options: dict[str, Any] | None = None, limit: 
         seen.add(item.id)
         tasks.append(item)
     return tasks
+
+
+def package_dir(package: str, taskset_id: str, install: str) -> Path:
+    """The directory of an installed data package, found with ``find_spec`` (nothing is imported).
+
+    Raises:
+        ConfigError: the package is not installed; the message gives ``install``, the command to fix it.
+    """
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise ConfigError(f'[env.taskset] id = "{taskset_id}": the package {package.replace("_", "-")} is not '
+                          f"installed. Install it: {install}")
+    return Path(spec.origin).parent
 
 
 def _resolve(taskset_id: str) -> Callable[..., Iterable[Any]]:

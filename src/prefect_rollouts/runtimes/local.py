@@ -36,7 +36,8 @@ class LocalRuntime:
     Args:
         config: ``RuntimeConfig`` with ``type = "local"``.
         network: Overrides ``config.network`` (used for scoring's policy).
-        labels: Recorded as the workspace directory's name prefix hint only (no engine labels here).
+        labels: Accepted for the ``Runtime`` interface and kept on ``self.labels``; a directory has
+            nowhere to carry them (the docker runtime puts them on its containers).
     """
 
     def __init__(self, config: RuntimeConfig, *, network: NetworkPolicy | None = None,
