@@ -77,9 +77,6 @@ class EvalConfig(_Config):
     """Rollouts per shard with ``rollout_granularity = "batch"``."""
     pass_threshold: float = 1.0
     """A rollout passes (for pass@k) when its reward is at least this."""
-    task_run_logs: bool = False
-    """Send each stage task run's INFO log lines to the Prefect API (costs server CPU per task run);
-    warnings and errors are always sent."""
     traces: TracesConfig = TracesConfig()
     env: EnvConfig
 

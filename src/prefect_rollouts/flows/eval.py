@@ -10,16 +10,14 @@ runs only the rollouts of that run that have no durable row.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import datetime as dt
 import hashlib
 import json
-import logging
 import math
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,8 +127,7 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
         flusher = asyncio.create_task(_flush_periodically(run))
         try:
             runner = {"flow": _run_flows, "task": _run_tasks, "batch": _run_batches}[config.rollout_granularity]
-            with _quiet_task_run_logs(not config.task_run_logs):
-                await runner(run, todo, config)
+            await runner(run, todo, config)
         finally:
             flusher.cancel()
             await run.flush()
@@ -151,23 +148,6 @@ async def _create_progress(run: _Run, run_id: str) -> None:
         progress=100.0 * len(run.writer.durable) / max(run.total, 1), key=_artifact_key(run_id, "progress"),
         description=f"Durable rollouts of run {run_id}")
     await run.report(force=True)
-
-
-@contextlib.contextmanager
-def _quiet_task_run_logs(quiet: bool) -> Iterator[None]:
-    """Keep each task run's INFO lines ("Finished in state Completed") out of the API log stream.
-
-    They cost the server about 15 ms CPU per task run on 2 cores (benchmarks/overhead.py);
-    warnings and errors (timeouts, retries, crashes) still go through.
-    """
-    logger = logging.getLogger("prefect.task_runs")
-    previous = logger.level
-    if quiet:
-        logger.setLevel(max(previous, logging.WARNING))
-    try:
-        yield
-    finally:
-        logger.setLevel(previous)
 
 
 async def _flush_periodically(run: _Run) -> None:
