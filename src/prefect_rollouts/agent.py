@@ -65,7 +65,8 @@ class Agent:
                 await server.stop()
 
     async def run(self, task: Task) -> Trace:
-        """Run one rollout to completion: setup, one segment on the task's prompt, finalize, score.
+        """Run one rollout to completion: setup, one segment on the task's prompt and one per
+        ``TaskData.user_turns`` entry, finalize, score.
 
         Returns:
             The finished ``Trace``. Rollout failures (model endpoint, runtime, task code,

@@ -33,14 +33,20 @@ class Orchestrator(Protocol):
 
 
 async def run_rollout(orchestrator: Orchestrator, state: RolloutState) -> Trace:
-    """Setup, one segment on the task's opening messages, finalize and score; teardown always.
+    """Setup, one segment on the task's opening messages and one per ``TaskData.user_turns``
+    entry, finalize and score; teardown always.
 
-    The run stops as ``agent_completed`` unless a limit, deadline or error stopped it first.
+    The run stops as ``agent_completed`` unless a limit, deadline or error stopped it first
+    (remaining user turns are then not sent).
     """
     try:
         await orchestrator.setup(state)
         if not state.stopped:
             await orchestrator.segment(state, stages.opening_messages(state.task))
+            for message in state.task.data.user_turns:
+                if state.stopped:
+                    break
+                await orchestrator.segment(state, stages.user_messages(message))
             state.trace.stop("agent_completed")
         await orchestrator.score(state)
     finally:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -98,13 +99,26 @@ class Segment:
 
 def new_state(config: AgentConfig, task: Task, client: ModelClient, *, agent_info: dict[str, Any],
               labels: dict[str, str] | None = None) -> RolloutState:
-    """Mint the trace and state of one rollout (no I/O)."""
+    """Mint the trace and state of one rollout (no I/O).
+
+    The rollout gets its own shallow copy of ``task``, so ``Task.setup`` may keep per-rollout
+    state on ``self`` (e.g. the live tool objects of a stateful benchmark) while many rollouts
+    of one task run at once.
+    """
+    task = copy.copy(task)
     trace = Trace(task_id=task.id, task_type=type(task).__name__, model=config.model, agent=agent_info)
     if task.data.info:
         trace.info["task"] = dict(task.data.info)
     return RolloutState(config=config, task=task, client=client, trace=trace,
                         harness=make_harness(config.harness), labels={**(labels or {}), "rollout_id": trace.id},
                         scoring=effective_scoring(config.scoring, task.data.scoring))
+
+
+def user_messages(message: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A user turn as wire messages: a string is one user message, a list is copied."""
+    if isinstance(message, str):
+        return [{"role": "user", "content": message}]
+    return [dict(m) for m in message]
 
 
 def opening_messages(task: Task) -> list[dict[str, Any]]:

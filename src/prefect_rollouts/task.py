@@ -41,6 +41,10 @@ class TaskData(BaseModel):
     """Durable task id; default: the first 16 hex digits of the sha256 of the data's JSON."""
     prompt: str | Messages | None = None
     """The opening user message (or messages); None = the user opens through an interaction."""
+    user_turns: list[str | Messages] = []
+    """Further user messages of a multi-turn task. ``Agent.run`` and evals send each as one more
+    turn after the prompt's, as ``Interaction.turn(message)`` would, until the run stops; in an
+    interaction the caller drives the turns and this list is not used."""
     system_prompt: str | None = None
     answer: Any = None
     """Reference answer, for rewards and judges."""

@@ -321,3 +321,49 @@ async def test_cancellation_still_tears_down_the_workspace(openai_server, agent_
         with pytest.raises(asyncio.CancelledError):
             await job
     assert seen and not seen[0].exists()
+
+
+class Counter(vf.Task):
+    """A stateful tool kept on the task: each rollout must get its own count."""
+
+    async def setup(self, runtime):
+        self.count = 0
+
+    def tools(self):
+        def bump() -> int:
+            """Add one to the counter and return it."""
+            self.count += 1
+            return self.count
+        return [bump]
+
+    @vf.metric
+    def count_at_end(self):
+        return self.count
+
+
+async def test_user_turns_each_run_as_one_more_segment(openai_server, agent_config):
+    openai_server.play([tool_call("bump"), reply("one"), reply("noted"), tool_call("bump"), reply("two")])
+    task = Counter(vf.TaskData(prompt="bump", user_turns=["say noted", [{"role": "user", "content": "bump again"}]]))
+    async with vf.make_agent(agent_config(harness="tools")) as agent:
+        trace = await agent.run(task)
+    assert [s.index for s in trace.segments] == [0, 1, 2] and trace.stop_condition == "agent_completed"
+    assert [m["content"] for m in trace.messages if m["role"] == "user"] == ["bump", "say noted", "bump again"]
+    assert [(c.segment, c.output) for c in trace.tool_calls] == [(0, "1"), (2, "2")]
+    assert trace.metrics == {"count_at_end": 2.0} and not hasattr(task, "count")
+
+
+async def test_a_stopped_run_sends_no_further_user_turns(openai_server, agent_config):
+    openai_server.play([tool_call("bump"), tool_call("bump")])
+    task = Counter(vf.TaskData(prompt="bump", user_turns=["again", "and again"]))
+    async with vf.make_agent(agent_config(harness="tools", max_turns=2)) as agent:
+        trace = await agent.run(task)
+    assert trace.stop_condition == "max_turns" and len(trace.segments) == 1 and len(openai_server.requests) == 2
+
+
+async def test_concurrent_rollouts_of_one_task_keep_their_own_task_state(openai_server, agent_config):
+    openai_server.default = lambda request: (reply("done") if request.messages[-1]["role"] == "tool"
+                                             else tool_call("bump"))
+    task = Counter(vf.TaskData(prompt="bump"))
+    async with vf.make_agent(agent_config(harness="tools")) as agent:
+        traces = await asyncio.gather(*(agent.run(task) for _ in range(4)))
+    assert [t.metrics["count_at_end"] for t in traces] == [1.0] * 4
