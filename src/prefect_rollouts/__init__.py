@@ -5,8 +5,12 @@ from prefect_rollouts.config import (
     AgentConfig,
     ClientConfig,
     HarnessConfig,
+    JudgeConfig,
     NetworkPolicy,
+    ReferenceJudgeConfig,
     RetryConfig,
+    RubricCriterion,
+    RubricJudgeConfig,
     RuntimeConfig,
     SamplingConfig,
     ScoringConfig,
@@ -17,6 +21,7 @@ from prefect_rollouts.config import (
 from prefect_rollouts.errors import (
     ConfigError,
     InfrastructureError,
+    JudgeError,
     ProviderError,
     RolloutsError,
     RuntimeUnavailableError,
@@ -25,6 +30,7 @@ from prefect_rollouts.errors import (
     TaskError,
 )
 from prefect_rollouts.runtimes import ExecResult
+from prefect_rollouts.scoring.judges import Judge
 from prefect_rollouts.stages import Segment
 from prefect_rollouts.task import Task, TaskData, metric, reward
 from prefect_rollouts.trace import Receipt, Trace
@@ -38,11 +44,17 @@ __all__ = [
     "HarnessConfig",
     "InfrastructureError",
     "Interaction",
+    "Judge",
+    "JudgeConfig",
+    "JudgeError",
     "NetworkPolicy",
     "ProviderError",
     "Receipt",
+    "ReferenceJudgeConfig",
     "RetryConfig",
     "RolloutsError",
+    "RubricCriterion",
+    "RubricJudgeConfig",
     "RuntimeConfig",
     "RuntimeUnavailableError",
     "SamplingConfig",

@@ -18,7 +18,8 @@ from prefect_rollouts.config import AgentConfig
 from prefect_rollouts.engine import InlineOrchestrator, Orchestrator, run_rollout
 from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.model import ModelClient
-from prefect_rollouts.model.local import is_local
+from prefect_rollouts.model.open import open_client as open_model_client
+from prefect_rollouts.scoring.judges import JudgeClients, client_key
 from prefect_rollouts.scoring.env import is_template
 from prefect_rollouts.stages import RolloutState, Segment, new_state, opening_messages
 from prefect_rollouts.task import Task
@@ -47,22 +48,29 @@ class Agent:
         self.info = redacted_config(config)
         self._client: ModelClient | None = None
         self._server: Any = None
+        self._judges: JudgeClients | None = None
 
     async def __aenter__(self) -> Agent:
         if self._client is not None:
             raise RuntimeError("this Agent is already open; enter it once")
         self._client, self._server = await open_client(self.config)
+        self._judges = JudgeClients({client_key(self.config.model, self.config.client): self._client})
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
         client, self._client = self._client, None
         server, self._server = self._server, None
+        judges, self._judges = self._judges, None
         try:
-            if client is not None:
-                await client.aclose()
+            if judges is not None:
+                await judges.aclose()
         finally:
-            if server is not None:
-                await server.stop()
+            try:
+                if client is not None:
+                    await client.aclose()
+            finally:
+                if server is not None:
+                    await server.stop()
 
     async def run(self, task: Task) -> Trace:
         """Run one rollout to completion: setup, one segment on the task's prompt and one per
@@ -79,7 +87,7 @@ class Agent:
             raise ConfigError(f"TaskData.prompt = None (task {task.id!r}): run() needs a prompt. "
                               "Set a prompt, or drive the task with agent.interaction(task)")
         async with self._borrow_client() as client:
-            state = new_state(self.config, task, client, agent_info=self.info)
+            state = new_state(self.config, task, client, agent_info=self.info, judge_clients=self._judges)
             if self.config.orchestrator == "prefect":
                 from prefect_rollouts.flows.rollout import run_rollout_flow  # Prefect loads only here
 
@@ -96,7 +104,7 @@ class Agent:
 
     def new_rollout(self, task: Task, client: ModelClient, labels: dict[str, str] | None = None) -> RolloutState:
         """The state of a new rollout of ``task`` on ``client`` (for orchestrators such as ``eval_flow``)."""
-        return new_state(self.config, task, client, agent_info=self.info, labels=labels)
+        return new_state(self.config, task, client, agent_info=self.info, labels=labels, judge_clients=self._judges)
 
     @property
     def client(self) -> ModelClient:
@@ -161,7 +169,8 @@ class Interaction:
             raise RuntimeError("an Interaction runs one rollout; call agent.interaction(task) again for another")
         self._client_cm = self.agent._borrow_client()
         client = await self._client_cm.__aenter__()
-        self.state = new_state(self.agent.config, self.task, client, agent_info=self.agent.info)
+        self.state = new_state(self.agent.config, self.task, client, agent_info=self.agent.info,
+                               judge_clients=self.agent._judges)
         try:
             await self._orchestrator.setup(self.state)
         except BaseException:
@@ -333,42 +342,22 @@ class Interaction:
 
 
 async def open_client(config: AgentConfig) -> tuple[ModelClient, Any]:
-    """The model client of ``config`` and the local model server it needs (or None).
-
-    ``local/...`` models start a llama.cpp server (``model/local.py``); a ``ModelEndpoint``
-    block named by ``client.endpoint`` is loaded here (that imports Prefect).
-    """
-    client_config = config.client
-    server = None
-    if is_local(config.model):
-        from prefect_rollouts.model.local import LocalModelServer
-
-        server = LocalModelServer(config.model)
-        base_url = await server.start()
-        client_config = client_config.model_copy(update={"base_url": base_url, "api_key_env": None, "endpoint": None})
-    try:
-        if client_config.endpoint is None:
-            return ModelClient(client_config), server
-        from prefect_rollouts.blocks import resolve_client
-
-        resolved, key = await resolve_client(client_config)
-        return ModelClient(resolved, api_key=key), server
-    except BaseException:
-        if server is not None:
-            await server.stop()
-        raise
+    """The model client of ``config`` and the local model server it needs (or None); see
+    ``model.open.open_client``."""
+    return await open_model_client(config.model, config.client)
 
 
 def redacted_config(config: AgentConfig) -> dict[str, Any]:
-    """``config`` as a JSON dict with what may be a secret replaced by ``"***"``: header values,
-    a password in ``base_url``, and environment values (``runtime.env``, ``scoring.env``,
-    ``scoring.runtime.env``) that are not pure ``${VAR}`` templates."""
+    """``config`` as a JSON dict with what may be a secret replaced by ``"***"``: header values
+    and a password in ``base_url`` (of the agent's client and every judge's), and environment
+    values (``runtime.env``, ``scoring.env``, ``scoring.runtime.env``) that are not pure
+    ``${VAR}`` templates."""
     data = config.model_dump(mode="json")
-    client = data["client"]
-    client["headers"] = {key: "***" for key in client["headers"]}
-    url = httpx.URL(client["base_url"])
-    if url.password or url.username:
-        client["base_url"] = str(url.copy_with(username="***", password=None))
+    for client in [data["client"], *(judge["client"] for judge in data["scoring"]["judges"])]:
+        client["headers"] = {key: "***" for key in client["headers"]}
+        url = httpx.URL(client["base_url"])
+        if url.password or url.username:
+            client["base_url"] = str(url.copy_with(username="***", password=None))
     for table in (data["runtime"], data["scoring"], data["scoring"].get("runtime") or {}):
         if table.get("env"):
             table["env"] = {key: value if is_template(value) else "***" for key, value in table["env"].items()}

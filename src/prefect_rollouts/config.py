@@ -8,11 +8,12 @@ TOML uses the seed's layout: ``[env.agent]`` holds ``AgentConfig``; its sub-tabl
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 
 from prefect_rollouts.errors import ConfigError
 
@@ -161,6 +162,121 @@ class TimeoutConfig(_Config):
     scoring: float | None = Field(None, gt=0)
 
 
+class JudgeConfig(_Config):
+    """A judge: a model of its own that grades the finished trace; one ``[[...scoring.judges]]`` entry.
+
+    ``id`` picks the plugin: ``"reference"`` (``ReferenceJudgeConfig``), ``"rubric"``
+    (``RubricJudgeConfig``) or ``"pkg.module:Class"`` (``PluginJudgeConfig``). The judge's score
+    is recorded as the reward ``name`` (default: ``id``) with ``weight``.
+    """
+
+    id: str
+    name: str | None = None
+    """Reward key of the judge's score; default ``id``. Must not clash with another reward."""
+    weight: float = Field(1.0, ge=0)
+    model: str
+    """The judge's model (``local/smollm2`` and ``local/PATH.gguf`` start a local server)."""
+    client: ClientConfig = ClientConfig()
+    """The judge's own endpoint (``base_url``/``api_key_env`` or a ``ModelEndpoint`` block in
+    ``endpoint``); independent of the agent's."""
+    sampling: SamplingConfig = SamplingConfig(temperature=0.0)
+    prompt: str | None = None
+    """Prompt template replacing the plugin's; ``{field}`` placeholders as the plugin documents."""
+
+    @property
+    def reward_name(self) -> str:
+        """The reward key: ``name`` or else ``id``."""
+        return self.name or self.id
+
+
+class ReferenceJudgeConfig(JudgeConfig):
+    """``id = "reference"``: asks whether the reply matches ``TaskData.answer`` (yes = 1, no = 0).
+
+    A list answer means any of its items is acceptable. An empty reply scores 0 without a call.
+    Template fields: ``{question}``, ``{answer}``, ``{response}``.
+    """
+
+    id: Literal["reference"] = "reference"
+    view: Literal["last_reply", "full_trace"] = "last_reply"
+    """What the judge sees as the response: the last assistant reply or the whole transcript."""
+
+
+class RubricCriterion(_Config):
+    """One rubric criterion; ``choices`` run from worst to best and score evenly from 0 to 1."""
+
+    name: str = Field(min_length=1)
+    text: str = Field(min_length=1)
+    weight: float = Field(1.0, gt=0)
+    choices: list[str] = Field(["no", "yes"], min_length=2)
+
+
+class RubricJudgeConfig(JudgeConfig):
+    """``id = "rubric"``: grades each criterion in one call; each is a metric ``<name>/<criterion>``
+    and the reward is their weighted mean.
+
+    Criteria come inline (``criteria``) or from a TOML/JSON file with a ``criteria`` list
+    (``rubric``). Template fields: ``{question}``, ``{response}``, ``{criteria}``.
+    """
+
+    id: Literal["rubric"] = "rubric"
+    view: Literal["last_reply", "full_trace"] = "full_trace"
+    criteria: list[RubricCriterion] = []
+    rubric: Path | None = None
+    """A TOML or JSON file holding ``criteria = [{name, text, weight, choices}, ...]``."""
+
+    @model_validator(mode="after")
+    def _load_rubric(self) -> RubricJudgeConfig:
+        if self.rubric is not None:
+            loaded = _read_rubric(self.rubric)
+            if self.criteria and self.criteria != loaded:
+                raise ValueError("set criteria or rubric, not both")
+            self.criteria = loaded
+        if not self.criteria:
+            raise ValueError("a rubric judge needs criteria: add criteria = [{name, text}] or rubric = \"file.toml\"")
+        names = [c.name for c in self.criteria]
+        if len(set(names)) != len(names):
+            raise ValueError(f"criterion names must be unique, got {names}")
+        return self
+
+
+class PluginJudgeConfig(JudgeConfig):
+    """``id = "pkg.module:Class"``: a ``Judge`` subclass of your own; ``options`` go to it as they are."""
+
+    options: dict[str, Any] = {}
+
+    @model_validator(mode="after")
+    def _import_path(self) -> PluginJudgeConfig:
+        module, _, attribute = self.id.partition(":")
+        if not module or not attribute:
+            raise ValueError(f'id = {self.id!r}: use "reference", "rubric" or an import path "pkg.module:Class"')
+        return self
+
+
+_JUDGE_TAGS = ("reference", "rubric", "plugin")
+
+
+def _judge_kind(value: Any) -> str:
+    judge_id = value.get("id") if isinstance(value, dict) else getattr(value, "id", None)
+    return judge_id if judge_id in _JUDGE_TAGS[:2] else "plugin"
+
+
+AnyJudgeConfig = Annotated[
+    Annotated[ReferenceJudgeConfig, Tag("reference")] | Annotated[RubricJudgeConfig, Tag("rubric")]
+    | Annotated[PluginJudgeConfig, Tag("plugin")],
+    Discriminator(_judge_kind)]
+
+
+def _read_rubric(path: Path) -> list[RubricCriterion]:
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"rubric = {str(path)!r}: cannot read it ({exc}). Give a TOML or JSON file") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("criteria"), list):
+        raise ValueError(f"rubric = {str(path)!r}: needs a top-level criteria list")
+    return [RubricCriterion.model_validate(c) for c in data["criteria"]]
+
+
 class ScoringConfig(_Config):
     """Where and how task scoring runs.
 
@@ -182,6 +298,15 @@ class ScoringConfig(_Config):
     """Skip task scoring (reward 0) when ``trace.is_truncated``."""
     skip_on_timeout: bool = False
     """Skip task scoring (reward 0) when ``trace.is_timeout``."""
+    judges: list[AnyJudgeConfig] = []
+    """Judges run after the task's metrics and rewards, each recorded as a reward."""
+
+    @model_validator(mode="after")
+    def _unique_judges(self) -> ScoringConfig:
+        names = [judge.reward_name for judge in self.judges]
+        if len(set(names)) != len(names):
+            raise ValueError(f"judges: reward names {names} clash; give each judge its own name")
+        return self
 
 
 class StageRetryConfig(_Config):
@@ -273,7 +398,7 @@ def _read_toml(source: str | Path) -> dict[str, Any]:
     says "not found" rather than "not valid TOML").
     """
     text_like = isinstance(source, str) and ("\n" in source or "=" in source or source.lstrip().startswith("["))
-    path = None if text_like and not Path(source).is_file() else Path(source)
+    path = None if text_like and not _is_file(str(source)) else Path(source)
     try:
         text = path.read_text(encoding="utf-8") if path is not None else str(source)
         return tomllib.loads(text)
@@ -287,13 +412,25 @@ def _read_toml(source: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{_describe(source, path)}: not valid TOML ({exc})") from None
 
 
+def _is_file(name: str) -> bool:
+    try:
+        return Path(name).is_file()
+    except (OSError, ValueError):  # TOML text longer than a file name may be, or holding NUL
+        return False
+
+
 def _describe(source: str | Path, path: Path | None = None) -> str:
     return f"config file {str(path)!r}" if path is not None else "TOML text"
 
 
 def _explain(err: Any, section: str) -> str:
-    loc = [str(p) for p in err["loc"] if not str(p).startswith("function-")]
-    tables = ([section] if section else []) + [p for p in loc[:-1] if not p.isdigit()]
+    loc: list[str] = []
+    for part in err["loc"]:
+        if isinstance(part, int) and loc:
+            loc[-1] += f"[{part}]"      # judges[0]: the first [[...judges]] entry
+        elif not str(part).startswith("function-") and not (loc and loc[-1].endswith("]") and part in _JUDGE_TAGS):
+            loc.append(str(part))
+    tables = ([section] if section else []) + loc[:-1]
     key = loc[-1] if loc else "(table)"
     where = f"[{'.'.join(tables)}] {key}" if tables else key
     if err["type"] == "extra_forbidden":

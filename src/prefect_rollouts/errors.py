@@ -9,6 +9,7 @@ The tree::
     │   ├── RuntimeUnavailableError      a runtime (workspace, engine, namespace) cannot start
     │   └── ProviderError                transport error or non-2xx from the model server; .status_code
     ├── TaskError                        user code (task hook, tool, reward, metric) raised
+    │   └── JudgeError                   a judge could not reach its model or parse its reply
     ├── StageTimeoutError(TimeoutError)  a stage deadline from [env.agent.timeouts] expired
     └── TraceStoreError(OSError)         the Parquet trace dataset cannot be written or read
 
@@ -67,6 +68,17 @@ class ProviderError(InfrastructureError):
 
 class TaskError(RolloutsError):
     """User code of a task raised: a ``setup``/``finalize`` hook, a reward or a metric."""
+
+
+class JudgeError(TaskError):
+    """A judge could not reach its model or parse its reply: a scoring error (reward None), never 0.
+
+    ``status_code`` is the judge endpoint's HTTP status when the call itself failed, else None.
+    """
+
+    def __init__(self, message: str, *, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
 
 
 class StageTimeoutError(RolloutsError, TimeoutError):

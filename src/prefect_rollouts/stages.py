@@ -33,6 +33,7 @@ from prefect_rollouts.trace import SegmentRecord, SendRecord, Trace, last_assist
 
 if TYPE_CHECKING:
     from prefect_rollouts.model import ModelClient
+    from prefect_rollouts.scoring.judges import JudgeClients
 
 #: Errors each stage is retried on (when ``retryable``); everything else is recorded at once.
 RETRY_ON: dict[str, tuple[type[InfrastructureError], ...]] = {
@@ -64,6 +65,8 @@ class RolloutState:
     artifacts: bytes | None = None
     """Archive collected after finalize for isolated scoring."""
     labels: dict[str, str] = field(default_factory=dict)
+    judge_clients: JudgeClients | None = None
+    """The agent's judge clients; None opens them per scoring call."""
 
     @property
     def stopped(self) -> bool:
@@ -98,7 +101,7 @@ class Segment:
 
 
 def new_state(config: AgentConfig, task: Task, client: ModelClient, *, agent_info: dict[str, Any],
-              labels: dict[str, str] | None = None) -> RolloutState:
+              labels: dict[str, str] | None = None, judge_clients: JudgeClients | None = None) -> RolloutState:
     """Mint the trace and state of one rollout (no I/O).
 
     The rollout gets its own shallow copy of ``task``, so ``Task.setup`` may keep per-rollout
@@ -111,7 +114,7 @@ def new_state(config: AgentConfig, task: Task, client: ModelClient, *, agent_inf
         trace.info["task"] = dict(task.data.info)
     return RolloutState(config=config, task=task, client=client, trace=trace,
                         harness=make_harness(config.harness), labels={**(labels or {}), "rollout_id": trace.id},
-                        scoring=effective_scoring(config.scoring, task.data.scoring))
+                        scoring=effective_scoring(config.scoring, task.data.scoring), judge_clients=judge_clients)
 
 
 def user_messages(message: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -270,9 +273,9 @@ async def score(state: RolloutState, *, raise_retryable: bool = False, raise_tim
             if isolated:
                 await _stop_runtime(state)
                 await score_isolated(state.task, state.trace, state.artifacts or b"", state.scoring,
-                                     state.config.runtime, state.labels)
+                                     state.config.runtime, state.labels, state.judge_clients)
             else:
-                await score_shared(state.task, state.trace, state.runtime, state.scoring)
+                await score_shared(state.task, state.trace, state.runtime, state.scoring, state.judge_clients)
     except RETRY_ON["scoring"]:
         state.trace.rewards.clear(), state.trace.metrics.clear(), state.trace.reward_weights.clear()
         raise

@@ -56,6 +56,28 @@ class ModelCall(_Record):
     error: str | None = None
 
 
+class JudgeCall(_Record):
+    """One request of a judge to its model, successful or not."""
+
+    judge: str
+    """The judge's reward name."""
+    model: str
+    started_at: float
+    """Unix time (s) the first attempt started."""
+    latency_ms: float
+    """Wall time of the call including retries, in milliseconds."""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    retries: int = 0
+    status_code: int | None = None
+    reply: str | None = None
+    """The judge model's text, capped at 4,000 characters."""
+    verdict: Any = None
+    """What the judge parsed from the reply (e.g. ``"yes"`` or ``{"criterion": "choice"}``)."""
+    error: str | None = None
+    """Why the call or its parsing failed; the rollout's reward is then None, never 0."""
+
+
 class ToolCall(_Record):
     """One executed tool call."""
 
@@ -135,6 +157,10 @@ class Trace(BaseModel):
     tool_calls: list[ToolCall] = Field(default_factory=list)
     sends: list[SendRecord] = Field(default_factory=list)
     usage: Usage = Field(default_factory=Usage)
+    """Tokens of the agent's model calls."""
+    judge_calls: list[JudgeCall] = Field(default_factory=list)
+    judge_usage: Usage = Field(default_factory=Usage)
+    """Tokens of the judges' calls (not in ``usage``)."""
     rewards: dict[str, float | None] = Field(default_factory=dict)
     reward_weights: dict[str, float] = Field(default_factory=dict)
     metrics: dict[str, float | None] = Field(default_factory=dict)

@@ -2,7 +2,7 @@
 
 Isolated scoring follows the seed: the task's collected artifacts are restored into a fresh
 runtime (``scoring.runtime``, else the agent's runtime config) and the task's metrics and
-rewards run there. The orchestrator retries a retryable infrastructure error with another
+rewards run there. Judges run after them in the orchestrating process in both modes. The orchestrator retries a retryable infrastructure error with another
 call (another fresh runtime), reusing the same submission; nothing is sent to the model again.
 """
 
@@ -14,26 +14,32 @@ from typing import Any
 from prefect_rollouts.config import RuntimeConfig, ScoringConfig
 from prefect_rollouts.runtimes import make_runtime
 from prefect_rollouts.scoring.env import resolve_env
+from prefect_rollouts.scoring.judges import JudgeClients, run_judges
 from prefect_rollouts.scoring.rewards import run_scoring_functions
 from prefect_rollouts.task import Task
 from prefect_rollouts.trace import Trace
 
 
-async def score_shared(task: Task, trace: Trace, runtime: Any, scoring: ScoringConfig) -> None:
-    """Run the task's scoring functions in the agent's runtime with ``scoring.env`` and ``scoring.network``.
+async def score_shared(task: Task, trace: Trace, runtime: Any, scoring: ScoringConfig,
+                       judges: JudgeClients | None = None) -> None:
+    """Run the task's scoring functions in the agent's runtime with ``scoring.env`` and
+    ``scoring.network``, then ``scoring.judges`` (clients from ``judges``).
 
     Raises:
         ScoringEnvError: a ``${VAR}`` in ``scoring.env`` is unset without default.
-        TaskError: a scoring function failed.
+        TaskError: a scoring function failed (``JudgeError``: a judge failed).
     """
     env = resolve_env(scoring.env)
     view = await runtime.scoped(env=env, network=scoring.network) if runtime is not None else None
     await run_scoring_functions(task, trace, view)
+    await run_judges(scoring.judges, task, trace, judges)
 
 
 async def score_isolated(task: Task, trace: Trace, artifacts: bytes, scoring: ScoringConfig,
-                         agent_runtime: RuntimeConfig, labels: dict[str, str] | None = None) -> None:
-    """Restore ``artifacts`` into a fresh runtime and run the task's scoring functions there (one attempt).
+                         agent_runtime: RuntimeConfig, labels: dict[str, str] | None = None,
+                         judges: JudgeClients | None = None) -> None:
+    """Restore ``artifacts`` into a fresh runtime and run the task's scoring functions there (one
+    attempt); then ``scoring.judges``, which need no runtime.
 
     The caller retries per ``scoring.retries`` on a retryable ``InfrastructureError``; each
     call starts its own runtime and stops it on every path. ``trace.info["scoring_attempts"]``
@@ -47,11 +53,12 @@ async def score_isolated(task: Task, trace: Trace, artifacts: bytes, scoring: Sc
             (templated), ``network``.
         agent_runtime: The agent's runtime config.
         labels: Labels for the scoring runtime.
+        judges: Judge clients shared across rollouts (None: opened for this call).
 
     Raises:
         ScoringEnvError: a ``${VAR}`` is unset without default (not retryable).
         InfrastructureError: the scoring runtime failed to start or was lost.
-        TaskError: a scoring function failed (not retryable: the same code would fail again).
+        TaskError: a scoring function or judge failed (not retryable: the same code would fail again).
     """
     env = resolve_env(scoring.env)
     trace.info["scoring_attempts"] = trace.info.get("scoring_attempts", 0) + 1
@@ -63,3 +70,4 @@ async def score_isolated(task: Task, trace: Trace, artifacts: bytes, scoring: Sc
         await run_scoring_functions(task, trace, await runtime.scoped(env=env))
     finally:
         await asyncio.shield(runtime.stop())
+    await run_judges(scoring.judges, task, trace, judges)

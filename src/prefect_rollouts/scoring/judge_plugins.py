@@ -1,0 +1,180 @@
+"""The built-in judges: ``reference`` (matches ``TaskData.answer``?) and ``rubric`` (criteria grades)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from prefect_rollouts.config import ReferenceJudgeConfig, RubricJudgeConfig
+from prefect_rollouts.errors import JudgeError
+from prefect_rollouts.scoring.judges import TOOL_OUTPUT_CAP_CHARS, Judge
+from prefect_rollouts.task import Task
+from prefect_rollouts.trace import Trace
+
+
+class ReferenceJudge(Judge):
+    """Asks whether the response gives the reference answer: ``yes`` scores 1.0, ``no`` 0.0.
+
+    ``TaskData.answer`` is the reference; a list means any item is acceptable. An empty
+    response scores 0 without a call. The reply is parsed leniently: a leading yes/no, a
+    ``verdict: yes`` line, or the only one of the two words in it.
+    """
+
+    config: ReferenceJudgeConfig
+    template = (
+        "You are grading whether a response gives the same answer as a reference answer.\n\n"
+        "Question:\n{question}\n\nReference answer:\n{answer}\n\nResponse:\n{response}\n\n"
+        "Does the response give the reference answer? Wording, formatting and extra explanation do not "
+        "matter; a different, incomplete or missing answer does. Reply with one word: yes or no.")
+
+    async def score(self, task: Task, trace: Trace) -> float:
+        """1.0 when the judge says ``yes``, 0.0 for ``no`` or an empty response.
+
+        Raises:
+            JudgeError: the task has no answer, the call failed or the reply has no verdict.
+        """
+        if task.data.answer is None:
+            raise JudgeError(f"judge {self.name!r}: task {task.id!r} has no TaskData.answer to compare with")
+        response = view(trace, self.config.view)
+        if not response.strip():
+            return 0.0
+        prompt = self.render(question=question_text(task), answer=answer_text(task.data.answer), response=response)
+        return 1.0 if await self.ask(trace, prompt, parse_yes_no) == "yes" else 0.0
+
+
+class RubricJudge(Judge):
+    """Grades every criterion in one call; each criterion is a metric ``<name>/<criterion>`` with
+    score index / (choices - 1), and the reward is their weighted mean.
+
+    The reply must be a JSON object naming every criterion exactly once with one of its
+    choices (case and surrounding space are ignored); anything else is a ``JudgeError``.
+    """
+
+    config: RubricJudgeConfig
+    template = (
+        "You are grading a response against a rubric.\n\nTask:\n{question}\n\nResponse:\n{response}\n\n"
+        "Criteria:\n{criteria}\n\nFor each criterion choose exactly one of its options. Reply with only a "
+        "JSON object that maps each criterion name to the chosen option, like:\n{example}")
+
+    async def score(self, task: Task, trace: Trace) -> float:
+        """The weighted mean of the criteria scores, in [0, 1].
+
+        Raises:
+            JudgeError: the call failed or the reply is not a complete on-menu verdict.
+        """
+        criteria = self.config.criteria
+        for criterion in criteria:
+            trace.metrics[f"{self.name}/{criterion.name}"] = None
+        listing = "\n".join(f"- {c.name}: {c.text} Options: {', '.join(json.dumps(x) for x in c.choices)}"
+                            for c in criteria)
+        example = json.dumps({c.name: f"<one of: {', '.join(c.choices)}>" for c in criteria})
+        prompt = self.render(question=question_text(task), response=view(trace, self.config.view),
+                             criteria=listing, example=example)
+        verdict = await self.ask(trace, prompt, self.parse)
+        total = weight = 0.0
+        for criterion in criteria:
+            value = criterion.choices.index(verdict[criterion.name]) / (len(criterion.choices) - 1)
+            trace.metrics[f"{self.name}/{criterion.name}"] = value
+            total, weight = total + criterion.weight * value, weight + criterion.weight
+        return total / weight
+
+    def parse(self, reply: str) -> dict[str, str]:
+        """``{criterion: choice}`` from the reply's JSON object.
+
+        Raises:
+            ValueError: no JSON object, missing or unknown criteria, or an off-menu choice.
+        """
+        found = _json_object(reply)
+        given = {str(key).strip(): value for key, value in found.items()}
+        names = [c.name for c in self.config.criteria]
+        if set(given) != set(names):
+            raise ValueError(f"verdict names {sorted(given)}, expected exactly {sorted(names)}")
+        verdict = {}
+        for criterion in self.config.criteria:
+            choice = given[criterion.name]
+            menu = {c.lower(): c for c in criterion.choices}
+            if not isinstance(choice, str) or choice.strip().lower() not in menu:
+                raise ValueError(f"{criterion.name} = {choice!r} is not one of {criterion.choices}")
+            verdict[criterion.name] = menu[choice.strip().lower()]
+        return verdict
+
+
+BUILTIN_JUDGES: dict[str, type[Judge]] = {"reference": ReferenceJudge, "rubric": RubricJudge}
+
+
+def parse_yes_no(reply: str) -> str:
+    """``"yes"`` or ``"no"`` from a judge reply.
+
+    Raises:
+        ValueError: neither word is the first, a ``verdict:`` line, or the only one present.
+    """
+    words = re.findall(r"[a-z]+", reply.lower())
+    if words and words[0] in ("yes", "no"):
+        return words[0]
+    marked = re.findall(r"(?:verdict|answer|grade)\W*(yes|no)\b", reply.lower())
+    if marked:
+        return marked[-1]
+    present = {w for w in words if w in ("yes", "no")}
+    if len(present) == 1:
+        return present.pop()
+    raise ValueError(f"expected yes or no, got {reply[:120]!r}")
+
+
+def question_text(task: Task) -> str:
+    """The task's opening user message(s) as text (the system prompt is left out)."""
+    prompt = task.data.prompt
+    if isinstance(prompt, str):
+        return prompt
+    return "\n\n".join(_text(m.get("content")) for m in prompt or [] if m.get("role") == "user")
+
+
+def answer_text(answer: Any) -> str:
+    """The reference answer as text; a list becomes "Any of:" and one item per line."""
+    if isinstance(answer, (list, tuple)):
+        return "Any of:\n" + "\n".join(f"- {_text(item)}" for item in answer)
+    return _text(answer)
+
+
+def view(trace: Trace, kind: str) -> str:
+    """What a judge reads: the last assistant reply, or the transcript after the system prompt
+    (roles, texts, tool calls, and tool results cut to ``TOOL_OUTPUT_CAP_CHARS``)."""
+    if kind == "last_reply":
+        return trace.last_reply
+    lines = []
+    for message in trace.messages:
+        role = message.get("role")
+        if role == "system":
+            continue
+        text = _text(message.get("content"))
+        if role == "tool":
+            text = text if len(text) <= TOOL_OUTPUT_CAP_CHARS else text[:TOOL_OUTPUT_CAP_CHARS] + " [...]"
+        if text:
+            lines.append(f"{role}: {text}")
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") or {}
+            lines.append(f"{role} calls {function.get('name')}({function.get('arguments') or ''})")
+    return "\n".join(lines)
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):  # content parts
+        return "".join(part.get("text", "") for part in value if isinstance(part, dict))
+    return json.dumps(value) if isinstance(value, dict) else str(value)
+
+
+def _json_object(reply: str) -> dict[str, Any]:
+    start, end = reply.find("{"), reply.rfind("}")
+    if start < 0 or end < start:
+        raise ValueError(f"no JSON object in {reply[:120]!r}")
+    try:
+        found = json.loads(reply[start:end + 1])
+    except ValueError as exc:
+        raise ValueError(f"not valid JSON ({exc}) in {reply[:120]!r}") from None
+    if not isinstance(found, dict):
+        raise ValueError(f"expected a JSON object, got {reply[:120]!r}")
+    return found

@@ -1,0 +1,238 @@
+"""Judges: a model of their own grades the finished trace; the grade is recorded as a reward.
+
+A judge runs in the scoring stage after the task's metrics and rewards, in the orchestrating
+process (it needs no runtime), for shared and isolated scoring alike; skip rules skip it too.
+Each request is a ``JudgeCall`` on the trace and its tokens go to ``trace.judge_usage``, even
+when the reply cannot be parsed. A judge that cannot reach its model or parse its reply raises
+``JudgeError``: the rollout's reward is None and the error is on the trace, never a 0.
+
+Plugins subclass ``Judge``: ``[[env.agent.scoring.judges]] id = "pkg.module:Class"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import math
+import re
+import time
+from typing import Any
+
+from prefect_rollouts.config import ClientConfig, JudgeConfig
+from prefect_rollouts.errors import ConfigError, JudgeError, ProviderError, TaskError
+from prefect_rollouts.model.client import ModelClient
+from prefect_rollouts.model.open import open_client
+from prefect_rollouts.task import Task
+from prefect_rollouts.trace import JudgeCall, Trace, last_assistant_text
+
+REPLY_CAP_CHARS = 4_000
+"""Judge replies longer than this are cut on the trace (the parser sees the whole reply)."""
+
+TOOL_OUTPUT_CAP_CHARS = 500
+"""Tool results longer than this are cut in the transcript a judge reads."""
+
+
+class JudgeClients:
+    """Model clients of judges, opened on first use and shared by all rollouts of an agent.
+
+    Judges with the same model and client config share one client. A judge on the agent's own
+    model and client config uses the agent's client (and its local server).
+
+    Args:
+        shared: Clients the registry may hand out but does not close, keyed by
+            ``client_key(model, config)`` (the agent's own).
+    """
+
+    def __init__(self, shared: dict[str, ModelClient] | None = None) -> None:
+        self._shared = dict(shared or {})
+        self._owned: dict[str, tuple[ModelClient, Any]] = {}
+        self._lock = asyncio.Lock()
+
+    async def get(self, config: JudgeConfig) -> ModelClient:
+        """The client of ``config``'s model and endpoint.
+
+        Raises:
+            ConfigError: the endpoint block or local model cannot be loaded.
+            ProviderError: a local model server did not start.
+        """
+        key = client_key(config.model, config.client)
+        async with self._lock:
+            if key in self._shared:
+                return self._shared[key]
+            if key not in self._owned:
+                self._owned[key] = await open_client(config.model, config.client)
+            return self._owned[key][0]
+
+    async def aclose(self) -> None:
+        """Close the clients this registry opened and stop their local servers."""
+        owned, self._owned = self._owned, {}
+        for client, server in owned.values():
+            try:
+                await client.aclose()
+            finally:
+                if server is not None:
+                    await server.stop()
+
+
+def client_key(model: str, config: ClientConfig) -> str:
+    """Registry key of a model on an endpoint config."""
+    return json.dumps([model, config.model_dump(mode="json")], sort_keys=True)
+
+
+class Judge:
+    """Base of judge plugins: renders a prompt, asks the judge model, parses the reply.
+
+    Subclasses set ``template`` and implement ``score``; ``ask`` does the call and its
+    bookkeeping. ``config`` is the plugin's config (``JudgeConfig`` or a subclass).
+
+    Args:
+        config: The judge's config; ``config.prompt`` replaces ``template`` when set.
+        client: The judge model's client.
+    """
+
+    template: str = ""
+
+    def __init__(self, config: JudgeConfig, client: ModelClient) -> None:
+        self.config = config
+        self.client = client
+        self.name = config.reward_name
+
+    def render(self, **fields: str) -> str:
+        """The prompt: ``{field}`` placeholders of the template replaced in one pass; unknown
+        placeholders (and any other braces, e.g. JSON examples) stay as they are."""
+        template = self.config.prompt or self.template
+        return re.sub(r"\{(\w+)\}", lambda m: fields.get(m.group(1), m.group(0)), template)
+
+    async def ask(self, trace: Trace, prompt: str, parse: Any) -> Any:
+        """Send ``prompt`` as one user message, record the call, return ``parse(reply)``.
+
+        ``parse`` raises ``ValueError`` when the reply is not a verdict.
+
+        Raises:
+            JudgeError: the endpoint failed (after the client's retries) or ``parse`` failed;
+                the call is on the trace either way.
+        """
+        body = {"model": self.config.model, "messages": [{"role": "user", "content": prompt}],
+                **sampling_body(self.config)}
+        record = JudgeCall(judge=self.name, model=self.config.model, started_at=time.time(), latency_ms=0.0)
+        trace.judge_calls.append(record)
+        started = time.perf_counter()
+        try:
+            completion = await self.client.complete(body)
+        except ProviderError as exc:
+            record.latency_ms = (time.perf_counter() - started) * 1000
+            record.status_code, record.retries = exc.status_code, getattr(exc, "retries", 0)
+            record.error = str(exc)
+            raise JudgeError(f"judge {self.name!r}: {exc}", status_code=exc.status_code) from None
+        record.latency_ms = (time.perf_counter() - started) * 1000
+        record.status_code, record.retries = completion.status_code, completion.retries
+        record.prompt_tokens, record.completion_tokens = completion.prompt_tokens, completion.completion_tokens
+        trace.judge_usage.add(completion.prompt_tokens, completion.completion_tokens)
+        reply = completion.message.get("content") or ""
+        if not isinstance(reply, str):
+            reply = last_assistant_text([completion.message])
+        record.reply = reply[:REPLY_CAP_CHARS]
+        try:
+            record.verdict = parse(reply)
+        except ValueError as exc:
+            record.error = f"unparseable reply: {exc}"
+            raise JudgeError(f"judge {self.name!r}: cannot parse the reply of {self.config.model!r} ({exc}); "
+                             "a stronger judge model or a clearer prompt may help") from None
+        return record.verdict
+
+    async def score(self, task: Task, trace: Trace) -> float:
+        """The judge's score of ``trace``, a finite number (the reward before ``weight``).
+
+        May record metrics on ``trace`` (``<name>/<key>``). Raises ``JudgeError`` on failure.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement score(task, trace)")
+
+
+def sampling_body(config: JudgeConfig) -> dict[str, Any]:
+    """Request-body keys of the judge's ``sampling`` (tool choice is not sent: judges offer no tools)."""
+    sampling = config.sampling
+    body: dict[str, Any] = {key: value for key in ("temperature", "top_p", "max_tokens", "seed")
+                            if (value := getattr(sampling, key)) is not None}
+    return {**body, **sampling.extra}
+
+
+def load_judge(config: JudgeConfig) -> type[Judge]:
+    """The ``Judge`` class of ``config.id``: a built-in or an imported ``pkg.module:Class``.
+
+    Raises:
+        ConfigError: the import path does not import or is not a ``Judge`` subclass.
+    """
+    from prefect_rollouts.scoring.judge_plugins import BUILTIN_JUDGES
+
+    if config.id in BUILTIN_JUDGES:
+        return BUILTIN_JUDGES[config.id]
+    module_name, _, attribute = config.id.partition(":")
+    try:
+        found = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"[[env.agent.scoring.judges]] id = {config.id!r}: cannot import it ({exc}). "
+                          "Check the module is installed and the class name") from exc
+    if not (isinstance(found, type) and issubclass(found, Judge)):
+        raise ConfigError(f"[[env.agent.scoring.judges]] id = {config.id!r}: not a subclass of "
+                          "prefect_rollouts.scoring.judges.Judge")
+    return found
+
+
+async def run_judges(judges: list[JudgeConfig], task: Task, trace: Trace, clients: JudgeClients | None) -> None:
+    """Run ``judges`` concurrently on the scored ``trace``; record each as a reward and re-total.
+
+    Every judge's reward is first recorded as None. ``trace.reward`` becomes the weighted sum
+    of task rewards and judge rewards once every judge succeeded.
+
+    Args:
+        judges: The effective ``scoring.judges``.
+        task: The task (its ``data.answer`` and prompt feed the reference judge).
+        trace: A trace whose task rewards are recorded.
+        clients: Shared judge clients; None opens clients for this call and closes them after.
+
+    Raises:
+        JudgeError: a judge failed (the first failure; the others still ran and are recorded).
+        TaskError: a judge's name clashes with a task reward.
+        ConfigError: a plugin does not import, or its client cannot be opened.
+    """
+    if not judges:
+        return
+    trace.reward = None
+    for config in judges:
+        if config.reward_name in trace.rewards:
+            raise TaskError(f"judge {config.reward_name!r}: the task has a reward of that name; "
+                            "give the judge another name (name = ...)")
+    for config in judges:
+        trace.rewards[config.reward_name] = None
+        trace.reward_weights[config.reward_name] = config.weight
+    own = clients is None
+    registry = JudgeClients() if clients is None else clients
+    try:
+        results = await asyncio.gather(*(_judge(config, task, trace, registry) for config in judges),
+                                       return_exceptions=True)
+    finally:
+        if own:
+            await registry.aclose()
+    failures = [result for result in results if isinstance(result, BaseException)]
+    if failures:
+        raise failures[0]
+    for config, value in zip(judges, results):
+        trace.rewards[config.reward_name] = value  # type: ignore[assignment]
+    total = float(sum(trace.rewards[name] * trace.reward_weights[name] for name in trace.rewards))  # type: ignore[operator]
+    if not math.isfinite(total):
+        raise TaskError(f"the weighted sum of rewards {trace.rewards} is not finite")
+    trace.reward = total
+
+
+async def _judge(config: JudgeConfig, task: Task, trace: Trace, clients: JudgeClients) -> float:
+    plugin = load_judge(config)
+    try:
+        client = await clients.get(config)
+    except ProviderError as exc:  # a local judge model that did not start
+        raise JudgeError(f"judge {config.reward_name!r}: {exc}", status_code=exc.status_code) from None
+    judge = plugin(config, client)
+    value = await judge.score(task, trace)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise JudgeError(f"judge {config.reward_name!r}: score() returned {value!r}; return a finite number")
+    return float(value)
