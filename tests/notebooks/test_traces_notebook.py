@@ -1,0 +1,222 @@
+"""notebooks/traces.ipynb runs headless (nbclient) on a dataset written by the real TraceWriter."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+from jupyter_client.manager import AsyncKernelManager
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+import prefect_rollouts as vf
+from prefect_rollouts.trace import ErrorRecord, ModelCall
+from prefect_rollouts.traces import TraceWriter
+from prefect_rollouts.traces.schema import ROLLOUTS
+
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+NOTEBOOK = NOTEBOOKS / "traces.ipynb"
+T0 = 1_800_000_000.0
+#: Whether the dataset has judge token columns (the notebook plots them only when it does).
+JUDGE_TOKENS = {"judge_prompt_tokens", "judge_completion_tokens"} <= set(ROLLOUTS.names)
+
+
+class _ThisPython(KernelSpecManager):
+    """Every kernel name resolves to ipykernel on this interpreter (the project's venv), whatever
+    kernelspecs the machine has installed: nothing has to be registered by hand."""
+
+    def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
+        return KernelSpec(argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                          display_name="Python 3", language="python", name=kernel_name)
+
+
+def run_notebook(traces: Path, tmp: Path, run_id: str | None = None) -> nbformat.NotebookNode:
+    """Execute the notebook (cwd = notebooks/) against ``traces``; returns it with outputs."""
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_ROLLOUTS_RUN_ID"}
+    env.update(PREFECT_ROLLOUTS_TRACES=str(traces), IPYTHONDIR=str(tmp / "ipython"),
+               JUPYTER_RUNTIME_DIR=str(tmp / "runtime"))
+    if run_id is not None:
+        env["PREFECT_ROLLOUTS_RUN_ID"] = run_id
+    km = AsyncKernelManager(kernel_name="python3", kernel_spec_manager=_ThisPython())
+    client = NotebookClient(nb, km=km, timeout=120, kernel_name="python3",
+                            resources={"metadata": {"path": str(NOTEBOOKS)}})
+    client.execute(env=env)
+    return nb
+
+
+def call(latency_ms: float, *, prompt: int = 10, completion: int = 5, finish: str | None = "stop",
+         **fields) -> ModelCall:
+    return ModelCall(segment=0, started_at=T0, latency_ms=latency_ms, prompt_tokens=prompt,
+                     completion_tokens=completion, finish_reason=finish, **fields)
+
+
+def trace(task_id: str, reward: float | None, calls: list[ModelCall], *, info: dict | None = None,
+          stop: str = "agent_completed") -> vf.Trace:
+    t = vf.Trace(task_id=task_id, model="m", reward=reward, stop_condition=stop, info=info or {},
+                 model_calls=calls, started_at=T0)
+    for c in calls:
+        t.usage.add(c.prompt_tokens, c.completion_tokens)
+    if reward is not None:
+        t.rewards = {"correct": reward}
+    return t
+
+
+def bfcl(category: str) -> dict:
+    return {"task": {"category": category, "functions": [], "ground_truth": []}}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    """Two runs, two environments; bfcl tasks in two categories, arithmetic tasks without one.
+
+    truncated: simple_python_1 (max_turns) and multiple_1 (finish 'length', scoring skipped);
+    timeout: add-1; skipped: multiple_1; error: add-2; ok: simple_python_0, multiple_0, add-0.
+    """
+    root = tmp_path_factory.mktemp("traces")
+    timed_out = trace("add-1", 0.0, [call(1000)], info={"task": {"a": 1, "b": 2}})
+    timed_out.record_timeout("agent")
+    errored = trace("add-2", None, [call(1500, prompt=0, completion=0, finish=None, retries=2, status_code=503,
+                                         error="ProviderError: 503 endpoint down")],
+                    info={"task": {"a": 2, "b": 2}}, stop="provider_error")
+    errored.errors.append(ErrorRecord(type="ProviderError", message="endpoint down after 3 attempts",
+                                      stage="segment", status_code=503))
+    runs = {
+        ("run-a", "bfcl"): [
+            trace("simple_python_0", 1.0, [call(100), call(300, prompt=20, completion=8)], info=bfcl("simple_python")),
+            trace("simple_python_1", 0.25, [call(200)], info=bfcl("simple_python"), stop="max_turns"),
+            trace("multiple_0", 1.0, [call(400, prompt=30)], info=bfcl("multiple")),
+            trace("multiple_1", 0.0, [call(600, completion=50, finish="length")],
+                  info={**bfcl("multiple"), "scoring_skipped": "truncated"}),
+        ],
+        ("run-b", "arith"): [
+            trace("add-0", 1.0, [call(50)], info={"task": {"a": 0, "b": 1}}),
+            timed_out,
+            errored,
+        ],
+    }
+    if JUDGE_TOKENS:   # multiple_0 was judged
+        runs[("run-a", "bfcl")][2].judge_usage.add(100, 7)
+    for (run_id, environment), traces in runs.items():
+        writer = TraceWriter(root, run_id)
+        for t in traces:
+            writer.add(t, rollout_index=0, environment=environment, config_hash="h", elapsed_s=1.0)
+        assert writer.flush() == len(traces)
+    return root
+
+
+@pytest.fixture(scope="module")
+def executed(dataset, tmp_path_factory) -> dict[str, nbformat.NotebookNode]:
+    nb = run_notebook(dataset, tmp_path_factory.mktemp("kernel"))
+    return {cell.id: cell for cell in nb.cells}
+
+
+def text(cell) -> str:
+    """What a cell printed to stdout or displayed as plain text (figures and kernel stderr left out)."""
+    parts = []
+    for output in cell.get("outputs", []):
+        if output.output_type == "stream" and output.name == "stdout":
+            parts.append(output.text)
+        elif "data" in output and "image/png" not in output.data:
+            parts.append(output.data.get("text/plain", ""))
+    return "\n".join(parts)
+
+
+def header(cell) -> list[str]:
+    """The column names of the first table a cell shows."""
+    return text(cell).split("\n", 1)[0].split()
+
+
+def row(cell, *labels: str) -> list[float]:
+    """The numbers on the line of a printed table whose labels (index values) are ``labels``.
+
+    A leading RangeIndex number is ignored; pass only the labels the line shows (pandas leaves
+    a repeated outer MultiIndex value blank).
+    """
+    for line in text(cell).splitlines():
+        fields = line.split()
+        if fields[:1] and fields[0].isdigit():
+            fields = fields[1:]
+        if fields[:len(labels)] == list(labels):
+            return [float(value) for value in fields[len(labels):]]
+    raise AssertionError(f"no row {labels} in:\n{text(cell)}")
+
+
+def test_committed_notebook_is_clean_nbformat4_on_python3():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    nbformat.validate(nb)
+    assert nb.nbformat == 4 and nb.metadata.kernelspec.name == "python3"
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    assert all(not cell.outputs and cell.execution_count is None for cell in code)
+    assert code[0].metadata.get("tags") == ["parameters"]
+
+
+def test_runs_end_to_end_and_draws_every_plot(executed):
+    errors = [o for cell in executed.values() for o in cell.get("outputs", []) if o.output_type == "error"]
+    assert not errors
+    plots = [cell_id for cell_id, cell in executed.items()
+             if any("image/png" in o.get("data", {}) for o in cell.get("outputs", []))]
+    assert plots == ["reward-by-category", "tokens", "latency", "outcomes"]
+    assert "7 rollouts, 8 model calls" in text(executed["load"])
+
+
+def test_outcome_breakdown_counts_each_flag(executed):
+    cell = executed["outcomes"]
+    assert header(cell) == ["arith", "bfcl", "all"]
+    assert row(cell, "truncated") == [0, 2, 2]
+    assert row(cell, "timeout") == [1, 0, 1]
+    assert row(cell, "skipped") == [0, 1, 1]
+    assert row(cell, "error") == [1, 0, 1]
+    assert row(cell, "ok") == [1, 2, 3]
+    assert "scoring skipped because: truncated (1)" in text(cell)
+    errors = text(executed["errors"])
+    assert re.search(r"arith\s+ProviderError\s+provider_error\s+1\s+endpoint down after 3 attempts", errors)
+    assert re.search(r"arith\s+503\s+1\s+ProviderError: 503 endpoint down", errors)
+
+
+def test_duckdb_groups_by_task_category_from_the_info_json(executed):
+    cell = executed["duckdb"]
+    # rollouts, scored, mean_reward, errored, prompt_tokens, completion_tokens, total_tokens
+    assert row(cell, "run-a", "bfcl", "multiple") == [2, 2, 0.5, 0, 40, 55, 95]
+    assert row(cell, "run-a", "bfcl", "simple_python") == [2, 2, 0.625, 0, 40, 18, 58]
+    assert row(cell, "run-b", "arith", "arith") == [3, 2, 0.5, 1, 20, 10, 30]   # no task category: the environment
+    assert row(executed["duckdb-rewards"], "arith", "correct") == [2, 0.5]
+    assert row(executed["duckdb-rewards"], "bfcl", "correct") == [4, 0.5625]
+
+
+def test_reward_tokens_and_latency_tables(executed):
+    rewards = executed["reward-by-category"]   # rollouts, mean_reward, stderr
+    assert row(rewards, "arith", "arith")[:2] == [2, 0.5]
+    assert row(rewards, "bfcl", "multiple")[:2] == [2, 0.5]
+    assert row(rewards, "simple_python")[:2] == [2, 0.625]
+    tokens = executed["tokens"]
+    judge = ["judge_prompt_tokens", "judge_completion_tokens"] if JUDGE_TOKENS else []
+    assert header(tokens) == ["prompt_tokens", "completion_tokens", *judge, "per_rollout"]
+    bfcl_judge = [100, 7] if JUDGE_TOKENS else []
+    assert row(tokens, "bfcl") == pytest.approx([80, 73, *bfcl_judge, (153 + sum(bfcl_judge)) / 4], abs=0.05)
+    assert row(tokens, "arith") == [20, 10, *[0] * len(judge), 10.0]
+    latency = executed["latency"]   # calls, p50, p95, max, retries, failed
+    assert row(latency, "bfcl", "m") == [5, 300, 560, 600, 0, 0]
+    assert row(latency, "arith", "m") == [3, 1000, 1450, 1500, 2, 1]
+    assert row(latency, "(all)", "(all)")[:2] == [8, 350]
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "unknown run"])
+def test_no_rollouts_stops_at_the_first_data_cell_with_a_clear_message(case, dataset, tmp_path):
+    (tmp_path / "empty" / "rollouts").mkdir(parents=True)
+    traces, run_id = {"missing": (tmp_path / "nowhere", None), "empty": (tmp_path / "empty", None),
+                      "unknown run": (dataset, "run-zzz")}[case]
+    with pytest.raises(CellExecutionError) as caught:
+        run_notebook(traces, tmp_path, run_id=run_id)
+    error = caught.value
+    assert error.ename == "FileNotFoundError"
+    assert error.evalue.startswith(f"No rollouts{' of run ' + repr(run_id) if run_id else ''} "
+                                   f"in the trace dataset at {traces.resolve()} ")
+    assert "`prefect-rollouts eval examples/arithmetic.toml`" in error.evalue
+    if run_id:
+        assert "Runs in this dataset: run-a, run-b." in error.evalue
