@@ -161,7 +161,8 @@ def _print_summary(summary: object) -> None:
     console.print(table)
     wall = getattr(summary, "wall_time_s", None)
     if wall is not None:
-        console.print(f"wall time: {wall:.1f} s, total tokens: {summary.total_tokens}")  # type: ignore[attr-defined]
+        judged = f", judge tokens: {summary.judge_tokens}" if summary.judge_tokens else ""  # type: ignore[attr-defined]
+        console.print(f"wall time: {wall:.1f} s, total tokens: {summary.total_tokens}{judged}")  # type: ignore[attr-defined]
 
 
 def _ui_url() -> str:

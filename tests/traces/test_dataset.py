@@ -119,7 +119,9 @@ def test_summary_excludes_errors_from_means_and_counts_outcomes(tmp_path):
     skipped = make_trace("t3", 0.0, info={"scoring_skipped": "truncated"})
     skipped.stop_condition = "max_turns"
     add(writer, skipped, 0)
-    add(writer, make_trace("t3", 1.0), 1)
+    judged = make_trace("t3", 1.0)
+    judged.judge_usage.add(30, 2)
+    add(writer, judged, 1)
     writer.flush()
     summary = summarize(read_rollouts(tmp_path), run_id="r1", rollouts_per_task=2)
     env = summary.environments[0]
@@ -130,4 +132,5 @@ def test_summary_excludes_errors_from_means_and_counts_outcomes(tmp_path):
     assert env.pass_at_k[1] == pytest.approx((0.5 + 0.0 + 0.5) / 3)
     assert env.pass_at_k[2] == pytest.approx((1.0 + 1.0) / 2)      # t2 has fewer than 2 scored rollouts
     assert env.total_tokens == 6 * 7 and summary.errored == 1
-    assert summary.table()[0]["pass@2"] == 1.0
+    assert env.judge_tokens == summary.judge_tokens == 32                # apart from the agent's tokens
+    assert summary.table()[0]["pass@2"] == 1.0 and summary.table()[0]["judge_tokens"] == 32

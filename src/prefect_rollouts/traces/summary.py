@@ -11,7 +11,8 @@ from pydantic import BaseModel
 
 #: The ``rollouts`` columns ``summarize`` needs (readers can skip the large JSON columns).
 SUMMARY_COLUMNS = ["run_id", "task_id", "rollout_index", "environment", "reward", "is_truncated", "is_timeout",
-                   "scoring_skipped", "is_error", "total_tokens"]
+                   "scoring_skipped", "is_error", "total_tokens", "judge_prompt_tokens",
+                   "judge_completion_tokens"]
 
 
 class EnvironmentSummary(BaseModel):
@@ -32,6 +33,9 @@ class EnvironmentSummary(BaseModel):
     skipped: int
     errored: int
     total_tokens: int
+    """Tokens of the agent's model calls."""
+    judge_tokens: int = 0
+    """Tokens of the judges' calls (prompt + completion)."""
 
 
 class EvalSummary(BaseModel):
@@ -42,6 +46,7 @@ class EvalSummary(BaseModel):
     rollouts: int
     errored: int
     total_tokens: int
+    judge_tokens: int = 0
     wall_time_s: float | None = None
 
     def table(self) -> list[dict[str, Any]]:
@@ -53,7 +58,7 @@ class EvalSummary(BaseModel):
                 "mean_reward": _round(env.mean_reward), "stderr": _round(env.stderr)}
             row.update({f"pass@{k}": _round(v) for k, v in env.pass_at_k.items()})
             row.update(truncated=env.truncated, timed_out=env.timed_out, skipped=env.skipped,
-                       errored=env.errored, total_tokens=env.total_tokens)
+                       errored=env.errored, total_tokens=env.total_tokens, judge_tokens=env.judge_tokens)
             rows.append(row)
         return rows
 
@@ -104,10 +109,16 @@ def summarize(rows: pd.DataFrame, *, run_id: str, rollouts_per_task: int | None 
             stderr=float(rewards.std(ddof=1) / math.sqrt(len(rewards))) if len(rewards) > 1 else None,
             pass_at_k=passes, truncated=int(group["is_truncated"].sum()), timed_out=int(group["is_timeout"].sum()),
             skipped=int(group["scoring_skipped"].notna().sum()), errored=int(group["is_error"].sum()),
-            total_tokens=int(group["total_tokens"].sum())))
+            total_tokens=int(group["total_tokens"].sum()), judge_tokens=_judge_tokens(group)))
     return EvalSummary(run_id=run_id, environments=environments, rollouts=len(rows),
                        errored=int(rows["is_error"].sum()) if len(rows) else 0,
-                       total_tokens=int(rows["total_tokens"].sum()) if len(rows) else 0, wall_time_s=wall_time_s)
+                       total_tokens=int(rows["total_tokens"].sum()) if len(rows) else 0,
+                       judge_tokens=_judge_tokens(rows), wall_time_s=wall_time_s)
+
+
+def _judge_tokens(rows: pd.DataFrame) -> int:
+    """Judge tokens of ``rows``; rows written before judges existed hold none."""
+    return int(sum(rows[c].fillna(0).sum() for c in ("judge_prompt_tokens", "judge_completion_tokens") if c in rows))
 
 
 def _round(value: float | None) -> float | None:
