@@ -28,14 +28,19 @@ class HumanEvalTask(Task):
     """One problem; ``info`` holds ``prompt``, ``entry_point``, ``test`` and ``timeout_s``."""
 
     def program(self, reply: str) -> str:
-        """The code to test: the reply's last fenced block (or the reply), after the prompt when
-        the reply does not define the entry point itself."""
+        """The code to test: the problem's prompt, then the reply's last fenced block (or the reply).
+
+        A reply that only continues the function body is appended to the prompt directly. A reply
+        that defines the entry point itself follows the prompt as a new block: its ``def`` replaces
+        the prompt's stub (a docstring-only function), and the prompt's imports and helper
+        functions stay defined, as a model that repeats the signature expects.
+        """
         blocks = _FENCE.findall(reply)
         code = blocks[-1] if blocks else reply
         info = self.data.info
-        if not re.search(rf"^\s*def\s+{re.escape(info['entry_point'])}\s*\(", code, re.MULTILINE):
-            code = info["prompt"] + code
-        return code
+        if re.search(rf"^\s*def\s+{re.escape(info['entry_point'])}\s*\(", code, re.MULTILINE):
+            return f"{info['prompt']}\n\n{code}"
+        return info["prompt"] + code
 
     async def finalize(self, trace: Trace, runtime: Any) -> None:
         """Write the program to ``solution.py`` (the artifact isolated scoring restores)."""
