@@ -19,7 +19,7 @@ from prefect_rollouts.engine import InlineOrchestrator, Orchestrator, run_rollou
 from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.model import ModelClient
 from prefect_rollouts.model.open import open_client as open_model_client
-from prefect_rollouts.scoring.judges import JudgeClients, client_key
+from prefect_rollouts.scoring.judges import JudgeClients, client_key, open_judges
 from prefect_rollouts.scoring.env import is_template
 from prefect_rollouts.stages import RolloutState, Segment, new_state, opening_messages
 from prefect_rollouts.task import Task
@@ -53,24 +53,26 @@ class Agent:
     async def __aenter__(self) -> Agent:
         if self._client is not None:
             raise RuntimeError("this Agent is already open; enter it once")
-        self._client, self._server = await open_client(self.config)
-        self._judges = JudgeClients({client_key(self.config.model, self.config.client): self._client})
+        self._client, self._server, self._judges = await self._open()
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        client, self._client = self._client, None
-        server, self._server = self._server, None
-        judges, self._judges = self._judges, None
+        opened = self._client, self._server, self._judges
+        self._client = self._server = self._judges = None
+        await _close(*opened)
+
+    async def _open(self) -> tuple[ModelClient, Any, JudgeClients]:
+        """The model client, its local server (or None) and the judge clients. The agent's own
+        judges are imported and opened here, so a bad judge fails before any rollout runs."""
+        client, server = await open_client(self.config)
+        judges = JudgeClients({client_key(self.config.model, self.config.client): client},
+                              default_client=self.config.client)
         try:
-            if judges is not None:
-                await judges.aclose()
-        finally:
-            try:
-                if client is not None:
-                    await client.aclose()
-            finally:
-                if server is not None:
-                    await server.stop()
+            await open_judges(self.config.scoring.judges, judges)
+        except BaseException:
+            await _close(client, server, judges)
+            raise
+        return client, server, judges
 
     async def run(self, task: Task) -> Trace:
         """Run one rollout to completion: setup, one segment on the task's prompt and one per
@@ -86,8 +88,8 @@ class Agent:
         if task.data.prompt is None:
             raise ConfigError(f"TaskData.prompt = None (task {task.id!r}): run() needs a prompt. "
                               "Set a prompt, or drive the task with agent.interaction(task)")
-        async with self._borrow_client() as client:
-            state = new_state(self.config, task, client, agent_info=self.info, judge_clients=self._judges)
+        async with self._borrow_client() as (client, judges):
+            state = new_state(self.config, task, client, agent_info=self.info, judge_clients=judges)
             if self.config.orchestrator == "prefect":
                 from prefect_rollouts.flows.rollout import run_rollout_flow  # Prefect loads only here
 
@@ -123,14 +125,27 @@ class Agent:
 
     @contextlib.asynccontextmanager
     async def _borrow_client(self) -> Any:
+        """``(client, judge clients)``: the agent's, or for an un-entered agent a set for this rollout only."""
         if self._client is not None:
-            yield self._client
+            yield self._client, self._judges
             return
-        client, server = await open_client(self.config)  # un-entered agent: a pool for this rollout only
+        client, server, judges = await self._open()
         try:
-            yield client
+            yield client, judges
         finally:
-            await client.aclose()
+            await _close(client, server, judges)
+
+
+async def _close(client: ModelClient | None, server: Any, judges: JudgeClients | None) -> None:
+    """Close judge clients, then the model client, then stop the local server; each on every path."""
+    try:
+        if judges is not None:
+            await judges.aclose()
+    finally:
+        try:
+            if client is not None:
+                await client.aclose()
+        finally:
             if server is not None:
                 await server.stop()
 
@@ -168,9 +183,9 @@ class Interaction:
         if self.state is not None:
             raise RuntimeError("an Interaction runs one rollout; call agent.interaction(task) again for another")
         self._client_cm = self.agent._borrow_client()
-        client = await self._client_cm.__aenter__()
+        client, judges = await self._client_cm.__aenter__()
         self.state = new_state(self.agent.config, self.task, client, agent_info=self.agent.info,
-                               judge_clients=self.agent._judges)
+                               judge_clients=judges)
         try:
             await self._orchestrator.setup(self.state)
         except BaseException:

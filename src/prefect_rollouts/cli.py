@@ -35,7 +35,7 @@ def eval_command(
     try:
         eval_config = load_eval_config(config, set_ or [])
     except ConfigError as exc:
-        console.print(f"[red]config error:[/red] {exc}")
+        _error("config error: ", exc)
         raise typer.Exit(2) from None
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     from prefect_rollouts.flows.eval import eval_flow, progress_listener
@@ -50,7 +50,7 @@ def eval_command(
         try:
             summary = asyncio.run(eval_flow(eval_config, resume=resume, run_id=run_id))
         except ConfigError as exc:
-            console.print(f"[red]config error:[/red] {exc}")
+            _error("config error: ", exc)
             raise typer.Exit(2) from None
     _print_summary(summary)
     root = eval_config.traces.store and f"TraceStore block {eval_config.traces.store!r}" or eval_config.traces.path
@@ -70,7 +70,7 @@ def traces_summary(
     try:
         rows = read_rollouts(path, **({"run_id": run_id} if run_id else {}))
     except TraceStoreError as exc:
-        console.print(f"[red]{exc}[/red]")
+        _error("", exc)
         raise typer.Exit(1) from None
     if rows.empty:
         console.print(f"no rollouts in {path}" + (f" for run {run_id}" if run_id else ""))
@@ -112,7 +112,7 @@ def sandbox_build(
     try:
         image_id = build_sandbox_image(tag, offline=offline)
     except RuntimeUnavailableError as exc:
-        console.print(f"[red]{exc}[/red]")
+        _error("", exc)
         raise typer.Exit(1) from None
     console.print(f"built {tag} ({image_id[:19]})")
 
@@ -146,6 +146,11 @@ def server_stop(
 
     localserver.stop(home)
     console.print("stopped")
+
+
+def _error(prefix: str, exc: BaseException) -> None:
+    """Print an error in red; its text is not markup (``[env.agent] key`` must print as written)."""
+    console.print(f"{prefix}{exc}", style="red", markup=False, highlight=False)
 
 
 def _print_summary(summary: object) -> None:

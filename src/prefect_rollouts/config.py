@@ -13,7 +13,17 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    SecretStr,
+    Tag,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
 
 from prefect_rollouts.errors import ConfigError
 
@@ -47,11 +57,17 @@ class ClientConfig(_Config):
 
     base_url: str = "http://127.0.0.1:8000/v1"
     """Endpoint root; requests go to ``{base_url}/chat/completions``. Usually ends in ``/v1``."""
-    api_key_env: str | None = "OPENAI_API_KEY"
+    api_key_env: str | None = Field("OPENAI_API_KEY", pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$")
     """Name of the environment variable holding the API key, read at each request. None or ``""``:
     a keyless server. A named variable that is unset sends no auth header and logs a warning once."""
-    headers: dict[str, str] = {}
-    """Extra HTTP headers. Their values are redacted from traces."""
+    headers: dict[str, SecretStr] = {}
+    """Extra HTTP headers. Their values are secrets: never in traces, Parquet, logs or Prefect
+    flow-run parameters (which show ``**********``). A deployment therefore cannot carry them
+    as parameters: put them in a ``ModelEndpoint`` block (``endpoint``)."""
+
+    def header_values(self) -> dict[str, str]:
+        """``headers`` with their secret values, for the HTTP client."""
+        return {key: value.get_secret_value() for key, value in self.headers.items()}
     endpoint: str | None = None
     """Name of a ``ModelEndpoint`` Prefect block supplying ``base_url``, the API key and headers
     (fields set here win); the key then comes from the block, not ``api_key_env``."""
@@ -174,7 +190,7 @@ class JudgeConfig(_Config):
     name: str | None = None
     """Reward key of the judge's score; default ``id``. Must not clash with another reward."""
     weight: float = Field(1.0, ge=0)
-    model: str
+    model: str = Field(min_length=1)
     """The judge's model (``local/smollm2`` and ``local/PATH.gguf`` start a local server)."""
     client: ClientConfig = ClientConfig()
     """The judge's own endpoint (``base_url``/``api_key_env`` or a ``ModelEndpoint`` block in
@@ -204,10 +220,18 @@ class ReferenceJudgeConfig(JudgeConfig):
 class RubricCriterion(_Config):
     """One rubric criterion; ``choices`` run from worst to best and score evenly from 0 to 1."""
 
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, pattern=r"^\S(.*\S)?$")
+    """The criterion's key in the verdict (no leading or trailing space)."""
     text: str = Field(min_length=1)
     weight: float = Field(1.0, gt=0)
     choices: list[str] = Field(["no", "yes"], min_length=2)
+
+    @model_validator(mode="after")
+    def _distinct_choices(self) -> RubricCriterion:
+        folded = [choice.strip().lower() for choice in self.choices]
+        if len(set(folded)) != len(folded) or "" in folded:
+            raise ValueError(f"choices = {self.choices}: need distinct, non-empty options (case is ignored)")
+        return self
 
 
 class RubricJudgeConfig(JudgeConfig):
@@ -221,16 +245,24 @@ class RubricJudgeConfig(JudgeConfig):
     id: Literal["rubric"] = "rubric"
     view: Literal["last_reply", "full_trace"] = "full_trace"
     criteria: list[RubricCriterion] = []
-    rubric: Path | None = None
-    """A TOML or JSON file holding ``criteria = [{name, text, weight, choices}, ...]``."""
+    rubric: Path | None = Field(None, exclude=True)
+    """A TOML or JSON file holding ``criteria = [{name, text, weight, choices}, ...]``; a relative
+    path is relative to the config file. Read once, into ``criteria`` (which is what a dump keeps)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _criteria_or_rubric(cls, value: Any) -> Any:
+        if isinstance(value, dict) and value.get("criteria") and value.get("rubric"):
+            raise ValueError("set criteria or rubric, not both")
+        return value
 
     @model_validator(mode="after")
-    def _load_rubric(self) -> RubricJudgeConfig:
-        if self.rubric is not None:
-            loaded = _read_rubric(self.rubric)
-            if self.criteria and self.criteria != loaded:
-                raise ValueError("set criteria or rubric, not both")
-            self.criteria = loaded
+    def _load_rubric(self, info: ValidationInfo) -> RubricJudgeConfig:
+        if self.rubric is not None and not self.criteria:  # once: later copies carry the criteria
+            base = (info.context or {}).get("config_dir")
+            if base is not None and not self.rubric.is_absolute():
+                self.rubric = Path(base) / self.rubric
+            self.criteria = _read_rubric(self.rubric)
         if not self.criteria:
             raise ValueError("a rubric judge needs criteria: add criteria = [{name, text}] or rubric = \"file.toml\"")
         names = [c.name for c in self.criteria]
@@ -274,7 +306,14 @@ def _read_rubric(path: Path) -> list[RubricCriterion]:
         raise ValueError(f"rubric = {str(path)!r}: cannot read it ({exc}). Give a TOML or JSON file") from exc
     if not isinstance(data, dict) or not isinstance(data.get("criteria"), list):
         raise ValueError(f"rubric = {str(path)!r}: needs a top-level criteria list")
-    return [RubricCriterion.model_validate(c) for c in data["criteria"]]
+    criteria = []
+    for index, criterion in enumerate(data["criteria"]):
+        try:
+            criteria.append(RubricCriterion.model_validate(criterion))
+        except ValidationError as exc:
+            problems = "; ".join(_explain(err, "") for err in exc.errors())
+            raise ValueError(f"rubric = {str(path)!r}: criteria[{index}] is invalid ({problems})") from None
+    return criteria
 
 
 class ScoringConfig(_Config):
@@ -380,13 +419,17 @@ def load_config(source: str | Path, *, section: str = "env.agent") -> AgentConfi
             raise ConfigError(f"[{section}]: table not found in the config. "
                               f"Add a [{section}] table with at least model = \"...\"")
         table = table[part]
-    return validate_config(AgentConfig, table, section)
+    return validate_config(AgentConfig, table, section, config_dir(source))
 
 
-def validate_config(model: type[BaseModel], data: Any, section: str) -> Any:
-    """Validate ``data`` as ``model``, turning pydantic errors into a ``ConfigError`` naming ``[section] key``."""
+def validate_config(model: type[BaseModel], data: Any, section: str, config_dir: Path | None = None) -> Any:
+    """Validate ``data`` as ``model``, turning pydantic errors into a ``ConfigError`` naming ``[section] key``.
+
+    ``config_dir``: the directory of the config file; relative paths in it (e.g. ``rubric``) are
+    relative to it. None: relative to the working directory.
+    """
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context={"config_dir": config_dir} if config_dir else None)
     except ValidationError as exc:
         raise ConfigError("\n".join(_explain(err, section) for err in exc.errors())) from None
 
@@ -410,6 +453,13 @@ def _read_toml(source: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {str(path)!r}: not UTF-8 text ({exc.reason}). Save it as UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{_describe(source, path)}: not valid TOML ({exc})") from None
+
+
+def config_dir(source: str | Path) -> Path | None:
+    """The directory of the config file ``source`` names; None for TOML text."""
+    if isinstance(source, Path) or _is_file(str(source)):
+        return Path(source).resolve().parent
+    return None
 
 
 def _is_file(name: str) -> bool:

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from prefect_rollouts.config import AgentConfig, _Config, _read_toml, validate_config
+from prefect_rollouts.config import AgentConfig, _Config, _read_toml, config_dir, validate_config
 from prefect_rollouts.errors import ConfigError
 
 
@@ -100,7 +100,7 @@ def load_eval_config(source: str | Path, overrides: list[str] | None = None) -> 
         if not sep or not key.strip():
             raise ConfigError(f"--set {item!r}: expected dotted.key=value, e.g. --set env.agent.max_turns=4")
         _assign(data, key.strip().split("."), _parse_value(raw.strip()))
-    return validate_config(EvalConfig, data, "")
+    return validate_config(EvalConfig, data, "", config_dir(source))
 
 
 def _parse_value(raw: str) -> Any:

@@ -205,11 +205,136 @@ async def test_a_plugin_judge_by_import_path(openai_server, judged):
     assert trace.rewards["rating"] == 0.7 and judge_requests(openai_server)[0].messages[0]["content"] == "Rate Paris from 0 to 10."
 
 
-async def test_a_plugin_that_is_not_a_judge_is_a_config_error(openai_server, judged):
-    openai_server.play([reply("Paris")])
-    async with vf.make_agent(judged({"id": "tests.core.test_judges:Capital"})) as agent:
+async def test_a_bad_plugin_fails_when_the_agent_opens_before_any_rollout(openai_server, judged):
+    with pytest.raises(vf.ConfigError, match="not a subclass"):
+        async with vf.make_agent(judged({"id": "tests.core.test_judges:Capital"})):
+            pass
+    with pytest.raises(vf.ConfigError, match="cannot import it"):
+        async with vf.make_agent(judged({"id": "tests.core.no_such_module:Judge"})):
+            pass
+    assert openai_server.requests == []
+
+
+class ObjectVerdict(vf.Judge):
+    """Parses to an object that is not JSON, then raises from a second parse."""
+
+    async def score(self, task, trace):
+        await self.ask(trace, "first", lambda text: object())
+        return await self.ask(trace, "second", lambda text: {}["missing"])
+
+
+async def test_any_parse_failure_is_a_judge_error_and_verdicts_stay_json(openai_server, judged):
+    openai_server.play([reply("Paris"), reply("a"), reply("b")])
+    async with vf.make_agent(judged({"id": "tests.core.test_judges:ObjectVerdict"})) as agent:
         trace = await agent.run(capital())
-    assert trace.reward is None and "not a subclass" in trace.errors[0].message
+    assert trace.errors[0].type == "JudgeError" and "KeyError" not in trace.errors[0].type
+    first, second = trace.judge_calls
+    assert first.verdict.startswith("<object object") and "unparseable" in second.error
+    vf.Trace.model_validate_json(trace.model_dump_json())          # still serialisable
+
+
+async def test_one_failing_judge_keeps_the_others_grades(openai_server, judged):
+    openai_server.default = lambda request: (reply("yes") if "Reference answer" in request.messages[0]["content"]
+                                             else reply("no verdict here"))
+    openai_server.play([reply("Paris")])
+    async with vf.make_agent(judged({"id": "reference"}, {"id": "rubric", "criteria": RUBRIC})) as agent:
+        trace = await agent.run(capital())
+    assert trace.rewards == {"mentions_paris": 1.0, "reference": 1.0, "rubric": None} and trace.reward is None
+
+
+async def test_a_judge_without_a_client_uses_the_agents_endpoint(openai_server, agent_config):
+    openai_server.play([reply("Paris"), reply("yes")])
+    config = agent_config(scoring=vf.ScoringConfig(judges=[vf.ReferenceJudgeConfig(model="judge")]))
+    async with vf.make_agent(config) as agent:
+        trace = await agent.run(capital())
+    assert trace.rewards["reference"] == 1.0 and judge_requests(openai_server)[0].path == "/v1/chat/completions"
+
+
+async def test_a_judge_after_the_agent_closed_is_an_error_not_a_leak(openai_server, judged):
+    from prefect_rollouts.scoring.judges import JudgeClients
+
+    clients = JudgeClients()
+    await clients.aclose()
+    config = vf.ReferenceJudgeConfig(model="judge")
+    with pytest.raises(vf.JudgeError, match="closed"):
+        await clients.get(config)
+
+
+def test_judge_sampling_keeps_temperature_zero_and_cannot_override_the_request():
+    from prefect_rollouts.scoring.judges import sampling_body
+
+    config = vf.ReferenceJudgeConfig(model="judge", sampling=vf.SamplingConfig(max_tokens=8, extra={"stop": ["\n"]}))
+    assert sampling_body(config) == {"max_tokens": 8, "temperature": 0.0, "stop": ["\n"]}
+
+
+@pytest.mark.parametrize("reply_text, expected", [
+    ("<think>Is it the answer? No, wait.</think>\nyes", "yes"), ("No doubt about it. Verdict: yes", "yes"),
+    ("Yes.", "yes"), ("no", "no")])
+def test_yes_no_parsing_prefers_explicit_verdicts(reply_text, expected):
+    from prefect_rollouts.scoring.judge_plugins import parse_yes_no
+
+    assert parse_yes_no(reply_text) == expected
+
+
+@pytest.mark.parametrize("reply_text", ["Not yes.", "Yes, but no", "Maybe", ""])
+def test_yes_no_parsing_refuses_negated_conflicting_or_missing_verdicts(reply_text):
+    from prefect_rollouts.scoring.judge_plugins import parse_yes_no
+
+    with pytest.raises(ValueError):
+        parse_yes_no(reply_text)
+
+
+@pytest.mark.parametrize("answer", [[], "", "  "])
+async def test_an_empty_reference_answer_is_a_judge_error(openai_server, judged, answer):
+    openai_server.play([reply("Paris")])
+    async with vf.make_agent(judged({"id": "reference"})) as agent:
+        trace = await agent.run(capital(answer=answer))
+    assert trace.reward is None and "no TaskData.answer" in trace.errors[0].message and trace.judge_calls == []
+
+
+async def test_a_rubric_verdict_naming_a_criterion_twice_is_refused(openai_server, judged):
+    openai_server.play([reply("Paris"), reply('{"correct": "no", "correct": "yes", "style": "ok"}')])
+    async with vf.make_agent(judged({"id": "rubric", "criteria": RUBRIC})) as agent:
+        trace = await agent.run(capital())
+    assert trace.reward is None and "twice" in trace.judge_calls[0].error
+
+
+@pytest.mark.parametrize("criterion, problem", [
+    ({"name": "a", "text": "t", "choices": ["yes", "Yes"]}, "distinct"),
+    ({"name": " a ", "text": "t"}, "pattern"),
+    ({"name": "a", "text": "t", "choices": ["only"]}, "at least 2"),
+])
+def test_rubric_criteria_are_checked(criterion, problem):
+    with pytest.raises(vf.ConfigError, match=problem):
+        vf.load_config(f'[env.agent]\nmodel = "m"\n[[env.agent.scoring.judges]]\nid = "rubric"\nmodel = "j"\n'
+                       f"criteria = [{_toml_inline(criterion)}]\n")
+
+
+def _toml_inline(table: dict) -> str:
+    return "{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in table.items()) + "}"
+
+
+def test_a_rubric_file_is_relative_to_its_config_read_once_and_dumped_as_criteria(tmp_path, monkeypatch):
+    (tmp_path / "rubric.toml").write_text('[[criteria]]\nname = "polite"\ntext = "Is it polite?"\n')
+    (tmp_path / "eval.toml").write_text('[env.agent]\nmodel = "m"\n[[env.agent.scoring.judges]]\n'
+                                        'id = "rubric"\nmodel = "j"\nrubric = "rubric.toml"\n')
+    monkeypatch.chdir("/")
+    config = vf.load_config(tmp_path / "eval.toml")
+    (tmp_path / "rubric.toml").unlink()                      # later merges and round trips do not re-read it
+    from prefect_rollouts.config import effective_scoring
+
+    task_scoring = vf.ScoringConfig(judges=config.scoring.judges)
+    merged = effective_scoring(vf.ScoringConfig(), task_scoring)
+    again = vf.AgentConfig.model_validate(config.model_dump(mode="json"))
+    for scoring in (merged, again.scoring):
+        assert [c.name for c in scoring.judges[0].criteria] == ["polite"]
+    assert "rubric" not in config.model_dump()["scoring"]["judges"][0]
+
+
+def test_a_bad_rubric_file_names_the_file_and_the_problem(tmp_path):
+    (tmp_path / "rubric.toml").write_text('[[criteria]]\nname = "a"\ntext = "t"\nwieght = 2\n')
+    with pytest.raises(ValueError, match=r"rubric.toml': criteria\[0\] is invalid \(wieght: unknown key"):
+        vf.ScoringConfig.model_validate({"judges": [{"id": "rubric", "model": "j", "rubric": str(tmp_path / "rubric.toml")}]})
 
 
 async def test_judge_clients_are_shared_across_rollouts_and_closed_with_the_agent(openai_server, judged):

@@ -134,3 +134,16 @@ def test_summary_excludes_errors_from_means_and_counts_outcomes(tmp_path):
     assert env.total_tokens == 6 * 7 and summary.errored == 1
     assert env.judge_tokens == summary.judge_tokens == 32                # apart from the agent's tokens
     assert summary.table()[0]["pass@2"] == 1.0 and summary.table()[0]["judge_tokens"] == 32
+
+
+def test_a_trace_holding_objects_that_are_not_json_is_still_written(tmp_path):
+    writer = TraceWriter(tmp_path, "r1")
+    odd = make_trace("odd", 1.0)
+    odd.info["handle"] = object()                               # task code may put anything in info
+    add(writer, odd, 0)
+    add(writer, make_trace("plain", 1.0), 0)
+    assert writer.flush() == 2
+    rows = read_rollouts(tmp_path).set_index("task_id")
+    assert "<object object" in rows.loc["odd", "info"] and rows.loc["plain", "reward"] == 1.0
+    (trace,) = read_traces(tmp_path, task_id="odd")
+    assert trace.info["handle"].startswith("<object object")

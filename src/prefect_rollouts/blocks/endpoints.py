@@ -73,7 +73,7 @@ async def resolve_client(config: ClientConfig) -> tuple[ClientConfig, str | None
     update: dict[str, Any] = {}
     if "base_url" not in config.model_fields_set:
         update["base_url"] = block.base_url
-    update["headers"] = {**block.headers, **config.headers}
+    update["headers"] = {**{key: SecretStr(value) for key, value in block.headers.items()}, **config.headers}
     key = block.api_key.get_secret_value() if block.api_key is not None else None
     return config.model_copy(update=update), key
 

@@ -85,7 +85,7 @@ class ModelClient:
         lanes = -(-config.max_connections // _LANE_CONNECTIONS)
         per_lane = -(-config.max_connections // lanes)
         limits = httpx.Limits(max_connections=per_lane, max_keepalive_connections=per_lane)
-        self._lanes = [httpx.AsyncClient(timeout=config.timeout, limits=limits, headers=config.headers,
+        self._lanes = [httpx.AsyncClient(timeout=config.timeout, limits=limits, headers=config.header_values(),
                                          verify=_ssl_context()) for _ in range(lanes)]
         self._next_lane = itertools.cycle(self._lanes).__next__
         self._warned_no_key = False
@@ -136,16 +136,24 @@ class ModelClient:
         except (httpx.TimeoutException, TimeoutError):
             raise _Attempt(f"timed out after {self.config.timeout:g} s", 504) from None
         except httpx.TransportError as exc:
-            raise _Attempt(_scrub(f"failed: {type(exc).__name__}: {exc}", key), 503) from None
+            raise _Attempt(self._scrub(f"failed: {type(exc).__name__}: {exc}", key), 503) from None
         if response.status_code >= 300:
             hint = "; base_url usually ends in /v1" if response.status_code == 404 else ""
-            raise _Attempt(_scrub(f"returned {response.status_code}: {response.text[:300]}{hint}", key),
+            raise _Attempt(self._scrub(f"returned {response.status_code}: {response.text[:300]}{hint}", key),
                            response.status_code, _retry_after(response.headers.get("retry-after")))
         try:
             return _parse(response.json(), retries, response.status_code)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
-            raise _Attempt(_scrub(f"returned a malformed body ({type(exc).__name__}: {exc}): "
+            raise _Attempt(self._scrub(f"returned a malformed body ({type(exc).__name__}: {exc}): "
                                   f"{response.text[:200]!r}", key), 502) from None
+
+    def _scrub(self, text: str, key: str | None) -> str:
+        """``text`` with the API key and every header value (should a server or an exception echo
+        them) replaced by ``***``."""
+        for secret in sorted({key or "", *self.config.header_values().values()}, key=len, reverse=True):
+            if len(secret.strip()) >= 4:   # a 1-3 character value would mangle the message, not hide a key
+                text = text.replace(secret, "***")
+        return text
 
     def _key(self) -> str | None:
         """The API key for this request (block key, else the environment variable), stripped."""
@@ -189,11 +197,6 @@ def _parse(data: Any, retries: int, status_code: int) -> Completion:
                       prompt_tokens=int(usage.get("prompt_tokens") or 0),
                       completion_tokens=int(usage.get("completion_tokens") or 0),
                       retries=retries, status_code=status_code)
-
-
-def _scrub(text: str, key: str | None) -> str:
-    """``text`` with the API key (should a server or an exception echo it) replaced by ``***``."""
-    return text.replace(key, "***") if key else text
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -34,8 +34,10 @@ class ReferenceJudge(Judge):
         Raises:
             JudgeError: the task has no answer, the call failed or the reply has no verdict.
         """
-        if task.data.answer is None:
-            raise JudgeError(f"judge {self.name!r}: task {task.id!r} has no TaskData.answer to compare with")
+        answer = task.data.answer
+        if answer is None or not answer_text(answer).replace("Any of:", "").replace("-", "").strip():
+            raise JudgeError(f"judge {self.name!r}: task {task.id!r} has no TaskData.answer to compare with "
+                             f"(got {_cap(repr(answer))})")
         response = view(trace, self.config.view)
         if not response.strip():
             return 0.0
@@ -89,13 +91,13 @@ class RubricJudge(Judge):
         given = {str(key).strip(): value for key, value in found.items()}
         names = [c.name for c in self.config.criteria]
         if set(given) != set(names):
-            raise ValueError(f"verdict names {sorted(given)}, expected exactly {sorted(names)}")
+            raise ValueError(f"verdict names {_cap(repr(sorted(given)), 200)}, expected exactly {sorted(names)}")
         verdict = {}
         for criterion in self.config.criteria:
             choice = given[criterion.name]
             menu = {c.lower(): c for c in criterion.choices}
             if not isinstance(choice, str) or choice.strip().lower() not in menu:
-                raise ValueError(f"{criterion.name} = {choice!r} is not one of {criterion.choices}")
+                raise ValueError(f"{criterion.name} = {_cap(repr(choice), 80)} is not one of {criterion.choices}")
             verdict[criterion.name] = menu[choice.strip().lower()]
         return verdict
 
@@ -106,19 +108,24 @@ BUILTIN_JUDGES: dict[str, type[Judge]] = {"reference": ReferenceJudge, "rubric":
 def parse_yes_no(reply: str) -> str:
     """``"yes"`` or ``"no"`` from a judge reply.
 
+    ``<think>...</think>`` reasoning is dropped first. Then a ``verdict:`` (or ``answer:``,
+    ``grade:``) marker wins, the last one counting; without one, the first and the last word
+    must agree on yes or no (one of them may be another word). A negated ``not yes`` is no verdict.
+
     Raises:
-        ValueError: neither word is the first, a ``verdict:`` line, or the only one present.
+        ValueError: no verdict, conflicting ones, or a negated one.
     """
-    words = re.findall(r"[a-z]+", reply.lower())
-    if words and words[0] in ("yes", "no"):
-        return words[0]
-    marked = re.findall(r"(?:verdict|answer|grade)\W*(yes|no)\b", reply.lower())
+    text = re.sub(r"<think>.*?(</think>|$)", " ", reply, flags=re.DOTALL | re.IGNORECASE).lower()
+    if re.search(r"\bnot\s+(yes|no)\b", text):
+        raise ValueError(f"a negated verdict in {_cap(reply)!r}")
+    marked = re.findall(r"\b(?:verdict|answer|grade)\W*(yes|no)\b", text)
     if marked:
         return marked[-1]
-    present = {w for w in words if w in ("yes", "no")}
-    if len(present) == 1:
-        return present.pop()
-    raise ValueError(f"expected yes or no, got {reply[:120]!r}")
+    words = re.findall(r"[a-z]+", text)
+    ends = {word for word in words[:1] + words[-1:] if word in ("yes", "no")}
+    if len(ends) == 1:
+        return ends.pop()
+    raise ValueError(f"expected yes or no, got {_cap(reply)!r}")
 
 
 def question_text(task: Task) -> str:
@@ -170,11 +177,26 @@ def _text(value: Any) -> str:
 def _json_object(reply: str) -> dict[str, Any]:
     start, end = reply.find("{"), reply.rfind("}")
     if start < 0 or end < start:
-        raise ValueError(f"no JSON object in {reply[:120]!r}")
+        raise ValueError(f"no JSON object in {_cap(reply)!r}")
     try:
-        found = json.loads(reply[start:end + 1])
+        found = json.loads(reply[start:end + 1], object_pairs_hook=_unique_keys)
+    except RecursionError:
+        raise ValueError("the JSON object is nested too deeply") from None
     except ValueError as exc:
-        raise ValueError(f"not valid JSON ({exc}) in {reply[:120]!r}") from None
+        raise ValueError(f"not valid JSON ({_cap(str(exc))}) in {_cap(reply)!r}") from None
     if not isinstance(found, dict):
-        raise ValueError(f"expected a JSON object, got {reply[:120]!r}")
+        raise ValueError(f"expected a JSON object, got {_cap(reply)!r}")
     return found
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise ValueError(f"the verdict names {_cap(key, 80)!r} twice")
+        found[key] = value
+    return found
+
+
+def _cap(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."

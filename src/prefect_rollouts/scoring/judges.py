@@ -12,11 +12,14 @@ Plugins subclass ``Judge``: ``[[env.agent.scoring.judges]] id = "pkg.module:Clas
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import importlib
+import inspect
 import json
 import math
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 from prefect_rollouts.config import ClientConfig, JudgeConfig
@@ -36,37 +39,53 @@ TOOL_OUTPUT_CAP_CHARS = 500
 class JudgeClients:
     """Model clients of judges, opened on first use and shared by all rollouts of an agent.
 
-    Judges with the same model and client config share one client. A judge on the agent's own
-    model and client config uses the agent's client (and its local server).
+    Judges with the same model and client config share one client. A judge that sets no
+    ``client`` uses ``default_client`` (the agent's endpoint); on the agent's own model as well
+    it uses the agent's client (and its local server).
 
     Args:
         shared: Clients the registry may hand out but does not close, keyed by
             ``client_key(model, config)`` (the agent's own).
+        default_client: Client config of judges that set none; None: ``ClientConfig()``.
     """
 
-    def __init__(self, shared: dict[str, ModelClient] | None = None) -> None:
+    def __init__(self, shared: dict[str, ModelClient] | None = None,
+                 default_client: ClientConfig | None = None) -> None:
         self._shared = dict(shared or {})
+        self._default = default_client or ClientConfig()
         self._owned: dict[str, tuple[ModelClient, Any]] = {}
         self._lock = asyncio.Lock()
+        self._closed = False
+
+    def client_config(self, config: JudgeConfig) -> ClientConfig:
+        """The endpoint ``config`` uses: its own ``client`` when set, else the default."""
+        return config.client if "client" in config.model_fields_set else self._default
 
     async def get(self, config: JudgeConfig) -> ModelClient:
-        """The client of ``config``'s model and endpoint.
+        """The client of ``config``'s model and endpoint, opened on first use.
 
         Raises:
+            JudgeError: the registry is closed (its agent was closed).
             ConfigError: the endpoint block or local model cannot be loaded.
-            ProviderError: a local model server did not start.
+            InfrastructureError: a local model server did not start.
         """
-        key = client_key(config.model, config.client)
+        client_config = self.client_config(config)
+        key = client_key(config.model, client_config)
         async with self._lock:
+            if self._closed:
+                raise JudgeError(f"judge {config.reward_name!r}: the agent was closed before its judges ran")
             if key in self._shared:
                 return self._shared[key]
             if key not in self._owned:
-                self._owned[key] = await open_client(config.model, config.client)
+                self._owned[key] = await open_client(config.model, client_config)
             return self._owned[key][0]
 
     async def aclose(self) -> None:
-        """Close the clients this registry opened and stop their local servers."""
-        owned, self._owned = self._owned, {}
+        """Close the clients this registry opened and stop their local servers; later ``get``
+        calls raise ``JudgeError``."""
+        async with self._lock:
+            self._closed = True
+            owned, self._owned = self._owned, {}
         for client, server in owned.values():
             try:
                 await client.aclose()
@@ -76,8 +95,10 @@ class JudgeClients:
 
 
 def client_key(model: str, config: ClientConfig) -> str:
-    """Registry key of a model on an endpoint config."""
-    return json.dumps([model, config.model_dump(mode="json")], sort_keys=True)
+    """Registry key of a model on an endpoint config (a digest: header values are secrets)."""
+    visible = config.model_dump(mode="json", exclude={"headers"})
+    payload = json.dumps([model, visible, sorted(config.header_values().items())], sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()
 
 
 class Judge:
@@ -104,28 +125,35 @@ class Judge:
         template = self.config.prompt or self.template
         return re.sub(r"\{(\w+)\}", lambda m: fields.get(m.group(1), m.group(0)), template)
 
-    async def ask(self, trace: Trace, prompt: str, parse: Any) -> Any:
+    async def ask(self, trace: Trace, prompt: str, parse: Callable[[str], Any]) -> Any:
         """Send ``prompt`` as one user message, record the call, return ``parse(reply)``.
 
-        ``parse`` raises ``ValueError`` when the reply is not a verdict.
+        ``parse`` raises (e.g. ``ValueError``) when the reply is not a verdict. The verdict is
+        stored on the ``JudgeCall`` as JSON data (other values as their ``repr``).
 
         Raises:
-            JudgeError: the endpoint failed (after the client's retries) or ``parse`` failed;
-                the call is on the trace either way.
+            JudgeError: the endpoint failed (after the client's retries) or ``parse`` raised;
+                the call is on the trace either way, its tokens in ``trace.judge_usage``.
         """
-        body = {"model": self.config.model, "messages": [{"role": "user", "content": prompt}],
-                **sampling_body(self.config)}
+        body = {**sampling_body(self.config), "model": self.config.model,
+                "messages": [{"role": "user", "content": prompt}]}
         record = JudgeCall(judge=self.name, model=self.config.model, started_at=time.time(), latency_ms=0.0)
         trace.judge_calls.append(record)
         started = time.perf_counter()
         try:
             completion = await self.client.complete(body)
         except ProviderError as exc:
-            record.latency_ms = (time.perf_counter() - started) * 1000
             record.status_code, record.retries = exc.status_code, getattr(exc, "retries", 0)
-            record.error = str(exc)
-            raise JudgeError(f"judge {self.name!r}: {exc}", status_code=exc.status_code) from None
-        record.latency_ms = (time.perf_counter() - started) * 1000
+            record.error = _cap(str(exc))
+            raise JudgeError(f"judge {self.name!r}: {record.error}", status_code=exc.status_code) from None
+        except Exception as exc:
+            record.error = _cap(f"{type(exc).__name__}: {exc}")
+            raise JudgeError(f"judge {self.name!r}: the call failed ({record.error})") from None
+        except BaseException:  # cancelled, e.g. by the scoring deadline
+            record.error = "cancelled"
+            raise
+        finally:
+            record.latency_ms = (time.perf_counter() - started) * 1000
         record.status_code, record.retries = completion.status_code, completion.retries
         record.prompt_tokens, record.completion_tokens = completion.prompt_tokens, completion.completion_tokens
         trace.judge_usage.add(completion.prompt_tokens, completion.completion_tokens)
@@ -134,12 +162,13 @@ class Judge:
             reply = last_assistant_text([completion.message])
         record.reply = reply[:REPLY_CAP_CHARS]
         try:
-            record.verdict = parse(reply)
-        except ValueError as exc:
-            record.error = f"unparseable reply: {exc}"
-            raise JudgeError(f"judge {self.name!r}: cannot parse the reply of {self.config.model!r} ({exc}); "
-                             "a stronger judge model or a clearer prompt may help") from None
-        return record.verdict
+            verdict = parse(reply)
+        except Exception as exc:
+            record.error = _cap(f"unparseable reply: {exc}")
+            raise JudgeError(f"judge {self.name!r}: cannot parse the reply of {self.config.model!r} "
+                             f"({_cap(str(exc))}); a stronger judge model or a clearer prompt may help") from None
+        record.verdict = _json_safe(verdict)
+        return verdict
 
     async def score(self, task: Task, trace: Trace) -> float:
         """The judge's score of ``trace``, a finite number (the reward before ``weight``).
@@ -150,10 +179,12 @@ class Judge:
 
 
 def sampling_body(config: JudgeConfig) -> dict[str, Any]:
-    """Request-body keys of the judge's ``sampling`` (tool choice is not sent: judges offer no tools)."""
+    """Request-body keys of the judge's ``sampling``: temperature 0 unless set, no tool choice
+    (judges offer no tools), then ``sampling.extra``."""
     sampling = config.sampling
     body: dict[str, Any] = {key: value for key in ("temperature", "top_p", "max_tokens", "seed")
                             if (value := getattr(sampling, key)) is not None}
+    body.setdefault("temperature", 0.0)
     return {**body, **sampling.extra}
 
 
@@ -170,7 +201,7 @@ def load_judge(config: JudgeConfig) -> type[Judge]:
     module_name, _, attribute = config.id.partition(":")
     try:
         found = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as exc:
+    except Exception as exc:  # ImportError, AttributeError, or whatever the module raised on import
         raise ConfigError(f"[[env.agent.scoring.judges]] id = {config.id!r}: cannot import it ({exc}). "
                           "Check the module is installed and the class name") from exc
     if not (isinstance(found, type) and issubclass(found, Judge)):
@@ -182,8 +213,9 @@ def load_judge(config: JudgeConfig) -> type[Judge]:
 async def run_judges(judges: list[JudgeConfig], task: Task, trace: Trace, clients: JudgeClients | None) -> None:
     """Run ``judges`` concurrently on the scored ``trace``; record each as a reward and re-total.
 
-    Every judge's reward is first recorded as None. ``trace.reward`` becomes the weighted sum
-    of task rewards and judge rewards once every judge succeeded.
+    Every judge's reward is first recorded as None; each judge that succeeds records its
+    value, so a failing judge does not hide the others' grades. ``trace.reward`` becomes the
+    weighted sum of task rewards and judge rewards once every judge succeeded, else None.
 
     Args:
         judges: The effective ``scoring.judges``.
@@ -192,9 +224,9 @@ async def run_judges(judges: list[JudgeConfig], task: Task, trace: Trace, client
         clients: Shared judge clients; None opens clients for this call and closes them after.
 
     Raises:
-        JudgeError: a judge failed (the first failure; the others still ran and are recorded).
-        TaskError: a judge's name clashes with a task reward.
-        ConfigError: a plugin does not import, or its client cannot be opened.
+        JudgeError: a judge failed; the message names every failed judge.
+        TaskError: a judge's name clashes with a task reward, or a rubric metric with a task metric.
+        ConfigError: a plugin does not import, or its endpoint cannot be loaded.
     """
     if not judges:
         return
@@ -202,6 +234,10 @@ async def run_judges(judges: list[JudgeConfig], task: Task, trace: Trace, client
     for config in judges:
         if config.reward_name in trace.rewards:
             raise TaskError(f"judge {config.reward_name!r}: the task has a reward of that name; "
+                            "give the judge another name (name = ...)")
+        clash = [key for key in trace.metrics if key.startswith(f"{config.reward_name}/")]
+        if clash:
+            raise TaskError(f"judge {config.reward_name!r}: the task has metrics {clash} under that name; "
                             "give the judge another name (name = ...)")
     for config in judges:
         trace.rewards[config.reward_name] = None
@@ -214,25 +250,81 @@ async def run_judges(judges: list[JudgeConfig], task: Task, trace: Trace, client
     finally:
         if own:
             await registry.aclose()
-    failures = [result for result in results if isinstance(result, BaseException)]
-    if failures:
-        raise failures[0]
-    for config, value in zip(judges, results):
-        trace.rewards[config.reward_name] = value  # type: ignore[assignment]
+    failed = []
+    for config, result in zip(judges, results):
+        if isinstance(result, BaseException):
+            failed.append((config.reward_name, result))
+        else:
+            trace.rewards[config.reward_name] = result
+    if failed:
+        first = failed[0][1]
+        if len(failed) == 1 or not isinstance(first, JudgeError):
+            raise first
+        others = ", ".join(repr(name) for name, _ in failed[1:])
+        raise JudgeError(f"{first} (judges {others} failed too; see trace.judge_calls)",
+                         status_code=first.status_code) from first
     total = float(sum(trace.rewards[name] * trace.reward_weights[name] for name in trace.rewards))  # type: ignore[operator]
     if not math.isfinite(total):
         raise TaskError(f"the weighted sum of rewards {trace.rewards} is not finite")
     trace.reward = total
 
 
-async def _judge(config: JudgeConfig, task: Task, trace: Trace, clients: JudgeClients) -> float:
+async def open_judges(judges: list[JudgeConfig], clients: JudgeClients) -> None:
+    """Import every judge's plugin and open its client now, so a bad judge fails before any rollout.
+
+    Raises:
+        ConfigError: a plugin does not import, or an endpoint block or local model cannot be loaded.
+        JudgeError: a judge model is unavailable (e.g. a local server did not start).
+    """
+    for config in judges:
+        await _plugin_and_client(config, clients)
+
+
+async def _plugin_and_client(config: JudgeConfig, clients: JudgeClients) -> tuple[type[Judge], ModelClient]:
+    name = config.reward_name
     plugin = load_judge(config)
     try:
-        client = await clients.get(config)
-    except ProviderError as exc:  # a local judge model that did not start
-        raise JudgeError(f"judge {config.reward_name!r}: {exc}", status_code=exc.status_code) from None
-    judge = plugin(config, client)
-    value = await judge.score(task, trace)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise JudgeError(f"judge {config.reward_name!r}: score() returned {value!r}; return a finite number")
-    return float(value)
+        return plugin, await clients.get(config)
+    except JudgeError:
+        raise
+    except ConfigError as exc:
+        raise ConfigError(f"judge {name!r}: {exc}") from None
+    except Exception as exc:  # e.g. a local judge model that did not start
+        raise JudgeError(f"judge {name!r}: its model {config.model!r} is unavailable ({_cap(str(exc))})",
+                         status_code=getattr(exc, "status_code", None)) from None
+
+
+async def _judge(config: JudgeConfig, task: Task, trace: Trace, clients: JudgeClients) -> float:
+    name = config.reward_name
+    plugin, client = await _plugin_and_client(config, clients)
+    try:
+        value = plugin(config, client).score(task, trace)
+        if inspect.isawaitable(value):
+            value = await value
+    except (JudgeError, TaskError):
+        raise
+    except Exception as exc:
+        raise JudgeError(f"judge {name!r}: score() raised {type(exc).__name__}: {_cap(str(exc))}") from None
+    try:
+        number = float(value) if not isinstance(value, bool) and isinstance(value, (int, float)) else math.nan
+    except OverflowError:
+        number = math.nan
+    if not math.isfinite(number):
+        raise JudgeError(f"judge {name!r}: score() returned {_cap(repr(value))}; return a finite number")
+    return number
+
+
+def _cap(text: str, limit: int = 300) -> str:
+    """``text`` cut to ``limit`` characters (messages go to traces and Parquet)."""
+    return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} more characters]"
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` as JSON data (anything else becomes its ``repr``), capped like a reply."""
+    try:
+        text = json.dumps(value, default=repr)
+    except (ValueError, RecursionError):  # circular or too deep
+        text = json.dumps(repr(value))
+    if len(text) > REPLY_CAP_CHARS:
+        return text[:REPLY_CAP_CHARS]
+    return json.loads(text)

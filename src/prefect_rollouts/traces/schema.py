@@ -123,9 +123,9 @@ def rollout_row(trace: Trace, *, rollout_index: int, environment: str, config_ha
         "finalize_s": timings.get("finalize"),
         "scoring_s": timings.get("scoring"),
         "teardown_s": timings.get("teardown"),
-        "info": json.dumps(trace.info, default=str),
+        "info": json.dumps(trace.info, default=repr),      # task code may put any object in info
         "errors": json.dumps([e.model_dump() for e in trace.errors]),
-        "trace": trace.model_dump_json(),
+        "trace": trace.model_dump_json(fallback=repr),
     }
 
 
