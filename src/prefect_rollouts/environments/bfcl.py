@@ -1,15 +1,22 @@
-"""``bfcl``: single-turn categories of the Berkeley Function Calling Leaderboard (PyPI ``bfcl-eval``).
+"""``bfcl``: categories of the Berkeley Function Calling Leaderboard (PyPI ``bfcl-eval``).
 
-The task's functions are offered as answer tools (never executed); the model's tool calls are
-its answer, scored by BFCL's AST rules (``bfcl_scoring.py``). Function names with dots (not
-allowed in tool names) are sent with ``_`` and mapped back before scoring. ``bfcl-eval`` is
-installed with ``--no-deps`` (its pinned dependencies are heavy): only its data files are read,
-located with ``importlib.util.find_spec`` so nothing of it is imported.
+Single-turn categories: the task's functions are offered as answer tools (never executed); the
+model's tool calls are its answer, scored by BFCL's AST rules (``bfcl_scoring.py``). Function
+names with dots (not allowed in tool names) are sent with ``_`` and mapped back before scoring.
+For these, only bfcl-eval's data files are read, located with ``importlib.util.find_spec``.
+
+Multi-turn category ``multi_turn_base`` (``bfcl_multi_turn.py``): user turns against live,
+stateful tools (bfcl-eval's tool classes, which import only the standard library and
+``mpmath``), scored by replaying the calls beside the ground truth under BFCL's multi-turn rules
+(``bfcl_multi_turn_scoring.py``). ``bfcl-eval`` is installed with ``--no-deps`` (its pinned
+dependencies are heavy); nothing else of it is imported.
 
 Options: ``category`` (``simple_python``, ``multiple``, ``parallel``, ``parallel_multiple``,
-``irrelevance``), ``count`` (first N items), ``force_tool_choice`` (force a call of the task's
-function when it has exactly one, and ``"required"`` otherwise; models such as SmolLM2-135M
-make no tool calls unless forced; off for ``irrelevance``).
+``irrelevance``, ``multi_turn_base``), ``count`` (first N items), ``force_tool_choice``
+(single-turn only, default on: force a call of the task's function when it has exactly one,
+and ``"required"`` otherwise; models such as SmolLM2-135M make no tool calls unless forced; off
+for ``irrelevance``. Multi-turn never forces: the model decides when a turn is done, so
+``force_tool_choice = true`` is refused there).
 """
 
 from __future__ import annotations
@@ -26,7 +33,8 @@ from prefect_rollouts.harnesses.schema import ToolSpec, answer_tool
 from prefect_rollouts.task import Task, TaskData, metric, reward
 from prefect_rollouts.trace import Trace
 
-CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance")
+CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance", "multi_turn_base")
+MULTI_TURN_CATEGORIES = ("multi_turn_base",)
 _TYPE = {"dict": "object", "float": "number", "tuple": "array", "any": "string"}
 
 
@@ -99,19 +107,37 @@ def wire_schema(parameters: dict[str, Any]) -> dict[str, Any]:
     return converted
 
 
-def load(category: str = "simple_python", count: int | None = None, force_tool_choice: bool = True) -> list[BfclTask]:
-    """The first ``count`` items (all when None) of a single-turn BFCL category as tasks.
+def load(category: str = "simple_python", count: int | None = None,
+         force_tool_choice: bool | None = None) -> list[Task]:
+    """The first ``count`` items (all when None) of a BFCL category as tasks.
+
+    Args:
+        category: One of ``CATEGORIES``; ``multi_turn_base`` gives ``BfclMultiTurnTask``s
+            (``bfcl_multi_turn.load``), the others ``BfclTask``s.
+        count: How many items, from the first; None for all.
+        force_tool_choice: Single-turn only: None (default) or True forces the call (see the
+            module docstring), False leaves ``tool_choice`` to the agent's sampling config.
 
     Raises:
-        ConfigError: unknown category, or bfcl-eval not installed.
+        ConfigError: unknown category, ``force_tool_choice = true`` with a multi-turn
+            category, or bfcl-eval not installed.
     """
     if category not in CATEGORIES:
         raise ConfigError(f"[env.taskset] category = {category!r}: not supported. Use one of {', '.join(CATEGORIES)}")
+    if category in MULTI_TURN_CATEGORIES:
+        if force_tool_choice:
+            raise ConfigError(f"[env.taskset] force_tool_choice = true: does not apply to category {category!r} "
+                              "(the model decides when to call a tool; a call forced on every step would never "
+                              "end a turn). Remove the key, or set it to false")
+        from prefect_rollouts.environments import bfcl_multi_turn
+
+        return list(bfcl_multi_turn.load(category, count))  # list[Task]: list is invariant
+    force_tool_choice = True if force_tool_choice is None else force_tool_choice
     root = data_dir()
-    items = _read_jsonl(root / f"BFCL_v4_{category}.json", count)
+    items = read_jsonl(root / f"BFCL_v4_{category}.json", count)
     answers = {} if category == "irrelevance" else {
-        row["id"]: row["ground_truth"] for row in _read_jsonl(root / "possible_answer" / f"BFCL_v4_{category}.json", None)}
-    tasks = []
+        row["id"]: row["ground_truth"] for row in read_jsonl(root / "possible_answer" / f"BFCL_v4_{category}.json", None)}
+    tasks: list[Task] = []
     for item in items:
         functions = item["function"]
         choice: Any = None
@@ -124,7 +150,8 @@ def load(category: str = "simple_python", count: int | None = None, force_tool_c
     return tasks
 
 
-def _read_jsonl(path: Path, count: int | None) -> list[dict[str, Any]]:
+def read_jsonl(path: Path, count: int | None) -> list[dict[str, Any]]:
+    """The first ``count`` JSON objects (all when None) of the JSON-lines file ``path``; blank lines skipped."""
     rows = []
     with open(path, encoding="utf-8") as handle:
         for line in handle:
