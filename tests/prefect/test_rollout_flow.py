@@ -103,3 +103,13 @@ async def test_inline_and_prefect_give_the_same_trace_for_the_same_replies(opena
             traces[orchestrator] = await agent.run(Add(vf.TaskData(prompt="2+3?")))
     assert traces["inline"].reward == 0.0 and traces["inline"].is_truncated
     assert comparable(traces["inline"]) == comparable(traces["prefect"])
+
+
+async def test_each_user_turn_of_a_multi_turn_task_is_a_segment_task_run(openai_server, agent_config):
+    openai_server.play([reply("1"), reply("2"), reply("5")])
+    task = Add(vf.TaskData(prompt="1?", user_turns=["2?", "2+3?"]))
+    async with vf.make_agent(prefect_config(agent_config)) as agent:
+        trace = await agent.run(task)
+    assert trace.reward == 1.0 and len(trace.segments) == 3
+    names = [r.name for r in await task_runs_of(trace.info["flow_run_id"], 8)]
+    assert names == ["setup", "segment-0", "segment-1", "segment-2", "finalize", "skip-check", "scoring", "teardown"]
