@@ -5,12 +5,8 @@ from prefect_rollouts.config import (
     AgentConfig,
     ClientConfig,
     HarnessConfig,
-    JudgeConfig,
     NetworkPolicy,
-    ReferenceJudgeConfig,
     RetryConfig,
-    RubricCriterion,
-    RubricJudgeConfig,
     RuntimeConfig,
     SamplingConfig,
     ScoringConfig,
@@ -29,6 +25,7 @@ from prefect_rollouts.errors import (
     StageTimeoutError,
     TaskError,
 )
+from prefect_rollouts.judge_config import JudgeConfig, ReferenceJudgeConfig, RubricCriterion, RubricJudgeConfig
 from prefect_rollouts.runtimes import ExecResult
 from prefect_rollouts.scoring.judges import Judge
 from prefect_rollouts.stages import Segment

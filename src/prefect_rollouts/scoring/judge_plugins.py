@@ -6,7 +6,7 @@ import json
 import re
 from typing import Any
 
-from prefect_rollouts.config import ReferenceJudgeConfig, RubricJudgeConfig
+from prefect_rollouts.judge_config import ReferenceJudgeConfig, RubricJudgeConfig
 from prefect_rollouts.errors import JudgeError
 from prefect_rollouts.scoring.judges import TOOL_OUTPUT_CAP_CHARS, Judge
 from prefect_rollouts.task import Task

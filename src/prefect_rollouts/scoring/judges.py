@@ -22,7 +22,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from prefect_rollouts.config import ClientConfig, JudgeConfig
+from prefect_rollouts.config import ClientConfig
+from prefect_rollouts.judge_config import JudgeConfig
 from prefect_rollouts.errors import ConfigError, JudgeError, ProviderError, TaskError
 from prefect_rollouts.model.client import ModelClient
 from prefect_rollouts.model.open import open_client
