@@ -3,8 +3,9 @@
 The agent starts one ``llama-cpp-python`` OpenAI-compatible server process on a free loopback
 port, waits until it answers, points its client at it, and stops it when the agent closes,
 on every path. Needs the ``local`` extra (``pip install 'prefect-rollouts[local]'``). The
-server uses llama.cpp's ``chatml-function-calling`` chat format, which produces tool calls
-when a request forces ``tool_choice`` to a function (SmolLM2-135M makes none otherwise).
+server (``llama_server.py``) uses llama-cpp-python's ``chatml-function-calling`` chat format
+with fixes so the model sees the tools, the tool results and unescaped text; SmolLM2-135M
+still makes tool calls reliably only when a request forces ``tool_choice`` to a function.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 import httpx
 
 from prefect_rollouts.errors import ConfigError, RuntimeUnavailableError
+from prefect_rollouts.model.llama_server import CHAT_FORMAT
 
 PREFIX = "local/"
 
@@ -94,9 +96,9 @@ class LocalModelServer:
             raise ConfigError(f'[env.agent] model = "{self.model}": llama-cpp-python[server] is not installed. '
                               "Install the local extra: pip install 'prefect-rollouts[local]'")
         port = _free_port()
-        command = [sys.executable, "-m", "llama_cpp.server", "--model", str(self.path), "--model_alias", self.model,
-                   "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(self.n_ctx),
-                   "--chat_format", "chatml-function-calling"]
+        command = [sys.executable, "-m", "prefect_rollouts.model.llama_server", "--model", str(self.path),
+                   "--model_alias", self.model, "--host", "127.0.0.1", "--port", str(port),
+                   "--n_ctx", str(self.n_ctx), "--chat_format", CHAT_FORMAT]
         log = open(self._log, "wb")
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.base_url = f"http://127.0.0.1:{port}/v1"

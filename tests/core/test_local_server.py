@@ -1,0 +1,51 @@
+"""The local model server's chat format: the model must see the tools, the tool results and
+unescaped text. Checked on the real SmolLM2 server through its prompt token counts."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from prefect_rollouts.model.llama_server import prepare_messages
+from prefect_rollouts.model.local import LocalModelServer
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": 'The weather in a city, e.g. "Paris" or \'Rome\' <in metric units>.',
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+ASKED = [{"role": "user", "content": "What is the weather in Paris?"}]
+CALLED = [*ASKED, {"role": "assistant", "content": "", "tool_calls": [
+    {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}]
+
+
+def test_tool_results_become_user_messages_and_tools_get_a_system_message():
+    prepared = prepare_messages([*CALLED, {"role": "tool", "tool_call_id": "c1", "content": "sunny"}], TOOLS)
+    assert prepared[0] == {"role": "system", "content": ""}
+    assert prepared[-1] == {"role": "user", "content": "functions.get_weather returned:\nsunny"}
+    assert prepare_messages(ASKED, None) == ASKED                       # no tools: nothing added
+
+
+@pytest.fixture
+async def smollm2():
+    server = LocalModelServer("local/smollm2")
+    url = await server.start()
+    yield url
+    await server.stop()
+
+
+async def prompt_tokens(url: str, messages: list, **body) -> int:
+    async with httpx.AsyncClient(timeout=120) as client:
+        response = await client.post(f"{url}/chat/completions", json={
+            "model": "local/smollm2", "messages": messages, "max_tokens": 1, "temperature": 0, **body})
+    response.raise_for_status()
+    return response.json()["usage"]["prompt_tokens"]
+
+
+async def test_the_model_sees_tools_tool_results_and_unescaped_text(smollm2):
+    bare = await prompt_tokens(smollm2, ASKED)
+    assert await prompt_tokens(smollm2, ASKED, tools=TOOLS) > bare + 100        # the schema is in the prompt
+    result = {"role": "tool", "tool_call_id": "c1", "content": "sunny and 21 degrees. " * 10}
+    assert (await prompt_tokens(smollm2, [*CALLED, result], tools=TOOLS)
+            > await prompt_tokens(smollm2, CALLED, tools=TOOLS) + 50)            # the result is in the prompt
+    quoted = await prompt_tokens(smollm2, [{"role": "user", "content": " ".join(['"x"'] * 30)}])
+    bracketed = await prompt_tokens(smollm2, [{"role": "user", "content": " ".join(["(x)"] * 30)}])
+    assert abs(quoted - bracketed) < 10                                         # not &#34;x&#34;
