@@ -24,7 +24,7 @@ console = Console(width=None if sys.stdout.isatty() else 160)  # piped output ke
 
 @app.command("eval")
 def eval_command(
-    config: Annotated[Path, typer.Argument(help="Eval config TOML ([env.taskset], [env.agent], [traces], ...).")],
+    config: Annotated[Path, typer.Argument(help="Eval config TOML (tables env.taskset, env.agent, traces, ...).")],
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a key: dotted.key=value (repeatable).")] = None,
     resume: Annotated[Optional[str], typer.Option(help="Continue run RUN_ID: run only rollouts without a durable row.")] = None,
     run_id: Annotated[Optional[str], typer.Option(help="Id for a new run (default: generated).")] = None,

@@ -330,10 +330,15 @@ _JUDGE_TAGS = ("reference", "rubric", "plugin")
 
 def _explain(err: Any, section: str) -> str:
     loc: list[str] = []
+    tagged = False
     for part in err["loc"]:
         if isinstance(part, int) and loc:
             loc[-1] += f"[{part}]"      # judges[0]: the first [[...judges]] entry
-        elif not str(part).startswith("function-") and not (loc and loc[-1].endswith("]") and part in _JUDGE_TAGS):
+        elif str(part).startswith("function-"):
+            continue
+        elif loc and loc[-1].endswith("]") and part in _JUDGE_TAGS and not tagged:
+            tagged = True                  # the union member pydantic tried, right after the index
+        else:
             loc.append(str(part))
     tables = ([section] if section else []) + loc[:-1]
     key = loc[-1] if loc else "(table)"

@@ -115,12 +115,14 @@ class PluginJudgeConfig(JudgeConfig):
 
     options: dict[str, Any] = {}
 
-    @model_validator(mode="after")
-    def _import_path(self) -> PluginJudgeConfig:
-        module, _, attribute = self.id.partition(":")
-        if not module or not attribute:
-            raise ValueError(f'id = {self.id!r}: use "reference", "rubric" or an import path "pkg.module:Class"')
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _import_path(cls, value: Any) -> Any:
+        judge_id = value.get("id") if isinstance(value, dict) else getattr(value, "id", None)
+        module, _, attribute = str(judge_id).partition(":")
+        if isinstance(judge_id, str) and (not module or not attribute):  # checked first: other keys may belong to the intended id
+            raise ValueError(f'id = {judge_id!r}: use "reference", "rubric" or an import path "pkg.module:Class"')
+        return value
 
 
 def _judge_kind(value: Any) -> str:

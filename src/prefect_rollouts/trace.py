@@ -70,6 +70,8 @@ class JudgeCall(_Record):
     completion_tokens: int = 0
     retries: int = 0
     status_code: int | None = None
+    prompt: str | None = None
+    """What the judge was asked, capped at 4,000 characters."""
     reply: str | None = None
     """The judge model's text, capped at 4,000 characters."""
     verdict: Any = None

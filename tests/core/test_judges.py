@@ -57,6 +57,7 @@ async def test_reference_judge_yes_is_a_reward_with_its_call_and_usage_on_the_tr
     prompt = request.messages[0]["content"]
     assert request.body["temperature"] == 0.0 and "tools" not in request.body
     assert "What is the capital of France?" in prompt and "\nParis\n" in prompt and "It is Paris." in prompt
+    assert call.prompt == prompt
     row = rollout_row(trace, rollout_index=0, environment="e", config_hash="h", elapsed_s=1.0)
     assert (row["judge_prompt_tokens"], row["judge_completion_tokens"], row["num_judge_calls"]) == (40, 2, 1)
     assert row["prompt_tokens"] == 9 and json.loads(row["rewards"])["reference"] == 1.0
@@ -353,3 +354,14 @@ def test_judge_secrets_are_redacted_from_the_trace_config(judged):
 
     (judge,) = redacted_config(config)["scoring"]["judges"]
     assert judge["client"]["headers"] == {"X-Key": "***"} and "p@" not in judge["client"]["base_url"]
+
+
+@pytest.mark.parametrize("entry, message", [
+    ('id = "rubrik"\nmodel = "j"\nrubric = "r.toml"', "judges[0]: Value error, id = 'rubrik': use \"reference\""),
+    ('id = "referense"\nmodel = "j"\ncriteria = []', "id = 'referense'"),
+    ('id = "reference"\nmodel = "j"\nrubric = "r.toml"', "[env.agent.scoring.judges[0]] rubric: unknown key"),
+])
+def test_judge_config_errors_name_the_real_mistake(entry, message):
+    with pytest.raises(vf.ConfigError) as raised:
+        vf.load_config(f'[env.agent]\nmodel = "m"\n[[env.agent.scoring.judges]]\n{entry}\n')
+    assert message in str(raised.value)

@@ -217,6 +217,6 @@ def test_no_rollouts_stops_at_the_first_data_cell_with_a_clear_message(case, dat
     assert error.ename == "FileNotFoundError"
     assert error.evalue.startswith(f"No rollouts{' of run ' + repr(run_id) if run_id else ''} "
                                    f"in the trace dataset at {traces.resolve()} ")
-    assert "`prefect-rollouts eval examples/arithmetic.toml`" in error.evalue
+    assert "`scripts/run-main`" in error.evalue
     if run_id:
         assert "Runs in this dataset: run-a, run-b." in error.evalue

@@ -31,7 +31,7 @@ from prefect_rollouts.task import Task
 from prefect_rollouts.trace import JudgeCall, Trace, last_assistant_text
 
 REPLY_CAP_CHARS = 4_000
-"""Judge replies longer than this are cut on the trace (the parser sees the whole reply)."""
+"""Judge prompts and replies longer than this are cut on the trace (the parser sees the whole reply)."""
 
 TOOL_OUTPUT_CAP_CHARS = 500
 """Tool results longer than this are cut in the transcript a judge reads."""
@@ -138,7 +138,8 @@ class Judge:
         """
         body = {**sampling_body(self.config), "model": self.config.model,
                 "messages": [{"role": "user", "content": prompt}]}
-        record = JudgeCall(judge=self.name, model=self.config.model, started_at=time.time(), latency_ms=0.0)
+        record = JudgeCall(judge=self.name, model=self.config.model, started_at=time.time(), latency_ms=0.0,
+                           prompt=prompt[:REPLY_CAP_CHARS])
         trace.judge_calls.append(record)
         started = time.perf_counter()
         try:
