@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -56,7 +58,7 @@ async def sample(state: RolloutState, template: dict[str, Any]) -> dict[str, Any
 
     Checks ``max_turns`` first (the cap reached -> stop ``max_turns``, returns None, no call).
     After the call, a ``length`` finish under ``max_turn_tokens`` stops the run as
-    ``max_turn_tokens``. Records a ``ModelCall`` (also for a failed call) and the usage.
+    ``max_turn_tokens``. Records a ``ModelCall`` (also for a failed or cancelled call) and the usage.
 
     Returns:
         The assistant message as appended (content ``""`` rather than null), or None.
@@ -77,6 +79,11 @@ async def sample(state: RolloutState, template: dict[str, Any]) -> dict[str, Any
         trace.model_calls.append(ModelCall(
             segment=state.segment_index, started_at=started_at, latency_ms=(time.perf_counter() - started) * 1e3,
             retries=getattr(exc, "retries", 0), status_code=exc.status_code, error=str(exc)))
+        raise
+    except asyncio.CancelledError:  # a deadline (or the caller) cut the call short: keep it visible
+        trace.model_calls.append(ModelCall(
+            segment=state.segment_index, started_at=started_at, latency_ms=(time.perf_counter() - started) * 1e3,
+            error="cancelled before the response arrived (a stage deadline or the caller)"))
         raise
     trace.model_calls.append(ModelCall(
         segment=state.segment_index, started_at=started_at, latency_ms=(time.perf_counter() - started) * 1e3,
