@@ -18,3 +18,11 @@ def test_a_config_error_prints_its_table_name_and_exits_2(tmp_path):
 def test_a_missing_dataset_is_reported_by_traces_summary(tmp_path):
     result = CliRunner().invoke(app, ["traces", "summary", str(tmp_path / "nothing")])
     assert result.exit_code == 1 and f"no rollouts in {tmp_path / 'nothing'}" in result.output.replace("\n", "")
+
+
+def test_a_bad_taskset_option_fails_before_prefect_starts(tmp_path):
+    config = tmp_path / "eval.toml"
+    config.write_text('[env.taskset]\nid = "arithmetic"\ncout = 5\n[env.agent]\nmodel = "m"\n')
+    result = CliRunner().invoke(app, ["eval", str(config)])
+    assert result.exit_code == 2 and "config error:" in result.output and "cout" in result.output
+    assert "Starting temporary server" not in result.output

@@ -32,8 +32,12 @@ def eval_command(
     """Run an evaluation as a Prefect flow and print its summary."""
     from prefect_rollouts.eval_config import load_eval_config
 
+    from prefect_rollouts.environments import load_taskset
+
     try:
         eval_config = load_eval_config(config, set_ or [])
+        taskset = eval_config.env.taskset   # a bad taskset option fails here, before Prefect starts
+        load_taskset(taskset.id, taskset.options, eval_config.num_tasks)
     except ConfigError as exc:
         _error("config error: ", exc)
         raise typer.Exit(2) from None
