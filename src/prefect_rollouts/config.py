@@ -202,8 +202,8 @@ class ScoringConfig(_Config):
 class StageRetryConfig(_Config):
     """Stage retries, the ``[env.agent.retries]`` table (the model client retries each request first).
 
-    A retried segment starts again from the messages it began with; a retried setup starts a
-    fresh runtime. Shared scoring is never retried; isolated scoring uses ``scoring.retries``.
+    A retried segment resumes where its failed model call left it (tool results already
+    produced stay: their side effects happened); a retried setup starts a fresh runtime. Shared scoring is never retried; isolated scoring uses ``scoring.retries``.
     """
 
     setup: int = Field(1, ge=0)

@@ -64,6 +64,8 @@ class RolloutState:
     """User messages delivered at the start of the last segment (they are not part of its output)."""
     artifacts: bytes | None = None
     """Archive collected after finalize for isolated scoring."""
+    resume_segment: bool = False
+    """The last segment failed with a retryable error; the next ``run_segment`` resumes it."""
     labels: dict[str, str] = field(default_factory=dict)
     judge_clients: JudgeClients | None = None
     """The agent's judge clients; None opens them per scoring call."""
@@ -164,8 +166,10 @@ async def run_segment(state: RolloutState, messages: list[dict[str, Any]], *,
 
     The agent deadline (``timeouts.agent``) is a budget over all segments; on expiry the run
     stops as ``agent_timeout``. A ``ProviderError`` or harness failure stops it as an error.
-    With ``raise_retryable`` a retryable error is raised after the segment's effects are
-    undone, so a retry starts from the messages the segment began with.
+    With ``raise_retryable`` a retryable error is raised instead, and the next call (the
+    retry, with the same ``messages``) resumes the segment where the failed model call left
+    it: the messages, tool results and steers already delivered stay, because their side
+    effects (files written, a benchmark's live tool state) happened and cannot be undone.
 
     Returns:
         ``Segment``; ``terminated`` is True when the run has stopped.
@@ -173,12 +177,17 @@ async def run_segment(state: RolloutState, messages: list[dict[str, Any]], *,
     trace = state.trace
     if state.stopped:
         return Segment([], True)
-    mark = (len(trace.messages), len(trace.model_calls), len(trace.tool_calls), state.turns,
-            trace.usage.model_copy())
-    trace.messages.extend(messages)
-    record = SegmentRecord(index=len(trace.segments), start=mark[0], end=mark[0], terminated=False, model_calls=0)
-    trace.segments.append(record)
-    state.segment_inputs = len(messages)
+    if state.resume_segment:
+        state.resume_segment = False
+        record = trace.segments[-1]
+        first_call = len(trace.model_calls) - record.model_calls
+    else:
+        record = SegmentRecord(index=len(trace.segments), start=len(trace.messages), end=len(trace.messages),
+                               terminated=False, model_calls=0)
+        first_call = len(trace.model_calls)
+        trace.messages.extend(messages)
+        trace.segments.append(record)
+        state.segment_inputs = len(messages)
     budget = state.config.timeouts.agent
     remaining = None if budget is None else max(budget - state.agent_elapsed_s, 0.0)
     started = time.perf_counter()
@@ -186,17 +195,14 @@ async def run_segment(state: RolloutState, messages: list[dict[str, Any]], *,
         async with _stage(state, "agent", remaining, raise_retryable, raise_timeout, label="segment"):
             await state.harness.run_segment(state)
     except RETRY_ON["segment"]:
-        del trace.messages[mark[0]:], trace.model_calls[mark[1]:], trace.tool_calls[mark[2]:]
-        trace.segments.pop()
-        state.turns, trace.usage = mark[3], mark[4]
+        state.resume_segment = True   # the failed call is on the trace; the retry samples again from here
         raise
     finally:
         state.agent_elapsed_s += time.perf_counter() - started
         trace.timings["agent"] = round(state.agent_elapsed_s, 6)
-        if trace.segments and trace.segments[-1] is record:
-            record.end = len(trace.messages)
-            record.model_calls = len(trace.model_calls) - mark[1]
-            record.terminated = state.stopped
+        record.end = len(trace.messages)
+        record.model_calls = len(trace.model_calls) - first_call
+        record.terminated = state.stopped
     return last_segment(state)
 
 

@@ -253,16 +253,32 @@ async def test_persistent_500_is_a_provider_error_on_the_trace_and_no_reward(ope
     assert trace.model_calls[0].status_code == 500 and trace.model_calls[0].retries == 2
 
 
-async def test_a_segment_is_retried_after_a_provider_error_from_the_messages_it_began_with(openai_server, agent_config):
-    openai_server.play([tool_call("bash", command="echo one"), status(500), status(500), status(500),
-                        tool_call("bash", command="echo two"), reply("5")])
+async def test_a_retried_segment_resumes_where_the_failed_call_left_it(openai_server, agent_config):
+    openai_server.play([tool_call("bash", command="echo one >> log; cat log"), status(500), status(500), status(500),
+                        tool_call("bash", command="echo two >> log; cat log"), reply("5")])
     async with vf.make_agent(agent_config()) as agent:
         trace = await agent.run(add_task())
     assert (trace.reward, trace.errors, trace.stop_condition) == (1.0, [], "agent_completed")
     retried = openai_server.requests[4].messages
-    assert [m["role"] for m in retried] == ["user"]      # the retry started from the segment's input
-    assert [t.output.split("\n")[2] for t in trace.tool_calls] == ["two"]
-    assert len(trace.model_calls) == 2 and len(trace.segments) == 1
+    assert [m["role"] for m in retried] == ["user", "assistant", "tool"]   # the tool result was kept
+    assert [t.output.split("\n")[2:4] for t in trace.tool_calls] == [["one", ""], ["one", "two"]]
+    assert [c.status_code for c in trace.model_calls] == [200, 500, 200, 200]   # the failed call stays visible
+    assert len(trace.segments) == 1 and trace.segments[0].model_calls == 4
+
+
+async def test_a_steer_delivered_before_a_retried_call_is_not_lost(openai_server, agent_config):
+    openai_server.play([tool_call("bash", command="true"), status(500), status(500), status(500), reply("5")])
+    async with vf.make_agent(agent_config()) as agent:
+        async with agent.interaction(add_task()) as it:
+            turn = asyncio.create_task(it.turn())
+            while len(openai_server.requests) < 1:
+                await asyncio.sleep(0.01)
+            await it.send("answer with a number", mode="steer")
+            await turn
+        trace = it.trace
+    (sent,) = trace.sends
+    assert sent.status == "delivered" and any(m.get("content") == "answer with a number" for m in trace.messages)
+    assert any(m.get("content") == "answer with a number" for m in openai_server.requests[-1].messages)
 
 
 async def test_api_key_is_read_at_request_time_and_never_reaches_the_trace(openai_server, agent_config, monkeypatch):

@@ -61,7 +61,7 @@ async def test_a_segment_is_retried_as_a_task_run_retry_after_a_provider_error(o
     openai_server.play([status(500)] * 3 + [reply("5")])   # client: 1 + 2 retries fail; the segment retry succeeds
     async with vf.make_agent(prefect_config(agent_config)) as agent:
         trace = await agent.run(Add(vf.TaskData(prompt="2+3?")))
-    assert (trace.reward, trace.errors, len(trace.model_calls)) == (1.0, [], 1)
+    assert (trace.reward, trace.errors, [c.status_code for c in trace.model_calls]) == (1.0, [], [500, 200])
     runs = await task_runs_of(trace.info["flow_run_id"], 6)
     segment = next(r for r in runs if r.name == "segment-0")
     assert segment.run_count == 2 and segment.state.name == "Completed"
@@ -87,8 +87,12 @@ def comparable(trace: vf.Trace) -> dict:
     for call in data["model_calls"]:
         call.pop("started_at"), call.pop("latency_ms")
     for call in data["tool_calls"]:
-        call.pop("latency_ms")
+        call.pop("latency_ms"), call.pop("id")
         call["output"] = call["output"].split("/rollout-")[0]
+    for message in data["messages"]:              # the scripted server numbers tool calls per session
+        message.pop("tool_call_id", None)
+        for call in message.get("tool_calls") or []:
+            call.pop("id")
     return data
 
 
