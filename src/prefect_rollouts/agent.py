@@ -186,6 +186,7 @@ class Interaction:
         client, judges = await self._client_cm.__aenter__()
         self.state = new_state(self.agent.config, self.task, client, agent_info=self.agent.info,
                                judge_clients=judges)
+        self.task = self.state.task   # the rollout's own copy, whose setup state the caller may read
         try:
             await self._orchestrator.setup(self.state)
         except BaseException:

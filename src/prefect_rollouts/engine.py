@@ -44,6 +44,9 @@ async def run_rollout(orchestrator: Orchestrator, state: RolloutState) -> Trace:
         if not state.stopped:
             await orchestrator.segment(state, stages.opening_messages(state.task))
             for message in state.task.data.user_turns:
+                if state.config.max_turns is not None and state.turns >= state.config.max_turns:
+                    state.trace.stop("max_turns")   # as an interaction would: the message is not sent
+                    state.trace.segments[-1].terminated = True
                 if state.stopped:
                     break
                 await orchestrator.segment(state, stages.user_messages(message))

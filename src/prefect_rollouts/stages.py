@@ -106,17 +106,35 @@ def new_state(config: AgentConfig, task: Task, client: ModelClient, *, agent_inf
               labels: dict[str, str] | None = None, judge_clients: JudgeClients | None = None) -> RolloutState:
     """Mint the trace and state of one rollout (no I/O).
 
-    The rollout gets its own shallow copy of ``task``, so ``Task.setup`` may keep per-rollout
-    state on ``self`` (e.g. the live tool objects of a stateful benchmark) while many rollouts
-    of one task run at once.
+    The rollout gets its own shallow copy of ``task`` (``rollout_copy``), so ``Task.setup`` may
+    keep per-rollout state on ``self`` (e.g. the live tool objects of a stateful benchmark)
+    while many rollouts of one task run at once.
     """
-    task = copy.copy(task)
+    task = rollout_copy(task)
     trace = Trace(task_id=task.id, task_type=type(task).__name__, model=config.model, agent=agent_info)
     if task.data.info:
         trace.info["task"] = dict(task.data.info)
     return RolloutState(config=config, task=task, client=client, trace=trace,
                         harness=make_harness(config.harness), labels={**(labels or {}), "rollout_id": trace.id},
                         scoring=effective_scoring(config.scoring, task.data.scoring), judge_clients=judge_clients)
+
+
+def rollout_copy(task: Task) -> Task:
+    """A rollout's own shallow copy of ``task``: its ``__copy__`` when the class defines one, else
+    the same attributes on a new instance (not ``copy.copy``, which would go through pickling
+    hooks such as a ``__getstate__`` that drops a client). Attributes are shared, not copied:
+    ``setup`` should assign new objects to ``self``, not mutate ones made in ``__init__``."""
+    cls = type(task)
+    if getattr(cls, "__copy__", None) is not None:
+        return copy.copy(task)
+    clone = object.__new__(cls)
+    if hasattr(task, "__dict__"):
+        clone.__dict__.update(vars(task))
+    for klass in cls.__mro__:
+        for name in getattr(klass, "__slots__", ()):
+            if name not in ("__dict__", "__weakref__") and hasattr(task, name):
+                setattr(clone, name, getattr(task, name))
+    return clone
 
 
 def user_messages(message: str | list[dict[str, Any]]) -> list[dict[str, Any]]:

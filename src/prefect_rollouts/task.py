@@ -20,11 +20,12 @@ import math
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from prefect_rollouts.config import ScoringConfig
 
 Messages = list[dict[str, Any]]
+_ROLES = ("system", "user", "assistant", "tool")
 
 _SCORE_ATTR = "__prefect_rollouts_score__"
 
@@ -59,6 +60,22 @@ class TaskData(BaseModel):
     e.g. a taskset forcing the call of its one function for a model that only calls forced tools."""
     scoring: ScoringConfig | None = None
     """Task defaults for scoring placement; fields set on ``AgentConfig.scoring`` override them."""
+
+    @field_validator("user_turns")
+    @classmethod
+    def _real_turns(cls, turns: list[Any]) -> list[Any]:
+        for index, turn in enumerate(turns):
+            if isinstance(turn, str):
+                if not turn.strip():
+                    raise ValueError(f"user_turns[{index}] is empty; give the user's message text")
+                continue
+            if not turn:
+                raise ValueError(f"user_turns[{index}] is an empty message list; give at least one message")
+            for message in turn:
+                if message.get("role") not in _ROLES or "content" not in message:
+                    raise ValueError(f"user_turns[{index}] holds {str(message)[:80]}; each message needs a role "
+                                     f"({', '.join(_ROLES)}) and content")
+        return turns
 
     @model_validator(mode="after")
     def _default_id(self) -> TaskData:

@@ -24,6 +24,14 @@ def test_tool_results_become_user_messages_and_tools_get_a_system_message():
     assert prepare_messages(ASKED, None) == ASKED                       # no tools: nothing added
 
 
+def test_parts_missing_content_and_several_system_messages_are_made_renderable():
+    prepared = prepare_messages([
+        {"role": "developer", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "a"}, "b"]},
+        {"role": "system", "content": "late"}, {"role": "user"}], TOOLS)
+    assert prepared == [{"role": "system", "content": "be brief\n\nlate"}, {"role": "user", "content": "ab"},
+                        {"role": "user", "content": ""}]
+
+
 @pytest.fixture
 async def smollm2():
     server = LocalModelServer("local/smollm2")

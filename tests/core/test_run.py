@@ -385,3 +385,47 @@ async def test_concurrent_rollouts_of_one_task_keep_their_own_task_state(openai_
     async with vf.make_agent(agent_config(harness="tools")) as agent:
         traces = await asyncio.gather(*(agent.run(task) for _ in range(4)))
     assert [t.metrics["count_at_end"] for t in traces] == [1.0] * 4
+
+
+@pytest.mark.parametrize("turns, problem", [([""], r"user_turns\[0\] is empty"), ([[]], "empty message list"),
+                                            ([[{"foo": 1}]], "needs a role")])
+def test_user_turns_must_be_real_messages(turns, problem):
+    with pytest.raises(ValueError, match=problem):
+        vf.TaskData(prompt="hi", user_turns=turns)
+
+
+async def test_max_turns_reached_before_a_user_turn_sends_no_more_turns(openai_server, agent_config):
+    openai_server.play([reply("one"), reply("two")])
+    async with vf.make_agent(agent_config(max_turns=2)) as agent:
+        trace = await agent.run(Counter(vf.TaskData(prompt="a", user_turns=["b", "c"])))
+    assert trace.stop_condition == "max_turns" and [m["content"] for m in trace.messages if m["role"] == "user"] == ["a", "b"]
+    assert len(trace.segments) == 2 and trace.segments[-1].terminated
+
+
+class Clienty(vf.Task):
+    """A task whose pickling hook drops a live client, and which keeps a log made per rollout."""
+
+    def __init__(self, data, client):
+        super().__init__(data)
+        self.client = client
+
+    def __getstate__(self):
+        return {**self.__dict__, "client": None}
+
+    async def setup(self, runtime):
+        self.log = []
+
+    @vf.metric
+    def has_client(self):
+        return self.client is not None
+
+
+async def test_rollout_copies_keep_attributes_a_pickling_hook_would_drop(openai_server, agent_config):
+    openai_server.default = reply("x")
+    async with vf.make_agent(agent_config()) as agent:
+        task = Clienty(vf.TaskData(prompt="hi"), client=object())
+        trace = await agent.run(task)
+        async with agent.interaction(task) as it:
+            await it.turn()
+            assert it.task is not task and it.task.log == [] and not hasattr(task, "log")
+    assert trace.metrics == {"has_client": 1.0}

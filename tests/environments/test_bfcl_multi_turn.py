@@ -253,3 +253,15 @@ async def test_concurrent_rollouts_of_one_task_keep_their_own_file_system(openai
         listings.append(set(listing))
     assert listings[0] ^ listings[1] == {"dir_0", "dir_1"}        # neither sees the other's directory
     assert tasks[0].backend is None
+
+
+def test_a_tool_class_that_does_not_import_is_a_config_error_at_load(monkeypatch):
+    from prefect_rollouts.environments import bfcl_multi_turn
+
+    def missing(class_name):
+        if class_name == "MathAPI":
+            raise ModuleNotFoundError("No module named 'mpmath'")
+        return object
+    monkeypatch.setattr(bfcl_multi_turn, "tool_class", missing)
+    with pytest.raises(ConfigError, match=r"MathAPI does not import .*pip install 'prefect-rollouts\[bfcl\]'"):
+        bfcl_multi_turn.load("multi_turn_base")

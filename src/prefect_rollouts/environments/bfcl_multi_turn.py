@@ -26,7 +26,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from prefect_rollouts.environments.bfcl import data_dir, read_jsonl, tool_name, wire_schema
-from prefect_rollouts.environments.bfcl_multi_turn_scoring import DENIED, Backend, Verdict, check, constants
+from prefect_rollouts.environments.bfcl_multi_turn_scoring import (
+    DENIED,
+    Backend,
+    Verdict,
+    check,
+    constants,
+    tool_class,
+)
+from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.harnesses.schema import ToolSpec
 from prefect_rollouts.task import Task, TaskData, metric, reward
 from prefect_rollouts.trace import Trace
@@ -133,7 +141,8 @@ def load(category: str = "multi_turn_base", count: int | None = None) -> list[Bf
     """The first ``count`` items (all when None) of a multi-turn BFCL category as tasks.
 
     Raises:
-        ConfigError: bfcl-eval is not installed (``data_dir``).
+        ConfigError: bfcl-eval is not installed (``data_dir``), or a tool class needs a package
+            that is missing (``mpmath``: the ``bfcl`` extra).
         ValueError: ``category`` is not in ``CATEGORIES`` (``bfcl.load`` checks it first).
     """
     if category not in CATEGORIES:
@@ -142,6 +151,12 @@ def load(category: str = "multi_turn_base", count: int | None = None) -> list[Bf
     items = read_jsonl(root / f"BFCL_v4_{category}.json", count)
     answers = {row["id"]: row["ground_truth"]
                for row in read_jsonl(root / "possible_answer" / f"BFCL_v4_{category}.json", None)}
+    for class_name in sorted({name for item in items for name in item["involved_classes"]}):
+        try:
+            tool_class(class_name)
+        except ImportError as exc:
+            raise ConfigError(f'[env.taskset] category = "{category}": bfcl-eval\'s tool class {class_name} does not '
+                              f"import ({exc}). Install the bfcl extra: pip install 'prefect-rollouts[bfcl]'") from exc
     tasks = []
     for item in items:
         first, *rest = item["question"]

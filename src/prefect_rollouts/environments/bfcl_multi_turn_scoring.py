@@ -27,6 +27,7 @@ import copy
 import importlib
 import inspect
 import json
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,9 @@ from typing import Any
 #: Method names BFCL's executor refuses to call (``multi_turn_utils.execute_multi_turn_func_call``).
 DENIED = frozenset({"kill", "exit", "quit", "remove", "unlink", "popen", "Popen", "run"})
 _SHORT = 200  # characters of a value kept in a failure's details
+#: One tool call at a time per process: ``MathAPI`` sets ``mpmath.mp.dps``, which is process-wide,
+#: so concurrent rollouts (tools run in worker threads) would change each other's precision.
+_CALL_LOCK = threading.Lock()
 
 
 def constants() -> Any:
@@ -105,7 +109,8 @@ class Backend:
         if method is None:
             return f"Error during execution: name {name!r} is not defined"
         try:
-            return as_text(method(*args, **(kwargs or {})))
+            with _CALL_LOCK:
+                return as_text(method(*args, **(kwargs or {})))
         except Exception as exc:  # the classes report misuse by raising, as BFCL relays it
             return f"Error during execution: {exc}"
 

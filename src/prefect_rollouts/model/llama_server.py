@@ -27,6 +27,10 @@ CHAT_FORMAT = "prefect-rollouts-tools"
 def prepare_messages(messages: list[dict[str, Any]], tools: list[Any] | None) -> list[dict[str, Any]]:
     """Fixes 2 and 3 of the module docstring on a request's ``messages`` (returns a new list).
 
+    Also what the template cannot render: content given as parts (or missing) becomes text,
+    ``developer`` messages count as ``system``, and all system messages merge into one leading
+    message (the template lists the tools once per system message).
+
     Args:
         messages: OpenAI wire messages.
         tools: The request's ``tools`` (None or empty: no system message is added).
@@ -34,21 +38,26 @@ def prepare_messages(messages: list[dict[str, Any]], tools: list[Any] | None) ->
     names = {call.get("id"): (call.get("function") or {}).get("name", "tool")
              for message in messages if message.get("role") == "assistant"
              for call in message.get("tool_calls") or []}
+    system: list[str] = []
     prepared = []
     for message in messages:
-        if message.get("role") == "tool":
+        role, text = message.get("role"), _text(message.get("content"))
+        if role in ("system", "developer"):
+            system.append(text)
+        elif role == "tool":
             name = names.get(message.get("tool_call_id"), "tool")
-            prepared.append({"role": "user", "content": f"functions.{name} returned:\n{_text(message.get('content'))}"})
+            prepared.append({"role": "user", "content": f"functions.{name} returned:\n{text}"})
         else:
-            prepared.append(message)
-    if tools and not any(message.get("role") == "system" for message in prepared):
-        prepared.insert(0, {"role": "system", "content": ""})
+            prepared.append({**message, "content": text})
+    if system or tools:
+        prepared.insert(0, {"role": "system", "content": "\n\n".join(system)})
     return prepared
 
 
 def _text(content: Any) -> str:
     if isinstance(content, list):
-        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+        return "".join(part if isinstance(part, str) else str(part.get("text", ""))
+                       for part in content if isinstance(part, (str, dict)))
     return "" if content is None else str(content)
 
 
