@@ -369,7 +369,8 @@ def redacted_config(config: AgentConfig) -> dict[str, Any]:
     values (``runtime.env``, ``scoring.env``, ``scoring.runtime.env``) that are not pure
     ``${VAR}`` templates."""
     data = config.model_dump(mode="json")
-    for client in [data["client"], *(judge["client"] for judge in data["scoring"]["judges"])]:
+    judge_clients = [judge["client"] for judge in data["scoring"]["judges"] if judge["client"] is not None]
+    for client in [data["client"], *judge_clients]:
         client["headers"] = {key: "***" for key in client["headers"]}
         url = httpx.URL(client["base_url"])
         if url.password or url.username:

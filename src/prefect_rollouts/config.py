@@ -81,6 +81,12 @@ class SamplingConfig(_Config):
     extra: dict[str, Any] = {}
     """Further request-body keys, sent as they are (e.g. ``{"stop": ["\\n\\n"]}``)."""
 
+    def request_keys(self) -> dict[str, Any]:
+        """The standard sampling keys that are set (``temperature``, ``top_p``, ``seed``,
+        ``max_tokens``); ``tool_choice`` and ``extra`` are the caller's to add."""
+        return {key: value for key in ("temperature", "top_p", "seed", "max_tokens")
+                if (value := getattr(self, key)) is not None}
+
 
 class HarnessConfig(_Config):
     """Which harness drives the model. TOML and Python also accept the string ``"chat"`` or ``"tools"``."""

@@ -31,9 +31,9 @@ class JudgeConfig(_Config):
     weight: float = Field(1.0, ge=0)
     model: str = Field(min_length=1)
     """The judge's model (``local/smollm2`` and ``local/PATH.gguf`` start a local server)."""
-    client: ClientConfig = ClientConfig()
+    client: ClientConfig | None = None
     """The judge's own endpoint (``base_url``/``api_key_env`` or a ``ModelEndpoint`` block in
-    ``endpoint``); independent of the agent's."""
+    ``endpoint``), independent of the agent's; None: the agent's endpoint."""
     sampling: SamplingConfig = SamplingConfig(temperature=0.0)
     prompt: str | None = None
     """Prompt template replacing the plugin's; ``{field}`` placeholders as the plugin documents."""

@@ -36,19 +36,15 @@ class Usage(_Record):
         self.total_tokens += prompt_tokens + completion_tokens
 
 
-class ModelCall(_Record):
-    """One chat-completions request, successful or not."""
+class _CallRecord(_Record):
+    """What every chat-completions request records, successful or not."""
 
-    segment: int
-    """Index of the segment (``Trace.segments``) the call belongs to."""
     started_at: float
     """Unix time (s) the first attempt started."""
     latency_ms: float
     """Wall time of the call including retries, in milliseconds."""
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    finish_reason: str | None = None
-    """``stop``, ``length``, ``tool_calls``, ...; None when the call failed."""
     retries: int = 0
     """Attempts beyond the first."""
     status_code: int | None = None
@@ -56,28 +52,28 @@ class ModelCall(_Record):
     error: str | None = None
 
 
-class JudgeCall(_Record):
-    """One request of a judge to its model, successful or not."""
+class ModelCall(_CallRecord):
+    """One request of the agent's model."""
+
+    segment: int
+    """Index of the segment (``Trace.segments``) the call belongs to."""
+    finish_reason: str | None = None
+    """``stop``, ``length``, ``tool_calls``, ...; None when the call failed."""
+
+
+class JudgeCall(_CallRecord):
+    """One request of a judge to its model; ``error`` also says why its reply could not be parsed
+    (the rollout's reward is then None, never 0)."""
 
     judge: str
     """The judge's reward name."""
     model: str
-    started_at: float
-    """Unix time (s) the first attempt started."""
-    latency_ms: float
-    """Wall time of the call including retries, in milliseconds."""
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    retries: int = 0
-    status_code: int | None = None
     prompt: str | None = None
     """What the judge was asked, capped at 4,000 characters."""
     reply: str | None = None
     """The judge model's text, capped at 4,000 characters."""
     verdict: Any = None
     """What the judge parsed from the reply (e.g. ``"yes"`` or ``{"criterion": "choice"}``)."""
-    error: str | None = None
-    """Why the call or its parsing failed; the rollout's reward is then None, never 0."""
 
 
 class ToolCall(_Record):
@@ -229,13 +225,16 @@ def last_assistant_text(messages: list[dict[str, Any]]) -> str:
     """Text of the last assistant message in ``messages`` (content parts joined), stripped; ``""`` if none."""
     for message in reversed(messages):
         if message.get("role") == "assistant":
-            return _text(message.get("content")).strip()
+            return content_text(message.get("content")).strip()
     return ""
 
 
-def _text(content: Any) -> str:
+def content_text(content: Any) -> str:
+    """A message's ``content`` as text: a string as is, content parts (``{"text": ...}`` or bare
+    strings) joined, None as ``""``, anything else ``str``."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
-    return ""
+        return "".join(part if isinstance(part, str) else str(part.get("text", ""))
+                       for part in content if isinstance(part, (str, dict)))
+    return "" if content is None else str(content)

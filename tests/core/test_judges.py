@@ -246,12 +246,13 @@ async def test_one_failing_judge_keeps_the_others_grades(openai_server, judged):
 async def test_a_judge_without_a_client_uses_the_agents_endpoint(openai_server, agent_config):
     openai_server.play([reply("Paris"), reply("yes")])
     config = agent_config(scoring=vf.ScoringConfig(judges=[vf.ReferenceJudgeConfig(model="judge")]))
+    config = vf.AgentConfig.model_validate_json(config.model_dump_json())   # as a deployment's parameters
     async with vf.make_agent(config) as agent:
         trace = await agent.run(capital())
     assert trace.rewards["reference"] == 1.0 and judge_requests(openai_server)[0].path == "/v1/chat/completions"
 
 
-async def test_a_judge_after_the_agent_closed_is_an_error_not_a_leak(openai_server, judged):
+async def test_a_judge_after_the_agent_closed_is_an_error_not_a_leak():
     from prefect_rollouts.scoring.judges import JudgeClients
 
     clients = JudgeClients()

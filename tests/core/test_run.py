@@ -267,7 +267,9 @@ async def test_a_retried_segment_resumes_where_the_failed_call_left_it(openai_se
 
 
 async def test_a_steer_delivered_before_a_retried_call_is_not_lost(openai_server, agent_config):
-    openai_server.play([tool_call("bash", command="true"), status(500), status(500), status(500), reply("5")])
+    # the first reply waits, so the steer lands before the second call (the one that fails)
+    openai_server.play([delayed(0.3, tool_call("bash", command="true")), status(500), status(500), status(500),
+                        reply("5")])
     async with vf.make_agent(agent_config()) as agent:
         async with agent.interaction(add_task()) as it:
             turn = asyncio.create_task(it.turn())
@@ -278,7 +280,8 @@ async def test_a_steer_delivered_before_a_retried_call_is_not_lost(openai_server
         trace = it.trace
     (sent,) = trace.sends
     assert sent.status == "delivered" and any(m.get("content") == "answer with a number" for m in trace.messages)
-    assert any(m.get("content") == "answer with a number" for m in openai_server.requests[-1].messages)
+    assert any(m.get("content") == "answer with a number" for m in openai_server.requests[1].messages)  # the failed call
+    assert any(m.get("content") == "answer with a number" for m in openai_server.requests[-1].messages)  # its retry
 
 
 async def test_api_key_is_read_at_request_time_and_never_reaches_the_trace(openai_server, agent_config, monkeypatch):

@@ -42,13 +42,9 @@ def make_harness(config: HarnessConfig) -> Harness:
 def request_template(config: AgentConfig) -> dict[str, Any]:
     """The request-body keys every call of a rollout shares: model and sampling (built once)."""
     sampling = config.sampling
-    body: dict[str, Any] = {"model": config.model}
-    for key in ("temperature", "top_p", "seed"):
-        if (value := getattr(sampling, key)) is not None:
-            body[key] = value
-    max_tokens = config.max_turn_tokens or sampling.max_tokens
-    if max_tokens is not None:
-        body["max_tokens"] = max_tokens
+    body: dict[str, Any] = {"model": config.model, **sampling.request_keys()}
+    if config.max_turn_tokens is not None:
+        body["max_tokens"] = config.max_turn_tokens
     body.update(sampling.extra)
     return body
 

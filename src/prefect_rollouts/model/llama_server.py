@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from prefect_rollouts.trace import content_text
+
 CHAT_FORMAT = "prefect-rollouts-tools"
 
 
@@ -41,7 +43,7 @@ def prepare_messages(messages: list[dict[str, Any]], tools: list[Any] | None) ->
     system: list[str] = []
     prepared = []
     for message in messages:
-        role, text = message.get("role"), _text(message.get("content"))
+        role, text = message.get("role"), content_text(message.get("content"))
         if role in ("system", "developer"):
             system.append(text)
         elif role == "tool":
@@ -52,13 +54,6 @@ def prepare_messages(messages: list[dict[str, Any]], tools: list[Any] | None) ->
     if system or tools:
         prepared.insert(0, {"role": "system", "content": "\n\n".join(system)})
     return prepared
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, list):
-        return "".join(part if isinstance(part, str) else str(part.get("text", ""))
-                       for part in content if isinstance(part, (str, dict)))
-    return "" if content is None else str(content)
 
 
 def install() -> None:

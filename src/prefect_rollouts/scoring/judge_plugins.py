@@ -8,9 +8,9 @@ from typing import Any
 
 from prefect_rollouts.judge_config import ReferenceJudgeConfig, RubricJudgeConfig
 from prefect_rollouts.errors import JudgeError
-from prefect_rollouts.scoring.judges import TOOL_OUTPUT_CAP_CHARS, Judge
+from prefect_rollouts.scoring.judges import TOOL_OUTPUT_CAP_CHARS, Judge, cap_text
 from prefect_rollouts.task import Task
-from prefect_rollouts.trace import Trace
+from prefect_rollouts.trace import Trace, content_text
 
 
 class ReferenceJudge(Judge):
@@ -35,9 +35,10 @@ class ReferenceJudge(Judge):
             JudgeError: the task has no answer, the call failed or the reply has no verdict.
         """
         answer = task.data.answer
-        if answer is None or not answer_text(answer).replace("Any of:", "").replace("-", "").strip():
+        items = answer if isinstance(answer, (list, tuple)) else [answer]
+        if not any(item is not None and _answer_item(item).strip() for item in items):
             raise JudgeError(f"judge {self.name!r}: task {task.id!r} has no TaskData.answer to compare with "
-                             f"(got {_cap(repr(answer))})")
+                             f"(got {cap_text(repr(answer), 120)})")
         response = view(trace, self.config.view)
         if not response.strip():
             return 0.0
@@ -91,13 +92,13 @@ class RubricJudge(Judge):
         given = {str(key).strip(): value for key, value in found.items()}
         names = [c.name for c in self.config.criteria]
         if set(given) != set(names):
-            raise ValueError(f"verdict names {_cap(repr(sorted(given)), 200)}, expected exactly {sorted(names)}")
+            raise ValueError(f"verdict names {cap_text(repr(sorted(given)), 200)}, expected exactly {sorted(names)}")
         verdict = {}
         for criterion in self.config.criteria:
             choice = given[criterion.name]
             menu = {c.lower(): c for c in criterion.choices}
             if not isinstance(choice, str) or choice.strip().lower() not in menu:
-                raise ValueError(f"{criterion.name} = {_cap(repr(choice), 80)} is not one of {criterion.choices}")
+                raise ValueError(f"{criterion.name} = {cap_text(repr(choice), 80)} is not one of {criterion.choices}")
             verdict[criterion.name] = menu[choice.strip().lower()]
         return verdict
 
@@ -117,7 +118,7 @@ def parse_yes_no(reply: str) -> str:
     """
     text = re.sub(r"<think>.*?(</think>|$)", " ", reply, flags=re.DOTALL | re.IGNORECASE).lower()
     if re.search(r"\bnot\s+(yes|no)\b", text):
-        raise ValueError(f"a negated verdict in {_cap(reply)!r}")
+        raise ValueError(f"a negated verdict in {cap_text(reply)!r}")
     marked = re.findall(r"\b(?:verdict|answer|grade)\W*(yes|no)\b", text)
     if marked:
         return marked[-1]
@@ -125,7 +126,7 @@ def parse_yes_no(reply: str) -> str:
     ends = {word for word in words[:1] + words[-1:] if word in ("yes", "no")}
     if len(ends) == 1:
         return ends.pop()
-    raise ValueError(f"expected yes or no, got {_cap(reply)!r}")
+    raise ValueError(f"expected yes or no, got {cap_text(reply)!r}")
 
 
 def question_text(task: Task) -> str:
@@ -133,14 +134,18 @@ def question_text(task: Task) -> str:
     prompt = task.data.prompt
     if isinstance(prompt, str):
         return prompt
-    return "\n\n".join(_text(m.get("content")) for m in prompt or [] if m.get("role") == "user")
+    return "\n\n".join(content_text(m.get("content")) for m in prompt or [] if m.get("role") == "user")
 
 
 def answer_text(answer: Any) -> str:
     """The reference answer as text; a list becomes "Any of:" and one item per line."""
     if isinstance(answer, (list, tuple)):
-        return "Any of:\n" + "\n".join(f"- {_text(item)}" for item in answer)
-    return _text(answer)
+        return "Any of:\n" + "\n".join(f"- {_answer_item(item)}" for item in answer)
+    return _answer_item(answer)
+
+
+def _answer_item(item: Any) -> str:
+    return item if isinstance(item, str) else json.dumps(item)
 
 
 def view(trace: Trace, kind: str) -> str:
@@ -153,7 +158,7 @@ def view(trace: Trace, kind: str) -> str:
         role = message.get("role")
         if role == "system":
             continue
-        text = _text(message.get("content"))
+        text = content_text(message.get("content"))
         if role == "tool":
             text = text if len(text) <= TOOL_OUTPUT_CAP_CHARS else text[:TOOL_OUTPUT_CAP_CHARS] + " [...]"
         if text:
@@ -164,28 +169,18 @@ def view(trace: Trace, kind: str) -> str:
     return "\n".join(lines)
 
 
-def _text(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):  # content parts
-        return "".join(part.get("text", "") for part in value if isinstance(part, dict))
-    return json.dumps(value) if isinstance(value, dict) else str(value)
-
-
 def _json_object(reply: str) -> dict[str, Any]:
     start, end = reply.find("{"), reply.rfind("}")
     if start < 0 or end < start:
-        raise ValueError(f"no JSON object in {_cap(reply)!r}")
+        raise ValueError(f"no JSON object in {cap_text(reply)!r}")
     try:
         found = json.loads(reply[start:end + 1], object_pairs_hook=_unique_keys)
     except RecursionError:
         raise ValueError("the JSON object is nested too deeply") from None
     except ValueError as exc:
-        raise ValueError(f"not valid JSON ({_cap(str(exc))}) in {_cap(reply)!r}") from None
+        raise ValueError(f"not valid JSON ({cap_text(str(exc))}) in {cap_text(reply)!r}") from None
     if not isinstance(found, dict):
-        raise ValueError(f"expected a JSON object, got {_cap(reply)!r}")
+        raise ValueError(f"expected a JSON object, got {cap_text(reply)!r}")
     return found
 
 
@@ -193,10 +188,6 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for key, value in pairs:
         if key in found:
-            raise ValueError(f"the verdict names {_cap(key, 80)!r} twice")
+            raise ValueError(f"the verdict names {cap_text(key, 80)!r} twice")
         found[key] = value
     return found
-
-
-def _cap(text: str, limit: int = 120) -> str:
-    return text if len(text) <= limit else text[:limit] + "..."

@@ -16,7 +16,6 @@ import hashlib
 import importlib
 import inspect
 import json
-import math
 import re
 import time
 from collections.abc import Callable
@@ -28,7 +27,8 @@ from prefect_rollouts.errors import ConfigError, JudgeError, ProviderError, Task
 from prefect_rollouts.model.client import ModelClient
 from prefect_rollouts.model.open import open_client
 from prefect_rollouts.task import Task
-from prefect_rollouts.trace import JudgeCall, Trace, last_assistant_text
+from prefect_rollouts.scoring.rewards import as_score, record_total
+from prefect_rollouts.trace import JudgeCall, Trace, content_text
 
 REPLY_CAP_CHARS = 4_000
 """Judge prompts and replies longer than this are cut on the trace (the parser sees the whole reply)."""
@@ -59,8 +59,8 @@ class JudgeClients:
         self._closed = False
 
     def client_config(self, config: JudgeConfig) -> ClientConfig:
-        """The endpoint ``config`` uses: its own ``client`` when set, else the default."""
-        return config.client if "client" in config.model_fields_set else self._default
+        """The endpoint ``config`` uses: its own ``client``, else the default."""
+        return config.client or self._default
 
     async def get(self, config: JudgeConfig) -> ModelClient:
         """The client of ``config``'s model and endpoint, opened on first use.
@@ -146,10 +146,10 @@ class Judge:
             completion = await self.client.complete(body)
         except ProviderError as exc:
             record.status_code, record.retries = exc.status_code, getattr(exc, "retries", 0)
-            record.error = _cap(str(exc))
+            record.error = cap_text(str(exc))
             raise JudgeError(f"judge {self.name!r}: {record.error}", status_code=exc.status_code) from None
         except Exception as exc:
-            record.error = _cap(f"{type(exc).__name__}: {exc}")
+            record.error = cap_text(f"{type(exc).__name__}: {exc}")
             raise JudgeError(f"judge {self.name!r}: the call failed ({record.error})") from None
         except BaseException:  # cancelled, e.g. by the scoring deadline
             record.error = "cancelled"
@@ -159,16 +159,14 @@ class Judge:
         record.status_code, record.retries = completion.status_code, completion.retries
         record.prompt_tokens, record.completion_tokens = completion.prompt_tokens, completion.completion_tokens
         trace.judge_usage.add(completion.prompt_tokens, completion.completion_tokens)
-        reply = completion.message.get("content") or ""
-        if not isinstance(reply, str):
-            reply = last_assistant_text([completion.message])
+        reply = content_text(completion.message.get("content"))
         record.reply = reply[:REPLY_CAP_CHARS]
         try:
             verdict = parse(reply)
         except Exception as exc:
-            record.error = _cap(f"unparseable reply: {exc}")
+            record.error = cap_text(f"unparseable reply: {exc}")
             raise JudgeError(f"judge {self.name!r}: cannot parse the reply of {self.config.model!r} "
-                             f"({_cap(str(exc))}); a stronger judge model or a clearer prompt may help") from None
+                             f"({cap_text(str(exc))}); a stronger judge model or a clearer prompt may help") from None
         record.verdict = _json_safe(verdict)
         return verdict
 
@@ -184,10 +182,7 @@ def sampling_body(config: JudgeConfig) -> dict[str, Any]:
     """Request-body keys of the judge's ``sampling``: temperature 0 unless set, no tool choice
     (judges offer no tools), then ``sampling.extra``."""
     sampling = config.sampling
-    body: dict[str, Any] = {key: value for key in ("temperature", "top_p", "max_tokens", "seed")
-                            if (value := getattr(sampling, key)) is not None}
-    body.setdefault("temperature", 0.0)
-    return {**body, **sampling.extra}
+    return {"temperature": 0.0, **sampling.request_keys(), **sampling.extra}
 
 
 def load_judge(config: JudgeConfig) -> type[Judge]:
@@ -265,10 +260,7 @@ async def run_judges(judges: list[JudgeConfig], task: Task, trace: Trace, client
         others = ", ".join(repr(name) for name, _ in failed[1:])
         raise JudgeError(f"{first} (judges {others} failed too; see trace.judge_calls)",
                          status_code=first.status_code) from first
-    total = float(sum(trace.rewards[name] * trace.reward_weights[name] for name in trace.rewards))  # type: ignore[operator]
-    if not math.isfinite(total):
-        raise TaskError(f"the weighted sum of rewards {trace.rewards} is not finite")
-    trace.reward = total
+    record_total(trace)
 
 
 async def open_judges(judges: list[JudgeConfig], clients: JudgeClients) -> None:
@@ -292,7 +284,7 @@ async def _plugin_and_client(config: JudgeConfig, clients: JudgeClients) -> tupl
     except ConfigError as exc:
         raise ConfigError(f"judge {name!r}: {exc}") from None
     except Exception as exc:  # e.g. a local judge model that did not start
-        raise JudgeError(f"judge {name!r}: its model {config.model!r} is unavailable ({_cap(str(exc))})",
+        raise JudgeError(f"judge {name!r}: its model {config.model!r} is unavailable ({cap_text(str(exc))})",
                          status_code=getattr(exc, "status_code", None)) from None
 
 
@@ -306,17 +298,14 @@ async def _judge(config: JudgeConfig, task: Task, trace: Trace, clients: JudgeCl
     except (JudgeError, TaskError):
         raise
     except Exception as exc:
-        raise JudgeError(f"judge {name!r}: score() raised {type(exc).__name__}: {_cap(str(exc))}") from None
-    try:
-        number = float(value) if not isinstance(value, bool) and isinstance(value, (int, float)) else math.nan
-    except OverflowError:
-        number = math.nan
-    if not math.isfinite(number):
-        raise JudgeError(f"judge {name!r}: score() returned {_cap(repr(value))}; return a finite number")
+        raise JudgeError(f"judge {name!r}: score() raised {type(exc).__name__}: {cap_text(str(exc))}") from None
+    number = as_score(value)
+    if number is None:
+        raise JudgeError(f"judge {name!r}: score() returned {cap_text(repr(value))}; return a finite number")
     return number
 
 
-def _cap(text: str, limit: int = 300) -> str:
+def cap_text(text: str, limit: int = 300) -> str:
     """``text`` cut to ``limit`` characters (messages go to traces and Parquet)."""
     return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} more characters]"
 

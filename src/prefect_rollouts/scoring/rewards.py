@@ -41,20 +41,30 @@ async def run_scoring_functions(task: Task, trace: Trace, runtime: Any) -> None:
             if isinstance(result, BaseException):
                 failure = failure or TaskError(f"{group} {name!r} raised {type(result).__name__}: {result}")
                 continue
-            value = _as_score(result)
+            value = as_score(result)
             if value is None:
                 failure = failure or TaskError(f"{group} {name!r} returned {result!r}; return a finite number")
                 continue
             (trace.rewards if group == "reward" else trace.metrics)[name] = value
         if failure is not None:
             raise failure
+    record_total(trace)
+
+
+def record_total(trace: Trace) -> None:
+    """Set ``trace.reward`` to the sum of reward x weight over ``trace.rewards`` (all recorded).
+
+    Raises:
+        TaskError: the sum is not finite.
+    """
     total = float(sum(trace.rewards[name] * trace.reward_weights[name] for name in trace.rewards))  # type: ignore[misc]
     if not math.isfinite(total):
         raise TaskError(f"the weighted sum of rewards {trace.rewards} is not finite; return smaller values")
     trace.reward = total
 
 
-def _as_score(value: Any) -> float | None:
+def as_score(value: Any) -> float | None:
+    """``value`` as a finite float (a bool counts as 0/1), or None when it is not a finite number."""
     if isinstance(value, bool):
         return float(value)
     if isinstance(value, (int, float)):
