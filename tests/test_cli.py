@@ -26,3 +26,57 @@ def test_a_bad_taskset_option_fails_before_prefect_starts(tmp_path):
     result = CliRunner().invoke(app, ["eval", str(config)])
     assert result.exit_code == 2 and "config error:" in result.output and "cout" in result.output
     assert "Starting temporary server" not in result.output
+
+
+def run_eval(tmp_path, taskset: str, *args: str):
+    config = tmp_path / "eval.toml"
+    config.write_text(f'[traces]\npath = "{tmp_path / "traces"}"\n[env.taskset]\n{taskset}\n[env.agent]\nmodel = "m"\n')
+    return CliRunner().invoke(app, ["eval", str(config), *args])
+
+
+def assert_config_error_before_prefect(result, *expected: str) -> None:
+    text = " ".join(result.output.split())     # rich wraps long lines
+    assert result.exit_code == 2, result.output
+    assert text.startswith("config error: ") and all(part in text for part in expected), text
+    assert "Traceback" not in text and "Starting temporary server" not in text and result.exception is not None
+
+
+def test_a_mistyped_option_of_a_generator_taskset_is_a_config_error_naming_the_key(tmp_path):
+    result = run_eval(tmp_path, 'id = "arithmetic"\ncount = "ten"')
+    assert_config_error_before_prefect(result, '[env.taskset] count = "ten"', "count: int")
+
+
+def test_a_generator_loader_failing_while_iterating_is_a_config_error(tmp_path):
+    result = run_eval(tmp_path, 'id = "tests.test_cli:fails_after_one"\nlimit = 3')
+    assert_config_error_before_prefect(result, "tests.test_cli:fails_after_one", "ValueError: limit 3 is too high")
+
+
+def test_a_taskset_with_no_tasks_is_a_config_error(tmp_path):
+    result = run_eval(tmp_path, 'id = "arithmetic"\ncount = 0')
+    assert_config_error_before_prefect(result, "no tasks with the options {count = 0}")
+
+
+def test_a_traces_path_under_a_file_is_a_config_error_before_prefect_starts(tmp_path):
+    (tmp_path / "file").write_text("")
+    result = run_eval(tmp_path, 'id = "arithmetic"\ncount = 2', "--set", f"traces.path={tmp_path / 'file' / 'traces'}")
+    assert_config_error_before_prefect(result, f"[traces] path = '{tmp_path / 'file' / 'traces'}': cannot create it",
+                                       "Choose a writable directory")
+
+
+def test_a_traces_path_that_is_a_file_is_a_config_error(tmp_path):
+    (tmp_path / "file").write_text("")
+    result = run_eval(tmp_path, 'id = "arithmetic"\ncount = 2', "--set", f"traces.path={tmp_path / 'file'}")
+    assert_config_error_before_prefect(result, "is a file, not a directory")
+
+
+def test_a_missing_config_file_is_a_config_error(tmp_path):
+    result = CliRunner().invoke(app, ["eval", str(tmp_path / "nope.toml")])
+    assert_config_error_before_prefect(result, "not found")
+
+
+def fails_after_one(limit: int = 1):
+    """A generator taskset that rejects its option only once iterated (as generator loaders do)."""
+    import prefect_rollouts as vf
+
+    yield vf.Task(vf.TaskData(id="first", prompt="x"))
+    raise ValueError(f"limit {limit} is too high")

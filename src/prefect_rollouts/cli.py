@@ -36,8 +36,9 @@ def eval_command(
 
     try:
         eval_config = load_eval_config(config, set_ or [])
-        taskset = eval_config.env.taskset   # a bad taskset option fails here, before Prefect starts
+        taskset = eval_config.env.taskset   # a bad taskset option or traces path fails here, before Prefect starts
         load_taskset(taskset.id, taskset.options, eval_config.num_tasks)
+        eval_config.traces.check_writable()
     except ConfigError as exc:
         _error("config error: ", exc)
         raise typer.Exit(2) from None

@@ -20,6 +20,7 @@ model = "some/model"
 
 from __future__ import annotations
 
+import tempfile
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -57,6 +58,32 @@ class TracesConfig(_Config):
     path: str | None = "./traces"
     store: str | None = None
     """Name of a ``TraceStore`` block; wins over ``path``."""
+
+    def check_writable(self) -> None:
+        """Make sure files can be written under ``path`` (creating it), so a bad path is a config
+        error before anything starts. A ``store`` block is checked where it is resolved.
+
+        Raises:
+            ConfigError: ``path`` is a file, sits under a file, or is a directory that cannot be
+                created or written; the message names ``[traces] path`` and the cause.
+        """
+        if self.store or self.path is None:
+            return
+        root = Path(self.path)
+        fix = 'Choose a writable directory, or set [traces] store = "<TraceStore block name>"'
+        if root.exists() and not root.is_dir():
+            raise ConfigError(f"[traces] path = {self.path!r}: is a file, not a directory. {fix}")
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"[traces] path = {self.path!r}: cannot create it ({exc.strerror or exc}). "
+                              f"{fix}") from None
+        try:
+            with tempfile.TemporaryFile(dir=root, prefix=".write-check-"):
+                pass
+        except OSError as exc:
+            raise ConfigError(f"[traces] path = {self.path!r}: cannot write files in it ({exc.strerror or exc}). "
+                              f"{fix}") from None
 
 
 class EvalConfig(_Config):
