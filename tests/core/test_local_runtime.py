@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import random
+import time
+from pathlib import Path
+
 import pytest
 
 import prefect_rollouts as vf
@@ -26,6 +30,46 @@ async def test_exec_runs_in_the_workspace_with_exit_code_and_streams(runtime):
 async def test_exec_timeout_kills_the_command_and_its_children(runtime):
     result = await runtime.exec("sleep 30 & sleep 30; echo never", timeout=0.3)
     assert (result.exit_code, result.timed_out, result.stdout) == (-9, True, "")
+
+
+def _processes_with(marker: str) -> list[str]:
+    """Command lines of the live processes on this host that contain ``marker``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if marker in cmdline and "pytest" not in cmdline:
+            found.append(cmdline)
+    return found
+
+
+async def test_exec_timeout_holds_when_the_command_leaves_its_session(runtime):
+    started = time.monotonic()
+    result = await runtime.exec("setsid sleep 31.41 & wait", timeout=1)
+    elapsed = time.monotonic() - started
+    assert (result.exit_code, result.timed_out) == (-9, True)
+    assert elapsed < 2.0, f"the 1 s timeout took {elapsed:.1f} s"      # issue 9: within a second of it
+    assert _processes_with("sleep 31.41") == []
+
+
+@pytest.mark.parametrize("escape", ["setsid -f sleep {m}", "nohup sleep {m} >/dev/null 2>&1 &",
+                                    "(setsid sleep {m} &)", "bash -c 'sleep {m} & disown' &"])
+async def test_no_process_a_command_started_outlives_it(runtime, escape):
+    marker = f"{random.randint(100, 999)}.{random.randint(100, 999)}"
+    result = await runtime.exec(escape.format(m=marker) + "\nsleep 0.2; echo started", timeout=5)
+    assert (result.exit_code, result.stdout) == (0, "started\n")
+    assert _processes_with(f"sleep {marker}") == []
+
+
+async def test_a_rollout_leaves_no_process_behind_after_a_bash_tool_escapes(openai_server, agent_config):
+    marker = f"{random.randint(100, 999)}.{random.randint(100, 999)}"
+    openai_server.play([tool_call("bash", command=f"setsid -f sleep {marker}; echo ok"), reply("done")])
+    async with vf.make_agent(agent_config(harness=vf.HarnessConfig(runtime_tools=["bash"]))) as agent:
+        trace = await agent.run(vf.Task(vf.TaskData(prompt="start a daemon")))
+    assert trace.errors == [] and "stdout:\nok" in trace.tool_calls[0].output
+    assert _processes_with(f"sleep {marker}") == []
 
 
 async def test_output_is_capped(runtime):

@@ -1,8 +1,24 @@
 """The ``local`` runtime: a fresh temporary workspace and subprocesses on this machine.
 
 For development and machines without a container engine. It isolates files by directory only.
-``network = "none"`` runs each command in a new network namespace (``unshare --net``), which
-needs root or unprivileged user namespaces; where that fails, starting the runtime fails.
+
+Process lifetime: each command runs as PID 1 of its own PID namespace (``unshare --pid --fork
+--kill-child``). When that first process ends, or is killed at the command's timeout, the kernel
+kills every process in the namespace, so nothing the command started outlives it: not a
+background job, not a ``setsid``/``nohup`` escapee, not a double fork. A process group or a
+session does not give this (``setsid`` leaves both), a cgroup needs a writable cgroup v2 tree
+(not given in containers or on cgroup v1 hosts), and a subreaper would make the whole eval
+process the parent of every orphan; a PID namespace is one ``unshare`` per command and the
+kernel does the rest. It needs root or unprivileged user namespaces (then ``--user
+--map-root-user`` is added); where neither works, commands run in their own session and
+process group only, and a warning says that a process leaving its session may outlive them.
+
+``network = "none"`` adds a network namespace (``unshare --net``) under the same conditions;
+where that fails, starting the runtime fails.
+
+Workspaces are ``rollout-<host>_<boot>_<pid>_<start>-<random>`` directories under the temporary
+directory, naming the process that owns them (``runtimes.owner``), so the janitor flow can
+remove those of a killed eval and never those of a live one.
 """
 
 from __future__ import annotations
@@ -22,12 +38,17 @@ from pathlib import Path
 from prefect_rollouts.config import NetworkPolicy, RuntimeConfig
 from prefect_rollouts.errors import ConfigError, RuntimeUnavailableError, TaskError
 from prefect_rollouts.runtimes.base import ExecResult
+from prefect_rollouts.runtimes.owner import Owner, current_owner
 
 logger = logging.getLogger("prefect_rollouts.runtimes")
 
+WORKSPACE_PREFIX = "rollout-"
+"""Workspace directories are ``<tempdir>/rollout-<owner>-<random>`` (see ``workspace_owner``)."""
+
 _BASE_ENV_KEYS = ("PATH", "LANG", "LC_ALL", "TZ")
-_DRAIN_S = 1.0
+_DRAIN_S = 0.5
 """After a command ends, how long its pipes may stay open (held by an escaped process) before reading stops."""
+_PID_NAMESPACE = ["unshare", "--pid", "--fork", "--kill-child"]
 
 
 class LocalRuntime:
@@ -49,6 +70,7 @@ class LocalRuntime:
         self.id = ""
         self._prefix: list[str] = []
         self._owner = True
+        self._isolation: list[str] = []
 
     async def start(self) -> None:
         """Create the workspace; with ``network = "none"`` check that a namespace can be made.
@@ -57,11 +79,12 @@ class LocalRuntime:
             ConfigError: ``network = "none"`` but no network namespace can be created here.
             RuntimeUnavailableError: the temporary directory cannot be created.
         """
+        self._isolation = await _process_isolation()
         if self.network.mode == "none":
             self._prefix = ["unshare", "--net"]
             await self._check_namespace()
         try:
-            self.workspace = Path(tempfile.mkdtemp(prefix="rollout-"))
+            self.workspace = Path(tempfile.mkdtemp(prefix=f"{WORKSPACE_PREFIX}{current_owner()}-"))
         except OSError as exc:
             raise RuntimeUnavailableError(f'runtime "local": cannot create a workspace directory ({exc}). '
                                           "Free disk space or set TMPDIR") from exc
@@ -99,19 +122,22 @@ class LocalRuntime:
 
         Args:
             cmd: Shell command.
-            timeout: Seconds before the command's process group is killed; default
-                ``config.exec_timeout_s``. A killed command returns exit code -9, ``timed_out``.
+            timeout: Seconds before the command and every process it started are killed;
+                default ``config.exec_timeout_s``. A killed command returns exit code -9,
+                ``timed_out``, within about half a second of the deadline whatever it does
+                (a process that escaped to its own session cannot hold the call open).
             env: Extra environment variables over ``config.env``.
 
         Returns:
             ``ExecResult``; stdout and stderr are decoded as UTF-8 (errors replaced) and cut to
-            ``config.output_cap_bytes`` each.
+            ``config.output_cap_bytes`` each. When the call returns, no process the command
+            started is left (see the module docstring for the one exception).
         """
         root = self._root()
         proc_env = {k: os.environ[k] for k in _BASE_ENV_KEYS if k in os.environ}
         proc_env.update(HOME=str(root), **self.config.env, **(env or {}))
         proc = await asyncio.create_subprocess_exec(
-            *self._prefix, "bash", "-c", cmd, cwd=root, env=proc_env, stdin=subprocess.DEVNULL,
+            *self._prefix, *self._isolation, "bash", "-c", cmd, cwd=root, env=proc_env, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         cap = self.config.output_cap_bytes
         out, err = bytearray(), bytearray()
@@ -124,10 +150,10 @@ class LocalRuntime:
         except TimeoutError:
             timed_out, code = True, -9
         finally:
-            _kill_group(proc.pid)  # the command's background jobs end with it
-            if proc.returncode is None:
-                await asyncio.shield(proc.wait())
-            # a process that left the group (setsid) may hold the pipes open: stop reading soon
+            _kill_group(proc.pid)  # the command's background jobs end with it (and its namespace)
+            # not proc.wait(): on Python 3.11 it also waits for the pipes, which an escaped process holds
+            await asyncio.shield(_reaped(proc))
+            # without a PID namespace a process that left the group (setsid) may hold the pipes open
             await asyncio.wait(readers, timeout=_DRAIN_S)
             for reader in readers:
                 reader.cancel()
@@ -233,6 +259,49 @@ class LocalRuntime:
             raise ConfigError(f'runtime "local" cannot enforce network = "none" (creating a network '
                               f"namespace failed: {err.decode().strip()}). Run as root, or set "
                               'network = "open"')
+
+
+async def _reaped(proc: asyncio.subprocess.Process) -> None:
+    """Wait until the killed ``proc`` has been reaped (its exit status is known), not for its pipes."""
+    while proc.returncode is None:
+        await asyncio.sleep(0.01)
+
+
+_isolation_checked: list[str] | None = None
+
+
+async def _process_isolation() -> list[str]:
+    """The ``unshare`` prefix that gives each command its own PID namespace here (checked once per
+    process), or ``[]`` with a warning where no PID namespace can be made."""
+    global _isolation_checked
+    if _isolation_checked is None:
+        errors = []
+        for prefix in (_PID_NAMESPACE, ["unshare", "--user", "--map-root-user", *_PID_NAMESPACE[1:]]):
+            try:
+                proc = await asyncio.create_subprocess_exec(*prefix, "true", stdout=subprocess.DEVNULL,
+                                                            stderr=subprocess.PIPE)
+                _, err = await proc.communicate()
+            except OSError as exc:   # no unshare binary
+                errors.append(str(exc))
+                break
+            if proc.returncode == 0:
+                _isolation_checked = prefix
+                return prefix
+            errors.append(err.decode(errors="replace").strip())
+        _isolation_checked = []
+        logger.warning('runtime "local": cannot give commands their own PID namespace (%s); a process that '
+                       "leaves its session (setsid, a double fork) may outlive its command and the rollout. "
+                       'Run as root, allow unprivileged user namespaces, or use runtime "docker"',
+                       "; ".join(errors) or "unknown")
+    return _isolation_checked
+
+
+def workspace_owner(path: Path) -> Owner | None:
+    """The owner named in a workspace directory's name, or None (not a workspace, or an older name)."""
+    name = path.name
+    if not name.startswith(WORKSPACE_PREFIX):
+        return None
+    return Owner.parse(name[len(WORKSPACE_PREFIX):].rsplit("-", 1)[0])
 
 
 async def _wait_exit(proc: asyncio.subprocess.Process, readers: list[asyncio.Future[None]]) -> int:
