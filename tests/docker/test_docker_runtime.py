@@ -57,6 +57,30 @@ async def test_a_missing_image_names_the_build_command():
         await runtime.start()
 
 
+async def test_a_missing_scoring_image_names_the_scoring_runtime_table(openai_server, agent_config):
+    play_solution(openai_server)
+    config = agent_config(runtime=docker_config(), scoring=vf.ScoringConfig(
+        mode="isolated", runtime=docker_config(image="prefect-rollouts-no-such-image:2")))
+    async with vf.make_agent(config) as agent:
+        trace = await agent.run(solution_task())
+    assert trace.reward is None and trace.errors[0].stage == "scoring"
+    assert trace.errors[0].message.startswith(
+        '[env.agent.scoring.runtime] image = "prefect-rollouts-no-such-image:2": no such image')
+
+
+async def test_a_container_names_its_owner_process(docker_engine):
+    from prefect_rollouts.runtimes.owner import Owner, current_owner
+
+    runtime = make_runtime(docker_config())
+    await runtime.start()
+    try:
+        labels = docker_engine.containers.get(runtime.id).labels
+    finally:
+        await runtime.stop()
+    owner = Owner.parse(labels[f"{LABEL}.owner"])
+    assert owner == current_owner() and owner.is_alive() is True
+
+
 @pytest.fixture
 def test_network(docker_engine):
     """A Docker network the test owns, with a web server in a second container on it."""

@@ -38,12 +38,17 @@ class Runtime(Protocol):
     async def scoped(self, *, env: dict[str, str] | None = None, network: NetworkPolicy | None = None) -> Runtime: ...
 
 
-def make_runtime(config: RuntimeConfig, *, network: NetworkPolicy | None = None, labels: dict[str, str] | None = None) -> Runtime:
-    """Build an unstarted runtime from ``config``; ``network`` overrides ``config.network`` (scoring)."""
+def make_runtime(config: RuntimeConfig, *, network: NetworkPolicy | None = None, labels: dict[str, str] | None = None,
+                 source: str = "[env.agent.runtime]") -> Runtime:
+    """Build an unstarted runtime from ``config``; ``network`` overrides ``config.network`` (scoring).
+
+    ``source`` is the config table ``config`` came from, named in error messages (e.g.
+    ``[env.agent.scoring.runtime]`` for an isolated-scoring runtime of its own).
+    """
     if config.type == "docker":
         from prefect_rollouts.runtimes.docker import DockerRuntime  # the docker SDK loads only when used
 
-        return DockerRuntime(config, network=network, labels=labels)
+        return DockerRuntime(config, network=network, labels=labels, source=source)
     from prefect_rollouts.runtimes.local import LocalRuntime
 
     return LocalRuntime(config, network=network, labels=labels)

@@ -2,8 +2,8 @@
 
 Built on the Python ``docker`` SDK (a local daemon or ``DOCKER_HOST``). The container runs
 ``sleep infinity`` under an init process with CPU, memory and pids limits, all capabilities
-dropped and ``no-new-privileges``, labelled with the run, rollout and flow run ids so the
-janitor flow can find leftovers. ``network = "none"`` gives it only a loopback interface.
+dropped and ``no-new-privileges``, labelled with the run, rollout and flow run ids, the Prefect
+API and the owning process, so the janitor flow can find leftovers and tell whose owner is gone. ``network = "none"`` gives it only a loopback interface.
 The SDK is blocking, so every call runs in a worker thread. ``stop`` removes the container on
 every path, cancellation included.
 """
@@ -25,6 +25,7 @@ import docker.errors
 from prefect_rollouts.config import NetworkPolicy, RuntimeConfig
 from prefect_rollouts.errors import RuntimeUnavailableError, TaskError
 from prefect_rollouts.runtimes.base import ExecResult
+from prefect_rollouts.runtimes.owner import current_owner
 
 LABEL = "org.prefect-rollouts"
 """Every container this project starts carries ``LABEL=1`` and ``LABEL.<key>`` labels."""
@@ -71,12 +72,16 @@ class DockerRuntime:
         config: ``RuntimeConfig`` with ``type = "docker"`` (image, workdir, cpus, memory_mb,
             pids_limit, docker_network, network, limits).
         network: Overrides ``config.network`` (scoring's policy).
-        labels: Added to the container as ``org.prefect-rollouts.<key>`` labels.
+        labels: Added to the container as ``org.prefect-rollouts.<key>`` labels, besides
+            ``owner`` (this process, see ``runtimes.owner``) and ``started_at`` (Unix seconds),
+            the evidence the janitor flow goes by.
+        source: The config table ``config`` came from, named in error messages.
     """
 
     def __init__(self, config: RuntimeConfig, *, network: NetworkPolicy | None = None,
-                 labels: dict[str, str] | None = None) -> None:
+                 labels: dict[str, str] | None = None, source: str = "[env.agent.runtime]") -> None:
         self.config = config
+        self.source = source
         self.network = network or config.network
         self.labels = dict(labels or {})
         self.id = ""
@@ -101,10 +106,10 @@ class DockerRuntime:
             client.images.get(config.image)
         except docker.errors.ImageNotFound:
             raise RuntimeUnavailableError(
-                f'[env.agent.runtime] image = "{config.image}": no such image on the Docker engine. Build the '
+                f'{self.source} image = "{config.image}": no such image on the Docker engine. Build the '
                 "default sandbox with `prefect-rollouts sandbox build`, or name an image you have",
                 retryable=False) from None
-        labels = {LABEL: "1", f"{LABEL}.started_at": str(int(time.time())),
+        labels = {LABEL: "1", f"{LABEL}.started_at": str(int(time.time())), f"{LABEL}.owner": str(current_owner()),
                   **{f"{LABEL}.{key}": value for key, value in self.labels.items()}}
         none = self.network.mode == "none"
         try:
@@ -153,6 +158,12 @@ class DockerRuntime:
 
     async def exec(self, cmd: str, timeout: float | None = None, env: dict[str, str] | None = None) -> ExecResult:
         """Run ``cmd`` with ``bash -c`` in the workdir.
+
+        The command runs in its own process group, killed when it ends or at its timeout. A
+        process that leaves that group (``setsid``, a double fork) is not killed with it: it
+        lives until the container is removed, which ``stop`` (the rollout's teardown) always
+        does; meanwhile ``pids_limit`` bounds how many there can be. (Killing every process of
+        the container at a timeout would also kill the commands of parallel tool calls.)
 
         Args:
             cmd: Shell command.

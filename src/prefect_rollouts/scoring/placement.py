@@ -62,8 +62,9 @@ async def score_isolated(task: Task, trace: Trace, artifacts: bytes, scoring: Sc
     """
     env = resolve_env(scoring.env)
     trace.info["scoring_attempts"] = trace.info.get("scoring_attempts", 0) + 1
+    source = "[env.agent.scoring.runtime]" if scoring.runtime is not None else "[env.agent.runtime]"
     runtime = make_runtime(scoring.runtime or agent_runtime, network=scoring.network,
-                           labels={**(labels or {}), "role": "scoring"})
+                           labels={**(labels or {}), "role": "scoring"}, source=source)
     try:
         await runtime.start()
         await runtime.restore_artifacts(artifacts)
