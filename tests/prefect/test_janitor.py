@@ -1,18 +1,30 @@
-"""janitor_flow removes labelled containers of finished rollouts and old ones, and nothing else."""
+"""janitor_flow removes sandboxes only on evidence that their owner is gone, and marks the flow
+runs of a dead eval process Crashed."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 import uuid
 
 import pytest
 from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+from prefect.settings import PREFECT_API_URL
+from prefect.states import Running
 
 import prefect_rollouts as vf
 from prefect_rollouts.flows.janitor import janitor_flow
+from prefect_rollouts.flows.ownership import OWNER_TAG
 from prefect_rollouts.runtimes.docker import LABEL
-
-pytestmark = pytest.mark.usefixtures("docker_engine")
+from prefect_rollouts.runtimes.owner import Owner, boot_id, current_owner, process_start
+from tests.fakes.openai_server import delayed, reply
+from tests.prefect.conftest import wait_for
+from tests.prefect.test_eval_flow import eval_toml
 
 
 @flow
@@ -21,31 +33,118 @@ async def finished_flow() -> str:
     return str(flow_run.get_id())
 
 
-async def test_the_janitor_removes_finished_and_old_sandboxes_only(docker_engine):
+def dead_owner() -> Owner:
+    """The identity of a process of this host that has exited."""
+    process = subprocess.Popen(["sleep", "60"])
+    start = process_start(process.pid)
+    process.kill()
+    process.wait()
+    return Owner(current_owner().host, boot_id(), process.pid, start)
+
+
+async def api_url() -> str:
+    async with get_client() as client:
+        return str(client.api_url).rstrip("/")
+
+
+async def test_containers_go_on_a_dead_owner_a_final_run_on_this_api_or_age_only(docker_engine):
     image = vf.RuntimeConfig().image
-    finished_id = await finished_flow()
-    now = int(time.time())
+    finished_id, api, now = await finished_flow(), await api_url(), int(time.time())
+    alive = str(current_owner())
 
     def sandbox(**labels):
+        labels = {"started_at": str(now), "owner": alive, **labels}
         return docker_engine.containers.run(image, ["sleep", "infinity"], detach=True, labels={
-            LABEL: "1", f"{LABEL}.started_at": str(now), **{f"{LABEL}.{k}": v for k, v in labels.items()}})
+            LABEL: "1", **{f"{LABEL}.{k}": v for k, v in labels.items()}})
 
-    of_finished = sandbox(flow_run_id=finished_id)
-    of_unknown = sandbox(flow_run_id=str(uuid.uuid4()))
+    of_finished = sandbox(flow_run_id=finished_id, api_url=api)
+    of_dead_owner = sandbox(flow_run_id=str(uuid.uuid4()), api_url="http://elsewhere:4200/api",
+                            owner=str(dead_owner()))
     old = sandbox(started_at=str(now - 5 * 3600))
-    fresh = sandbox(rollout_id="still-running")
-    unrelated = docker_engine.containers.run(image, ["sleep", "infinity"], detach=True)
+    keep = {
+        "unknown to this server": sandbox(flow_run_id=str(uuid.uuid4()), api_url=api),
+        "finished on another server": sandbox(flow_run_id=finished_id, api_url="http://elsewhere:4200/api"),
+        "a live owner, no flow run": sandbox(rollout_id="still-running"),
+        "an owner on another host": sandbox(owner=f"other-host_{boot_id()}_1_1"),
+        "not ours": docker_engine.containers.run(image, ["sleep", "infinity"], detach=True),
+    }
     try:
         assert set(await janitor_flow(max_age_minutes=180, dry_run=True)) >= {of_finished.short_id, old.short_id}
         assert docker_engine.containers.get(old.id)                       # a dry run removes nothing
         removed = set(await janitor_flow(max_age_minutes=180))
-        assert {of_finished.short_id, of_unknown.short_id, old.short_id} <= removed
-        assert fresh.short_id not in removed and unrelated.short_id not in removed
+        assert {of_finished.short_id, of_dead_owner.short_id, old.short_id} <= removed
         remaining = {c.id for c in docker_engine.containers.list(all=True)}
-        assert fresh.id in remaining and unrelated.id in remaining and old.id not in remaining
+        assert {why: c.id in remaining for why, c in keep.items()} == {why: True for why in keep}
+        assert old.id not in remaining and of_dead_owner.id not in remaining
     finally:
-        for container in (of_finished, of_unknown, old, fresh, unrelated):
+        for container in (of_finished, of_dead_owner, old, *keep.values()):
             try:
                 container.remove(force=True)
             except Exception:
                 pass
+
+
+async def test_workspaces_go_on_a_dead_owner_or_age_only(tmp_path):
+    dead = tmp_path / f"rollout-{dead_owner()}-abc123"
+    live = tmp_path / f"rollout-{current_owner()}-def456"
+    old_unnamed, fresh_unnamed = tmp_path / "rollout-oldname1", tmp_path / "rollout-newname"
+    for workspace in (dead, live, old_unnamed, fresh_unnamed):
+        workspace.mkdir()
+        (workspace / "file.txt").write_text("x")
+    os.utime(old_unnamed, (time.time() - 4 * 3600,) * 2)
+    removed = await janitor_flow(max_age_minutes=180, workspace_dir=str(tmp_path))
+    assert sorted(p for p in removed if p.startswith(str(tmp_path))) == sorted([str(dead), str(old_unnamed)])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, fresh_unnamed.name])
+
+
+async def test_running_flow_runs_of_a_dead_process_are_marked_crashed():
+    async with get_client() as client:
+        flow_id = await client.create_flow(finished_flow)
+        of_dead = await client.create_flow_run(finished_flow, state=Running(), tags=[f"{OWNER_TAG}{dead_owner()}"])
+        of_live = await client.create_flow_run(finished_flow, state=Running(), tags=[f"{OWNER_TAG}{current_owner()}"])
+        untagged = await client.create_flow_run(finished_flow, state=Running())
+        assert flow_id
+        acted = await janitor_flow(max_age_minutes=180)
+        assert f"flow-run:{of_dead.id}" in acted
+        states = {name: (await client.read_flow_run(run.id)).state.type.value
+                  for name, run in (("dead", of_dead), ("live", of_live), ("untagged", untagged))}
+    assert states == {"dead": "CRASHED", "live": "RUNNING", "untagged": "RUNNING"}
+
+
+async def test_after_kill_9_of_an_eval_the_janitor_reaps_its_containers_and_crashes_its_flow_runs(
+        tmp_path, openai_server, docker_engine):
+    openai_server.default = delayed(60, reply("0"))
+    config = tmp_path / "eval.toml"
+    config.write_text(eval_toml(tmp_path / "traces", openai_server.base_url, max_concurrent=3,
+                                rollout_granularity="flow", run_name="killed")
+                      + '[env.agent.runtime]\ntype = "docker"\n')
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "DO_NOT_TRACK": "1",
+           "PREFECT_LOGGING_LEVEL": "WARNING"}
+    process = subprocess.Popen([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(config), "--run-id",
+                                f"killed-{uuid.uuid4().hex[:6]}"], env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    owner_label = f"{LABEL}.owner"
+
+    def of_process() -> list:
+        return [c for c in docker_engine.containers.list(all=True, filters={"label": LABEL})
+                if (Owner.parse(c.labels.get(owner_label)) or Owner("", "", 0, 0)).pid == process.pid]
+    try:
+        deadline = time.monotonic() + 90
+        while len(of_process()) < 3:
+            assert process.poll() is None and time.monotonic() < deadline, "the eval started no containers"
+            time.sleep(0.2)
+    finally:
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+    containers = of_process()
+    assert len(containers) == 3                                    # killed: nothing removed them
+    owner_tag = OWNER_TAG + containers[0].labels[owner_label]
+    await janitor_flow(max_age_minutes=180)
+    assert of_process() == []
+
+    async def states_of_its_flow_runs() -> list[str]:
+        async with get_client() as client:
+            runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[owner_tag])))
+        return sorted(run.state.type.value for run in runs)
+    assert await wait_for(states_of_its_flow_runs) == ["CRASHED"] * 4   # the eval flow run and its 3 rollouts
+

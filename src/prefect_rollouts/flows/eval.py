@@ -32,6 +32,7 @@ from prefect_rollouts.blocks import resolve_trace_path
 from prefect_rollouts.engine import InlineOrchestrator, run_rollout
 from prefect_rollouts.environments import load_taskset
 from prefect_rollouts.eval_config import EvalConfig
+from prefect_rollouts.flows.ownership import owned_flow_run, sandbox_labels
 from prefect_rollouts.flows.rollout import RolloutRequest, rollout_flow
 from prefect_rollouts.stages import RolloutState
 from prefect_rollouts.task import Task
@@ -63,7 +64,7 @@ class _Run:
     failures: list[BaseException] = field(default_factory=list)
 
     def state(self, task_: Task, index: int) -> RolloutState:
-        labels = {"run_id": self.run_id, "rollout_index": str(index)}
+        labels = {"run_id": self.run_id, "rollout_index": str(index), **sandbox_labels()}
         return self.agent.new_rollout(task_, self.agent.client, labels)
 
     async def record(self, trace: Trace, index: int, elapsed_s: float) -> None:
@@ -120,7 +121,7 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
     logger.info("run %s: %d rollouts (%d tasks x %d), %d to run, traces in %s", run_id, len(plan), len(tasks),
                 config.rollouts_per_task, len(todo), root)
     writer = TraceWriter(root, run_id, batch_size=max(1, min(64, config.max_concurrent)), durable=durable)
-    async with make_agent(config.env.agent) as agent:
+    async with owned_flow_run(), make_agent(config.env.agent) as agent:   # owner tags: see flows/janitor.py
         run = _Run(agent=agent, writer=writer, run_id=run_id, environment=config.env.taskset.id,
                    config_hash=_config_hash(agent.info), total=len(plan), gate=asyncio.Semaphore(config.max_concurrent))
         progress = asyncio.create_task(_create_progress(run, run_id))   # rollouts start meanwhile

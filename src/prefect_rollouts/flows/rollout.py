@@ -11,10 +11,10 @@ import asyncio
 from typing import Any
 
 from prefect import flow
-from prefect.runtime import flow_run
 from pydantic import BaseModel, PrivateAttr
 
 from prefect_rollouts.engine import run_rollout
+from prefect_rollouts.flows.ownership import owner_tags, sandbox_labels
 from prefect_rollouts.stages import RolloutState, Segment
 from prefect_rollouts.tasks import TaskOrchestrator
 from prefect_rollouts.trace import Trace
@@ -59,7 +59,8 @@ async def rollout_flow(rollout: RolloutRequest) -> Trace:
     state = rollout._state
     if state is None:
         raise ValueError("rollout_flow needs a RolloutRequest made with RolloutRequest.of(state)")
-    state.labels["flow_run_id"] = state.trace.info["flow_run_id"] = str(flow_run.get_id())
+    state.labels.update(sandbox_labels())   # the janitor's evidence: this flow run, on this API
+    state.trace.info["flow_run_id"] = state.labels["flow_run_id"]
     orchestrator = TaskOrchestrator()
     if rollout._channel is None:
         return await run_rollout(orchestrator, state)
@@ -79,8 +80,9 @@ async def rollout_flow(rollout: RolloutRequest) -> Trace:
 
 
 async def run_rollout_flow(state: RolloutState) -> Trace:
-    """``Agent.run`` through Prefect: one ``rollout_flow`` run for ``state``."""
-    return await rollout_flow(RolloutRequest.of(state))
+    """``Agent.run`` through Prefect: one ``rollout_flow`` run for ``state``, tagged with its owner process."""
+    with owner_tags():
+        return await rollout_flow(RolloutRequest.of(state))
 
 
 class FlowOrchestrator:
@@ -93,7 +95,8 @@ class FlowOrchestrator:
 
     async def setup(self, state: RolloutState) -> None:
         """Start the flow run in the background and run its ``setup`` task."""
-        self._flow = asyncio.create_task(rollout_flow(RolloutRequest.of(state, self._channel)))
+        with owner_tags():   # the task copies the context, tags included
+            self._flow = asyncio.create_task(rollout_flow(RolloutRequest.of(state, self._channel)))
         await self._call("setup")
 
     async def segment(self, state: RolloutState, messages: list[dict[str, Any]]) -> Segment:

@@ -1,0 +1,68 @@
+"""What a rollout's sandboxes and flow runs say about their owner, for the janitor flow.
+
+Sandboxes carry the owning process (``runtimes.owner``, added by the runtime itself) and, from
+this layer, the Prefect API they report to and their flow runs. Flow runs carry the owning
+process as a tag, ``prefect-rollouts.owner:<host>_<boot>_<pid>_<start>``, which every flow and
+task run created inside ``owner_tags()`` inherits; no API call is spent on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+
+from prefect import tags
+from prefect.context import FlowRunContext
+
+from prefect_rollouts.runtimes.owner import Owner, current_owner
+
+OWNER_TAG = "prefect-rollouts.owner:"
+"""Prefix of the flow-run tag naming the owning process."""
+
+
+def api_url() -> str:
+    """The Prefect API this process reports to (no trailing slash), or ``""`` outside a flow run."""
+    context = FlowRunContext.get()
+    if context is None or context.client is None:
+        return ""
+    return str(context.client.api_url).rstrip("/")
+
+
+def sandbox_labels() -> dict[str, str]:
+    """Labels for the sandboxes of rollouts started in the current flow run: the API and the flow run."""
+    context = FlowRunContext.get()
+    if context is None or context.flow_run is None:
+        return {}
+    return {"api_url": api_url(), "flow_run_id": str(context.flow_run.id)}
+
+
+def owner_tag() -> str:
+    """The tag naming this process as the owner of a flow run."""
+    return f"{OWNER_TAG}{current_owner()}"
+
+
+def tag_owner(tag_list: list[str] | None) -> Owner | None:
+    """The owner named by a flow run's tags, or None."""
+    for tag in tag_list or ():
+        if tag.startswith(OWNER_TAG):
+            return Owner.parse(tag[len(OWNER_TAG):])
+    return None
+
+
+@contextlib.contextmanager
+def owner_tags() -> Iterator[None]:
+    """Flow and task runs created inside carry this process's owner tag."""
+    with tags(owner_tag()):
+        yield
+
+
+@contextlib.asynccontextmanager
+async def owned_flow_run() -> AsyncIterator[None]:
+    """Tag the current flow run (one API call, skipped when the tag is there) and every flow and
+    task run created inside with this process as owner."""
+    context = FlowRunContext.get()
+    tag = owner_tag()
+    if context is not None and context.flow_run is not None and tag not in (context.flow_run.tags or []):
+        await context.client.update_flow_run(context.flow_run.id, tags=[*(context.flow_run.tags or []), tag])
+    with tags(tag):
+        yield
