@@ -1,10 +1,15 @@
-"""Container start latency, and the wall time isolated scoring adds over shared, per rollout.
+"""Container start latency, the wall time isolated scoring adds over shared, and concurrent commands.
 
 50 rollouts (sequential, so each figure is one rollout's own latency) of a task whose agent
 writes a file with one bash call and whose reward reads it, on the ``docker`` runtime against
 the scripted OpenAI server. Prints median and p95.
 
-    .venv/bin/python benchmarks/docker_scoring.py [--rollouts 50]
+Then 32 containers at once (as 32 concurrent rollouts would have), each running ``sleep 1``
+at the same moment: prints the wall time of the 32 concurrent commands against one command,
+with the runtime's own thread pool and with asyncio's default pool (the code before issue 10;
+target at most 1.3x with the runtime's pool).
+
+    .venv/bin/python benchmarks/docker_scoring.py [--rollouts 50] [--concurrent 32]
 """
 
 from __future__ import annotations
@@ -60,7 +65,35 @@ async def rollouts(server: ScriptedOpenAIServer, mode: str, n: int) -> list[floa
     return walls
 
 
-async def main(n: int) -> None:
+async def concurrent_commands(n: int) -> tuple[float, float]:
+    """(wall of one ``sleep 1``, wall of ``n`` concurrent ``sleep 1`` in ``n`` containers), seconds."""
+    runtimes = [make_runtime(vf.RuntimeConfig(type="docker")) for _ in range(n)]
+    await asyncio.gather(*(runtime.start() for runtime in runtimes))
+    try:
+        started = time.perf_counter()
+        await runtimes[0].exec("sleep 1")
+        one = time.perf_counter() - started
+        started = time.perf_counter()
+        results = await asyncio.gather(*(runtime.exec("sleep 1") for runtime in runtimes))
+        many = time.perf_counter() - started
+        assert all(r.exit_code == 0 for r in results), results
+    finally:
+        await asyncio.gather(*(runtime.stop() for runtime in runtimes))
+    return one, many
+
+
+async def main(n: int, concurrent: int) -> None:
+    from prefect_rollouts.runtimes import docker as docker_runtime
+
+    own_pool = docker_runtime._executor
+    docker_runtime._executor = lambda: None        # type: ignore[assignment]  # asyncio's default pool
+    default_one, default_many = await concurrent_commands(concurrent)
+    docker_runtime._executor = own_pool            # type: ignore[assignment]
+    one, many = await concurrent_commands(concurrent)
+    print(f"{concurrent} concurrent `sleep 1` commands in {concurrent} containers (one alone in brackets):")
+    print(f"  runtime's own thread pool:   {many:.2f} s ({one:.2f} s) = {many / one:.2f}x   (target <= 1.3x)")
+    print(f"  asyncio's default pool (before): {default_many:.2f} s ({default_one:.2f} s) = "
+          f"{default_many / default_one:.2f}x")
     starts = await container_starts(n)
     with ScriptedOpenAIServer() as server:
         await rollouts(server, "shared", 3)   # warm up
@@ -78,4 +111,6 @@ async def main(n: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=50)
-    asyncio.run(main(parser.parse_args().rollouts))
+    parser.add_argument("--concurrent", type=int, default=32)
+    args = parser.parse_args()
+    asyncio.run(main(args.rollouts, args.concurrent))

@@ -4,20 +4,24 @@ Built on the Python ``docker`` SDK (a local daemon or ``DOCKER_HOST``). The cont
 ``sleep infinity`` under an init process with CPU, memory and pids limits, all capabilities
 dropped and ``no-new-privileges``, labelled with the run, rollout and flow run ids, the Prefect
 API and the owning process, so the janitor flow can find leftovers and tell whose owner is gone. ``network = "none"`` gives it only a loopback interface.
-The SDK is blocking, so every call runs in a worker thread. ``stop`` removes the container on
-every path, cancellation included.
+The SDK is blocking, so every call runs in a thread of the runtime's own pool (``_in_thread``):
+an ``exec`` holds its thread for the whole command, and asyncio's default pool (``min(32,
+cores + 4)`` threads, 6 here) would queue concurrent commands behind each other. ``stop``
+removes the container on every path, cancellation included.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import functools
 import io
 import posixpath
 import tarfile
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import docker
 import docker.errors
@@ -48,6 +52,24 @@ exit $code
 """
 
 
+_T = TypeVar("_T")
+
+MAX_THREADS = 512
+"""Threads of the docker runtime's pool: the most blocking Docker calls (mostly running
+``exec``s) in flight at once in one process. A ``ThreadPoolExecutor`` starts a thread only when
+no idle one is free, so the pool grows to the concurrency that uses it, not to this cap."""
+
+
+@functools.cache
+def _executor() -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(max_workers=MAX_THREADS, thread_name_prefix="docker-runtime")
+
+
+async def _in_thread(fn: Callable[..., _T], *args: Any) -> _T:
+    """``fn(*args)`` in the docker runtime's thread pool (not asyncio's default one, see the module docstring)."""
+    return await asyncio.get_running_loop().run_in_executor(_executor(), functools.partial(fn, *args))
+
+
 @functools.cache
 def docker_client() -> docker.DockerClient:
     """One Docker client per process (``docker.from_env()``: the local socket or ``DOCKER_HOST``).
@@ -56,7 +78,7 @@ def docker_client() -> docker.DockerClient:
         RuntimeUnavailableError: no engine answers.
     """
     try:
-        client = docker.from_env(timeout=120)
+        client = docker.from_env(timeout=120, max_pool_size=64)   # connections kept for concurrent calls
         client.ping()
         return client
     except docker.errors.DockerException as exc:
@@ -96,7 +118,7 @@ class DockerRuntime:
                 retryable; the message names ``prefect-rollouts sandbox build``), or the
                 container cannot start.
         """
-        self.container = await asyncio.to_thread(self._create)
+        self.container = await _in_thread(self._create)
         self.id = self.container.id
 
     def _create(self) -> Any:
@@ -126,7 +148,7 @@ class DockerRuntime:
         """Remove the container (force). Idempotent; a ``scoped`` view leaves it alone."""
         container, self.container = self.container, None
         if container is not None and self._owner:
-            job = asyncio.ensure_future(asyncio.to_thread(_remove, container))
+            job = asyncio.ensure_future(_in_thread(_remove, container))
             try:
                 await asyncio.shield(job)
             except asyncio.CancelledError:
@@ -141,7 +163,7 @@ class DockerRuntime:
         view.config = self.config.model_copy(update={"env": {**self.config.env, **(env or {})}})
         view._owner = False
         if network is not None and network.mode != self.network.mode:
-            await asyncio.to_thread(self._set_network, network)
+            await _in_thread(self._set_network, network)
             view.network = self.network = network
         return view
 
@@ -177,11 +199,11 @@ class DockerRuntime:
         limit = timeout or self.config.exec_timeout_s
         environment = {**self.config.env, **(env or {})}
         started = time.monotonic()
-        code, out, err = await asyncio.to_thread(self._exec, ["bash", "-c", _WRAPPER, "bash", cmd, f"{limit:.3f}"],
+        code, out, err = await _in_thread(self._exec, ["bash", "-c", _WRAPPER, "bash", cmd, f"{limit:.3f}"],
                                                  environment)
         timed_out = code == 137 and time.monotonic() - started >= limit
         if code in (137, -1) and not timed_out:  # SIGKILL: of the command, or of the whole container?
-            await asyncio.to_thread(self._check_alive)
+            await _in_thread(self._check_alive)
         return ExecResult(-9 if timed_out else code, out, err, timed_out)
 
     def _check_alive(self, settle_s: float = 1.0) -> None:
@@ -234,7 +256,7 @@ class DockerRuntime:
                 handle = tar.extractfile(member)
                 assert handle is not None
                 return handle.read()
-        return await asyncio.to_thread(read)
+        return await _in_thread(read)
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         """Create or replace a file in the workdir (parent directories are created)."""
@@ -254,7 +276,7 @@ class DockerRuntime:
 
         def put() -> None:
             docker_client().api.put_archive(self._container_id(), self.config.workdir, buffer.getvalue())
-        await asyncio.to_thread(put)
+        await _in_thread(put)
 
     async def collect_artifacts(self, paths: list[str]) -> tuple[bytes, list[str]]:
         """Pack the declared workdir paths into a tar (names relative to the workdir).
@@ -295,13 +317,13 @@ class DockerRuntime:
                             member.name = posixpath.join(base, tail) if tail else base
                             out.addfile(member, source.extractfile(member) if member.isfile() else None)
             return buffer.getvalue(), missing
-        return await asyncio.to_thread(collect)
+        return await _in_thread(collect)
 
     async def restore_artifacts(self, archive: bytes) -> None:
         """Unpack a ``collect_artifacts`` archive into the workdir."""
         def put() -> None:
             docker_client().api.put_archive(self._container_id(), self.config.workdir, archive)
-        await asyncio.to_thread(put)
+        await _in_thread(put)
 
     def _container_id(self) -> str:
         if self.container is None:
