@@ -223,8 +223,10 @@ class StageRetryConfig(_Config):
 class AgentConfig(_Config):
     """A harness driving a model inside a runtime; the ``[env.agent]`` table."""
 
-    model: str
-    """Model name sent in each request."""
+    model: str = "local/smollm2"
+    """Model name sent in each request. ``local/smollm2`` (the default, so the seed's TOML
+    fragment runs as written) or ``local/PATH.gguf`` start an embedded llama.cpp server (needs
+    the ``local`` extra); any other name is sent to ``client.base_url``."""
     client: ClientConfig = ClientConfig()
     sampling: SamplingConfig = SamplingConfig()
     harness: HarnessConfig = HarnessConfig()
@@ -274,7 +276,7 @@ def load_config(source: str | Path, *, section: str = "env.agent") -> AgentConfi
     for part in section.split("."):
         if not isinstance(table, dict) or part not in table:
             raise ConfigError(f"[{section}]: table not found in the config. "
-                              f"Add a [{section}] table with at least model = \"...\"")
+                              f"Add a [{section}] table (model defaults to \"local/smollm2\")")
         table = table[part]
     return validate_config(AgentConfig, table, section, config_dir(source))
 
