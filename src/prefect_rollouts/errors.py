@@ -17,9 +17,62 @@ The error model: a rollout failure is recorded once on the trace as data (``trac
 ``trace.stop_condition``); ``Agent.run`` does not raise it. Only infrastructure errors propagate
 out of a stage function, so an orchestrator (the Prefect layer) can decide to retry that stage.
 Messages follow ``<where> = <value>: <what is wrong>. <how to fix>.`` and never hold a secret.
+
+Secrets in text from outside (an error body that echoes the ``Authorization`` header, a tool's
+output, an exception's message): the model client registers every key and header value it
+sends (``register_secret``), and everything that records outside text passes it through
+``scrub`` *before* cutting it, so no cut can leave a prefix of a key behind.
 """
 
 from __future__ import annotations
+
+import threading
+from typing import Any
+
+#: Secrets sent by this process (API keys, header values), longest first; see ``scrub``.
+_secrets: tuple[str, ...] = ()
+_secrets_lock = threading.Lock()
+
+#: Values shorter than this are not scrubbed: replacing 1-3 characters would mangle text, not hide a key.
+MIN_SECRET_CHARS = 4
+
+
+def register_secret(value: str | None) -> None:
+    """Remember ``value`` (an API key or header value this process sends) so ``scrub`` removes it.
+
+    Values shorter than ``MIN_SECRET_CHARS`` (after stripping) are ignored. Kept in memory only.
+    """
+    global _secrets
+    value = (value or "").strip()
+    if len(value) < MIN_SECRET_CHARS or value in _secrets:
+        return
+    with _secrets_lock:
+        if value not in _secrets:
+            _secrets = tuple(sorted({*_secrets, value}, key=len, reverse=True))
+
+
+def scrub(text: str, extra: tuple[str, ...] = ()) -> str:
+    """``text`` with every registered secret (and each of ``extra``) replaced by ``***``.
+
+    Call it on the whole text *before* cutting it to a length: a cut first could leave a
+    prefix of a key that no longer matches.
+    """
+    secrets = _secrets
+    if extra:
+        secrets = tuple(sorted({*secrets, *(e.strip() for e in extra if len(e.strip()) >= MIN_SECRET_CHARS)},
+                               key=len, reverse=True))
+    for secret in secrets:
+        if secret in text:
+            text = text.replace(secret, "***")
+    return text
+
+
+def scrub_cut(text: str, limit: int, note: bool = True) -> str:
+    """``scrub(text)`` cut to ``limit`` characters; ``note`` appends ``... [N more characters]``."""
+    text = scrub(text)
+    if len(text) <= limit:
+        return text
+    return text[:limit] + (f"... [{len(text) - limit} more characters]" if note else "")
 
 
 class RolloutsError(Exception):
@@ -57,13 +110,19 @@ class ProviderError(InfrastructureError):
             timeout, 502 for a malformed response (the mapping verifiers uses, so 5xx means
             "the provider side failed").
         retryable: True for 429, 5xx and transport errors; False for other 4xx.
+        retries: Attempts beyond the first (set by the model client).
+        attempts: Every failed attempt in order, the last one included: ``{"status_code": int,
+            "error": str, "latency_ms": float}``, the error scrubbed of secrets, then cut.
     """
 
-    def __init__(self, message: str, *, status_code: int, retryable: bool | None = None) -> None:
+    def __init__(self, message: str, *, status_code: int, retryable: bool | None = None, retries: int = 0,
+                 attempts: list[dict[str, Any]] | None = None) -> None:
         if retryable is None:
             retryable = status_code == 429 or status_code >= 500
         super().__init__(message, retryable=retryable)
         self.status_code = status_code
+        self.retries = retries
+        self.attempts = list(attempts or [])
 
 
 class TaskError(RolloutsError):

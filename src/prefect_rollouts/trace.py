@@ -12,10 +12,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
-TRACE_VERSION = 1
+from prefect_rollouts.errors import ProviderError, RuntimeUnavailableError, scrub
+
+#: 2: token details (``cached_tokens``, ``reasoning_tokens``) and failed ``attempts`` on call records.
+TRACE_VERSION = 2
 
 #: Stop conditions that mean a turn or token cap cut the run short.
 TRUNCATING_STOPS = frozenset({"max_turns", "max_turn_tokens"})
+
+#: Stop conditions of an agent that finished normally; a failure recorded after them (in
+#: finalize or scoring) replaces them, so the stop condition says what failed.
+COMPLETED_STOPS = frozenset({"agent_completed", "user_closed"})
 
 
 class _Record(BaseModel):
@@ -28,12 +35,33 @@ class Usage(_Record):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    cached_tokens: int | None = None
+    """Prompt tokens served from the server's cache (``prompt_tokens_details.cached_tokens``),
+    summed over the calls that report it; None when none did (unknown, not 0)."""
+    reasoning_tokens: int | None = None
+    """Completion tokens spent reasoning (``completion_tokens_details.reasoning_tokens``), summed
+    over the calls that report it; None when none did."""
 
-    def add(self, prompt_tokens: int, completion_tokens: int) -> None:
-        """Add one call's counts."""
+    def add(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None,
+            reasoning_tokens: int | None = None) -> None:
+        """Add one call's counts; a detail the call does not report (None) leaves its sum as it is."""
         self.prompt_tokens += prompt_tokens
         self.completion_tokens += completion_tokens
         self.total_tokens += prompt_tokens + completion_tokens
+        if cached_tokens is not None:
+            self.cached_tokens = (self.cached_tokens or 0) + cached_tokens
+        if reasoning_tokens is not None:
+            self.reasoning_tokens = (self.reasoning_tokens or 0) + reasoning_tokens
+
+
+class AttemptRecord(_Record):
+    """One failed attempt of a call that the model client retried (or gave up on)."""
+
+    status_code: int
+    """HTTP status (503 connect failure, 504 timeout, 502 malformed body)."""
+    error: str
+    """What went wrong, scrubbed of secrets, then cut (an error body keeps 300 characters)."""
+    latency_ms: float
 
 
 class _CallRecord(_Record):
@@ -45,8 +73,14 @@ class _CallRecord(_Record):
     """Wall time of the call including retries, in milliseconds."""
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int | None = None
+    """``usage.prompt_tokens_details.cached_tokens``; None when the server does not report it."""
+    reasoning_tokens: int | None = None
+    """``usage.completion_tokens_details.reasoning_tokens``; None when the server does not report it."""
     retries: int = 0
     """Attempts beyond the first."""
+    attempts: list[AttemptRecord] = Field(default_factory=list)
+    """Each failed attempt, in order (for a failed call, the last one too)."""
     status_code: int | None = None
     """HTTP status of the final attempt (503 connect failure, 504 timeout)."""
     error: str | None = None
@@ -166,6 +200,8 @@ class Trace(BaseModel):
     info: dict[str, Any] = Field(default_factory=dict)
     errors: list[ErrorRecord] = Field(default_factory=list)
     stop_condition: str | None = None
+    """Why the run stopped: ``agent_completed``, ``user_closed``, ``max_turns``, ``max_turn_tokens``,
+    ``<stage>_timeout`` or ``<kind>_error`` (e.g. ``provider_error``, ``task_error``, ``scoring_error``)."""
     is_timeout: bool = False
     started_at: float = Field(default_factory=time.time)
     """Unix time (s) the rollout started."""
@@ -200,10 +236,13 @@ class Trace(BaseModel):
             self.stop_condition = condition
 
     def record_error(self, exc: BaseException, stage: str) -> None:
-        """Append ``exc`` as an ``ErrorRecord`` and stop the run as ``<kind>_error``."""
-        self.errors.append(ErrorRecord(type=type(exc).__name__, message=str(exc), stage=stage,
+        """Append ``exc`` as an ``ErrorRecord`` (its message scrubbed of secrets) and stop the run
+        as ``<kind>_error``: ``scoring_error`` for any failure while scoring. A failure after the
+        agent finished normally (``COMPLETED_STOPS``) replaces that stop condition; any other
+        stop (a limit, a deadline, an earlier error) stays."""
+        self.errors.append(ErrorRecord(type=type(exc).__name__, message=scrub(str(exc)), stage=stage,
                                        status_code=getattr(exc, "status_code", None)))
-        self.stop(f"{_error_kind(exc, stage)}_error")
+        self.stop(f"{_error_kind(exc, stage)}_error", override=self.stop_condition in COMPLETED_STOPS)
 
     def record_timeout(self, stage: str) -> None:
         """Mark a stage deadline as expired: ``is_timeout`` and stop condition ``<stage>_timeout``."""
@@ -212,8 +251,8 @@ class Trace(BaseModel):
 
 
 def _error_kind(exc: BaseException, stage: str) -> str:
-    from prefect_rollouts.errors import ProviderError, RuntimeUnavailableError
-
+    if stage == "scoring":   # whatever failed (a reward, a judge, an isolated runtime), scoring did
+        return "scoring"
     if isinstance(exc, ProviderError):
         return "provider"
     if isinstance(exc, RuntimeUnavailableError):

@@ -9,9 +9,10 @@ import pytest
 
 import prefect_rollouts as vf
 from prefect_rollouts.model import ModelClient
-from tests.fakes.openai_server import malformed, reply, status, tool_call
+from tests.fakes.openai_server import echo_header, malformed, reply, secret_fragments, status, tool_call
 
 BODY = {"model": "scripted", "messages": [{"role": "user", "content": "hi"}]}
+ECHOED_KEY = "sk-Qz8vKx3Lw7Rj2Tn5"
 
 
 def client_for(base_url, **retry):
@@ -128,3 +129,55 @@ async def test_an_unset_key_variable_sends_no_header_and_warns_once(openai_serve
     assert "authorization" not in openai_server.requests[0].headers
     warnings = [r.getMessage() for r in caplog.records if "UNSET_KEY_VAR" in r.getMessage()]
     assert len(warnings) == 1 and "is not set" in warnings[0]
+
+
+async def test_a_key_echoed_at_any_offset_around_the_cut_leaves_no_piece_of_it(openai_server, monkeypatch):
+    monkeypatch.setenv("ECHOED_KEY_VAR", ECHOED_KEY)
+    client = ModelClient(vf.ClientConfig(base_url=openai_server.base_url, api_key_env="ECHOED_KEY_VAR",
+                                         retries=vf.RetryConfig(max_retries=0)))
+    echoed = len(f"Bearer {ECHOED_KEY}")
+    messages = []
+    try:  # error bodies are cut at 300 characters, malformed (200) bodies at 200: before, across, after
+        for code, cut in ((401, 300), (200, 200)):
+            for at in range(cut - echoed - 2, cut + 3):
+                openai_server.play([echo_header(code, at=at)])
+                with pytest.raises(vf.ProviderError) as caught:
+                    await client.complete(BODY)
+                messages.append(str(caught.value))
+    finally:
+        await client.aclose()
+    assert len(messages) == 2 * (echoed + 5) and "Bearer ***" in messages[0]
+    assert [(m, secret_fragments(m, ECHOED_KEY)) for m in messages if secret_fragments(m, ECHOED_KEY)] == []
+
+
+async def test_cached_and_reasoning_tokens_are_kept_and_absent_ones_stay_none(openai_server):
+    detailed = {"prompt_tokens": 50, "completion_tokens": 20, "total_tokens": 70,
+                "prompt_tokens_details": {"cached_tokens": 32}, "completion_tokens_details": {"reasoning_tokens": 12}}
+    openai_server.play([reply("a", usage=detailed), reply("b"),
+                        reply("c", usage={"prompt_tokens": 5, "completion_tokens": 1, "prompt_tokens_details": None})])
+    client = client_for(openai_server.base_url)
+    try:
+        results = [await client.complete(BODY) for _ in range(3)]
+    finally:
+        await client.aclose()
+    assert [(c.cached_tokens, c.reasoning_tokens) for c in results] == [(32, 12), (None, None), (None, None)]
+
+
+async def test_each_failed_attempt_keeps_its_status_and_scrubbed_error(openai_server, monkeypatch):
+    monkeypatch.setenv("ECHOED_KEY_VAR", ECHOED_KEY)
+    openai_server.play([status(500, body="upstream exploded"), echo_header(503, at=290), reply("ok")])
+    client = ModelClient(vf.ClientConfig(base_url=openai_server.base_url, api_key_env="ECHOED_KEY_VAR", timeout=2,
+                                         retries=vf.RetryConfig(max_retries=2, backoff_s=0.01, max_backoff_s=0.05)))
+    try:
+        completion = await client.complete(BODY)
+        openai_server.play([status(429, headers={"Retry-After": "0"}), status(401)])
+        with pytest.raises(vf.ProviderError) as caught:
+            await client.complete(BODY)
+    finally:
+        await client.aclose()
+    assert completion.retries == 2
+    assert [a["status_code"] for a in completion.attempts] == [500, 503]
+    assert "upstream exploded" in completion.attempts[0]["error"]
+    assert secret_fragments(completion.attempts[1]["error"], ECHOED_KEY) == []
+    assert all(a["latency_ms"] >= 0 for a in completion.attempts)
+    assert [a["status_code"] for a in caught.value.attempts] == [429, 401] and caught.value.retries == 1

@@ -12,8 +12,8 @@ recorded in ``server.requests`` before its step is chosen.
         ...
         assert server.requests[0].headers["authorization"] == "Bearer test"
 
-A step is ``reply``/``tool_call``/``tool_calls``/``status``/``delayed``/``malformed`` or a
-callable ``fn(RecordedRequest) -> step``. An exception raised while producing a step
+A step is ``reply``/``tool_call``/``tool_calls``/``status``/``delayed``/``malformed``/``echo_header``
+or a callable ``fn(RecordedRequest) -> step``. An exception raised while producing a step
 becomes a 500 response and is kept in ``server.errors``.
 """
 
@@ -52,7 +52,7 @@ class RecordedRequest:
 class _Reply:
     content: str | None
     finish_reason: str = "stop"
-    usage: dict[str, int] | None = None
+    usage: dict[str, Any] | None = None
     model: str = "scripted"
     calls: tuple[tuple[str, str], ...] = ()  # (function name, arguments string)
 
@@ -70,9 +70,10 @@ class _Delayed:
     step: Any
 
 
-def reply(content: str = "", finish_reason: str = "stop", usage: dict[str, int] | None = None,
+def reply(content: str = "", finish_reason: str = "stop", usage: dict[str, Any] | None = None,
           model: str = "scripted") -> _Reply:
-    """A 200 assistant message; default usage: 10 prompt tokens per request message."""
+    """A 200 assistant message; default usage: 10 prompt tokens per request message. ``usage`` is
+    sent as given (nested ``prompt_tokens_details`` / ``completion_tokens_details`` included)."""
     return _Reply(content, finish_reason, usage, model)
 
 
@@ -101,6 +102,23 @@ def delayed(seconds: float, step: Any) -> _Delayed:
 def malformed(text: str = "not json") -> _Status:
     """A 200 response labelled ``application/json`` whose body is ``text`` (not JSON)."""
     return _Status(200, text)
+
+
+def echo_header(code: int, *, at: int, header: str = "authorization", size: int = 600) -> Any:
+    """A step answering ``code`` with a ``size``-character text body (``x`` padding) that holds the
+    request's ``header`` value starting at character ``at``, as a proxy echoing it might. A 200
+    body is not JSON, so the client sees a malformed body."""
+    def step(request: RecordedRequest) -> _Status:
+        value = request.headers.get(header, "")
+        body = ("x" * at + value).ljust(size, "x")
+        return _Status(code, body)
+    return step
+
+
+def secret_fragments(text: str, secret: str, length: int = 4) -> list[str]:
+    """The ``length``-character pieces of ``secret`` found in ``text`` (any longer piece holds one)."""
+    pieces = {secret[i:i + length] for i in range(len(secret) - length + 1)}
+    return sorted(piece for piece in pieces if piece in text)
 
 
 def repeat(step: Any, n: int) -> list[Any]:

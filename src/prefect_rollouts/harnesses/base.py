@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from prefect_rollouts.config import AgentConfig, HarnessConfig
-from prefect_rollouts.errors import ProviderError
+from prefect_rollouts.errors import ProviderError, scrub
 from prefect_rollouts.trace import ModelCall
 
 if TYPE_CHECKING:
@@ -54,7 +53,8 @@ async def sample(state: RolloutState, template: dict[str, Any]) -> dict[str, Any
 
     Checks ``max_turns`` first (the cap reached -> stop ``max_turns``, returns None, no call).
     After the call, a ``length`` finish under ``max_turn_tokens`` stops the run as
-    ``max_turn_tokens``. Records a ``ModelCall`` (also for a failed or cancelled call) and the usage.
+    ``max_turn_tokens``. Records a ``ModelCall`` (also for a failed or cancelled call: its failed
+    attempts, status and error) and the usage, cached and reasoning tokens included.
 
     Returns:
         The assistant message as appended (content ``""`` rather than null), or None.
@@ -74,7 +74,7 @@ async def sample(state: RolloutState, template: dict[str, Any]) -> dict[str, Any
     except ProviderError as exc:
         trace.model_calls.append(ModelCall(
             segment=state.segment_index, started_at=started_at, latency_ms=(time.perf_counter() - started) * 1e3,
-            retries=getattr(exc, "retries", 0), status_code=exc.status_code, error=str(exc)))
+            retries=exc.retries, attempts=exc.attempts, status_code=exc.status_code, error=scrub(str(exc))))
         raise
     except asyncio.CancelledError:  # a deadline (or the caller) cut the call short: keep it visible
         trace.model_calls.append(ModelCall(
@@ -84,8 +84,11 @@ async def sample(state: RolloutState, template: dict[str, Any]) -> dict[str, Any
     trace.model_calls.append(ModelCall(
         segment=state.segment_index, started_at=started_at, latency_ms=(time.perf_counter() - started) * 1e3,
         prompt_tokens=completion.prompt_tokens, completion_tokens=completion.completion_tokens,
-        finish_reason=completion.finish_reason, retries=completion.retries, status_code=completion.status_code))
-    trace.usage.add(completion.prompt_tokens, completion.completion_tokens)
+        cached_tokens=completion.cached_tokens, reasoning_tokens=completion.reasoning_tokens,
+        finish_reason=completion.finish_reason, retries=completion.retries, attempts=completion.attempts,
+        status_code=completion.status_code))
+    trace.usage.add(completion.prompt_tokens, completion.completion_tokens, completion.cached_tokens,
+                    completion.reasoning_tokens)
     state.turns += 1
     raw = completion.message
     message: dict[str, Any] = {"role": "assistant", "content": raw.get("content") or ""}

@@ -3,7 +3,8 @@
 Per segment: model -> execute its tool calls -> model ... until a reply without tool calls
 (and no steer waiting) or a stop. Before each model call (the safe point) pending steer
 messages are appended as user messages. A tool that raises, an unknown tool, or arguments
-that are not valid JSON become a tool message with the error; the loop goes on.
+that are not valid JSON become a tool message with the error; the loop goes on. A tool's output
+is scrubbed of registered secrets (``errors.scrub``), then cut to ``tool_output_cap_chars``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from prefect_rollouts.config import HarnessConfig
+from prefect_rollouts.errors import scrub
 from prefect_rollouts.harnesses.base import request_template, sample
 from prefect_rollouts.harnesses.schema import ToolSpec, tool_spec
 from prefect_rollouts.trace import ToolCall
@@ -85,6 +87,7 @@ class ToolsHarness:
         except TimeoutError:
             output, is_error = (f"Error: {name} did not finish within {self.config.tool_timeout_s:g} s "
                                 "([env.agent.harness] tool_timeout_s)."), True
+        output = scrub(output)   # before the cut, which could otherwise leave a prefix of a key
         cap = self.config.tool_output_cap_chars
         if len(output) > cap:
             output = output[:cap] + f"\n[output cut at {cap} characters]"

@@ -5,9 +5,11 @@ round-robin), because httpcore's per-request pool bookkeeping grows with the squ
 connections in one client (see ``_LANE_CONNECTIONS``).
 
 Retries (tenacity) on 429, 5xx, connect and read errors with exponential backoff and jitter,
-honouring ``Retry-After``, bounded by ``ClientConfig.retries`` (count and total time). The API
-key is read from the environment variable ``ClientConfig.api_key_env`` at each request, so it
-is never stored on a config, a trace or a log line.
+honouring ``Retry-After``, bounded by ``ClientConfig.retries`` (count and total time). Each
+failed attempt is kept (status, error, latency) for the call's record. The API key is read from
+the environment variable ``ClientConfig.api_key_env`` at each request, so it is never stored on
+a config, a trace or a log line; the key and header values are registered with
+``errors.register_secret`` and scrubbed from an error body before it is cut.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import os
 import random
 import ssl
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import certifi
@@ -29,7 +31,7 @@ import httpx
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, stop_after_delay, stop_never
 
 from prefect_rollouts.config import ClientConfig
-from prefect_rollouts.errors import ProviderError
+from prefect_rollouts.errors import ProviderError, register_secret, scrub
 
 #: Connections per httpx client. httpcore's pool does work per request that grows with the
 #: square of its connections (it re-checks every connection's idleness for each one); measured
@@ -41,10 +43,19 @@ logger = logging.getLogger("prefect_rollouts.model")
 
 _RETRY_STATUS = frozenset({408, 409, 429}) | frozenset(range(500, 600))
 
+#: Characters of an error body kept in a message (after scrubbing), and of a malformed body.
+_BODY_CHARS, _MALFORMED_CHARS = 300, 200
+
 
 @dataclass(slots=True)
 class Completion:
-    """One parsed response: the assistant ``message`` (wire dict) and its bookkeeping."""
+    """One parsed response: the assistant ``message`` (wire dict) and its bookkeeping.
+
+    ``cached_tokens`` (``usage.prompt_tokens_details.cached_tokens``) and ``reasoning_tokens``
+    (``usage.completion_tokens_details.reasoning_tokens``) are None when the server does not
+    report them. ``attempts`` lists the failed attempts before this response, in order:
+    ``{"status_code": int, "error": str, "latency_ms": float}``.
+    """
 
     message: dict[str, Any]
     finish_reason: str | None
@@ -52,6 +63,9 @@ class Completion:
     completion_tokens: int
     retries: int
     status_code: int
+    cached_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    attempts: list[dict[str, Any]] = field(default_factory=list)
 
 
 class _Attempt(Exception):
@@ -89,6 +103,9 @@ class ModelClient:
                                          verify=_ssl_context()) for _ in range(lanes)]
         self._next_lane = itertools.cycle(self._lanes).__next__
         self._warned_no_key = False
+        env_key = os.environ.get(config.api_key_env) if config.api_key_env and api_key is None else None
+        for value in (api_key, env_key, *config.header_values().values()):
+            register_secret(value)   # so text from outside (a tool's output) is scrubbed of it too
         retries = config.retries
         stop = stop_after_attempt(retries.max_retries + 1)
         stop = stop | (stop_after_delay(retries.max_elapsed_s) if retries.max_elapsed_s else stop_never)
@@ -102,24 +119,33 @@ class ModelClient:
             body: The request body (``model``, ``messages``, sampling keys, ``tools``...).
 
         Returns:
-            ``Completion``; ``retries`` counts attempts beyond the first.
+            ``Completion``; ``retries`` counts attempts beyond the first, ``attempts`` holds
+            each failed one (status, error scrubbed of secrets then cut, latency in ms).
 
         Raises:
             ProviderError: the last attempt failed (non-2xx, transport error, malformed body);
                 ``status_code`` is the HTTP status, 503 for connection errors, 504 for timeouts,
-                502 for a malformed body. ``retries`` is set on it as well.
+                502 for a malformed body. ``retries`` and ``attempts`` (every failed attempt,
+                the last included) are set on it as well.
         """
-        attempts = 0
+        failed: list[dict[str, Any]] = []
         try:
             async for attempt in self._retrying.copy():  # per call: the iterator keeps state
                 with attempt:
-                    attempts += 1
-                    return await self._post(body, attempts - 1)
+                    started = time.perf_counter()
+                    try:
+                        completion = await self._post(body, len(failed))
+                    except _Attempt as exc:
+                        failed.append({"status_code": exc.status_code, "error": str(exc),
+                                       "latency_ms": round((time.perf_counter() - started) * 1e3, 3)})
+                        raise
+                    completion.attempts = failed
+                    return completion
         except _Attempt as exc:
-            error = ProviderError(f"model endpoint: POST {self._shown_url} {exc} (after {attempts} attempt"
-                                  f"{'s' if attempts > 1 else ''})", status_code=exc.status_code)
-            error.retries = attempts - 1  # type: ignore[attr-defined]
-            raise error from None
+            count = len(failed)
+            raise ProviderError(f"model endpoint: POST {self._shown_url} {exc} (after {count} attempt"
+                                f"{'s' if count > 1 else ''})", status_code=exc.status_code,
+                                retries=count - 1, attempts=failed) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def aclose(self) -> None:
@@ -139,21 +165,20 @@ class ModelClient:
             raise _Attempt(self._scrub(f"failed: {type(exc).__name__}: {exc}", key), 503) from None
         if response.status_code >= 300:
             hint = "; base_url usually ends in /v1" if response.status_code == 404 else ""
-            raise _Attempt(self._scrub(f"returned {response.status_code}: {response.text[:300]}{hint}", key),
+            body_text = self._scrub(response.text, key)[:_BODY_CHARS]   # scrub first: a cut could halve a key
+            raise _Attempt(f"returned {response.status_code}: {body_text}{hint}",
                            response.status_code, _retry_after(response.headers.get("retry-after")))
         try:
             return _parse(response.json(), retries, response.status_code)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            body_text = self._scrub(response.text, key)[:_MALFORMED_CHARS]
             raise _Attempt(self._scrub(f"returned a malformed body ({type(exc).__name__}: {exc}): "
-                                  f"{response.text[:200]!r}", key), 502) from None
+                                       f"{body_text!r}", key), 502) from None
 
     def _scrub(self, text: str, key: str | None) -> str:
-        """``text`` with the API key and every header value (should a server or an exception echo
-        them) replaced by ``***``."""
-        for secret in sorted({key or "", *self.config.header_values().values()}, key=len, reverse=True):
-            if len(secret.strip()) >= 4:   # a 1-3 character value would mangle the message, not hide a key
-                text = text.replace(secret, "***")
-        return text
+        """``text`` with the API key, every header value and every other registered secret
+        (should a server or an exception echo them) replaced by ``***``."""
+        return scrub(text, (key or "", *self.config.header_values().values()))
 
     def _key(self) -> str | None:
         """The API key for this request (block key, else the environment variable), stripped."""
@@ -162,6 +187,7 @@ class ModelClient:
         if not self.config.api_key_env or self.config.endpoint:
             return None
         key = os.environ.get(self.config.api_key_env, "").strip()
+        register_secret(key)
         if not key and not self._warned_no_key:
             self._warned_no_key = True
             logger.warning("client.api_key_env = %r: the variable is not set; requests to %s go without "
@@ -196,7 +222,18 @@ def _parse(data: Any, retries: int, status_code: int) -> Completion:
     return Completion(message=message, finish_reason=choice.get("finish_reason"),
                       prompt_tokens=int(usage.get("prompt_tokens") or 0),
                       completion_tokens=int(usage.get("completion_tokens") or 0),
-                      retries=retries, status_code=status_code)
+                      retries=retries, status_code=status_code,
+                      cached_tokens=_detail(usage, "prompt_tokens_details", "cached_tokens"),
+                      reasoning_tokens=_detail(usage, "completion_tokens_details", "reasoning_tokens"))
+
+
+def _detail(usage: dict[str, Any], group: str, key: str) -> int | None:
+    """``usage[group][key]`` as an int; None when absent or not a number (the details are optional)."""
+    details = usage.get(group)
+    value = details.get(key) if isinstance(details, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return int(value)
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 from prefect_rollouts.judge_config import ReferenceJudgeConfig, RubricJudgeConfig
-from prefect_rollouts.errors import JudgeError
+from prefect_rollouts.errors import JudgeError, scrub
 from prefect_rollouts.scoring.judges import TOOL_OUTPUT_CAP_CHARS, Judge, cap_text
 from prefect_rollouts.task import Task
 from prefect_rollouts.trace import Trace, content_text
@@ -150,7 +150,7 @@ def _answer_item(item: Any) -> str:
 
 def view(trace: Trace, kind: str) -> str:
     """What a judge reads: the last assistant reply, or the transcript after the system prompt
-    (roles, texts, tool calls, and tool results cut to ``TOOL_OUTPUT_CAP_CHARS``)."""
+    (roles, texts, tool calls, and tool results scrubbed of secrets, then cut to ``TOOL_OUTPUT_CAP_CHARS``)."""
     if kind == "last_reply":
         return trace.last_reply
     lines = []
@@ -159,7 +159,8 @@ def view(trace: Trace, kind: str) -> str:
         if role == "system":
             continue
         text = content_text(message.get("content"))
-        if role == "tool":
+        if role == "tool":   # scrubbed before the cut, which could otherwise halve a key (the prompt is recorded)
+            text = scrub(text)
             text = text if len(text) <= TOOL_OUTPUT_CAP_CHARS else text[:TOOL_OUTPUT_CAP_CHARS] + " [...]"
         if text:
             lines.append(f"{role}: {text}")

@@ -23,12 +23,12 @@ from typing import Any
 
 from prefect_rollouts.config import ClientConfig
 from prefect_rollouts.judge_config import JudgeConfig
-from prefect_rollouts.errors import ConfigError, JudgeError, ProviderError, TaskError
+from prefect_rollouts.errors import ConfigError, JudgeError, ProviderError, TaskError, scrub, scrub_cut
 from prefect_rollouts.model.client import ModelClient
 from prefect_rollouts.model.open import open_client
 from prefect_rollouts.task import Task
 from prefect_rollouts.scoring.rewards import as_score, record_total
-from prefect_rollouts.trace import JudgeCall, Trace, content_text
+from prefect_rollouts.trace import AttemptRecord, JudgeCall, Trace, content_text
 
 REPLY_CAP_CHARS = 4_000
 """Judge prompts and replies longer than this are cut on the trace (the parser sees the whole reply)."""
@@ -139,13 +139,14 @@ class Judge:
         body = {**sampling_body(self.config), "model": self.config.model,
                 "messages": [{"role": "user", "content": prompt}]}
         record = JudgeCall(judge=self.name, model=self.config.model, started_at=time.time(), latency_ms=0.0,
-                           prompt=prompt[:REPLY_CAP_CHARS])
+                           prompt=scrub_cut(prompt, REPLY_CAP_CHARS, note=False))
         trace.judge_calls.append(record)
         started = time.perf_counter()
         try:
             completion = await self.client.complete(body)
         except ProviderError as exc:
-            record.status_code, record.retries = exc.status_code, getattr(exc, "retries", 0)
+            record.status_code, record.retries = exc.status_code, exc.retries
+            record.attempts = [AttemptRecord.model_validate(a) for a in exc.attempts]
             record.error = cap_text(str(exc))
             raise JudgeError(f"judge {self.name!r}: {record.error}", status_code=exc.status_code) from None
         except Exception as exc:
@@ -157,10 +158,13 @@ class Judge:
         finally:
             record.latency_ms = (time.perf_counter() - started) * 1000
         record.status_code, record.retries = completion.status_code, completion.retries
+        record.attempts = [AttemptRecord.model_validate(a) for a in completion.attempts]
         record.prompt_tokens, record.completion_tokens = completion.prompt_tokens, completion.completion_tokens
-        trace.judge_usage.add(completion.prompt_tokens, completion.completion_tokens)
+        record.cached_tokens, record.reasoning_tokens = completion.cached_tokens, completion.reasoning_tokens
+        trace.judge_usage.add(completion.prompt_tokens, completion.completion_tokens, completion.cached_tokens,
+                              completion.reasoning_tokens)
         reply = content_text(completion.message.get("content"))
-        record.reply = reply[:REPLY_CAP_CHARS]
+        record.reply = scrub_cut(reply, REPLY_CAP_CHARS, note=False)
         try:
             verdict = parse(reply)
         except Exception as exc:
@@ -306,16 +310,21 @@ async def _judge(config: JudgeConfig, task: Task, trace: Trace, clients: JudgeCl
 
 
 def cap_text(text: str, limit: int = 300) -> str:
-    """``text`` cut to ``limit`` characters (messages go to traces and Parquet)."""
-    return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} more characters]"
+    """``text`` scrubbed of secrets, then cut to ``limit`` characters with a note of how many more
+    there were (messages go to traces and Parquet)."""
+    return scrub_cut(text, limit)
 
 
 def _json_safe(value: Any) -> Any:
-    """``value`` as JSON data (anything else becomes its ``repr``), capped like a reply."""
+    """``value`` as JSON data (anything else becomes its ``repr``), scrubbed of secrets, capped like a reply."""
     try:
         text = json.dumps(value, default=repr)
     except (ValueError, RecursionError):  # circular or too deep
         text = json.dumps(repr(value))
+    text = scrub(text)
     if len(text) > REPLY_CAP_CHARS:
         return text[:REPLY_CAP_CHARS]
-    return json.loads(text)
+    try:
+        return json.loads(text)
+    except ValueError:  # a scrubbed secret spanned JSON syntax
+        return text
