@@ -2,8 +2,12 @@
 
 The dataset root holds two hive-partitioned tables, ``rollouts/`` (one row per rollout) and
 ``model_calls/`` (one row per model call), each under ``date=YYYY-MM-DD/run_id=<id>/``.
-Nested values (rewards, metrics, info, errors, the full trace) are JSON strings, which pandas
-and DuckDB (``json_extract``) both read without a schema per taskset.
+Nested values (rewards, metrics, info, errors, a call's failed attempts, the full trace) are
+JSON strings, which pandas and DuckDB (``json_extract``) both read without a schema per taskset.
+
+Versions: 1 first layout; 2 adds ``cached_tokens`` and ``reasoning_tokens`` (null when the server
+does not report them) to both tables and ``attempts`` to ``model_calls``. Readers read files of
+both versions with the current schema: a column a file lacks reads as null.
 """
 
 from __future__ import annotations
@@ -16,8 +20,8 @@ import pyarrow as pa
 
 from prefect_rollouts.trace import Trace
 
-#: Bumped when a column changes meaning or type; readers can filter on it.
-SCHEMA_VERSION = 1
+#: Bumped when a column is added or changes meaning or type; readers can filter on it.
+SCHEMA_VERSION = 2
 
 PARTITIONING = pa.schema([("date", pa.string()), ("run_id", pa.string())])
 
@@ -44,6 +48,8 @@ ROLLOUTS = pa.schema([
     ("prompt_tokens", pa.int64()),
     ("completion_tokens", pa.int64()),
     ("total_tokens", pa.int64()),
+    ("cached_tokens", pa.int64()),
+    ("reasoning_tokens", pa.int64()),
     ("judge_prompt_tokens", pa.int64()),
     ("judge_completion_tokens", pa.int64()),
     ("num_model_calls", pa.int32()),
@@ -75,8 +81,11 @@ MODEL_CALLS = pa.schema([
     ("latency_ms", pa.float64()),
     ("prompt_tokens", pa.int64()),
     ("completion_tokens", pa.int64()),
+    ("cached_tokens", pa.int64()),
+    ("reasoning_tokens", pa.int64()),
     ("finish_reason", pa.string()),
     ("retries", pa.int32()),
+    ("attempts", pa.string()),
     ("status_code", pa.int32()),
     ("error", pa.string()),
 ])
@@ -110,6 +119,8 @@ def rollout_row(trace: Trace, *, rollout_index: int, environment: str, config_ha
         "prompt_tokens": trace.usage.prompt_tokens,
         "completion_tokens": trace.usage.completion_tokens,
         "total_tokens": trace.usage.total_tokens,
+        "cached_tokens": trace.usage.cached_tokens,
+        "reasoning_tokens": trace.usage.reasoning_tokens,
         "judge_prompt_tokens": trace.judge_usage.prompt_tokens,
         "judge_completion_tokens": trace.judge_usage.completion_tokens,
         "num_model_calls": len(trace.model_calls),
@@ -130,7 +141,8 @@ def rollout_row(trace: Trace, *, rollout_index: int, environment: str, config_ha
 
 
 def model_call_rows(trace: Trace, *, rollout_index: int, environment: str) -> list[dict[str, Any]]:
-    """The ``model_calls`` rows of a finished trace, in call order."""
+    """The ``model_calls`` rows of a finished trace, in call order (``attempts``: a JSON list of
+    ``{"status_code", "error", "latency_ms"}``, ``[]`` when the first attempt succeeded)."""
     return [{
         "schema_version": SCHEMA_VERSION,
         "rollout_id": trace.id,
@@ -144,8 +156,11 @@ def model_call_rows(trace: Trace, *, rollout_index: int, environment: str) -> li
         "latency_ms": call.latency_ms,
         "prompt_tokens": call.prompt_tokens,
         "completion_tokens": call.completion_tokens,
+        "cached_tokens": call.cached_tokens,
+        "reasoning_tokens": call.reasoning_tokens,
         "finish_reason": call.finish_reason,
         "retries": call.retries,
+        "attempts": json.dumps([attempt.model_dump() for attempt in call.attempts]),
         "status_code": call.status_code,
         "error": call.error,
     } for index, call in enumerate(trace.model_calls)]

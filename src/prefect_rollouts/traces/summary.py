@@ -11,8 +11,8 @@ from pydantic import BaseModel
 
 #: The ``rollouts`` columns ``summarize`` needs (readers can skip the large JSON columns).
 SUMMARY_COLUMNS = ["run_id", "task_id", "rollout_index", "environment", "reward", "is_truncated", "is_timeout",
-                   "scoring_skipped", "is_error", "total_tokens", "judge_prompt_tokens",
-                   "judge_completion_tokens"]
+                   "scoring_skipped", "is_error", "total_tokens", "cached_tokens", "reasoning_tokens",
+                   "judge_prompt_tokens", "judge_completion_tokens"]
 
 
 class EnvironmentSummary(BaseModel):
@@ -34,6 +34,11 @@ class EnvironmentSummary(BaseModel):
     errored: int
     total_tokens: int
     """Tokens of the agent's model calls."""
+    cached_tokens: int | None = None
+    """Prompt tokens the server served from its cache, summed over the rollouts that report
+    them; None when none does (unknown, not 0)."""
+    reasoning_tokens: int | None = None
+    """Completion tokens spent reasoning, summed like ``cached_tokens``."""
     judge_tokens: int = 0
     """Tokens of the judges' calls (prompt + completion)."""
 
@@ -46,11 +51,19 @@ class EvalSummary(BaseModel):
     rollouts: int
     errored: int
     total_tokens: int
+    cached_tokens: int | None = None
+    """As ``EnvironmentSummary.cached_tokens``, over the whole run."""
+    reasoning_tokens: int | None = None
     judge_tokens: int = 0
     wall_time_s: float | None = None
 
     def table(self) -> list[dict[str, Any]]:
-        """One flat dict per environment (for a Prefect table artifact or a terminal table)."""
+        """One flat dict per environment (for a Prefect table artifact or a terminal table).
+
+        ``cached_tokens`` and ``reasoning_tokens`` are columns only when some environment reports them.
+        """
+        details = [key for key in ("cached_tokens", "reasoning_tokens")
+                   if any(getattr(env, key) is not None for env in self.environments)]
         rows = []
         for env in self.environments:
             row: dict[str, Any] = {
@@ -58,7 +71,9 @@ class EvalSummary(BaseModel):
                 "mean_reward": _round(env.mean_reward), "stderr": _round(env.stderr)}
             row.update({f"pass@{k}": _round(v) for k, v in env.pass_at_k.items()})
             row.update(truncated=env.truncated, timed_out=env.timed_out, skipped=env.skipped,
-                       errored=env.errored, total_tokens=env.total_tokens, judge_tokens=env.judge_tokens)
+                       errored=env.errored, total_tokens=env.total_tokens)
+            row.update({key: getattr(env, key) for key in details})
+            row["judge_tokens"] = env.judge_tokens
             rows.append(row)
         return rows
 
@@ -109,11 +124,22 @@ def summarize(rows: pd.DataFrame, *, run_id: str, rollouts_per_task: int | None 
             stderr=float(rewards.std(ddof=1) / math.sqrt(len(rewards))) if len(rewards) > 1 else None,
             pass_at_k=passes, truncated=int(group["is_truncated"].sum()), timed_out=int(group["is_timeout"].sum()),
             skipped=int(group["scoring_skipped"].notna().sum()), errored=int(group["is_error"].sum()),
-            total_tokens=int(group["total_tokens"].sum()), judge_tokens=_judge_tokens(group)))
+            total_tokens=int(group["total_tokens"].sum()), cached_tokens=_reported(group, "cached_tokens"),
+            reasoning_tokens=_reported(group, "reasoning_tokens"), judge_tokens=_judge_tokens(group)))
     return EvalSummary(run_id=run_id, environments=environments, rollouts=len(rows),
                        errored=int(rows["is_error"].sum()) if len(rows) else 0,
                        total_tokens=int(rows["total_tokens"].sum()) if len(rows) else 0,
+                       cached_tokens=_reported(rows, "cached_tokens"),
+                       reasoning_tokens=_reported(rows, "reasoning_tokens"),
                        judge_tokens=_judge_tokens(rows), wall_time_s=wall_time_s)
+
+
+def _reported(rows: pd.DataFrame, column: str) -> int | None:
+    """Sum of ``column`` over the rows that report it; None when none does (or, in rows written
+    before schema version 2, the column is missing)."""
+    if column not in rows or not rows[column].notna().any():
+        return None
+    return int(rows[column].sum())
 
 
 def _judge_tokens(rows: pd.DataFrame) -> int:

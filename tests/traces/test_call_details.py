@@ -1,0 +1,122 @@
+"""What a model call reports beyond its token totals reaches the trace and both tables: cached and
+reasoning tokens (None when the server does not say), and each failed attempt of a retried call."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pyarrow as pa
+
+import prefect_rollouts as vf
+from prefect_rollouts.trace import ModelCall
+from prefect_rollouts.traces import TraceWriter, read_model_calls, read_rollouts, summarize
+from prefect_rollouts.traces.schema import MODEL_CALLS, ROLLOUTS, model_call_rows, rollout_row
+from prefect_rollouts.traces.writer import _write_atomic
+from tests.fakes.openai_server import reply, status, tool_call
+
+
+def usage(prompt, completion, cached=None, reasoning=None):
+    found = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    if cached is not None:
+        found["prompt_tokens_details"] = {"cached_tokens": cached}
+    if reasoning is not None:
+        found["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+    return found
+
+
+class Echo(vf.Task):
+    def tools(self):
+        def look() -> str:
+            """Look around."""
+            return "nothing"
+        return [look]
+
+    @vf.reward
+    def answered(self, trace):
+        return float(trace.last_reply == "done")
+
+
+def null(value) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+async def test_cached_and_reasoning_tokens_reach_the_trace_both_tables_and_the_summary(openai_server, agent_config,
+                                                                                       tmp_path):
+    openai_server.play([tool_call("look"), reply("done", usage=usage(50, 20, cached=32, reasoning=12)),
+                        reply("done", usage=usage(40, 3, cached=8)),
+                        reply("done", usage=usage(9, 1))])
+    async with vf.make_agent(agent_config(harness=vf.HarnessConfig(runtime_tools=[]))) as agent:
+        detailed = await agent.run(Echo(vf.TaskData(prompt="first")))
+        partial = await agent.run(Echo(vf.TaskData(prompt="second")))
+        plain = await agent.run(Echo(vf.TaskData(prompt="third")))
+    assert [(c.cached_tokens, c.reasoning_tokens) for c in detailed.model_calls] == [(None, None), (32, 12)]
+    assert (detailed.usage.cached_tokens, detailed.usage.reasoning_tokens) == (32, 12)
+    assert (partial.usage.cached_tokens, partial.usage.reasoning_tokens) == (8, None)   # absent is not 0
+    assert (plain.usage.cached_tokens, plain.usage.reasoning_tokens) == (None, None)
+
+    writer = TraceWriter(tmp_path, "details")
+    for index, trace in enumerate((detailed, partial, plain)):
+        writer.add(trace, rollout_index=index, environment="echo", config_hash="h", elapsed_s=1.0)
+    writer.flush()
+    rows = read_rollouts(tmp_path).sort_values("rollout_index")
+    assert rows["cached_tokens"].tolist()[:2] == [32, 8] and null(rows["cached_tokens"].iloc[2])
+    assert rows["reasoning_tokens"].iloc[0] == 12 and null(rows["reasoning_tokens"].iloc[1])
+    calls = read_model_calls(tmp_path).sort_values(["rollout_id", "call_index"])
+    mine = calls[calls["rollout_id"] == detailed.id]
+    assert null(mine["cached_tokens"].iloc[0]) and (mine["cached_tokens"].iloc[1], mine["reasoning_tokens"].iloc[1]) == (32, 12)
+    summary = summarize(rows, run_id="details")
+    assert (summary.cached_tokens, summary.reasoning_tokens) == (40, 12)
+    assert (summary.environments[0].cached_tokens, summary.environments[0].reasoning_tokens) == (40, 12)
+    assert summary.table()[0]["cached_tokens"] == 40
+    only_plain = summarize(rows[rows["rollout_index"] == 2], run_id="details")
+    assert (only_plain.cached_tokens, only_plain.reasoning_tokens) == (None, None)
+    assert "cached_tokens" not in only_plain.table()[0]          # no column of unknowns in the printed table
+
+
+async def test_a_retried_call_keeps_each_failed_attempt_on_the_trace_and_in_model_calls(openai_server, agent_config,
+                                                                                      tmp_path):
+    openai_server.play([status(500, body="upstream exploded"), status(503), reply("done")])
+    async with vf.make_agent(agent_config()) as agent:
+        trace = await agent.run(Echo(vf.TaskData(prompt="go")))
+    (call,) = trace.model_calls
+    assert (call.retries, call.status_code, trace.reward) == (2, 200, 1.0)
+    assert [(a.status_code, "upstream exploded" in a.error) for a in call.attempts] == [(500, True), (503, False)]
+    assert all(0 <= a.latency_ms <= call.latency_ms for a in call.attempts)
+
+    openai_server.play([status(500, body="still down")] * 3)
+    async with vf.make_agent(agent_config(retries=vf.StageRetryConfig(segment=0))) as agent:
+        failed = await agent.run(Echo(vf.TaskData(prompt="go")))
+    assert [a.status_code for a in failed.model_calls[0].attempts] == [500, 500, 500]   # every failed attempt
+
+    writer = TraceWriter(tmp_path, "attempts")
+    writer.add(trace, rollout_index=0, environment="echo", config_hash="h", elapsed_s=1.0)
+    writer.add(failed, rollout_index=1, environment="echo", config_hash="h", elapsed_s=1.0)
+    writer.flush()
+    calls = read_model_calls(tmp_path).set_index("rollout_id")
+    stored = json.loads(calls.loc[trace.id, "attempts"])
+    assert [(a["status_code"], sorted(a)) for a in stored] == [(500, ["error", "latency_ms", "status_code"]),
+                                                                (503, ["error", "latency_ms", "status_code"])]
+    assert "upstream exploded" in stored[0]["error"] and len(json.loads(calls.loc[failed.id, "attempts"])) == 3
+
+
+def test_a_dataset_written_before_these_columns_stays_readable(tmp_path):
+    trace = vf.Trace(task_id="old", model="m", reward=1.0, stop_condition="agent_completed")
+    new_only = {"cached_tokens", "reasoning_tokens", "attempts"}
+    old_rollouts = pa.schema([f for f in ROLLOUTS if f.name not in new_only])
+    old_calls = pa.schema([f for f in MODEL_CALLS if f.name not in new_only])
+    row = {k: v for k, v in rollout_row(trace, rollout_index=0, environment="e", config_hash="h", elapsed_s=1.0).items()
+           if k not in new_only} | {"schema_version": 1}
+    base = tmp_path / "rollouts" / "date=2026-11-30" / "run_id=old"
+    base.mkdir(parents=True)
+    _write_atomic(pa.Table.from_pylist([row], schema=old_rollouts), base / "part-1.parquet")
+    trace.model_calls.append(ModelCall(segment=0, started_at=1.8e9, latency_ms=5.0, finish_reason="stop"))
+    call = {k: v for k, v in model_call_rows(trace, rollout_index=0, environment="e")[0].items() if k not in new_only}
+    calls_dir = tmp_path / "model_calls" / "date=2026-11-30" / "run_id=old"
+    calls_dir.mkdir(parents=True)
+    _write_atomic(pa.Table.from_pylist([call], schema=old_calls), calls_dir / "part-1.parquet")
+    rows = read_rollouts(tmp_path)
+    assert null(rows["cached_tokens"].iloc[0]) and null(rows["reasoning_tokens"].iloc[0])
+    assert [null(value) for value in read_model_calls(tmp_path)["attempts"]] == [True]
+    summary = summarize(rows, run_id="old")
+    assert (summary.rollouts, summary.cached_tokens, summary.reasoning_tokens) == (1, None, None)
