@@ -287,7 +287,8 @@ async def score(state: RolloutState, *, raise_retryable: bool = False, raise_tim
     retried. Isolated scoring starts a fresh runtime per call; an orchestrator retries it
     per ``scoring.retries`` with ``raise_retryable`` (``RETRY_ON["scoring"]``), reusing the
     collected artifacts. Any failure leaves ``trace.reward`` None and is recorded as an
-    error; expiry stops the run as ``scoring_timeout``.
+    error, stopping the run as ``scoring_error`` (it replaces ``agent_completed`` and
+    ``user_closed``; a limit or deadline stop stays); expiry stops it as ``scoring_timeout``.
     """
     if not scorable(state):
         return

@@ -96,7 +96,7 @@ async def test_an_unparseable_verdict_is_a_scoring_error_never_zero(openai_serve
     async with vf.make_agent(judged({"id": "reference"})) as agent:
         trace = await agent.run(capital())
     assert trace.reward is None and trace.rewards["reference"] is None
-    assert trace.stop_condition == "agent_completed"      # the run itself finished; scoring failed
+    assert trace.stop_condition == "scoring_error"        # the run itself finished; scoring failed
     (error,) = trace.errors
     assert (error.type, error.stage) == ("JudgeError", "scoring") and "cannot parse" in error.message
     (call,) = trace.judge_calls

@@ -71,7 +71,28 @@ async def test_reward_weights_sum_and_a_raising_reward_leaves_no_reward(openai_s
     assert good.reward == pytest.approx(2.25)
     assert bad.reward is None and bad.rewards == {"boom": None}
     assert bad.errors[0].type == "TaskError" and "boom" in bad.errors[0].message
-    assert bad.stop_condition == "agent_completed"   # the agent finished; only scoring failed
+    assert bad.stop_condition == "scoring_error"     # the agent finished, then scoring failed
+
+
+async def test_a_failing_finalize_or_interaction_scoring_replaces_the_completed_stop(openai_server, agent_config):
+    class BrokenFinalize(Add):
+        async def finalize(self, trace):
+            raise OSError("disk gone")
+
+    class BrokenReward(vf.Task):
+        @vf.reward
+        def boom(self, trace):
+            raise KeyError("missing")
+
+    openai_server.default = reply("5")
+    async with vf.make_agent(agent_config(max_turns=3)) as agent:
+        finalize_failed = await agent.run(BrokenFinalize(vf.TaskData(prompt="2+3?", answer="5")))
+        async with agent.interaction(BrokenReward(vf.TaskData(prompt=None))) as interaction:
+            await interaction.turn("hi")
+    assert (finalize_failed.stop_condition, finalize_failed.reward, finalize_failed.errors[0].stage) == (
+        "task_error", None, "finalize")
+    trace = interaction.trace
+    assert (trace.stop_condition, trace.reward, trace.errors[0].stage) == ("scoring_error", None, "scoring")
 
 
 class Calculator(vf.Task):
