@@ -1,37 +1,57 @@
-"""No API key reaches a trace, a Parquet file, a flow run's parameters or a log."""
+"""No API key, nor any piece of one, reaches a trace, a Parquet file, a flow run's parameters,
+its state message or a log."""
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 
 from prefect.client.orchestration import get_client
+import pyarrow.parquet as pq
 from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
 from prefect_rollouts.blocks import ModelEndpoint
 from prefect_rollouts.eval_config import load_eval_config
 from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.traces import read_rollouts
-from tests.fakes.openai_server import reply, status
+from tests.fakes.openai_server import echo_header, reply, secret_fragments, status
 from tests.prefect.test_eval_flow import eval_toml
 
-BLOCK_KEY = "sk-block-secret-1234"
-ENV_KEY = "sk-env-secret-5678"
-HEADER_KEY = "hdr-secret-9012"
+BLOCK_KEY = "sk-7Hq2Zr9Wm4Xv8Bd"     # no word in them, so any 4 characters found are a leak
+ENV_KEY = "sk-3Jt8Pd6Ky1Nc5Rf"
+HEADER_KEY = "h-5Gw9Lb2Qx7Fs4Tz"
+
+#: Task number -> the failing reply: a 401 whose body echoes a header at a character offset
+#: where the client's 300-character cut halves the value (task 3: the whole header, early).
+ECHOES = {1: ("authorization", 277), 2: ("authorization", 283), 4: ("authorization", 291),
+          5: ("x-api-key", 290)}
+
+
+def answer(request):
+    number = int(re.search(r"task (\d+)", request.messages[-1]["content"]).group(1))
+    if number == 3:
+        return status(401, body=f"bad {request.headers['authorization']} {request.headers.get('x-api-key')}")
+    if number in ECHOES:
+        header, at = ECHOES[number]
+        return echo_header(401, at=at, header=header)(request)
+    return reply(str(number))
+
+
+def leaks(text: str, where: str) -> list[str]:
+    found = [piece for secret in (BLOCK_KEY, ENV_KEY, HEADER_KEY) for piece in secret_fragments(text, secret)]
+    return [f"{where}: {found}"] if found else []
 
 
 async def test_keys_from_a_block_and_from_the_environment_never_leak(tmp_path, openai_server, monkeypatch, caplog):
     caplog.set_level(logging.DEBUG)
     await ModelEndpoint(base_url=openai_server.base_url, api_key=BLOCK_KEY).save("scripted-endpoint", overwrite=True)
     monkeypatch.setenv("ROLLOUTS_TEST_KEY", ENV_KEY)
-    # one request fails with a body that echoes the header, as some proxies do
-    openai_server.default = lambda request: (
-        status(401, body=f"bad {request.headers['authorization']} {request.headers.get('x-api-key')}")
-        if "task 3" in request.messages[-1]["content"]
-        else reply("0"))
+    # requests fail with a body that echoes a header, as some proxies do, where the cut halves it
+    openai_server.default = answer
     runs = {}
     for source in ("block", "env"):
-        toml = eval_toml(tmp_path / source, openai_server.base_url, num_tasks=4, max_concurrent=2)
+        toml = eval_toml(tmp_path / source, openai_server.base_url, num_tasks=6, max_concurrent=2)
         if source == "block":
             toml = toml.replace('api_key_env = ""', 'endpoint = "scripted-endpoint"')
         else:
@@ -42,19 +62,27 @@ async def test_keys_from_a_block_and_from_the_environment_never_leak(tmp_path, o
     assert {r.headers.get("x-api-key") for r in openai_server.requests} == {None, HEADER_KEY}
     secrets = (BLOCK_KEY, ENV_KEY, HEADER_KEY)
 
-    leaks = []
+    found = []
     for path in tmp_path.rglob("*"):
-        if path.is_file() and any(secret.encode() in path.read_bytes() for secret in secrets):
-            leaks.append(str(path))
+        if not path.is_file():
+            continue
+        if any(secret.encode() in path.read_bytes() for secret in secrets):
+            found.append(str(path))
+        text = (json.dumps(pq.read_table(path).to_pylist(), default=str) if path.suffix == ".parquet"
+                else path.read_bytes().decode("utf-8", "replace"))
+        found += leaks(text, str(path))
     async with get_client() as client:
         flow_runs = await client.read_flow_runs()
         logs = await client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[r.id for r in flow_runs])))
     for flow_run in flow_runs:
-        if any(secret in json.dumps(flow_run.parameters, default=str) for secret in secrets):
-            leaks.append(f"parameters of {flow_run.name}")
-    leaks += [f"log: {log.message}" for log in logs if any(secret in log.message for secret in secrets)]
-    leaks += [f"local log: {line}" for line in caplog.text.splitlines() if any(secret in line for secret in secrets)]
-    assert leaks == []
+        found += leaks(json.dumps(flow_run.parameters, default=str), f"parameters of {flow_run.name}")
+        found += leaks(str(flow_run.state.message if flow_run.state else ""), f"state of {flow_run.name}")
+    for log in logs:
+        found += leaks(log.message, "log")
+    found += leaks(caplog.text, "local log")
+    assert found == []
     rows = read_rollouts(tmp_path / "block")
     assert "Bearer ***" in rows[rows["task_id"] == "n3"]["error_message"].iloc[0]   # the echo was scrubbed
-    assert len(flow_runs) > 8 and logs
+    env_rows = read_rollouts(tmp_path / "env")
+    assert set(env_rows[env_rows["is_error"]]["task_id"]) == {"n1", "n2", "n3", "n4", "n5"}
+    assert len(flow_runs) > 12 and logs
