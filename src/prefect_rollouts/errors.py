@@ -112,7 +112,7 @@ class ProviderError(InfrastructureError):
         retryable: True for 429, 5xx and transport errors; False for other 4xx.
         retries: Attempts beyond the first (set by the model client).
         attempts: Every failed attempt in order, the last one included: ``{"status_code": int,
-            "error": str, "latency_ms": float}``, the error scrubbed of secrets, then cut.
+            "error": str}``, the error scrubbed of secrets, then cut.
     """
 
     def __init__(self, message: str, *, status_code: int, retryable: bool | None = None, retries: int = 0,

@@ -55,13 +55,13 @@ class Usage(_Record):
 
 
 class AttemptRecord(_Record):
-    """One failed attempt of a call that the model client retried (or gave up on)."""
+    """One failed attempt of a call that the model client retried (or gave up on). No clock:
+    ``_CallRecord.latency_ms`` covers all attempts, and traces of the same replies stay equal."""
 
     status_code: int
     """HTTP status (503 connect failure, 504 timeout, 502 malformed body)."""
     error: str
     """What went wrong, scrubbed of secrets, then cut (an error body keeps 300 characters)."""
-    latency_ms: float
 
 
 class _CallRecord(_Record):

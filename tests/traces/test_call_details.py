@@ -82,7 +82,6 @@ async def test_a_retried_call_keeps_each_failed_attempt_on_the_trace_and_in_mode
     (call,) = trace.model_calls
     assert (call.retries, call.status_code, trace.reward) == (2, 200, 1.0)
     assert [(a.status_code, "upstream exploded" in a.error) for a in call.attempts] == [(500, True), (503, False)]
-    assert all(0 <= a.latency_ms <= call.latency_ms for a in call.attempts)
 
     openai_server.play([status(500, body="still down")] * 3)
     async with vf.make_agent(agent_config(retries=vf.StageRetryConfig(segment=0))) as agent:
@@ -95,8 +94,8 @@ async def test_a_retried_call_keeps_each_failed_attempt_on_the_trace_and_in_mode
     writer.flush()
     calls = read_model_calls(tmp_path).set_index("rollout_id")
     stored = json.loads(calls.loc[trace.id, "attempts"])
-    assert [(a["status_code"], sorted(a)) for a in stored] == [(500, ["error", "latency_ms", "status_code"]),
-                                                                (503, ["error", "latency_ms", "status_code"])]
+    assert [(a["status_code"], sorted(a)) for a in stored] == [(500, ["error", "status_code"]),
+                                                                (503, ["error", "status_code"])]
     assert "upstream exploded" in stored[0]["error"] and len(json.loads(calls.loc[failed.id, "attempts"])) == 3
 
 

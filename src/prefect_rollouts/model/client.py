@@ -6,7 +6,7 @@ connections in one client (see ``_LANE_CONNECTIONS``).
 
 Retries (tenacity) on 429, 5xx, connect and read errors with exponential backoff and jitter,
 honouring ``Retry-After``, bounded by ``ClientConfig.retries`` (count and total time). Each
-failed attempt is kept (status, error, latency) for the call's record. The API key is read from
+failed attempt is kept (status, error) for the call's record. The API key is read from
 the environment variable ``ClientConfig.api_key_env`` at each request, so it is never stored on
 a config, a trace or a log line; the key and header values are registered with
 ``errors.register_secret`` and scrubbed from an error body before it is cut.
@@ -54,7 +54,7 @@ class Completion:
     ``cached_tokens`` (``usage.prompt_tokens_details.cached_tokens``) and ``reasoning_tokens``
     (``usage.completion_tokens_details.reasoning_tokens``) are None when the server does not
     report them. ``attempts`` lists the failed attempts before this response, in order:
-    ``{"status_code": int, "error": str, "latency_ms": float}``.
+    ``{"status_code": int, "error": str}``.
     """
 
     message: dict[str, Any]
@@ -120,7 +120,7 @@ class ModelClient:
 
         Returns:
             ``Completion``; ``retries`` counts attempts beyond the first, ``attempts`` holds
-            each failed one (status, error scrubbed of secrets then cut, latency in ms).
+            each failed one (status, error scrubbed of secrets then cut).
 
         Raises:
             ProviderError: the last attempt failed (non-2xx, transport error, malformed body);
@@ -132,12 +132,10 @@ class ModelClient:
         try:
             async for attempt in self._retrying.copy():  # per call: the iterator keeps state
                 with attempt:
-                    started = time.perf_counter()
                     try:
                         completion = await self._post(body, len(failed))
                     except _Attempt as exc:
-                        failed.append({"status_code": exc.status_code, "error": str(exc),
-                                       "latency_ms": round((time.perf_counter() - started) * 1e3, 3)})
+                        failed.append({"status_code": exc.status_code, "error": str(exc)})
                         raise
                     completion.attempts = failed
                     return completion

@@ -142,7 +142,7 @@ def rollout_row(trace: Trace, *, rollout_index: int, environment: str, config_ha
 
 def model_call_rows(trace: Trace, *, rollout_index: int, environment: str) -> list[dict[str, Any]]:
     """The ``model_calls`` rows of a finished trace, in call order (``attempts``: a JSON list of
-    ``{"status_code", "error", "latency_ms"}``, ``[]`` when the first attempt succeeded)."""
+    ``{"status_code", "error"}``, ``[]`` when the first attempt succeeded)."""
     return [{
         "schema_version": SCHEMA_VERSION,
         "rollout_id": trace.id,
