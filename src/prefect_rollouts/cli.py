@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import shlex
 import sys
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Annotated, Optional
 
 import typer
@@ -29,22 +32,34 @@ def eval_command(
     resume: Annotated[Optional[str], typer.Option(help="Continue run RUN_ID: run only rollouts without a durable row.")] = None,
     run_id: Annotated[Optional[str], typer.Option(help="Id for a new run (default: generated).")] = None,
 ) -> None:
-    """Run an evaluation as a Prefect flow and print its summary."""
-    from prefect_rollouts.eval_config import load_eval_config
+    """Run an evaluation as a Prefect flow and print its summary.
 
+    Without ``PREFECT_API_URL`` the eval gets a temporary Prefect server that ends with it (also on
+    ``kill -9``). A run that stops early (an API outage past ``api_outage_limit_s``, an unwritable
+    dataset, rollouts without a row) exits 1 and prints the ``--resume`` command.
+    """
     from prefect_rollouts.environments import load_taskset
+    from prefect_rollouts.eval_config import load_eval_config
 
     try:
         eval_config = load_eval_config(config, set_ or [])
         taskset = eval_config.env.taskset   # a bad taskset option or traces path fails here, before Prefect starts
-        load_taskset(taskset.id, taskset.options, eval_config.num_tasks)
+        total = len(load_taskset(taskset.id, taskset.options, eval_config.num_tasks)) * eval_config.rollouts_per_task
         eval_config.traces.check_writable()
     except ConfigError as exc:
         _error("config error: ", exc)
         raise typer.Exit(2) from None
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-    from prefect_rollouts.flows.eval import eval_flow, progress_listener
+    from prefect.settings import PREFECT_API_URL
 
+    from prefect_rollouts.flows.eval import eval_flow, new_run_id, progress_listener
+    from prefect_rollouts.tempserver import TemporaryServer
+
+    run_id = resume or run_id or new_run_id(eval_config)
+    resume_hint = " ".join(shlex.quote(part) for part in ["prefect-rollouts", "eval", str(config),
+                                                          *(f"--set={item}" for item in set_ or []), "--resume", run_id])
+    temporary = None if PREFECT_API_URL.value() else TemporaryServer(
+        float(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"]))
     with Progress(TextColumn("[bold]rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as progress:
         bar = progress.add_task("rollouts", total=None)
@@ -52,15 +67,95 @@ def eval_command(
         def listen(done: int, total: int) -> None:
             progress.update(bar, completed=done, total=total)
         progress_listener.set(listen)
+        stopped: Exception | None = None
         try:
-            summary = asyncio.run(eval_flow(eval_config, resume=resume, run_id=run_id))
+            with contextlib.ExitStack() as stack:
+                if temporary is not None:
+                    console.print("PREFECT_API_URL is not set: starting a temporary Prefect server for this eval")
+                    stack.enter_context(_api_url(stack.enter_context(temporary).api_url))
+                    stack.callback(_drain_prefect_services)   # runs before the server stops
+                summary = asyncio.run(eval_flow(eval_config, resume=resume, run_id=run_id))
         except ConfigError as exc:
             _error("config error: ", exc)
             raise typer.Exit(2) from None
+        except Exception as exc:  # the run stopped: say why, what is durable, and how to go on
+            stopped = exc
+    if stopped is not None:
+        _error("eval stopped: ", _reason(stopped))
+        console.print(f"{_durable(eval_config, run_id)} of {total} rollouts are durable (run_id={run_id}). "
+                      f"Resume with:\n  {resume_hint}", markup=False, highlight=False)
+        _exit_without_waiting_for_prefect(1)
     _print_summary(summary)
     root = eval_config.traces.store and f"TraceStore block {eval_config.traces.store!r}" or eval_config.traces.path
     console.print(f"traces: {root} (run_id={summary.run_id})")
-    console.print(f"Prefect UI: {_ui_url()} (flow 'eval', run '{summary.run_id}')")
+    ui = "none (the temporary server has stopped; set PREFECT_API_URL to keep runs)" if temporary else _ui_url()
+    console.print(f"Prefect UI: {ui} (flow 'eval', run '{summary.run_id}')")
+
+
+@contextlib.contextmanager
+def _api_url(url: str) -> Iterator[None]:
+    """Point Prefect (this process's settings, in every thread, and child processes) at ``url``."""
+    from prefect.context import refresh_global_settings_context
+
+    os.environ["PREFECT_API_URL"] = url
+    refresh_global_settings_context()
+    try:
+        yield
+    finally:
+        os.environ.pop("PREFECT_API_URL", None)
+        refresh_global_settings_context()
+
+
+def _drain_prefect_services(timeout_s: float = 10.0) -> bool:
+    """Send the logs and events still queued (as Prefect's test harness does before its server
+    stops); False when some were still pending after ``timeout_s`` (each of the two queues)."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    pending = [APILogWorker.drain_all(timeout=timeout_s), EventsWorker.drain_all(timeout=timeout_s)]
+    return not any(result and result[1] for result in pending)
+
+
+def _exit_without_waiting_for_prefect(code: int) -> None:
+    """Exit with ``code`` after at most a few seconds of sending Prefect's queued logs and events.
+
+    A normal exit waits until Prefect's events worker has tried every queued event, about 7 s
+    each while the API is unreachable: a run stopped by an outage would hang for minutes. If the
+    queues do not empty in time, the process exits at once (``os._exit``) without them.
+    """
+    if _drain_prefect_services(timeout_s=5.0):
+        raise typer.Exit(code)
+    console.file.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _reason(exc: BaseException) -> str:
+    """The message of an ``ApiOutageError`` in ``exc``'s chain (Prefect may raise its own error
+    while failing the flow run on a dead API), else ``exc`` as ``Type: message``."""
+    from prefect_rollouts.flows.outage import ApiOutageError
+
+    seen, todo = set(), [exc]
+    while todo:
+        current = todo.pop(0)
+        if isinstance(current, ApiOutageError):
+            return str(current)
+        seen.add(id(current))
+        todo.extend(e for e in (current.__cause__, current.__context__) if e is not None and id(e) not in seen)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _durable(eval_config: object, run_id: str) -> str:
+    from prefect_rollouts.traces import durable_keys
+
+    traces = eval_config.traces  # type: ignore[attr-defined]
+    if traces.store:
+        return "some"
+    try:
+        return str(len(durable_keys(traces.path, run_id)))
+    except Exception:  # an unreadable dataset is the reason already printed
+        return "an unknown number"
 
 
 @traces_app.command("summary")

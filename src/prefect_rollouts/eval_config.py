@@ -104,6 +104,16 @@ class EvalConfig(_Config):
     """Rollouts per shard with ``rollout_granularity = "batch"``."""
     pass_threshold: float = 1.0
     """A rollout passes (for pass@k) when its reward is at least this."""
+    flush_each_rollout: bool = False
+    """Make each rollout's row durable as soon as it finishes, not in batches of up to
+    ``max_concurrent`` (at most 64) rollouts every 2 s. Then a kill loses only the rollouts in
+    flight (or in the milliseconds of its own write), so ``--resume`` does not run a finished rollout,
+    and a reward with side effects, again. Measured without it: every rollout that finished in the
+    last 2 s before a ``kill -9`` ran and was scored again (tests/prefect/test_flush_each.py).
+    Always on when ``rollouts_per_task > 1`` or a task sets ``Task.rewards_have_side_effects``."""
+    api_outage_limit_s: float = Field(600.0, gt=0)
+    """How long (seconds) rollouts keep running while the Prefect API is unreachable; past it the
+    eval stops, keeping its durable rows, and prints the ``--resume`` command."""
     traces: TracesConfig = TracesConfig()
     env: EnvConfig
 

@@ -18,7 +18,7 @@ import inspect
 import json
 import math
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
@@ -92,6 +92,10 @@ class Task:
     Args:
         data: The task's ``TaskData``.
     """
+
+    rewards_have_side_effects: ClassVar[bool] = False
+    """True when scoring acts on the world (writes, sends, charges): an eval then makes each rollout
+    durable as it finishes, so ``--resume`` after a kill does not score a finished rollout again."""
 
     def __init__(self, data: TaskData) -> None:
         if not isinstance(data, TaskData):

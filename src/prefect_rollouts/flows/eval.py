@@ -21,10 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import acreate_progress_artifact, acreate_table_artifact, aupdate_progress_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
+from prefect.settings import PREFECT_API_URL
 from prefect.utilities.annotations import quote
 
 from prefect_rollouts.agent import Agent, make_agent
@@ -32,7 +34,8 @@ from prefect_rollouts.blocks import resolve_trace_path
 from prefect_rollouts.engine import InlineOrchestrator, run_rollout
 from prefect_rollouts.environments import load_taskset
 from prefect_rollouts.eval_config import EvalConfig
-from prefect_rollouts.flows.ownership import owned_flow_run, sandbox_labels
+from prefect_rollouts.flows.ownership import owned_flow_run, owner_tags, sandbox_labels
+from prefect_rollouts.flows.outage import ApiOutageError, ApiWatch, QuietWhileDown, Unreported
 from prefect_rollouts.flows.rollout import RolloutRequest, rollout_flow
 from prefect_rollouts.stages import RolloutState
 from prefect_rollouts.task import Task
@@ -59,31 +62,33 @@ class _Run:
     config_hash: str
     total: int
     gate: asyncio.Semaphore
+    watch: ApiWatch
+    flush_each: bool = False
+    """Make each rollout durable as it finishes (see ``EvalConfig.flush_each_rollout``)."""
     progress_id: Any = None
-    last_report: float = 0.0
+    reported: int = -1
     failures: list[BaseException] = field(default_factory=list)
 
     def state(self, task_: Task, index: int) -> RolloutState:
         labels = {"run_id": self.run_id, "rollout_index": str(index), **sandbox_labels()}
         return self.agent.new_rollout(task_, self.agent.client, labels)
 
-    async def record(self, trace: Trace, index: int, elapsed_s: float) -> None:
-        if self.writer.add(trace, rollout_index=index, environment=self.environment,
-                           config_hash=self.config_hash, elapsed_s=elapsed_s):
+    async def record(self, state: RolloutState, index: int, elapsed_s: float) -> None:
+        """Buffer the finished rollout's row; flush when the batch is full, or at once when every
+        rollout must be durable as it finishes (``flush_each``, or a task whose rewards have side effects)."""
+        full = self.writer.add(state.trace, rollout_index=index, environment=self.environment,
+                               config_hash=self.config_hash, elapsed_s=elapsed_s)
+        if full or self.flush_each or getattr(state.task, "rewards_have_side_effects", False):
             await self.flush()
 
     async def flush(self) -> None:
         if await self.writer.aflush():
-            await self.report()
+            self.report()
 
-    async def report(self, force: bool = False) -> None:
-        done = len(self.writer.durable)
+    def report(self) -> None:
+        """Tell the CLI's progress bar; the progress artifact follows in ``_inform_prefect``."""
         if (listener := progress_listener.get()) is not None:
-            listener(done, self.total)
-        now = time.monotonic()
-        if self.progress_id is not None and (force or now - self.last_report >= 1.0):
-            self.last_report = now
-            await aupdate_progress_artifact(self.progress_id, progress=100.0 * done / max(self.total, 1))
+            listener(len(self.writer.durable), self.total)
 
 
 def _flow_run_name() -> str:
@@ -113,7 +118,7 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
     logger = get_run_logger()
     started = time.perf_counter()
     root = await resolve_trace_path(config.traces.store) if config.traces.store else (config.traces.path or "./traces")
-    run_id = resume or run_id or _new_run_id(config)
+    run_id = resume or run_id or new_run_id(config)
     tasks = load_taskset(config.env.taskset.id, config.env.taskset.options, config.num_tasks)
     plan = [(task_, index) for task_ in tasks for index in range(config.rollouts_per_task)]
     durable = durable_keys(root, run_id) if resume else set()
@@ -121,19 +126,23 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
     logger.info("run %s: %d rollouts (%d tasks x %d), %d to run, traces in %s", run_id, len(plan), len(tasks),
                 config.rollouts_per_task, len(todo), root)
     writer = TraceWriter(root, run_id, batch_size=max(1, min(64, config.max_concurrent)), durable=durable)
-    async with owned_flow_run(), make_agent(config.env.agent) as agent:   # owner tags: see flows/janitor.py
-        run = _Run(agent=agent, writer=writer, run_id=run_id, environment=config.env.taskset.id,
-                   config_hash=_config_hash(agent.info), total=len(plan), gate=asyncio.Semaphore(config.max_concurrent))
-        progress = asyncio.create_task(_create_progress(run, run_id))   # rollouts start meanwhile
-        flusher = asyncio.create_task(_flush_periodically(run))
-        try:
-            runner = {"flow": _run_flows, "task": _run_tasks, "batch": _run_batches}[config.rollout_granularity]
-            await runner(run, todo, config)
-        finally:
-            flusher.cancel()
-            await run.flush()
-            await progress
-            await run.report(force=True)
+    watch = ApiWatch(PREFECT_API_URL.value(), config.api_outage_limit_s)
+    quiet = QuietWhileDown(watch)
+    quiet.install()
+    try:
+        await _tag_owner()
+        async with make_agent(config.env.agent) as agent:
+            run = _Run(agent=agent, writer=writer, run_id=run_id, environment=config.env.taskset.id,
+                       config_hash=_config_hash(agent.info), total=len(plan),
+                       gate=asyncio.Semaphore(config.max_concurrent), watch=watch,
+                       flush_each=config.flush_each_rollout or config.rollouts_per_task > 1)
+            await _run_through_outages(run, todo, config)
+        if not await watch.wait_up():   # the summary artifact and this flow run's end need the API
+            raise ApiOutageError(str(watch.api_url), run_id, watch.down_s, len(writer.durable), len(plan))
+        await _inform_prefect(run)
+    finally:
+        if watch.is_up:   # else the run stops for the outage: keep Prefect's retries of it quiet
+            quiet.remove()
     summary = summarize(read_rollouts(root, run_id=run_id, columns=SUMMARY_COLUMNS), run_id=run_id, rollouts_per_task=config.rollouts_per_task,
                         pass_threshold=config.pass_threshold, wall_time_s=round(time.perf_counter() - started, 3))
     await acreate_table_artifact(table=summary.table(), key=_artifact_key(run_id, "summary"),
@@ -144,11 +153,53 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
     return summary
 
 
-async def _create_progress(run: _Run, run_id: str) -> None:
-    run.progress_id = await acreate_progress_artifact(
-        progress=100.0 * len(run.writer.durable) / max(run.total, 1), key=_artifact_key(run_id, "progress"),
-        description=f"Durable rollouts of run {run_id}")
-    await run.report(force=True)
+async def _tag_owner() -> None:
+    """Tag this flow run with its owner process (flows/janitor.py); rollout flow runs get the tag
+    in ``_run_flows``. Task runs stay untagged: Prefect asks the API for tag concurrency slots
+    before every task run that has a tag, which costs a call per task run and fails while the API
+    is away."""
+    async with owned_flow_run():
+        pass
+
+
+async def _run_through_outages(run: _Run, todo: list[tuple[Task, int]], config: EvalConfig) -> None:
+    """Run the rollouts at the configured granularity while ``run.watch`` keeps Prefect informed;
+    stop them once the API has been away for ``api_outage_limit_s``.
+
+    Raises:
+        ApiOutageError: the outage passed the limit; rows made durable so far stay.
+    """
+    granularity = {"flow": _run_flows, "task": _run_tasks, "batch": _run_batches}[config.rollout_granularity]
+    runner = asyncio.create_task(granularity(run, todo, config))
+    flusher = asyncio.create_task(_flush_periodically(run))
+    watcher = asyncio.create_task(run.watch.run(lambda: _inform_prefect(run), runner.cancel))
+    try:
+        await asyncio.wait({runner, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if watcher.done() and not runner.done():   # the limit passed: on_limit cancelled the runner
+            await asyncio.gather(runner, return_exceptions=True)
+        if runner.cancelled():
+            watch = run.watch
+            raise ApiOutageError(str(watch.api_url), run.run_id, watch.down_s, len(run.writer.durable), run.total)
+        runner.result()
+    finally:
+        for background in (runner, flusher, watcher):
+            background.cancel()
+        await run.flush()
+        run.report()
+
+
+async def _inform_prefect(run: _Run) -> None:
+    """While the API answers: the progress artifact, then flow runs that an outage left unreported."""
+    done = len(run.writer.durable)
+    if run.progress_id is None:
+        run.progress_id = await acreate_progress_artifact(
+            progress=100.0 * done / max(run.total, 1), key=_artifact_key(run.run_id, "progress"),
+            description=f"Durable rollouts of run {run.run_id}")
+        run.reported = done
+    if done != run.reported:
+        await aupdate_progress_artifact(run.progress_id, progress=100.0 * done / max(run.total, 1))
+        run.reported = done
+    await run.watch.reconcile()
 
 
 async def _flush_periodically(run: _Run) -> None:
@@ -162,11 +213,47 @@ async def _run_flows(run: _Run, todo: list[tuple[Task, int]], config: EvalConfig
     async def one(task_: Task, index: int) -> None:
         async with run.gate:
             state, started = run.state(task_, index), time.perf_counter()
-            final = await rollout_flow(RolloutRequest.of(state), return_state=True)
-            if not final.is_completed():
-                _record_crash(state, final)
-            await run.record(state.trace, index, time.perf_counter() - started)
+            with owner_tags():
+                await _run_flow_or_inline(run, state)
+            await run.record(state, index, time.perf_counter() - started)
     await asyncio.gather(*(one(task_, index) for task_, index in todo))
+
+
+async def _run_flow_or_inline(run: _Run, state: RolloutState) -> None:
+    """A ``rollout_flow`` run while the Prefect API answers; the inline engine while it does not.
+
+    A flow run that could not be created runs inline; one that ran but could not report its end
+    keeps its trace. Both are remembered, and ``ApiWatch.reconcile`` tells the server later.
+    """
+    request = RolloutRequest.of(state)
+    if not run.watch.is_up:
+        await run_rollout(InlineOrchestrator(), state)
+        run.watch.unreported.append(_unreported(request, None, None))
+        return
+    final, error = None, None
+    try:
+        final = await rollout_flow(request, return_state=True)
+    except (httpx.HTTPError, OSError) as exc:   # the API went away while creating or ending the flow run
+        run.watch.mark_down()
+        error = exc
+    flow_run_id = state.trace.info.get("flow_run_id")   # set once the flow run's body starts
+    finished = "teardown" in state.trace.timings
+    if final is not None and (final.is_completed() or not finished):
+        if not final.is_completed():                     # the rollout itself crashed
+            _record_crash(state, final)
+        return
+    cut_short = None                                     # from here on, the API failed the bookkeeping
+    if flow_run_id is None:                              # the flow run never started: run the rollout here
+        await run_rollout(InlineOrchestrator(), state)
+    elif not finished and error is not None:             # cut short by the failure itself
+        state.trace.record_error(error, "orchestration")
+        cut_short = f"{type(error).__name__}: {error}"
+    run.watch.unreported.append(_unreported(request, flow_run_id, cut_short))
+
+
+def _unreported(request: RolloutRequest, flow_run_id: str | None, error: str | None) -> Unreported:
+    return Unreported(name=f"{request.task_id} · {request.model}", parameters={"rollout": request.model_dump()},
+                      flow_run_id=flow_run_id, error=error)
 
 
 @task(name="rollout", task_run_name="{task_id}#{index}", persist_result=False, cache_policy=NO_CACHE)
@@ -183,7 +270,7 @@ async def _run_tasks(run: _Run, todo: list[tuple[Task, int]], config: EvalConfig
             final = await rollout_task(quote(state), task_.id, index, return_state=True)
             if not final.is_completed():
                 _record_crash(state, final)
-            await run.record(state.trace, index, time.perf_counter() - started)
+            await run.record(state, index, time.perf_counter() - started)
     await asyncio.gather(*(one(task_, index) for task_, index in todo))
 
 
@@ -201,7 +288,7 @@ async def shard_task(run: _Run, shard: list[tuple[Task, int]], shard_index: int)
         async with run.gate:
             state, started = run.state(task_, index), time.perf_counter()
             await run_rollout(InlineOrchestrator(), state)
-            await run.record(state.trace, index, time.perf_counter() - started)
+            await run.record(state, index, time.perf_counter() - started)
     results = await asyncio.gather(*(one(task_, index) for task_, index in pending), return_exceptions=True)
     errors = [r for r in results if isinstance(r, BaseException)]
     if errors:
@@ -229,7 +316,8 @@ def _record_crash(state: RolloutState, final: Any) -> None:
         state.trace.record_error(error, "orchestration")
 
 
-def _new_run_id(config: EvalConfig) -> str:
+def new_run_id(config: EvalConfig) -> str:
+    """``<run_name or taskset id>-<UTC time>-<4 hex>``."""
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     return f"{config.run_name or config.env.taskset.id}-{stamp}-{uuid.uuid4().hex[:4]}"
 

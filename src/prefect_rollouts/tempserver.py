@@ -1,0 +1,146 @@
+"""A temporary Prefect server whose life is tied to the process that started it.
+
+Without ``PREFECT_API_URL`` Prefect starts an ephemeral server in a subprocess and stops it at
+exit, but a ``kill -9`` of the parent leaves that server running (about 250 MB). The CLI starts
+the server here instead, under a small supervisor:
+
+    eval process ──pipe──> supervisor (own session and process group) ──> uvicorn (Prefect's server app)
+
+The supervisor blocks reading the pipe. Only the eval process holds its write end (the fd is not
+inheritable), so when the eval process ends, however it ends, the read returns EOF and the
+supervisor kills its whole process group: the server and anything the server started. It also
+exits when the server does. The server is the same app Prefect's ephemeral mode runs
+(``prefect.server.api.server:create_app`` under uvicorn, UI off, the same database).
+
+This module does not import Prefect in the eval process; the supervisor imports nothing of it either.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from types import TracebackType
+
+import httpx
+
+from prefect_rollouts.errors import RuntimeUnavailableError
+
+STOP_GRACE_S = 10.0
+"""How long the supervisor waits after SIGTERM before it SIGKILLs the server's process group."""
+
+
+class TemporaryServer:
+    """A Prefect server on 127.0.0.1 for as long as this object is open (and this process lives).
+
+    Args:
+        startup_timeout_s: How long to wait for ``/api/health`` to answer.
+
+    Raises:
+        RuntimeUnavailableError: (from ``start``) the server did not answer in time or exited.
+    """
+
+    def __init__(self, startup_timeout_s: float = 120.0) -> None:
+        self.startup_timeout_s = startup_timeout_s
+        self.api_url = ""
+        self.supervisor: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> str:
+        """Start the supervisor and its server; return the API URL (``http://127.0.0.1:<port>/api``)."""
+        port = _free_port()
+        self.api_url = f"http://127.0.0.1:{port}/api"
+        self.supervisor = subprocess.Popen([sys.executable, "-m", "prefect_rollouts.tempserver", str(port)],
+                                           stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + self.startup_timeout_s
+        while not _healthy(self.api_url):
+            if self.supervisor.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeUnavailableError(f"temporary Prefect server on port {port} did not start within "
+                                              f"{self.startup_timeout_s:.0f} s. Start one (prefect-rollouts server "
+                                              "start) and set PREFECT_API_URL", retryable=False)
+            time.sleep(0.2)
+        return self.api_url
+
+    def stop(self) -> None:
+        """Close the pipe (the supervisor then stops the server) and wait for the supervisor."""
+        if self.supervisor is None:
+            return
+        if self.supervisor.stdin is not None:
+            self.supervisor.stdin.close()
+        try:
+            self.supervisor.wait(timeout=STOP_GRACE_S + 5)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.supervisor.pid, signal.SIGKILL)
+            self.supervisor.wait()
+        self.supervisor = None
+
+    def __enter__(self) -> TemporaryServer:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def supervise(port: int) -> int:
+    """The supervisor: run the server, and stop its process group on EOF of stdin or when it exits.
+
+    Returns:
+        The server's exit code (0 after a stop on EOF).
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)   # the SIGTERM for the group is not for us
+    env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+    env.pop("PREFECT_API_URL", None)
+    server = subprocess.Popen([sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app",
+                               "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"],
+                              stdin=subprocess.DEVNULL, env=env)
+    selector = selectors.DefaultSelector()
+    selector.register(sys.stdin.buffer, selectors.EVENT_READ)
+    while server.poll() is None:
+        if selector.select(timeout=0.5) and not os.read(sys.stdin.fileno(), 4096):
+            break   # EOF: the eval process is gone
+    code = server.poll()
+    os.killpg(0, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    while server.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if server.poll() is None or _group_has_others():
+        os.killpg(0, signal.SIGKILL)   # ends this process too
+    return code or 0
+
+
+def _group_has_others() -> bool:
+    """Whether a process other than this one is left in this process group."""
+    group, me = os.getpgrp(), os.getpid()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != me:
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    fields = handle.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == group and fields[0] != "Z":
+                return True
+    return False
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _healthy(api_url: str) -> bool:
+    try:
+        return httpx.get(f"{api_url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+if __name__ == "__main__":  # pragma: no cover - run as the supervisor by TemporaryServer
+    sys.exit(supervise(int(sys.argv[1])))

@@ -1,0 +1,107 @@
+"""A finished rollout is durable at once when rewards have side effects (or rollouts_per_task > 1),
+so kill -9 then --resume never scores it again.
+
+The eval runs with a 30 s periodic flush (set by the wrapper below) so that, without per-rollout
+flushing, finished rollouts would certainly still be buffered when the process is killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from prefect.settings import PREFECT_API_URL
+
+import prefect_rollouts as vf
+from prefect_rollouts.traces import read_rollouts
+from tests.fakes.openai_server import delayed, reply
+from tests.prefect.test_resume_kill import durable_rows
+
+LONG_FLUSH = ("import sys, prefect_rollouts.flows.eval as e; e.FLUSH_INTERVAL_S = 30.0; "
+              "from prefect_rollouts.cli import app; sys.argv[0] = 'prefect-rollouts'; app()")
+
+
+class ChargesOnScoring(vf.Task):
+    """A reward that acts on the world: one line per scoring in the file ``data.info["log"]``."""
+
+    rewards_have_side_effects = True
+
+    @vf.reward
+    def charged(self, trace: vf.Trace) -> float:
+        with open(self.data.info["log"], "a") as log:
+            log.write(f"{trace.task_id}\n")
+        return 1.0
+
+
+class LogsOnScoring(ChargesOnScoring):
+    rewards_have_side_effects = False
+
+
+def side_effect_tasks(log: str, count: int = 6, declared: bool = True) -> list[vf.Task]:
+    cls = ChargesOnScoring if declared else LogsOnScoring
+    return [cls(vf.TaskData(id=f"t{i}", prompt=f"task {i}", info={"log": log})) for i in range(count)]
+
+
+def run_cli(config: Path, *args: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "DO_NOT_TRACK": "1",
+           "PREFECT_LOGGING_LEVEL": "WARNING"}
+    return subprocess.Popen([sys.executable, "-c", LONG_FLUSH, "eval", str(config), *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+@pytest.mark.parametrize(("declared", "rollouts_per_task"), [(True, 1), (False, 2)],
+                         ids=["task-declares-side-effects", "rollouts-per-task-2"])
+def test_kill_9_after_scoring_does_not_score_a_finished_rollout_again(tmp_path, openai_server, declared,
+                                                                      rollouts_per_task):
+    log = tmp_path / "charges.log"
+    log.touch()
+    total = 6 * rollouts_per_task
+    openai_server.play([reply("0")] * 3)                  # three rollouts finish; the others wait on the model
+    openai_server.default = delayed(60, reply("0"))
+    config = tmp_path / "eval.toml"
+    config.write_text(f"""rollouts_per_task = {rollouts_per_task}
+max_concurrent = {total}
+rollout_granularity = "task"
+[traces]
+path = "{tmp_path / 'traces'}"
+[env.taskset]
+id = "tests.prefect.test_flush_each:side_effect_tasks"
+log = "{log}"
+declared = {str(declared).lower()}
+[env.agent]
+model = "scripted"
+harness = "chat"
+[env.agent.client]
+base_url = "{openai_server.base_url}"
+api_key_env = ""
+[env.agent.client.retries]
+max_retries = 0
+""")
+    process = run_cli(config, "--run-id", "charged")
+    try:
+        deadline = time.monotonic() + 120
+        while len(log.read_text().split()) < 3:
+            assert process.poll() is None, process.stdout.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "no rollout finished"
+            time.sleep(0.05)
+        deadline = time.monotonic() + 3                  # a row takes milliseconds to write; a batch waits 30 s
+        while durable_rows(tmp_path / "traces") < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    openai_server.default = reply("0")
+    resumed = run_cli(config, "--resume", "charged")
+    output = resumed.communicate(timeout=180)[0].decode()
+    assert resumed.returncode == 0, output[-3000:]
+    assert len(read_rollouts(tmp_path / "traces", run_id="charged")) == total
+    charges = log.read_text().split()
+    assert len(charges) == total, f"{len(charges) - total} finished rollouts were scored twice"

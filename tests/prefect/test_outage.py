@@ -1,0 +1,170 @@
+"""A Prefect API outage during an eval: rollouts go on, states are put right after; past the limit, a clean stop.
+
+A real PostgreSQL-backed Prefect server (``localserver``) whose API process is killed and started
+again; the eval is the real CLI in a subprocess. ``PREFECT_CLIENT_MAX_RETRIES=1`` makes Prefect's
+client give up after about 2 s, so a short outage shows what a long one does with the default 5.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from prefect.client.orchestration import PrefectClient
+from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterId, FlowRunFilterName
+
+from prefect_rollouts import localserver
+from tests.fakes.openai_server import delayed, reply
+
+ROLLOUTS = 24
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    """The Prefect API of a PostgreSQL-backed local server, to stop (kill -9) and start again."""
+
+    def __init__(self, home: Path) -> None:
+        self.home, self.port, self.pg_port = home, _free_port(), _free_port()
+        self.api_url = ""
+
+    def start(self) -> None:
+        self.api_url = localserver.start(self.home, port=self.port, pg_port=self.pg_port)
+
+    def kill_api(self) -> None:
+        os.killpg(int((self.home / "prefect-server.pid").read_text()), signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    server = Server(Path("/tmp") / f"outage-{os.getpid()}-{_free_port()}")   # postgres must be able to enter it
+    server.start()
+    yield server
+    localserver.stop(server.home)
+
+
+@pytest.fixture
+def api(server):
+    server.start()   # again, if a test left the API down
+    return server
+
+
+def write_config(tmp_path: Path, base_url: str, granularity: str) -> Path:
+    config = tmp_path / "eval.toml"
+    config.write_text(f"""rollout_granularity = "{granularity}"
+max_concurrent = 2
+batch_size = 4
+[traces]
+path = "{tmp_path / 'traces'}"
+[env.taskset]
+id = "arithmetic"
+count = {ROLLOUTS}
+[env.agent]
+model = "scripted"
+harness = "chat"
+[env.agent.client]
+base_url = "{base_url}"
+api_key_env = ""
+""")
+    return config
+
+
+def start_eval(config: Path, api_url: str, *args: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PREFECT_API_URL": api_url, "PREFECT_CLIENT_MAX_RETRIES": "1", "DO_NOT_TRACK": "1",
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "WARNING"}
+    return subprocess.Popen([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(config), *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def durable_rows(root: Path) -> int:
+    rollouts = root / "rollouts"
+    return sum(pq.read_metadata(p).num_rows for p in rollouts.rglob("part-*.parquet")) if rollouts.exists() else 0
+
+
+def wait_for_rows(process: subprocess.Popen[bytes], root: Path, rows: int, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while durable_rows(root) < rows:
+        assert process.poll() is None, process.stdout.read().decode()[-3000:]
+        assert time.monotonic() < deadline, "the eval made no progress"
+        time.sleep(0.1)
+
+
+async def final_states(api_url: str, run_id: str, granularity: str) -> list[str]:
+    """State names of the rollouts' flow runs (flow) or task runs (task) of ``run_id`` on the server."""
+    async with PrefectClient(api_url) as client:
+        if granularity == "flow":
+            runs = await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["rollout"])),
+                                               limit=200)
+            return [r.state_name for r in runs if r.parameters.get("rollout", {}).get("run_id") == run_id]
+        [eval_run] = await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[run_id])))
+        runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[eval_run.id])), limit=200)
+        return [r.state_name for r in runs if r.name.startswith("add-")]
+
+
+@pytest.mark.parametrize("granularity", ["task", "flow", "batch"])
+async def test_rollouts_go_on_through_an_api_outage_and_prefect_states_are_reconciled(
+        tmp_path, openai_server, api, granularity):
+    openai_server.default = delayed(0.4, reply("0"))
+    run_id = f"outage-{granularity}"
+    process = start_eval(write_config(tmp_path, openai_server.base_url, granularity), api.api_url, "--run-id", run_id)
+    try:
+        wait_for_rows(process, tmp_path / "traces", 4)
+        api.kill_api()
+        at_outage = durable_rows(tmp_path / "traces")
+        time.sleep(12)
+        during = durable_rows(tmp_path / "traces") - at_outage
+        assert process.poll() is None, process.stdout.read().decode()[-3000:]
+        api.start()
+        output = process.communicate(timeout=180)[0].decode()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, output[-3000:]
+    assert "Traceback" not in output
+    assert during >= 4, f"only {during} rollouts became durable during the outage"
+    assert durable_rows(tmp_path / "traces") == ROLLOUTS
+    if granularity == "batch":
+        return   # a shard task run per 4 rollouts; the rows are the point
+    deadline = time.monotonic() + 60   # the server records runs from events, a moment later
+    while (states := await final_states(api.api_url, run_id, granularity)) != ["Completed"] * ROLLOUTS:
+        assert time.monotonic() < deadline, f"{len(states)} runs on the server: {sorted(set(states))}"
+        time.sleep(1)
+
+
+async def test_an_outage_past_the_limit_stops_the_eval_with_the_resume_command(tmp_path, openai_server, api):
+    openai_server.default = delayed(1.0, reply("0"))
+    config = write_config(tmp_path, openai_server.base_url, "task")
+    process = start_eval(config, api.api_url, "--run-id", "too-long", "--set", "api_outage_limit_s=4")
+    try:
+        wait_for_rows(process, tmp_path / "traces", 2)
+        api.kill_api()
+        killed = time.monotonic()
+        output = process.communicate(timeout=120)[0].decode()
+        stopped_after_s = time.monotonic() - killed
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    durable = durable_rows(tmp_path / "traces")
+    assert process.returncode == 1 and "Traceback" not in output, output[-3000:]
+    assert "unreachable for" in output and "api_outage_limit_s" in output
+    assert f"{durable} of {ROLLOUTS} rollouts are durable (run_id=too-long)" in output
+    assert f"prefect-rollouts eval {config} --set=api_outage_limit_s=4 --resume too-long" in output
+    assert 0 < durable < ROLLOUTS and stopped_after_s < 60
+    api.start()
+    resumed = start_eval(config, api.api_url, "--resume", "too-long")
+    output = resumed.communicate(timeout=180)[0].decode()
+    assert resumed.returncode == 0, output[-3000:]
+    assert durable_rows(tmp_path / "traces") == ROLLOUTS   # each rollout once

@@ -1,0 +1,125 @@
+"""The CLI's temporary Prefect server (no PREFECT_API_URL) ends with the eval, also after kill -9."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from tests.fakes.openai_server import delayed, reply
+
+
+def eval_config(tmp_path: Path, base_url: str, count: int) -> Path:
+    config = tmp_path / "eval.toml"
+    config.write_text(f"""rollout_granularity = "task"
+max_concurrent = 2
+[traces]
+path = "{tmp_path / 'traces'}"
+[env.taskset]
+id = "arithmetic"
+count = {count}
+[env.agent]
+model = "scripted"
+harness = "chat"
+[env.agent.client]
+base_url = "{base_url}"
+api_key_env = ""
+""")
+    return config
+
+
+def start_cli(tmp_path: Path, config: Path) -> subprocess.Popen[bytes]:
+    env = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), DO_NOT_TRACK="1", PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PREFECT_LOGGING_LEVEL="WARNING")
+    return subprocess.Popen([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(config)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def descendants(pid: int) -> set[tuple[int, str]]:
+    """``(pid, start time)`` of every live process below ``pid`` (start time guards against pid reuse)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (stat := _stat(int(entry))):
+            children.setdefault(int(stat[3]), []).append(int(entry))
+    found, todo = set(), list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        if (stat := _stat(child)) and stat[2] != "Z":
+            found.add((child, stat[21]))
+        todo.extend(children.get(child, []))
+    return found
+
+
+def alive(processes: set[tuple[int, str]]) -> set[tuple[int, str]]:
+    return {(pid, start) for pid, start in processes if (stat := _stat(pid)) and stat[21] == start and stat[2] != "Z"}
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    head, tail = text.rsplit(")", 1)
+    return [str(pid), head, *tail.split()]   # fields from the third on, numbered as in proc(5) minus one
+
+
+def durable_rows(root: Path) -> int:
+    return sum(pq.read_metadata(p).num_rows for p in root.rglob("part-*.parquet")) if root.exists() else 0
+
+
+def test_kill_9_of_the_eval_ends_its_temporary_prefect_server(tmp_path, openai_server):
+    openai_server.default = delayed(0.5, reply("0"))
+    process = start_cli(tmp_path, eval_config(tmp_path, openai_server.base_url, count=400))
+    server: set[tuple[int, str]] = set()
+    try:
+        deadline = time.monotonic() + 180
+        while durable_rows(tmp_path / "traces" / "rollouts") < 2:   # the server is up and rollouts run
+            assert process.poll() is None, process.stdout.read().decode()
+            assert time.monotonic() < deadline, "the eval made no progress"
+            time.sleep(0.2)
+        server = descendants(process.pid)
+        assert server, "the eval has no child process: where is its Prefect server?"
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+        deadline = time.monotonic() + 30
+        while alive(server) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not alive(server), f"processes of the temporary server outlived the eval: {sorted(alive(server))}"
+    finally:
+        for pid, _ in alive(server):
+            os.kill(pid, signal.SIGKILL)
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_a_finished_eval_stops_its_temporary_prefect_server(tmp_path, openai_server):
+    openai_server.default = reply("0")
+    process = start_cli(tmp_path, eval_config(tmp_path, openai_server.base_url, count=3))
+    server: set[tuple[int, str]] = set()
+    try:
+        deadline = time.monotonic() + 180
+        while process.poll() is None:   # every process the eval starts, until it exits
+            assert time.monotonic() < deadline
+            server |= descendants(process.pid)
+            time.sleep(0.1)
+        output = process.stdout.read().decode()
+        assert process.returncode == 0, output
+        assert "starting a temporary Prefect server" in output and durable_rows(tmp_path / "traces" / "rollouts") == 3
+        assert server, "the eval started no process: where was its Prefect server?"
+        deadline = time.monotonic() + 5
+        while alive(server) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(server)
+    finally:
+        for pid, _ in alive(server):
+            os.kill(pid, signal.SIGKILL)
+        if process.poll() is None:
+            process.kill()
+            process.wait()
