@@ -8,6 +8,7 @@ client give up after about 2 s, so a short outage shows what a long one does wit
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -52,6 +53,7 @@ def server(tmp_path_factory):
     server.start()
     yield server
     localserver.stop(server.home)
+    shutil.rmtree(server.home, ignore_errors=True)
 
 
 @pytest.fixture
