@@ -178,11 +178,11 @@ def main() -> None:
     model.start()
     base_url = queue.get(timeout=30)
 
-    from prefect_rollouts import localserver
+    from prefect_rollouts import pgserver
 
     home = Path(tempfile.mkdtemp(prefix="prefect-rollouts-bench-"))
     home.chmod(0o755)
-    api_url = localserver.start(home, port=free_port(), pg_port=free_port())
+    api_url = pgserver.start(home, port=free_port(), pg_port=free_port())
     os.environ["PREFECT_API_URL"] = api_url
     sessions = {int(Path(f"/proc/{(home / 'prefect-server.pid').read_text()}/stat").read_text()
                     .rsplit(")", 1)[1].split()[3])}
@@ -200,7 +200,7 @@ def main() -> None:
                 print(f"{mode:8} {concurrency:>4} {rate:>11.1f} {client_ms:>10.2f} {server_ms:>10.2f} {ratio:>9}",
                       flush=True)
     finally:
-        localserver.stop(home)
+        pgserver.stop(home)
         shutil.rmtree(home, ignore_errors=True)
         model.terminate()
 

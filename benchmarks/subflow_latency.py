@@ -89,7 +89,7 @@ def main() -> None:
     parser.add_argument("--subflows", type=int, default=10)
     args = parser.parse_args()
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
-    from prefect_rollouts import localserver
+    from prefect_rollouts import pgserver
 
     home = Path(tempfile.mkdtemp(prefix="prefect-rollouts-subflow-"))
     home.chmod(0o755)
@@ -99,11 +99,11 @@ def main() -> None:
             sqlite = measure(api, args.subflows)
         finally:
             os.killpg(process.pid, 15)
-        api = localserver.start(home / "pg", port=free_port(), pg_port=free_port())
+        api = pgserver.start(home / "pg", port=free_port(), pg_port=free_port())
         try:
             postgres = measure(api, args.subflows)
         finally:
-            localserver.stop(home / "pg")
+            pgserver.stop(home / "pg")
     finally:
         shutil.rmtree(home, ignore_errors=True)
     for name, walls in (("SQLite", sqlite), ("PostgreSQL", postgres)):

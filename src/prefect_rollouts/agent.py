@@ -1,7 +1,8 @@
 """The public entry points: ``make_agent``, ``Agent.run`` and ``Agent.interaction``.
 
 An ``Agent`` owns one model client (one connection pool) shared by all its rollouts. Each
-rollout runs the lifecycle in ``stages.py``; failures are data on the returned trace.
+rollout is a ``Rollout`` (``rollout.py``): ``run()`` drives it whole, an ``Interaction`` turn by
+turn; failures are data on the returned trace.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ from typing import Any, Literal
 import httpx
 
 from prefect_rollouts.config import AgentConfig
-from prefect_rollouts.engine import InlineOrchestrator, Orchestrator, run_rollout
 from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.model import ModelClient
 from prefect_rollouts.model.open import open_client as open_model_client
-from prefect_rollouts.scoring.judges import JudgeClients, client_key, open_judges
+from prefect_rollouts.rollout import Rollout, RolloutSpec
 from prefect_rollouts.scoring.env import is_template
-from prefect_rollouts.stages import RolloutState, Segment, new_state, opening_messages
+from prefect_rollouts.scoring.judges import JudgeClients, client_key, open_judges
+from prefect_rollouts.stages import Segment, new_state, opening_messages
 from prefect_rollouts.task import Task
 from prefect_rollouts.trace import Receipt, SendRecord, Trace
 
@@ -64,6 +65,8 @@ class Agent:
     async def _open(self) -> tuple[ModelClient, Any, JudgeClients]:
         """The model client, its local server (or None) and the judge clients. The agent's own
         judges are imported and opened here, so a bad judge fails before any rollout runs."""
+        if self.config.orchestrator == "prefect":   # Prefect loads only here; it resolves endpoint blocks
+            import prefect_rollouts.blocks  # noqa: F401
         client, server = await open_client(self.config)
         judges = JudgeClients({client_key(self.config.model, self.config.client): client},
                               default_client=self.config.client)
@@ -89,24 +92,43 @@ class Agent:
             raise ConfigError(f"TaskData.prompt = None (task {task.id!r}): run() needs a prompt. "
                               "Set a prompt, or drive the task with agent.interaction(task)")
         async with self._borrow_client() as (client, judges):
-            state = new_state(self.config, task, client, agent_info=self.info, judge_clients=judges)
+            rollout = Rollout(new_state(self.config, task, client, agent_info=self.info, judge_clients=judges))
             if self.config.orchestrator == "prefect":
                 from prefect_rollouts.flows.rollout import run_rollout_flow  # Prefect loads only here
 
-                return await run_rollout_flow(state)
-            return await run_rollout(InlineOrchestrator(), state)
+                return await run_rollout_flow(rollout)
+            return await rollout.run()
 
-    def orchestrator(self) -> Orchestrator:
-        """A fresh orchestrator for one rollout, as ``config.orchestrator`` selects."""
-        if self.config.orchestrator == "prefect":
-            from prefect_rollouts.flows.rollout import FlowOrchestrator
+    def rollout(self, task: Task, labels: dict[str, str] | None = None) -> Rollout:
+        """A new, unopened ``Rollout`` of ``task`` on this open agent's client, run inline unless its
+        ``orchestrator`` is replaced (``eval_flow`` and ``rollout_flow`` do).
 
-            return FlowOrchestrator()
-        return InlineOrchestrator()
+        Raises:
+            RuntimeError: the agent is not open.
+        """
+        return Rollout(new_state(self.config, task, self.client, agent_info=self.info, labels=labels,
+                                 judge_clients=self._judges))
 
-    def new_rollout(self, task: Task, client: ModelClient, labels: dict[str, str] | None = None) -> RolloutState:
-        """The state of a new rollout of ``task`` on ``client`` (for orchestrators such as ``eval_flow``)."""
-        return new_state(self.config, task, client, agent_info=self.info, labels=labels, judge_clients=self._judges)
+    def rollout_from_spec(self, spec: RolloutSpec) -> Rollout:
+        """Rebuild the rollout that ``spec`` names, in this process (its taskset loaded here).
+
+        The agent must be open and its config must be ``spec.agent`` (a worker opens one agent
+        per distinct config and reuses it for every spec that names it).
+
+        Raises:
+            ConfigError: ``spec.agent`` differs from this agent's config, the taskset has no
+                task ``spec.task_id`` (it differs on this machine), or the taskset fails to load.
+        """
+        from prefect_rollouts.environments import find_task
+
+        if spec.agent != self.config:
+            raise ConfigError(f"RolloutSpec for task {spec.task_id!r}: its agent config differs from this agent's; "
+                              "open an agent with make_agent(spec.agent)")
+        task = find_task(spec.taskset, spec.taskset_options, spec.task_id)
+        labels = {**spec.labels, "rollout_index": str(spec.rollout_index)}
+        if spec.run_id is not None:
+            labels["run_id"] = spec.run_id
+        return self.rollout(task, labels)
 
     @property
     def client(self) -> ModelClient:
@@ -138,16 +160,13 @@ class Agent:
 
 async def _close(client: ModelClient | None, server: Any, judges: JudgeClients | None) -> None:
     """Close judge clients, then the model client, then stop the local server; each on every path."""
-    try:
+    async with contextlib.AsyncExitStack() as stack:   # callbacks run last-registered first
+        if server is not None:
+            stack.push_async_callback(server.stop)
+        if client is not None:
+            stack.push_async_callback(client.aclose)
         if judges is not None:
-            await judges.aclose()
-    finally:
-        try:
-            if client is not None:
-                await client.aclose()
-        finally:
-            if server is not None:
-                await server.stop()
+            stack.push_async_callback(judges.aclose)
 
 
 class Interaction:
@@ -161,8 +180,8 @@ class Interaction:
     def __init__(self, agent: Agent, task: Task) -> None:
         self.agent = agent
         self.task = task
-        self.state: RolloutState | None = None
-        self._orchestrator = agent.orchestrator()
+        self.rollout: Rollout | None = None
+        self._channel: Any = None
         self._client_cm: Any = None
         self._lock = asyncio.Lock()
         self._active = False
@@ -175,41 +194,53 @@ class Interaction:
     @property
     def trace(self) -> Trace:
         """The live trace (complete after the block exits)."""
-        if self.state is None:
+        if self.rollout is None:
             raise RuntimeError("the interaction has not started; use it as `async with agent.interaction(task)`")
-        return self.state.trace
+        return self.rollout.trace
 
     async def __aenter__(self) -> Interaction:
-        if self.state is not None:
+        if self.rollout is not None:
             raise RuntimeError("an Interaction runs one rollout; call agent.interaction(task) again for another")
         self._client_cm = self.agent._borrow_client()
         client, judges = await self._client_cm.__aenter__()
-        self.state = new_state(self.agent.config, self.task, client, agent_info=self.agent.info,
-                               judge_clients=judges)
-        self.task = self.state.task   # the rollout's own copy, whose setup state the caller may read
+        rollout = self.rollout = Rollout(new_state(self.agent.config, self.task, client, agent_info=self.agent.info,
+                                                   judge_clients=judges))
+        if self.agent.config.orchestrator == "prefect":
+            from prefect_rollouts.flows.rollout import FlowChannel  # Prefect loads only here
+
+            rollout.orchestrator = self._channel = FlowChannel(rollout)
+        self.task = rollout.task   # the rollout's own copy, whose setup state the caller may read
         try:
-            await self._orchestrator.setup(self.state)
+            await rollout.open()
         except BaseException:
-            await self._orchestrator.teardown(self.state)
-            await self._client_cm.__aexit__(None, None, None)
+            await self._release()
             raise
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
-        state = self.state
-        assert state is not None
+        rollout = self.rollout
+        assert rollout is not None
         self._closed = True
         try:
             await self._cancel_deliveries()
             if exc is None:
-                state.trace.stop("user_closed")
-                await self._orchestrator.score(state)
+                rollout.stop("user_closed")
+                await rollout.close()
             elif not isinstance(exc, asyncio.CancelledError):
-                state.trace.record_error(exc, "interaction")  # recorded, then re-raised by the block
+                rollout.record_error(exc, "interaction")  # recorded, then re-raised by the block
         finally:
-            await self._orchestrator.teardown(state)
-            await self._client_cm.__aexit__(None, None, None)
+            await self._release()
+
+    async def _release(self) -> None:
+        """Teardown (if not done), end the background flow run (under Prefect), release the client;
+        each on every path."""
+        assert self.rollout is not None
+        async with contextlib.AsyncExitStack() as stack:   # callbacks run last-registered first
+            stack.push_async_callback(self._client_cm.__aexit__, None, None, None)
+            if self._channel is not None:
+                stack.push_async_callback(self._channel.aclose)
+            stack.push_async_callback(self.rollout.teardown)
 
     async def turn(self, message: str | list[dict[str, Any]] | None = None) -> Segment:
         """Run one harness segment and return it.
@@ -252,14 +283,14 @@ class Interaction:
             if previous.text != text:
                 raise ValueError(f"send(message_id={message_id!r}): already used for a different message")
             return previous.receipt
-        state = self.state
-        if state is None:
+        rollout = self.rollout
+        if rollout is None:
             raise RuntimeError("the interaction has not started; use it as `async with agent.interaction(task)`")
         refusal = None
-        if self._closed or state.stopped:
-            refusal = f"the interaction has stopped ({state.trace.stop_condition or 'closed'})"
-        elif mode == "steer" and not state.harness.can_steer:
-            refusal = f"harness {state.harness.id!r} cannot steer; send with mode='queue'"
+        if self._closed or rollout.stopped:
+            refusal = f"the interaction has stopped ({rollout.trace.stop_condition or 'closed'})"
+        elif mode == "steer" and not rollout.can_steer:
+            refusal = f"harness {rollout.harness_id!r} cannot steer; send with mode='queue'"
         elif not self._opened and self.task.data.prompt is not None:
             refusal = "the opening turn() has not run yet; call turn() first"
         if refusal is not None:
@@ -268,7 +299,7 @@ class Interaction:
         elif self._active and mode == "steer":
             receipt = Receipt(accepted=True, message_id=message_id, mode=mode, reason="injected at the next safe point")
             record = SendRecord(message_id=message_id, text=text, mode=mode, receipt=receipt)
-            state.steer_inbox.append(record)
+            rollout.steer(record)
         else:
             reason = "delivered at the start of the next turn" if self._active else "woke the idle interaction"
             receipt = Receipt(accepted=True, message_id=message_id, mode=mode, reason=reason)
@@ -277,7 +308,7 @@ class Interaction:
             if not self._active:
                 self._wake()
         self._sends[message_id] = record
-        state.trace.sends.append(record)
+        rollout.trace.sends.append(record)
         return receipt
 
     async def wait_idle(self) -> None:
@@ -286,13 +317,10 @@ class Interaction:
             await asyncio.shield(self._drain)
 
     async def _turn(self, message: str | list[dict[str, Any]] | None) -> Segment:
-        state = self.state
-        if state is None or self._closed:
+        rollout = self.rollout
+        if rollout is None or self._closed:
             raise RuntimeError("the interaction is not open; call turn() inside `async with agent.interaction(task)`")
-        limit = state.config.max_turns
-        if limit is not None and state.turns >= limit:
-            state.trace.stop("max_turns")
-        if state.stopped:
+        if rollout.is_over():   # also applies the turn cap
             return Segment([], True)
         messages: list[dict[str, Any]] = []
         if not self._opened:
@@ -305,7 +333,7 @@ class Interaction:
             self._opened = True
         elif message is None and not self._queue:
             raise ValueError("turn() needs a message (or a queued send) after the opening turn")
-        index = len(state.trace.segments)
+        index = len(rollout.trace.segments)
         for record in self._queue:
             messages.append({"role": "user", "content": record.text})
             record.status, record.delivered_segment = "delivered", index
@@ -316,15 +344,10 @@ class Interaction:
             messages.extend(dict(m) for m in message)
         self._active = True
         try:
-            segment = await self._orchestrator.segment(state, messages)
+            segment = rollout.end_turn(await rollout.turn(messages))   # the cap reached ends the exchange
         finally:
             self._active = False
-        if limit is not None and state.turns >= limit and not state.stopped:
-            state.trace.stop("max_turns")  # no further response can be sampled: the exchange is over
-            state.trace.segments[-1].terminated = True
-            segment = Segment(segment.messages, True, segment.last_reply)
-        self._queue[:0] = state.steer_inbox  # steers that arrived after the last safe point
-        state.steer_inbox.clear()
+        self._queue[:0] = rollout.take_steers()  # steers that arrived after the last safe point
         if self._queue:
             self._wake()
         return segment
@@ -349,12 +372,10 @@ class Interaction:
         await self._cancel_drain()
         async with self._lock:
             await self._cancel_drain()
-        state = self.state
-        for record in [*self._queue, *(state.steer_inbox if state else [])]:
+        leftover = self.rollout.take_steers() if self.rollout is not None else []
+        for record in [*self._queue, *leftover]:
             record.status = "cancelled"
         self._queue.clear()
-        if state is not None:
-            state.steer_inbox.clear()
 
 
 async def open_client(config: AgentConfig) -> tuple[ModelClient, Any]:

@@ -7,9 +7,9 @@ import contextlib
 import os
 import shlex
 import sys
-from pathlib import Path
 from collections.abc import Iterator
-from typing import Annotated, Optional
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -28,9 +28,11 @@ console = Console(width=None if sys.stdout.isatty() else 160)  # piped output ke
 @app.command("eval")
 def eval_command(
     config: Annotated[Path, typer.Argument(help="Eval config TOML (tables env.taskset, env.agent, traces, ...).")],
-    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a key: dotted.key=value (repeatable).")] = None,
-    resume: Annotated[Optional[str], typer.Option(help="Continue run RUN_ID: run only rollouts without a durable row.")] = None,
-    run_id: Annotated[Optional[str], typer.Option(help="Id for a new run (default: generated).")] = None,
+    set_: Annotated[list[str] | None,
+                    typer.Option("--set", help="Override a key: dotted.key=value (repeatable).")] = None,
+    resume: Annotated[str | None,
+                      typer.Option(help="Continue run RUN_ID: run only rollouts without a durable row.")] = None,
+    run_id: Annotated[str | None, typer.Option(help="Id for a new run (default: generated).")] = None,
 ) -> None:
     """Run an evaluation as a Prefect flow and print its summary.
 
@@ -56,8 +58,8 @@ def eval_command(
     from prefect_rollouts.tempserver import TemporaryServer
 
     run_id = resume or run_id or new_run_id(eval_config)
-    resume_hint = " ".join(shlex.quote(part) for part in ["prefect-rollouts", "eval", str(config),
-                                                          *(f"--set={item}" for item in set_ or []), "--resume", run_id])
+    resume_hint = " ".join(shlex.quote(part) for part in [
+        "prefect-rollouts", "eval", str(config), *(f"--set={item}" for item in set_ or []), "--resume", run_id])
     temporary = None if PREFECT_API_URL.value() else TemporaryServer(
         float(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"]))
     with Progress(TextColumn("[bold]rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -86,7 +88,7 @@ def eval_command(
                       f"Resume with:\n  {resume_hint}", markup=False, highlight=False)
         _exit_without_waiting_for_prefect(1)
     _print_summary(summary)
-    root = eval_config.traces.store and f"TraceStore block {eval_config.traces.store!r}" or eval_config.traces.path
+    root = (eval_config.traces.store and f"TraceStore block {eval_config.traces.store!r}") or eval_config.traces.path
     console.print(f"traces: {root} (run_id={summary.run_id})")
     ui = "none (the temporary server has stopped; set PREFECT_API_URL to keep runs)" if temporary else _ui_url()
     console.print(f"Prefect UI: {ui} (flow 'eval', run '{summary.run_id}')")
@@ -112,7 +114,7 @@ def _drain_prefect_services(timeout_s: float = 10.0) -> bool:
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
 
-    pending = [APILogWorker.drain_all(timeout=timeout_s), EventsWorker.drain_all(timeout=timeout_s)]
+    pending: list[Any] = [APILogWorker.drain_all(timeout=timeout_s), EventsWorker.drain_all(timeout=timeout_s)]
     return not any(result and result[1] for result in pending)
 
 
@@ -161,14 +163,14 @@ def _durable(eval_config: object, run_id: str) -> str:
 @traces_app.command("summary")
 def traces_summary(
     path: Annotated[Path, typer.Argument(help="Dataset root (holds rollouts/ and model_calls/).")],
-    run_id: Annotated[Optional[str], typer.Option(help="Only this run; default: every run in the dataset.")] = None,
+    run_id: Annotated[str | None, typer.Option(help="Only this run; default: every run in the dataset.")] = None,
     pass_threshold: Annotated[float, typer.Option(help="Reward at which a rollout passes (pass@k).")] = 1.0,
 ) -> None:
     """Print the summary table of the runs in a trace dataset."""
     from prefect_rollouts.traces import read_rollouts, summarize
 
     try:
-        rows = read_rollouts(path, **({"run_id": run_id} if run_id else {}))
+        rows = read_rollouts(path, run_id=run_id) if run_id else read_rollouts(path)
     except TraceStoreError as exc:
         _error("", exc)
         raise typer.Exit(1) from None
@@ -199,8 +201,9 @@ app.add_typer(sandbox_app, name="sandbox")
 @sandbox_app.command("build")
 def sandbox_build(
     tag: Annotated[str, typer.Option(help="Image name to build.")] = "prefect-rollouts-sandbox:latest",
-    offline: Annotated[Optional[bool], typer.Option("--offline/--pull", help="Force debootstrap, or force a pull "
-                                                    "(default: pull, then debootstrap if no registry answers).")] = None,
+    offline: Annotated[bool | None, typer.Option(
+        "--offline/--pull",
+        help="Force debootstrap, or force a pull (default: pull, then debootstrap if no registry answers).")] = None,
 ) -> None:
     """Build the default sandbox image of the docker runtime (bash, coreutils, python3, /workspace)."""
     import logging
@@ -230,9 +233,9 @@ def server_start(
     pg_port: Annotated[int, typer.Option(help="PostgreSQL port on 127.0.0.1.")] = 5433,
 ) -> None:
     """Start PostgreSQL and a Prefect server on it in the background; print PREFECT_API_URL."""
-    from prefect_rollouts import localserver
+    from prefect_rollouts import pgserver
 
-    api_url = localserver.start(home, port=port, pg_port=pg_port)
+    api_url = pgserver.start(home, port=port, pg_port=pg_port)
     console.print(f"Prefect server on PostgreSQL is up. UI: {api_url.removesuffix('/api')}")
     console.print(f"export PREFECT_API_URL={api_url}")
 
@@ -242,13 +245,13 @@ def server_stop(
     home: Annotated[Path, typer.Option(help="The directory given to `server start`.")] = Path(".prefect-rollouts"),
 ) -> None:
     """Stop the Prefect server and PostgreSQL started by `server start`."""
-    from prefect_rollouts import localserver
+    from prefect_rollouts import pgserver
 
-    localserver.stop(home)
+    pgserver.stop(home)
     console.print("stopped")
 
 
-def _error(prefix: str, exc: BaseException) -> None:
+def _error(prefix: str, exc: BaseException | str) -> None:
     """Print an error in red; its text is not markup (``[env.agent] key`` must print as written)."""
     console.print(f"{prefix}{exc}", style="red", markup=False, highlight=False)
 

@@ -12,80 +12,17 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
+from prefect_rollouts.config_base import (
+    ClientConfig,
+    RetryConfig,
+    SamplingConfig,
+    _Config,
+    _explain,
+)
 from prefect_rollouts.errors import ConfigError
-
-
-class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True,
-                              allow_inf_nan=False)
-
-
-class RetryConfig(_Config):
-    """How often and how patiently to retry a retryable failure.
-
-    Used by ``ScoringConfig.retries`` (isolated scoring; the seed's default ``max_retries=2``)
-    and ``ClientConfig.retries`` (model requests). Backoff before retry ``n`` (0-based) is
-    ``min(backoff_s * 2**n, max_backoff_s)`` scaled by a random factor in [0.5, 1.5]; a
-    ``Retry-After`` header from the server wins when it is longer.
-    """
-
-    max_retries: int = Field(2, ge=0)
-    """Retries after the first attempt; 0 disables retrying."""
-    backoff_s: float = Field(0.5, ge=0)
-    """Wait before the first retry, in seconds; doubles on each further retry."""
-    max_backoff_s: float = Field(30.0, ge=0)
-    """Upper bound of a single wait, in seconds."""
-    max_elapsed_s: float | None = Field(None, gt=0)
-    """Stop retrying once this many seconds have passed since the first attempt; None = no bound."""
-
-
-class ClientConfig(_Config):
-    """An OpenAI-compatible endpoint. The API key is read from ``api_key_env`` at request time."""
-
-    base_url: str = "http://127.0.0.1:8000/v1"
-    """Endpoint root; requests go to ``{base_url}/chat/completions``. Usually ends in ``/v1``."""
-    api_key_env: str | None = Field("OPENAI_API_KEY", pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$")
-    """Name of the environment variable holding the API key, read at each request. None or ``""``:
-    a keyless server. A named variable that is unset sends no auth header and logs a warning once."""
-    headers: dict[str, SecretStr] = {}
-    """Extra HTTP headers. Their values are secrets: never in traces, Parquet, logs or Prefect
-    flow-run parameters (which show ``**********``). A deployment therefore cannot carry them
-    as parameters: put them in a ``ModelEndpoint`` block (``endpoint``)."""
-
-    def header_values(self) -> dict[str, str]:
-        """``headers`` with their secret values, for the HTTP client."""
-        return {key: value.get_secret_value() for key, value in self.headers.items()}
-    endpoint: str | None = None
-    """Name of a ``ModelEndpoint`` Prefect block supplying ``base_url``, the API key and headers
-    (fields set here win); the key then comes from the block, not ``api_key_env``."""
-    timeout: float = Field(600.0, gt=0)
-    """Per-request timeout in seconds (connect, read and write each)."""
-    retries: RetryConfig = RetryConfig(max_retries=5, backoff_s=0.5, max_backoff_s=30.0, max_elapsed_s=300.0)
-    """Retries on 429, 5xx, connect and read errors."""
-    max_connections: int = Field(64, ge=1)
-    """Size of the agent's connection pool; keep it near your rollout concurrency."""
-
-
-class SamplingConfig(_Config):
-    """Sampling parameters sent with every request; None leaves the server default."""
-
-    temperature: float | None = None
-    top_p: float | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    """Completion token cap per request; ``max_turn_tokens`` wins when both are set."""
-    seed: int | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    """``"auto"``, ``"required"``, ``"none"`` or a named function; sent only when tools are offered."""
-    extra: dict[str, Any] = {}
-    """Further request-body keys, sent as they are (e.g. ``{"stop": ["\\n\\n"]}``)."""
-
-    def request_keys(self) -> dict[str, Any]:
-        """The standard sampling keys that are set (``temperature``, ``top_p``, ``seed``,
-        ``max_tokens``); ``tool_choice`` and ``extra`` are the caller's to add."""
-        return {key: value for key in ("temperature", "top_p", "seed", "max_tokens")
-                if (value := getattr(self, key)) is not None}
+from prefect_rollouts.judge_config import AnyJudgeConfig
 
 
 class HarnessConfig(_Config):
@@ -209,7 +146,9 @@ class StageRetryConfig(_Config):
     """Stage retries, the ``[env.agent.retries]`` table (the model client retries each request first).
 
     A retried segment resumes where its failed model call left it (tool results already
-    produced stay: their side effects happened); a retried setup starts a fresh runtime. Shared scoring is never retried; isolated scoring uses ``scoring.retries``.
+    produced stay: their side effects happened); a retried setup starts a fresh runtime. Shared
+    scoring is never retried; isolated scoring uses ``scoring.retries``. Waits double from
+    ``backoff_s`` (capped at 30 s), jittered, on the inline path and under Prefect alike.
     """
 
     setup: int = Field(1, ge=0)
@@ -330,39 +269,3 @@ def _is_file(name: str) -> bool:
 
 def _describe(source: str | Path, path: Path | None = None) -> str:
     return f"config file {str(path)!r}" if path is not None else "TOML text"
-
-
-#: Tags of the judge config union; pydantic puts them in error locations, which ``_explain`` drops.
-_JUDGE_TAGS = ("reference", "rubric", "plugin")
-
-
-def _explain(err: Any, section: str) -> str:
-    loc: list[str] = []
-    tagged = False
-    for part in err["loc"]:
-        if isinstance(part, int) and loc:
-            loc[-1] += f"[{part}]"      # judges[0]: the first [[...judges]] entry
-        elif str(part).startswith("function-"):
-            continue
-        elif loc and loc[-1].endswith("]") and part in _JUDGE_TAGS and not tagged:
-            tagged = True                  # the union member pydantic tried, right after the index
-        else:
-            loc.append(str(part))
-    tables = ([section] if section else []) + loc[:-1]
-    key = loc[-1] if loc else "(table)"
-    where = f"[{'.'.join(tables)}] {key}" if tables else key
-    if err["type"] == "extra_forbidden":
-        return f"{where}: unknown key. Remove it or check its spelling against the documented keys"
-    if err["type"] == "missing":
-        return f"{where}: required key is missing. Add it"
-    value = err.get("input")
-    shown = "" if isinstance(value, dict) else f" = {value!r}"
-    return f"{where}{shown}: {err['msg']}. Fix the value"
-
-
-# The judge configs build on the classes above (client, sampling, error wording); ScoringConfig
-# names them, so its annotations resolve once they are imported.
-from prefect_rollouts.judge_config import AnyJudgeConfig  # noqa: E402
-
-ScoringConfig.model_rebuild()
-AgentConfig.model_rebuild()

@@ -25,7 +25,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from prefect_rollouts.config import AgentConfig, _Config, _read_toml, config_dir, validate_config
 from prefect_rollouts.errors import ConfigError
@@ -99,7 +99,9 @@ class EvalConfig(_Config):
     """Rollouts in flight at once."""
     rollout_granularity: Literal["flow", "task", "batch"] = "flow"
     """``flow``: a flow run per rollout, a task run per stage (most visible). ``task``: a task run
-    per rollout. ``batch``: a task run per shard of ``batch_size`` rollouts (fastest)."""
+    per rollout. ``batch``: a task run per shard of ``batch_size`` rollouts (fastest). In an eval
+    this is the one setting of how rollouts run; ``[env.agent] orchestrator`` applies to
+    ``Agent.run`` and interactions only, and ``"inline"`` there is refused (see the validator)."""
     batch_size: int = Field(50, ge=1)
     """Rollouts per shard with ``rollout_granularity = "batch"``."""
     pass_threshold: float = 1.0
@@ -117,6 +119,14 @@ class EvalConfig(_Config):
     traces: TracesConfig = TracesConfig()
     env: EnvConfig
 
+    @model_validator(mode="after")
+    def _one_orchestration_setting(self) -> EvalConfig:
+        if self.env.agent.orchestrator != "prefect":
+            raise ValueError(f'[env.agent] orchestrator = "{self.env.agent.orchestrator}": an eval always runs as a '
+                             "Prefect flow, and rollout_granularity alone decides how each rollout runs (flow, "
+                             "task, or batch: inline stages inside a shard's task run). Remove the key, and set "
+                             'rollout_granularity = "batch" for the cheapest orchestration')
+        return self
 
 
 def load_eval_config(source: str | Path, overrides: list[str] | None = None) -> EvalConfig:

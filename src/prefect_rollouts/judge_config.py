@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, ValidationError, ValidationInfo, model_validator
 
-from prefect_rollouts.config import _JUDGE_TAGS, ClientConfig, SamplingConfig, _Config, _explain
+from prefect_rollouts.config_base import _JUDGE_TAGS, ClientConfig, SamplingConfig, _Config, _explain
 
 
 class JudgeConfig(_Config):
@@ -120,7 +120,8 @@ class PluginJudgeConfig(JudgeConfig):
     def _import_path(cls, value: Any) -> Any:
         judge_id = value.get("id") if isinstance(value, dict) else getattr(value, "id", None)
         module, _, attribute = str(judge_id).partition(":")
-        if isinstance(judge_id, str) and (not module or not attribute):  # checked first: other keys may belong to the intended id
+        # checked first: the other keys may belong to the intended id
+        if isinstance(judge_id, str) and (not module or not attribute):
             raise ValueError(f'id = {judge_id!r}: use "reference", "rubric" or an import path "pkg.module:Class"')
         return value
 

@@ -1,16 +1,15 @@
-"""The rollout lifecycle as plain async stages over one ``RolloutState``.
+"""The rollout lifecycle as plain async stages over one rollout's private ``RolloutState``.
 
 Order: ``setup`` -> ``run_segment`` (once per harness segment) -> ``finalize`` ->
-``skip_check`` -> ``score`` (shared or isolated) -> ``teardown`` (always). ``close`` runs the
-part after the last segment. Orchestrators (the inline path in ``agent.py``, Prefect tasks
-later) call these functions; they hold all behaviour.
+``skip_check`` -> ``score`` (shared or isolated) -> ``teardown`` (always). ``Rollout``
+(``rollout.py``) is the only caller: it runs each stage through an orchestrator's
+``run_stage`` with the stage's policy, and records what a stage raises on the trace.
 
-A stage records failures on the trace and returns. Two switches let an orchestrator see them:
-``raise_retryable=True`` raises the errors the stage is retried on (``RETRY_ON``: runtime start
-failures for setup, ``ProviderError`` for a segment, infrastructure errors for isolated scoring)
-after undoing the stage's partial effects, so the orchestrator can retry it (the last attempt
-runs with ``raise_retryable=False``); ``raise_timeout=True`` raises ``StageTimeoutError`` after
-recording an expired deadline on the trace, so the orchestrator can show the stage as timed out.
+A stage raises what went wrong. Before raising, it undoes what a retry must not see twice
+(setup stops the runtime it started, isolated scoring drops partial rewards); a segment keeps
+what it did, and the next call resumes it (see ``run_segment``). A stage deadline that expires
+is recorded on the trace and raised as ``StageTimeoutError``, so an orchestrator can show the
+stage as timed out; a ``TimeoutError`` from user code is an ordinary error.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from prefect_rollouts.config import AgentConfig, ScoringConfig, effective_scoring
-from prefect_rollouts.errors import InfrastructureError, ProviderError, RuntimeUnavailableError, StageTimeoutError
+from prefect_rollouts.errors import InfrastructureError, StageTimeoutError
 from prefect_rollouts.harnesses import Harness, make_harness
 from prefect_rollouts.runtimes import Runtime, make_runtime
 from prefect_rollouts.scoring.placement import score_isolated, score_shared
@@ -35,17 +34,13 @@ if TYPE_CHECKING:
     from prefect_rollouts.model import ModelClient
     from prefect_rollouts.scoring.judges import JudgeClients
 
-#: Errors each stage is retried on (when ``retryable``); everything else is recorded at once.
-RETRY_ON: dict[str, tuple[type[InfrastructureError], ...]] = {
-    "setup": (RuntimeUnavailableError,),
-    "segment": (ProviderError,),
-    "scoring": (InfrastructureError,),
-}
-
 
 @dataclass(eq=False)
 class RolloutState:
-    """Everything one rollout holds between stages. Lives in the orchestrating process."""
+    """What one rollout holds between stages; owned by its ``Rollout``, in the process running it.
+
+    Harnesses see it through the narrow ``harnesses.SegmentContext`` protocol.
+    """
 
     config: AgentConfig
     task: Task
@@ -65,7 +60,7 @@ class RolloutState:
     artifacts: bytes | None = None
     """Archive collected after finalize for isolated scoring."""
     resume_segment: bool = False
-    """The last segment failed with a retryable error; the next ``run_segment`` resumes it."""
+    """The last segment raised; the next ``run_segment`` resumes it instead of starting one."""
     labels: dict[str, str] = field(default_factory=dict)
     judge_clients: JudgeClients | None = None
     """The agent's judge clients; None opens them per scoring call."""
@@ -80,7 +75,20 @@ class RolloutState:
         """Index of the current (or last) segment."""
         return len(self.trace.segments) - 1
 
+    def turn_limit_reached(self) -> bool:
+        """The one ``max_turns`` rule: once ``turns`` sampled responses reach the cap, the run stops
+        as ``max_turns`` (if nothing stopped it first) and its last segment is terminated.
+        Checked before every model call, before every turn, and after an interaction's turn."""
+        limit = self.config.max_turns
+        if limit is None or self.turns < limit:
+            return False
+        self.trace.stop("max_turns")
+        if self.trace.segments:
+            self.trace.segments[-1].terminated = True
+        return True
 
+
+@dataclass(slots=True)
 class Segment:
     """What one ``turn()`` produced.
 
@@ -91,12 +99,9 @@ class Segment:
         last_reply: Content of the segment's last assistant message, stripped ("" if none).
     """
 
-    __slots__ = ("messages", "terminated", "last_reply")
-
-    def __init__(self, messages: list[dict[str, Any]], terminated: bool, last_reply: str = "") -> None:
-        self.messages = messages
-        self.terminated = terminated
-        self.last_reply = last_reply
+    messages: list[dict[str, Any]]
+    terminated: bool
+    last_reply: str = ""
 
     def __repr__(self) -> str:
         return f"Segment(messages=<{len(self.messages)}>, terminated={self.terminated}, last_reply={self.last_reply!r})"
@@ -157,40 +162,46 @@ def opening_messages(task: Task) -> list[dict[str, Any]]:
     return messages
 
 
-async def setup(state: RolloutState, *, raise_retryable: bool = False, raise_timeout: bool = False) -> None:
+async def setup(state: RolloutState) -> None:
     """Start the runtime, write ``TaskData.files``, run ``Task.setup`` and open the harness.
 
-    Deadline ``timeouts.setup``: on expiry the run stops as ``setup_timeout``. A failure
-    stops it as ``<kind>_error``; with ``raise_retryable`` a retryable infrastructure error
-    is raised instead, after the runtime it started is stopped.
+    Deadline ``timeouts.setup`` (expiry: ``setup_timeout``). On any failure the runtime it
+    started is stopped before the error propagates, so a retry starts a fresh one.
+
+    Raises:
+        RuntimeUnavailableError: the runtime did not start (retried per the policy when retryable).
+        StageTimeoutError: the deadline expired (recorded on the trace).
+        Exception: whatever ``Task.setup`` or the harness raised.
     """
-    async with _stage(state, "setup", state.config.timeouts.setup, raise_retryable, raise_timeout):
-        try:
+    try:
+        async with _timed(state, "setup", state.config.timeouts.setup):
             state.runtime = make_runtime(state.config.runtime, labels=state.labels)
             await state.runtime.start()
             for path, content in state.task.data.files.items():
                 await state.runtime.write_file(path, content)
             await call_injected(state.task.setup, {"runtime": state.runtime, "trace": state.trace, "task": state.task})
             await state.harness.open(state)
-        except RETRY_ON["setup"] as exc:
-            if raise_retryable and exc.retryable:
-                await _stop_runtime(state)
-            raise
+    except BaseException:
+        await stop_runtime(state)
+        raise
 
 
-async def run_segment(state: RolloutState, messages: list[dict[str, Any]], *,
-                      raise_retryable: bool = False, raise_timeout: bool = False) -> Segment:
+async def run_segment(state: RolloutState, messages: list[dict[str, Any]]) -> Segment:
     """Deliver ``messages`` (user input) and run one harness segment.
 
-    The agent deadline (``timeouts.agent``) is a budget over all segments; on expiry the run
-    stops as ``agent_timeout``. A ``ProviderError`` or harness failure stops it as an error.
-    With ``raise_retryable`` a retryable error is raised instead, and the next call (the
-    retry, with the same ``messages``) resumes the segment where the failed model call left
-    it: the messages, tool results and steers already delivered stay, because their side
-    effects (files written, a benchmark's live tool state) happened and cannot be undone.
+    The agent deadline (``timeouts.agent``) is a budget over all segments (expiry:
+    ``agent_timeout``). When a segment raises, the next call (the retry, with the same
+    ``messages``) resumes it where the failed model call left it: the messages, tool results
+    and steers already delivered stay, because their side effects (files written, a
+    benchmark's live tool state) happened and cannot be undone.
 
     Returns:
-        ``Segment``; ``terminated`` is True when the run has stopped.
+        ``Segment``; ``terminated`` is True when the run has stopped (an empty one if it
+        had stopped before).
+
+    Raises:
+        ProviderError: a model call failed after the client's retries.
+        StageTimeoutError: the agent budget ran out (recorded on the trace).
     """
     trace = state.trace
     if state.stopped:
@@ -210,10 +221,10 @@ async def run_segment(state: RolloutState, messages: list[dict[str, Any]], *,
     remaining = None if budget is None else max(budget - state.agent_elapsed_s, 0.0)
     started = time.perf_counter()
     try:
-        async with _stage(state, "agent", remaining, raise_retryable, raise_timeout, label="segment"):
+        async with _timed(state, "agent", remaining, timing=False):
             await state.harness.run_segment(state)
-    except RETRY_ON["segment"]:
-        state.resume_segment = True   # the failed call is on the trace; the retry samples again from here
+    except Exception:
+        state.resume_segment = not state.stopped   # the failed call is on the trace; a retry samples again
         raise
     finally:
         state.agent_elapsed_s += time.perf_counter() - started
@@ -234,15 +245,15 @@ def last_segment(state: RolloutState) -> Segment:
     return Segment(produced, state.stopped, last_assistant_text(produced))
 
 
-async def finalize(state: RolloutState, *, raise_timeout: bool = False) -> None:
+async def finalize(state: RolloutState) -> None:
     """Run ``Task.finalize`` (deadline ``timeouts.finalize``, expiry -> ``finalize_timeout``,
     scoring still runs); for isolated scoring, then collect ``TaskData.artifacts``.
 
-    Skipped when the run failed or its setup did not finish (it will not be scored).
+    Raises:
+        StageTimeoutError: the deadline expired (recorded on the trace).
+        Exception: whatever ``Task.finalize`` or the artifact collection raised.
     """
-    if not scorable(state):
-        return
-    async with _stage(state, "finalize", state.config.timeouts.finalize, False, raise_timeout):
+    async with _timed(state, "finalize", state.config.timeouts.finalize):
         available = {"trace": state.trace, "runtime": state.runtime, "task": state.task}
         await call_injected(state.task.finalize, available)
         if state.scoring.mode == "isolated" and state.runtime is not None:
@@ -265,8 +276,6 @@ def skip_check(state: RolloutState) -> str | None:
         reason); None when scoring should run.
     """
     trace, scoring = state.trace, state.scoring
-    if not scorable(state):
-        return None
     reason = None
     if scoring.skip_on_truncated and trace.is_truncated:
         reason = "truncated"
@@ -280,36 +289,39 @@ def skip_check(state: RolloutState) -> str | None:
     return reason
 
 
-async def score(state: RolloutState, *, raise_retryable: bool = False, raise_timeout: bool = False) -> None:
+async def score(state: RolloutState) -> None:
     """Score the rollout once in its placement (``scoring.mode``) under ``timeouts.scoring``.
 
-    Not run for a failed rollout. Shared scoring runs in the agent's runtime and is never
-    retried. Isolated scoring starts a fresh runtime per call; an orchestrator retries it
-    per ``scoring.retries`` with ``raise_retryable`` (``RETRY_ON["scoring"]``), reusing the
-    collected artifacts. Any failure leaves ``trace.reward`` None and is recorded as an
-    error, stopping the run as ``scoring_error`` (it replaces ``agent_completed`` and
-    ``user_closed``; a limit or deadline stop stays); expiry stops it as ``scoring_timeout``.
+    Shared scoring runs in the agent's runtime. Isolated scoring stops the agent's runtime and
+    starts a fresh one per call, reusing the collected artifacts; the rewards of a call that
+    failed on infrastructure are dropped, so a retry starts clean (other failures keep the
+    grades already given, e.g. a judge's None beside the other judges).
+
+    Raises:
+        InfrastructureError: the scoring runtime failed (isolated scoring retries it).
+        TaskError: a scoring function or judge failed.
+        StageTimeoutError: the deadline expired (recorded on the trace: ``scoring_timeout``).
     """
-    if not scorable(state):
-        return
     isolated = state.scoring.mode == "isolated"
     try:
-        async with _stage(state, "scoring", state.config.timeouts.scoring, raise_retryable and isolated, raise_timeout):
+        async with _timed(state, "scoring", state.config.timeouts.scoring):
             if isolated:
-                await _stop_runtime(state)
+                await stop_runtime(state)
                 await score_isolated(state.task, state.trace, state.artifacts or b"", state.scoring,
                                      state.config.runtime, state.labels, state.judge_clients)
             else:
                 await score_shared(state.task, state.trace, state.runtime, state.scoring, state.judge_clients)
-    except RETRY_ON["scoring"]:
-        state.trace.rewards.clear(), state.trace.metrics.clear(), state.trace.reward_weights.clear()
+    except InfrastructureError:   # may be retried: the next attempt starts clean
+        state.trace.rewards.clear()
+        state.trace.metrics.clear()
+        state.trace.reward_weights.clear()
         raise
 
 
 async def teardown(state: RolloutState) -> None:
     """Stop the runtime. Runs on every path; completes even if the caller is cancelled."""
     started = time.perf_counter()
-    job = asyncio.ensure_future(_stop_runtime(state))
+    job = asyncio.ensure_future(stop_runtime(state))
     try:
         await asyncio.shield(job)
     except asyncio.CancelledError:
@@ -319,7 +331,8 @@ async def teardown(state: RolloutState) -> None:
         state.trace.timings["teardown"] = round(time.perf_counter() - started, 6)
 
 
-async def _stop_runtime(state: RolloutState) -> None:
+async def stop_runtime(state: RolloutState) -> None:
+    """Stop and forget the rollout's runtime (errors while stopping are swallowed)."""
     runtime, state.runtime = state.runtime, None
     if runtime is not None:
         with contextlib.suppress(Exception):
@@ -327,30 +340,22 @@ async def _stop_runtime(state: RolloutState) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _stage(state: RolloutState, stage: str, deadline: float | None, raise_retryable: bool,
-                 raise_timeout: bool, label: str | None = None) -> AsyncIterator[None]:
-    """Time a stage, enforce its deadline and record its failure on the trace."""
+async def _timed(state: RolloutState, stage: str, deadline: float | None, timing: bool = True) -> AsyncIterator[None]:
+    """Time a stage into ``trace.timings`` and enforce its deadline: on expiry record the timeout
+    on the trace and raise ``StageTimeoutError``."""
     trace = state.trace
     started = time.perf_counter()
     deadline_cm = asyncio.timeout(deadline)
     try:
         async with deadline_cm:
             yield
-    except TimeoutError as exc:
-        if deadline_cm.expired():
-            error = StageTimeoutError(stage, deadline or 0.0)
-            trace.record_timeout(stage)
-            trace.info.setdefault("timeouts", []).append(str(error))
-            if raise_timeout:
-                raise error from None
-        else:  # a TimeoutError raised by user code, not our deadline
-            trace.record_error(exc, label or stage)
-    except InfrastructureError as exc:
-        if raise_retryable and exc.retryable and isinstance(exc, RETRY_ON.get(label or stage, ())):
-            raise
-        trace.record_error(exc, label or stage)
-    except Exception as exc:
-        trace.record_error(exc, label or stage)
+    except TimeoutError:
+        if not deadline_cm.expired():
+            raise   # a TimeoutError of user code, not our deadline
+        error = StageTimeoutError(stage, deadline or 0.0)
+        trace.record_timeout(stage)
+        trace.info.setdefault("timeouts", []).append(str(error))
+        raise error from None
     finally:
-        if stage != "agent":
+        if timing:
             trace.timings[stage] = round(time.perf_counter() - started, 6)

@@ -17,12 +17,15 @@ import hashlib
 import inspect
 import json
 import math
-from collections.abc import Callable
-from typing import Any, ClassVar, Literal
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from prefect_rollouts.config import ScoringConfig
+
+if TYPE_CHECKING:
+    from prefect_rollouts.harnesses.schema import ToolSpec
 
 Messages = list[dict[str, Any]]
 _ROLES = ("system", "user", "assistant", "tool")
@@ -113,7 +116,7 @@ class Task:
     async def finalize(self, trace: Any, runtime: Any) -> None:
         """Run after the last segment, before scoring (e.g. record a diff). Default: nothing."""
 
-    def tools(self) -> list[Callable[..., Any]]:
+    def tools(self) -> Sequence[Callable[..., Any] | ToolSpec]:
         """Python callables offered to the model as tools by the ``tools`` harness. Default: none.
 
         Each tool's JSON schema comes from its type hints; its description and argument

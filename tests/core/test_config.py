@@ -151,3 +151,13 @@ async def test_scoring_env_reaches_scoring_commands_and_a_missing_variable_is_a_
     assert scored.reward == 1.0
     assert failed.reward is None and failed.errors[0].type == "ScoringEnvError"
     assert "NOT_SET_ANYWHERE is not set" in failed.errors[0].message and failed.stop_condition == "scoring_error"
+
+
+def test_an_eval_has_one_orchestration_setting_rollout_granularity():
+    from prefect_rollouts.eval_config import load_eval_config
+
+    base = '[env.taskset]\nid = "arithmetic"\n[env.agent]\nmodel = "m"\n'
+    assert load_eval_config(base + 'orchestrator = "prefect"').env.agent.orchestrator == "prefect"
+    with pytest.raises(vf.ConfigError, match=r'\[env.agent\] orchestrator = "inline": an eval always runs as a '
+                                             r"Prefect flow, and rollout_granularity alone decides"):
+        load_eval_config(base + 'orchestrator = "inline"')

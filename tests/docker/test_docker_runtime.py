@@ -170,10 +170,9 @@ async def test_a_scoring_container_killed_mid_scoring_is_retried_and_the_rollout
     config = agent_config(runtime=docker_config(), scoring=vf.ScoringConfig(
         mode="isolated", retries=vf.RetryConfig(max_retries=2, backoff_s=0.01)))
     async with vf.make_agent(config) as agent:
-        state = agent.new_rollout(KilledOnce(vf.TaskData(prompt="solve", artifacts=["solution.txt"])), agent.client,
-                                  {"run_id": run_id})
-        from prefect_rollouts.engine import InlineOrchestrator, run_rollout
-        trace = await run_rollout(InlineOrchestrator(), state)
+        rollout = agent.rollout(KilledOnce(vf.TaskData(prompt="solve", artifacts=["solution.txt"])),
+                                {"run_id": run_id})
+        trace = await rollout.run()
     assert (trace.reward, trace.errors, trace.info["scoring_attempts"]) == (1.0, [], 2)
     assert len(openai_server.requests) == 2                       # the agent never ran again
     assert containers_of(docker_engine, run_id) == []
@@ -194,10 +193,9 @@ async def test_no_container_of_a_run_remains_after_success_failure_and_cancellat
         openai_server, agent_config, docker_engine):
     run_id = uuid.uuid4().hex
     config = agent_config(runtime=docker_config(), scoring=vf.ScoringConfig(mode="isolated"))
-    from prefect_rollouts.engine import InlineOrchestrator, run_rollout
     async with vf.make_agent(config) as agent:
         def rollout(task):
-            return run_rollout(InlineOrchestrator(), agent.new_rollout(task, agent.client, {"run_id": run_id}))
+            return agent.rollout(task, {"run_id": run_id}).run()
         play_solution(openai_server)
         assert (await rollout(solution_task())).reward == 1.0                          # success
         openai_server.default = __import__("tests.fakes.openai_server", fromlist=["status"]).status(500)

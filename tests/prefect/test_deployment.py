@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from prefect_rollouts import localserver
+from prefect_rollouts import pgserver
 from prefect_rollouts.traces import read_rollouts
 from tests.fakes.openai_server import reply
 
@@ -24,9 +24,9 @@ REPO = Path(__file__).resolve().parents[2]
 def real_server():
     home = Path(tempfile.mkdtemp(prefix="prefect-rollouts-server-"))   # PostgreSQL's user must reach it
     home.chmod(0o755)
-    api_url = localserver.start(home, port=_free_port(), pg_port=_free_port())
+    api_url = pgserver.start(home, port=_free_port(), pg_port=_free_port())
     yield api_url
-    localserver.stop(home)
+    pgserver.stop(home)
     shutil.rmtree(home, ignore_errors=True)
 
 
@@ -69,3 +69,13 @@ def test_the_nightly_deployment_deploys_from_prefect_yaml_and_runs_once(tmp_path
     state = api.get(f"/flow_runs/{flow_run['id']}").json()["state"]
     assert state["type"] == "COMPLETED", json.dumps(state)
     assert len(read_rollouts(tmp_path / "traces", run_id="from-deployment")) == 3
+
+
+def test_serve_builds_the_nightly_eval_on_its_cron_and_time_zone_and_the_janitor():
+    from prefect_rollouts.flows.deployments import build_deployments
+
+    nightly, janitor = build_deployments(REPO / "examples" / "arithmetic.toml", cron="30 3 * * 1",
+                                         timezone="Europe/Berlin")
+    assert [(s.schedule.cron, s.schedule.timezone) for s in nightly.schedules] == [("30 3 * * 1", "Europe/Berlin")]
+    assert nightly.parameters["config"]["env"]["taskset"]["id"] == "arithmetic"
+    assert [s.schedule.interval.total_seconds() for s in janitor.schedules] == [3600]

@@ -15,6 +15,9 @@ from tests.fakes.openai_server import reply, status
 
 
 def eval_toml(tmp_path, base_url, **top) -> str:
+    """An eval config for the scripted server; ``task`` granularity (the cheapest with a task run
+    per rollout) unless the test names one, since most tests are not about granularity."""
+    top.setdefault("rollout_granularity", "task")
     lines = [f"{key} = {value!r}".replace("'", '"') for key, value in top.items()]
     return "\n".join(lines) + f"""
 [traces]

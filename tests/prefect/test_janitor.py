@@ -148,3 +148,16 @@ async def test_after_kill_9_of_an_eval_the_janitor_reaps_its_containers_and_cras
         return sorted(run.state.type.value for run in runs)
     assert await wait_for(states_of_its_flow_runs) == ["CRASHED"] * 4   # the eval flow run and its 3 rollouts
 
+
+
+async def test_a_rollout_flow_run_names_its_owner_and_its_task_runs_carry_no_tag(openai_server, agent_config):
+    from tests.prefect.test_rollout_flow import task_runs_of
+
+    openai_server.play([reply("done")])
+    async with vf.make_agent(agent_config(orchestrator="prefect", harness="chat")) as agent:
+        trace = await agent.run(vf.Task(vf.TaskData(prompt="hi")))
+    async with get_client() as client:
+        flow_run = await client.read_flow_run(uuid.UUID(trace.info["flow_run_id"]))
+    assert f"{OWNER_TAG}{current_owner()}" in flow_run.tags
+    runs = await task_runs_of(trace.info["flow_run_id"], 6)
+    assert len(runs) == 6 and [r.tags for r in runs] == [[]] * 6   # a tag costs an API call per task run

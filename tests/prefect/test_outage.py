@@ -1,6 +1,6 @@
 """A Prefect API outage during an eval: rollouts go on, states are put right after; past the limit, a clean stop.
 
-A real PostgreSQL-backed Prefect server (``localserver``) whose API process is killed and started
+A real PostgreSQL-backed Prefect server (``pgserver``) whose API process is killed and started
 again; the eval is the real CLI in a subprocess. ``PREFECT_CLIENT_MAX_RETRIES=1`` makes Prefect's
 client give up after about 2 s, so a short outage shows what a long one does with the default 5.
 """
@@ -21,7 +21,7 @@ import pytest
 from prefect.client.orchestration import PrefectClient
 from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterId, FlowRunFilterName
 
-from prefect_rollouts import localserver
+from prefect_rollouts import pgserver
 from tests.fakes.openai_server import delayed, reply
 
 ROLLOUTS = 24
@@ -41,7 +41,7 @@ class Server:
         self.api_url = ""
 
     def start(self) -> None:
-        self.api_url = localserver.start(self.home, port=self.port, pg_port=self.pg_port)
+        self.api_url = pgserver.start(self.home, port=self.port, pg_port=self.pg_port)
 
     def kill_api(self) -> None:
         os.killpg(int((self.home / "prefect-server.pid").read_text()), signal.SIGKILL)
@@ -52,7 +52,7 @@ def server(tmp_path_factory):
     server = Server(Path("/tmp") / f"outage-{os.getpid()}-{_free_port()}")   # postgres must be able to enter it
     server.start()
     yield server
-    localserver.stop(server.home)
+    pgserver.stop(server.home)
     shutil.rmtree(server.home, ignore_errors=True)
 
 

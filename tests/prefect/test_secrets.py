@@ -51,7 +51,8 @@ async def test_keys_from_a_block_and_from_the_environment_never_leak(tmp_path, o
     openai_server.default = answer
     runs = {}
     for source in ("block", "env"):
-        toml = eval_toml(tmp_path / source, openai_server.base_url, num_tasks=6, max_concurrent=2)
+        toml = eval_toml(tmp_path / source, openai_server.base_url, num_tasks=6, max_concurrent=2,
+                         rollout_granularity="flow")   # flow runs carry the most parameters
         if source == "block":
             toml = toml.replace('api_key_env = ""', 'endpoint = "scripted-endpoint"')
         else:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr
@@ -66,7 +66,7 @@ async def resolve_client(config: ClientConfig) -> tuple[ClientConfig, str | None
     name = config.endpoint
     assert name is not None
     try:
-        block = await ModelEndpoint.aload(name)
+        block = cast(ModelEndpoint, await ModelEndpoint.aload(name))
     except ValueError as exc:
         raise ConfigError(f"[env.agent.client] endpoint = {name!r}: no ModelEndpoint block with that name "
                           f"({exc}). Create it with ModelEndpoint(...).save({name!r})") from None
@@ -85,7 +85,7 @@ async def resolve_trace_path(store: str) -> str:
         ConfigError: no such block.
     """
     try:
-        return (await TraceStore.aload(store)).path
+        return cast(TraceStore, await TraceStore.aload(store)).path
     except ValueError as exc:
         raise ConfigError(f"[traces] store = {store!r}: no TraceStore block with that name ({exc}). "
                           f"Create it with TraceStore(path=...).save({store!r}), or set [traces] path") from None

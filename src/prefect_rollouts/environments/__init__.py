@@ -140,3 +140,26 @@ def _resolve(taskset_id: str) -> Callable[..., Iterable[Any]]:
     if not callable(loader):
         raise ConfigError(f"[env.taskset] id = {taskset_id!r}: {target} is not callable")
     return loader
+
+
+_loaded: dict[str, dict[str, Task]] = {}
+
+
+def find_task(taskset_id: str, options: dict[str, Any], task_id: str) -> Task:
+    """Task ``task_id`` of taskset ``taskset_id`` built with ``options`` (the whole taskset is
+    loaded once per process and kept, so a worker rebuilding many rollouts loads it once).
+
+    Raises:
+        ConfigError: the taskset fails to load (see ``load_taskset``), or it has no task
+            ``task_id`` here: the taskset differs on this machine (another package version or
+            data), and running another task under that id would give a wrong row.
+    """
+    key = json.dumps([taskset_id, options], sort_keys=True, default=str)
+    if key not in _loaded:
+        _loaded[key] = {task.id: task for task in load_taskset(taskset_id, options)}
+    tasks = _loaded[key]
+    if task_id not in tasks:
+        raise ConfigError(f"[env.taskset] id = {taskset_id!r}: no task with id {task_id!r} in this process "
+                          f"({len(tasks)} tasks loaded with options {options!r}). The taskset differs on this "
+                          "machine: install the same package versions and data as where the eval was planned")
+    return tasks[task_id]

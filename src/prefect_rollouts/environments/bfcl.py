@@ -22,11 +22,9 @@ for ``irrelevance``. Multi-turn never forces: the model decides when a turn is d
 from __future__ import annotations
 
 import json
-import re
-from pathlib import Path
 from typing import Any
 
-from prefect_rollouts.environments import package_dir
+from prefect_rollouts.environments.bfcl_data import data_dir, read_jsonl, tool_name, wire_schema
 from prefect_rollouts.environments.bfcl_scoring import check
 from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.harnesses.schema import ToolSpec, answer_tool
@@ -35,18 +33,6 @@ from prefect_rollouts.trace import Trace
 
 CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance", "multi_turn_base")
 MULTI_TURN_CATEGORIES = ("multi_turn_base",)
-_TYPE = {"dict": "object", "float": "number", "tuple": "array", "any": "string"}
-
-
-def data_dir() -> Path:
-    """The ``data`` directory of the installed ``bfcl-eval`` package.
-
-    Raises:
-        ConfigError: the package is not installed.
-    """
-    return package_dir("bfcl_eval", "bfcl", "pip install --no-deps bfcl-eval (its pinned dependencies are not needed)") / "data"
-
-
 class BfclTask(Task):
     """One BFCL item: ``info`` holds ``category``, ``functions`` and ``ground_truth``."""
 
@@ -87,26 +73,6 @@ class BfclTask(Task):
         return float(len(self.calls(trace) or []))
 
 
-def tool_name(name: str) -> str:
-    """``name`` made valid as a tool name (``[A-Za-z0-9_-]``): other characters become ``_``."""
-    return re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64]
-
-
-def wire_schema(parameters: dict[str, Any]) -> dict[str, Any]:
-    """A BFCL parameter schema in JSON Schema terms (``dict`` -> ``object``, ``float`` -> ``number``, ...)."""
-    converted: dict[str, Any] = {}
-    for key, value in parameters.items():
-        if key == "type" and isinstance(value, str):
-            converted[key] = _TYPE.get(value, value)
-        elif key == "properties" and isinstance(value, dict):
-            converted[key] = {name: wire_schema(spec) for name, spec in value.items()}
-        elif key == "items" and isinstance(value, dict):
-            converted[key] = wire_schema(value)
-        else:
-            converted[key] = value
-    return converted
-
-
 def load(category: str = "simple_python", count: int | None = None,
          force_tool_choice: bool | None = None) -> list[Task]:
     """The first ``count`` items (all when None) of a BFCL category as tasks.
@@ -135,8 +101,9 @@ def load(category: str = "simple_python", count: int | None = None,
     force_tool_choice = True if force_tool_choice is None else force_tool_choice
     root = data_dir()
     items = read_jsonl(root / f"BFCL_v4_{category}.json", count)
+    answer_file = root / "possible_answer" / f"BFCL_v4_{category}.json"
     answers = {} if category == "irrelevance" else {
-        row["id"]: row["ground_truth"] for row in read_jsonl(root / "possible_answer" / f"BFCL_v4_{category}.json", None)}
+        row["id"]: row["ground_truth"] for row in read_jsonl(answer_file, None)}
     tasks: list[Task] = []
     for item in items:
         functions = item["function"]
@@ -148,15 +115,3 @@ def load(category: str = "simple_python", count: int | None = None,
             id=item["id"], prompt=item["question"][0], tool_choice=choice,
             info={"category": category, "functions": functions, "ground_truth": answers.get(item["id"], [])})))
     return tasks
-
-
-def read_jsonl(path: Path, count: int | None) -> list[dict[str, Any]]:
-    """The first ``count`` JSON objects (all when None) of the JSON-lines file ``path``; blank lines skipped."""
-    rows = []
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            if count is not None and len(rows) >= count:
-                break
-            if line.strip():
-                rows.append(json.loads(line))
-    return rows

@@ -20,7 +20,7 @@ left out). Rules, as the Berkeley Function Calling Leaderboard's checker applies
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, cast
 
 _TYPES: dict[str, type] = {"string": str, "integer": int, "float": float, "boolean": bool, "array": list,
                            "tuple": list, "dict": dict, "any": str}
@@ -80,7 +80,7 @@ def _answer_type(values: list[Any]) -> type | None:
     return next((type(v) for v in values if v != ""), None)
 
 
-def _type_ok(value: Any, values: list[Any], expected: type, nested: type | None) -> tuple[bool, bool]:
+def _type_ok(value: Any, values: list[Any], expected: type | None, nested: type | None) -> tuple[bool, bool]:
     """``(type acceptable, value is a "variable")`` under BFCL's one-level type check: a value of
     the answer's own type (when it differs from the declared one) passes as a variable."""
     answer_type = _answer_type(values)
@@ -89,7 +89,8 @@ def _type_ok(value: Any, values: list[Any], expected: type, nested: type | None)
         if nested is None:
             return True, is_variable
         for candidate in values:
-            if type(candidate) is not list or all(_type_ok(item, candidate, nested, None)[0] for item in value):
+            items = cast(list[Any], value)   # a list: its type is the declared one
+            if type(candidate) is not list or all(_type_ok(item, candidate, nested, None)[0] for item in items):
                 return True, is_variable
     if answer_type is not None and type(value) is answer_type:
         return True, True
@@ -106,7 +107,7 @@ def _value_ok(value: Any, values: list[Any], expected: type, nested: type | None
             return any(_dict_ok(value, candidate) for candidate in values if candidate != "")
         if expected is list and nested is dict:
             return any(isinstance(candidate, list) and len(value) == len(candidate)
-                       and all(_dict_ok(v, c) for v, c in zip(value, candidate)) for candidate in values)
+                       and all(_dict_ok(v, c) for v, c in zip(value, candidate, strict=True)) for candidate in values)
         if expected is str:
             return _norm(value) in [_norm(v) for v in values if isinstance(v, str)]
         if expected is list:

@@ -7,9 +7,12 @@ pool; this module is the no-work-pool way (``flow.serve``) for a single machine.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
+
+from prefect.deployments.runner import RunnerDeployment
+from prefect.schedules import Cron
 
 from prefect import serve
-
 from prefect_rollouts.eval_config import load_eval_config
 from prefect_rollouts.flows.eval import eval_flow
 
@@ -17,22 +20,33 @@ NIGHTLY = "nightly-eval"
 JANITOR = "sandbox-janitor"
 
 
-def serve_deployments(config: str | Path, *, cron: str = "0 2 * * *", timezone: str = "UTC") -> None:
-    """Serve the ``eval`` flow as ``nightly-eval`` (on ``cron`` in ``timezone``, and launchable
-    from the UI with the config as its default parameters) and the ``janitor`` flow as
-    ``sandbox-janitor`` (hourly), until interrupted.
+def build_deployments(config: str | Path, *, cron: str = "0 2 * * *", timezone: str = "UTC") -> list[RunnerDeployment]:
+    """The ``eval`` flow as ``nightly-eval`` (on ``cron`` in ``timezone``, and launchable from the
+    UI with the config as its default parameters) and the ``janitor`` flow as ``sandbox-janitor``
+    (hourly).
 
     Raises:
         ConfigError: the config does not load.
     """
+    from prefect_rollouts.flows.janitor import janitor_flow
+
     eval_config = load_eval_config(config)
     nightly = eval_flow.to_deployment(
-        name=NIGHTLY, cron=cron, timezone=timezone, parameters={"config": eval_config.model_dump(mode="json")},
+        name=NIGHTLY, schedule=Cron(cron, timezone=timezone),
+        parameters={"config": eval_config.model_dump(mode="json")},
         description=f"Nightly eval of {eval_config.env.agent.model} on {eval_config.env.taskset.id} "
                     f"(config {config}); launch from the UI to run it now with edited parameters.",
         tags=["prefect-rollouts", "eval"])
-    from prefect_rollouts.flows.janitor import janitor_flow
-
     janitor = janitor_flow.to_deployment(name=JANITOR, interval=3600, tags=["prefect-rollouts", "janitor"],
-                                         description="Removes sandbox containers left by killed rollouts.")
-    serve(nightly, janitor)
+                                         description="Removes sandboxes left by killed rollouts and marks their "
+                                                     "flow runs Crashed.")
+    return [cast(RunnerDeployment, nightly), cast(RunnerDeployment, janitor)]
+
+
+def serve_deployments(config: str | Path, *, cron: str = "0 2 * * *", timezone: str = "UTC") -> None:
+    """Serve ``build_deployments(config, cron=cron, timezone=timezone)`` from this process until interrupted.
+
+    Raises:
+        ConfigError: the config does not load.
+    """
+    serve(*build_deployments(config, cron=cron, timezone=timezone))

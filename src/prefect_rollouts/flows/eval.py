@@ -22,22 +22,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from prefect import flow, get_run_logger, task
 from prefect.artifacts import acreate_progress_artifact, acreate_table_artifact, aupdate_progress_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from prefect.settings import PREFECT_API_URL
 from prefect.utilities.annotations import quote
 
+from prefect import flow, get_run_logger, task
 from prefect_rollouts.agent import Agent, make_agent
 from prefect_rollouts.blocks import resolve_trace_path
-from prefect_rollouts.engine import InlineOrchestrator, run_rollout
 from prefect_rollouts.environments import load_taskset
 from prefect_rollouts.eval_config import EvalConfig
-from prefect_rollouts.flows.ownership import owned_flow_run, owner_tags, sandbox_labels
 from prefect_rollouts.flows.outage import ApiOutageError, ApiWatch, QuietWhileDown, Unreported
+from prefect_rollouts.flows.ownership import owned_flow_run, owner_tags, sandbox_labels
 from prefect_rollouts.flows.rollout import RolloutRequest, rollout_flow
-from prefect_rollouts.stages import RolloutState
+from prefect_rollouts.rollout import Rollout
 from prefect_rollouts.task import Task
 from prefect_rollouts.trace import Trace
 from prefect_rollouts.traces import EvalSummary, TraceWriter, durable_keys, read_rollouts, summarize
@@ -69,16 +68,16 @@ class _Run:
     reported: int = -1
     failures: list[BaseException] = field(default_factory=list)
 
-    def state(self, task_: Task, index: int) -> RolloutState:
+    def rollout(self, task_: Task, index: int) -> Rollout:
         labels = {"run_id": self.run_id, "rollout_index": str(index), **sandbox_labels()}
-        return self.agent.new_rollout(task_, self.agent.client, labels)
+        return self.agent.rollout(task_, labels)
 
-    async def record(self, state: RolloutState, index: int, elapsed_s: float) -> None:
+    async def record(self, rollout: Rollout, index: int, elapsed_s: float) -> None:
         """Buffer the finished rollout's row; flush when the batch is full, or at once when every
         rollout must be durable as it finishes (``flush_each``, or a task whose rewards have side effects)."""
-        full = self.writer.add(state.trace, rollout_index=index, environment=self.environment,
+        full = self.writer.add(rollout.trace, rollout_index=index, environment=self.environment,
                                config_hash=self.config_hash, elapsed_s=elapsed_s)
-        if full or self.flush_each or getattr(state.task, "rewards_have_side_effects", False):
+        if full or self.flush_each or getattr(rollout.task, "rewards_have_side_effects", False):
             await self.flush()
 
     async def flush(self) -> None:
@@ -143,8 +142,9 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
     finally:
         if watch.is_up:   # else the run stops for the outage: keep Prefect's retries of it quiet
             quiet.remove()
-    summary = summarize(read_rollouts(root, run_id=run_id, columns=SUMMARY_COLUMNS), run_id=run_id, rollouts_per_task=config.rollouts_per_task,
-                        pass_threshold=config.pass_threshold, wall_time_s=round(time.perf_counter() - started, 3))
+    summary = summarize(read_rollouts(root, run_id=run_id, columns=SUMMARY_COLUMNS), run_id=run_id,
+                        rollouts_per_task=config.rollouts_per_task, pass_threshold=config.pass_threshold,
+                        wall_time_s=round(time.perf_counter() - started, 3))
     await acreate_table_artifact(table=summary.table(), key=_artifact_key(run_id, "summary"),
                                  description=f"Summary of run {run_id} ({summary.rollouts} rollouts, traces in {root})")
     if run.failures:
@@ -169,10 +169,13 @@ async def _run_through_outages(run: _Run, todo: list[tuple[Task, int]], config: 
     Raises:
         ApiOutageError: the outage passed the limit; rows made durable so far stay.
     """
-    granularity = {"flow": _run_flows, "task": _run_tasks, "batch": _run_batches}[config.rollout_granularity]
+    granularity = _run_batches if config.rollout_granularity == "batch" else _run_each
     runner = asyncio.create_task(granularity(run, todo, config))
     flusher = asyncio.create_task(_flush_periodically(run))
-    watcher = asyncio.create_task(run.watch.run(lambda: _inform_prefect(run), runner.cancel))
+
+    def stop_runner() -> None:
+        runner.cancel()
+    watcher = asyncio.create_task(run.watch.run(lambda: _inform_prefect(run), stop_runner))
     try:
         await asyncio.wait({runner, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if watcher.done() and not runner.done():   # the limit passed: on_limit cancelled the runner
@@ -208,26 +211,41 @@ async def _flush_periodically(run: _Run) -> None:
         await run.flush()
 
 
-async def _run_flows(run: _Run, todo: list[tuple[Task, int]], config: EvalConfig) -> None:
-    """One ``rollout_flow`` subflow per rollout."""
-    async def one(task_: Task, index: int) -> None:
-        async with run.gate:
-            state, started = run.state(task_, index), time.perf_counter()
+async def _run_each(run: _Run, todo: list[tuple[Task, int]], config: EvalConfig) -> None:
+    """Every rollout of ``todo`` on its own (``flow`` and ``task`` granularity), ``max_concurrent`` at once."""
+    await asyncio.gather(*(_run_one(run, task_, index, config.rollout_granularity) for task_, index in todo))
+
+
+async def _run_one(run: _Run, task_: Task, index: int, granularity: str) -> None:
+    """One rollout at the eval's ``granularity``; its row is recorded whatever happened to it.
+
+    ``flow``: a ``rollout_flow`` subflow (a task run per stage), inline while the API is away.
+    ``task``: one ``rollout`` task run whose stages run inline. ``batch``: inline, inside the
+    caller's shard task run.
+    """
+    async with run.gate:
+        rollout, started = run.rollout(task_, index), time.perf_counter()
+        if granularity == "flow":
             with owner_tags():
-                await _run_flow_or_inline(run, state)
-            await run.record(state, index, time.perf_counter() - started)
-    await asyncio.gather(*(one(task_, index) for task_, index in todo))
+                await _run_flow_or_inline(run, rollout)
+        elif granularity == "task":
+            final = await rollout_task(quote(rollout), task_.id, index, return_state=True)  # type: ignore[misc]
+            if not final.is_completed():
+                _record_crash(rollout, final)
+        else:
+            await rollout.run()
+        await run.record(rollout, index, time.perf_counter() - started)
 
 
-async def _run_flow_or_inline(run: _Run, state: RolloutState) -> None:
-    """A ``rollout_flow`` run while the Prefect API answers; the inline engine while it does not.
+async def _run_flow_or_inline(run: _Run, rollout: Rollout) -> None:
+    """A ``rollout_flow`` run while the Prefect API answers; inline stages while it does not.
 
     A flow run that could not be created runs inline; one that ran but could not report its end
     keeps its trace. Both are remembered, and ``ApiWatch.reconcile`` tells the server later.
     """
-    request = RolloutRequest.of(state)
+    request = RolloutRequest.of(rollout)
     if not run.watch.is_up:
-        await run_rollout(InlineOrchestrator(), state)
+        await rollout.run()
         run.watch.unreported.append(_unreported(request, None, None))
         return
     final, error = None, None
@@ -236,17 +254,19 @@ async def _run_flow_or_inline(run: _Run, state: RolloutState) -> None:
     except (httpx.HTTPError, OSError) as exc:   # the API went away while creating or ending the flow run
         run.watch.mark_down()
         error = exc
-    flow_run_id = state.trace.info.get("flow_run_id")   # set once the flow run's body starts
-    finished = "teardown" in state.trace.timings
+    trace = rollout.trace
+    flow_run_id = trace.info.get("flow_run_id")   # set once the flow run's body starts
+    finished = "teardown" in trace.timings
     if final is not None and (final.is_completed() or not finished):
         if not final.is_completed():                     # the rollout itself crashed
-            _record_crash(state, final)
+            _record_crash(rollout, final)
         return
     cut_short = None                                     # from here on, the API failed the bookkeeping
     if flow_run_id is None:                              # the flow run never started: run the rollout here
-        await run_rollout(InlineOrchestrator(), state)
+        await rollout.run()
     elif not finished and error is not None:             # cut short by the failure itself
-        state.trace.record_error(error, "orchestration")
+        rollout.record_error(error, "orchestration")
+        await rollout.release()
         cut_short = f"{type(error).__name__}: {error}"
     run.watch.unreported.append(_unreported(request, flow_run_id, cut_short))
 
@@ -257,21 +277,9 @@ def _unreported(request: RolloutRequest, flow_run_id: str | None, error: str | N
 
 
 @task(name="rollout", task_run_name="{task_id}#{index}", persist_result=False, cache_policy=NO_CACHE)
-async def rollout_task(state: RolloutState, task_id: str, index: int) -> Trace:
-    """A whole rollout as one task run: the inline engine runs its stages (with stage retries)."""
-    return await run_rollout(InlineOrchestrator(), state)
-
-
-async def _run_tasks(run: _Run, todo: list[tuple[Task, int]], config: EvalConfig) -> None:
-    """One ``rollout`` task run per rollout."""
-    async def one(task_: Task, index: int) -> None:
-        async with run.gate:
-            state, started = run.state(task_, index), time.perf_counter()
-            final = await rollout_task(quote(state), task_.id, index, return_state=True)
-            if not final.is_completed():
-                _record_crash(state, final)
-            await run.record(state, index, time.perf_counter() - started)
-    await asyncio.gather(*(one(task_, index) for task_, index in todo))
+async def rollout_task(rollout: Rollout, task_id: str, index: int) -> Trace:
+    """A whole rollout as one task run: its stages run inline (with their stage retries)."""
+    return await rollout.run()
 
 
 @task(name="shard", task_run_name="shard-{shard_index}", retries=1, persist_result=False, cache_policy=NO_CACHE)
@@ -284,12 +292,8 @@ async def shard_task(run: _Run, shard: list[tuple[Task, int]], shard_index: int)
     await run.flush()  # rows of a failed attempt become durable first, so they are not run twice
     pending = [(task_, index) for task_, index in shard if (task_.id, index) not in run.writer.durable]
 
-    async def one(task_: Task, index: int) -> None:
-        async with run.gate:
-            state, started = run.state(task_, index), time.perf_counter()
-            await run_rollout(InlineOrchestrator(), state)
-            await run.record(state, index, time.perf_counter() - started)
-    results = await asyncio.gather(*(one(task_, index) for task_, index in pending), return_exceptions=True)
+    results = await asyncio.gather(*(_run_one(run, task_, index, "batch") for task_, index in pending),
+                                   return_exceptions=True)
     errors = [r for r in results if isinstance(r, BaseException)]
     if errors:
         raise errors[0]
@@ -303,22 +307,22 @@ async def _run_batches(run: _Run, todo: list[tuple[Task, int]], config: EvalConf
 
     async def one(shard: list[tuple[Task, int]], shard_index: int) -> None:
         async with shard_gate:
-            final = await shard_task(quote(run), quote(shard), shard_index, return_state=True)
+            final = await shard_task(quote(run), quote(shard), shard_index, return_state=True)  # type: ignore[misc]
             if not final.is_completed():
                 run.failures.append(final.data if isinstance(final.data, BaseException) else RuntimeError(str(final)))
     await asyncio.gather(*(one(shard, i) for i, shard in enumerate(shards)))
 
 
-def _record_crash(state: RolloutState, final: Any) -> None:
+def _record_crash(rollout: Rollout, final: Any) -> None:
     """A rollout's flow or task run crashed outside the stages: keep it as an errored row."""
     error = final.data if isinstance(final.data, BaseException) else RuntimeError(final.message or final.name)
-    if not state.trace.errors:
-        state.trace.record_error(error, "orchestration")
+    if not rollout.trace.errors:
+        rollout.record_error(error, "orchestration")
 
 
 def new_run_id(config: EvalConfig) -> str:
     """``<run_name or taskset id>-<UTC time>-<4 hex>``."""
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
     return f"{config.run_name or config.env.taskset.id}-{stamp}-{uuid.uuid4().hex[:4]}"
 
 

@@ -142,7 +142,7 @@ class ApiWatch:
         if not self.unreported:
             return 0
         from prefect.client.orchestration import get_client
-        from prefect.states import Completed, Failed
+        from prefect.states import Completed, Failed, State
 
         from prefect_rollouts.flows.rollout import rollout_flow
 
@@ -151,7 +151,7 @@ class ApiWatch:
             while self.unreported:
                 item = self.unreported[0]
                 message = "reported after a Prefect API outage"
-                state = Failed(message=item.error) if item.error else Completed(message=message)
+                state: State[Any] = Failed(message=item.error) if item.error else Completed(message=message)
                 try:
                     if item.flow_run_id is None:
                         await client.create_flow_run(rollout_flow, name=item.name, parameters=item.parameters,

@@ -11,9 +11,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 
-from prefect import tags
-from prefect.context import FlowRunContext
+from prefect.context import FlowRunContext, TagsContext
 
+from prefect import tags
 from prefect_rollouts.runtimes.owner import Owner, current_owner
 
 OWNER_TAG = "prefect-rollouts.owner:"
@@ -51,8 +51,19 @@ def tag_owner(tag_list: list[str] | None) -> Owner | None:
 
 @contextlib.contextmanager
 def owner_tags() -> Iterator[None]:
-    """Flow and task runs created inside carry this process's owner tag."""
+    """Flow runs created inside carry this process's owner tag. Enter ``untagged_tasks()`` in
+    the flow's body so that its task runs do not: Prefect asks the API for a concurrency slot
+    per tag before every tagged task run (a call per stage, and one that fails while the API
+    is away)."""
     with tags(owner_tag()):
+        yield
+
+
+@contextlib.contextmanager
+def untagged_tasks() -> Iterator[None]:
+    """Inside a flow body: task runs created here do not inherit the owner tag (see ``owner_tags``)."""
+    current = TagsContext.get().current_tags
+    with TagsContext(current_tags={tag for tag in current if not tag.startswith(OWNER_TAG)}):
         yield
 
 
@@ -63,6 +74,6 @@ async def owned_flow_run() -> AsyncIterator[None]:
     context = FlowRunContext.get()
     tag = owner_tag()
     if context is not None and context.flow_run is not None and tag not in (context.flow_run.tags or []):
-        await context.client.update_flow_run(context.flow_run.id, tags=[*(context.flow_run.tags or []), tag])
+        await context.client.update_flow_run(context.flow_run.id, tags=[*(context.flow_run.tags or []), tag])  # type: ignore[misc]  # async client: a coroutine
     with tags(tag):
         yield

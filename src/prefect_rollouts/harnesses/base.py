@@ -1,4 +1,4 @@
-"""The harness protocol and the one model call every harness makes (``sample``)."""
+"""The harness protocol, the narrow context a segment sees, and the one model call every harness makes."""
 
 from __future__ import annotations
 
@@ -6,36 +6,52 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from prefect_rollouts.config import AgentConfig, HarnessConfig
+from prefect_rollouts.config import AgentConfig
 from prefect_rollouts.errors import ProviderError, scrub
-from prefect_rollouts.trace import ModelCall
+from prefect_rollouts.trace import ModelCall, SendRecord, Trace
 
 if TYPE_CHECKING:
-    from prefect_rollouts.stages import RolloutState
+    from prefect_rollouts.model import ModelClient
+    from prefect_rollouts.runtimes import Runtime
+    from prefect_rollouts.task import Task
+
+
+class SegmentContext(Protocol):
+    """What a harness sees of its rollout: the conversation (``trace``), the model ``client``,
+    the agent ``config`` (sampling, caps), the ``task`` (its tools), the ``runtime``, the steer
+    inbox and the sampled-response count. Nothing of the orchestration."""
+
+    config: AgentConfig
+    task: Task
+    client: ModelClient
+    trace: Trace
+    runtime: Runtime | None
+    steer_inbox: list[SendRecord]
+    turns: int
+
+    @property
+    def stopped(self) -> bool: ...
+    @property
+    def segment_index(self) -> int: ...
+    def turn_limit_reached(self) -> bool: ...
 
 
 class Harness(Protocol):
     """Drives the model through one segment at a time.
 
     ``open`` runs once in setup (after the runtime started); ``run_segment`` runs the model
-    on ``state.trace.messages`` (the new user input is already appended) until the segment
-    ends, appending every message to the trace. ``can_steer`` says whether it injects
-    ``state.steer_inbox`` messages at its safe points.
+    on ``ctx.trace.messages`` (the new user input is already appended) until the segment
+    ends, appending every message to the trace and stopping it (``trace.stop``) when the run
+    is over. ``can_steer`` says whether it injects ``ctx.steer_inbox`` messages at its safe
+    points (before each model call). Raising ends the segment; the rollout records the error
+    or, for a retryable one, runs the segment again, resuming from the trace.
     """
 
     id: str
     can_steer: bool
 
-    async def open(self, state: RolloutState) -> None: ...
-    async def run_segment(self, state: RolloutState) -> None: ...
-
-
-def make_harness(config: HarnessConfig) -> Harness:
-    """A new harness instance (one per rollout) for ``config.id``."""
-    from prefect_rollouts.harnesses.chat import ChatHarness
-    from prefect_rollouts.harnesses.tools import ToolsHarness
-
-    return {"chat": ChatHarness, "tools": ToolsHarness}[config.id](config)
+    async def open(self, ctx: SegmentContext) -> None: ...
+    async def run_segment(self, ctx: SegmentContext) -> None: ...
 
 
 def request_template(config: AgentConfig) -> dict[str, Any]:
@@ -48,7 +64,7 @@ def request_template(config: AgentConfig) -> dict[str, Any]:
     return body
 
 
-async def sample(state: RolloutState, template: dict[str, Any]) -> dict[str, Any] | None:
+async def sample(ctx: SegmentContext, template: dict[str, Any]) -> dict[str, Any] | None:
     """Make one model call on the trace's messages and append the assistant message.
 
     Checks ``max_turns`` first (the cap reached -> stop ``max_turns``, returns None, no call).
@@ -62,34 +78,33 @@ async def sample(state: RolloutState, template: dict[str, Any]) -> dict[str, Any
     Raises:
         ProviderError: the call failed after the client's retries.
     """
-    config, trace = state.config, state.trace
-    if config.max_turns is not None and state.turns >= config.max_turns:
-        trace.stop("max_turns")
+    config, trace = ctx.config, ctx.trace
+    if ctx.turn_limit_reached():
         return None
     body = dict(template)
     body["messages"] = trace.messages
     started_at, started = time.time(), time.perf_counter()
     try:
-        completion = await state.client.complete(body)
+        completion = await ctx.client.complete(body)
     except ProviderError as exc:
         trace.model_calls.append(ModelCall(
-            segment=state.segment_index, started_at=started_at, latency_ms=(time.perf_counter() - started) * 1e3,
+            segment=ctx.segment_index, started_at=started_at, latency_ms=(time.perf_counter() - started) * 1e3,
             retries=exc.retries, attempts=exc.attempts, status_code=exc.status_code, error=scrub(str(exc))))
         raise
     except asyncio.CancelledError:  # a deadline (or the caller) cut the call short: keep it visible
         trace.model_calls.append(ModelCall(
-            segment=state.segment_index, started_at=started_at, latency_ms=(time.perf_counter() - started) * 1e3,
+            segment=ctx.segment_index, started_at=started_at, latency_ms=(time.perf_counter() - started) * 1e3,
             error="cancelled before the response arrived (a stage deadline or the caller)"))
         raise
     trace.model_calls.append(ModelCall(
-        segment=state.segment_index, started_at=started_at, latency_ms=(time.perf_counter() - started) * 1e3,
+        segment=ctx.segment_index, started_at=started_at, latency_ms=(time.perf_counter() - started) * 1e3,
         prompt_tokens=completion.prompt_tokens, completion_tokens=completion.completion_tokens,
         cached_tokens=completion.cached_tokens, reasoning_tokens=completion.reasoning_tokens,
         finish_reason=completion.finish_reason, retries=completion.retries, attempts=completion.attempts,
         status_code=completion.status_code))
     trace.usage.add(completion.prompt_tokens, completion.completion_tokens, completion.cached_tokens,
                     completion.reasoning_tokens)
-    state.turns += 1
+    ctx.turns += 1
     raw = completion.message
     message: dict[str, Any] = {"role": "assistant", "content": raw.get("content") or ""}
     if raw.get("tool_calls"):

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prefect_rollouts.config import HarnessConfig
-from prefect_rollouts.harnesses.base import request_template, sample
-
-if TYPE_CHECKING:
-    from prefect_rollouts.stages import RolloutState
+from prefect_rollouts.harnesses.base import SegmentContext, request_template, sample
 
 
 class ChatHarness:
@@ -21,10 +18,10 @@ class ChatHarness:
         self.config = config
         self.template: dict[str, Any] = {}
 
-    async def open(self, state: RolloutState) -> None:
+    async def open(self, ctx: SegmentContext) -> None:
         """Build the request template (model and sampling)."""
-        self.template = request_template(state.config)
+        self.template = request_template(ctx.config)
 
-    async def run_segment(self, state: RolloutState) -> None:
+    async def run_segment(self, ctx: SegmentContext) -> None:
         """One model call on the conversation so far."""
-        await sample(state, self.template)
+        await sample(ctx, self.template)

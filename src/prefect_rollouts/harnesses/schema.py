@@ -1,7 +1,8 @@
 """Tool definitions from Python callables: OpenAI function schema and argument validation.
 
 The JSON schema comes from the callable's type hints (via a pydantic model of its
-parameters); the description and per-argument descriptions from its Google-style docstring.
+parameters); the description and per-argument descriptions from its docstring (Google, reST or
+NumPy style, read by ``docstring_parser``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, get_type_hints
 
+import docstring_parser
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -70,23 +72,9 @@ def tool_spec(fn: Callable[..., Any], name: str | None = None) -> ToolSpec:
 
 
 def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
-    """Summary (text before the first section) and ``Args:`` descriptions by parameter name."""
-    summary_lines: list[str] = []
-    args: dict[str, str] = {}
-    section = None
-    current = None
-    for line in doc.splitlines():
-        stripped = line.strip()
-        if re.fullmatch(r"(Args|Arguments|Parameters|Returns|Raises|Yields|Examples?|Notes?):", stripped):
-            section = stripped[:-1]
-            continue
-        if section is None:
-            summary_lines.append(stripped)
-        elif section in ("Args", "Arguments", "Parameters") and stripped:
-            match = re.match(r"^(\w+)\s*(\([^)]*\))?\s*:\s*(.*)$", stripped)
-            if match and line.startswith(" " * 4) and not line.startswith(" " * 8) or match and not line.startswith(" "):
-                current = match.group(1)
-                args[current] = match.group(3)
-            elif current:
-                args[current] += " " + stripped
-    return " ".join(" ".join(summary_lines).split()), args
+    """Summary (short and long description) and argument descriptions by name, from a Google,
+    reST or NumPy docstring (``docstring_parser`` detects the style)."""
+    parsed = docstring_parser.parse(doc)
+    summary = " ".join(filter(None, (parsed.short_description, parsed.long_description)))
+    args = {param.arg_name: " ".join((param.description or "").split()) for param in parsed.params}
+    return " ".join(summary.split()), args

@@ -13,19 +13,19 @@ import asyncio
 import inspect
 import json
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from prefect_rollouts.config import HarnessConfig
 from prefect_rollouts.errors import scrub
-from prefect_rollouts.harnesses.base import request_template, sample
+from prefect_rollouts.harnesses.base import SegmentContext, request_template, sample
 from prefect_rollouts.harnesses.schema import ToolSpec, tool_spec
 from prefect_rollouts.trace import ToolCall
 
 if TYPE_CHECKING:
     from prefect_rollouts.runtimes import Runtime
-    from prefect_rollouts.stages import RolloutState
 
 
 class ToolsHarness:
@@ -39,46 +39,46 @@ class ToolsHarness:
         self.tools: dict[str, ToolSpec] = {}
         self.template: dict[str, Any] = {}
 
-    async def open(self, state: RolloutState) -> None:
+    async def open(self, ctx: SegmentContext) -> None:
         """Build the tool table and the request template (tools, ``tool_choice``)."""
-        specs = [fn if isinstance(fn, ToolSpec) else tool_spec(fn) for fn in state.task.tools()]
-        specs += [tool_spec(fn) for fn in runtime_tools(state.runtime, self.config.runtime_tools)]
+        specs = [fn if isinstance(fn, ToolSpec) else tool_spec(fn) for fn in ctx.task.tools()]
+        specs += [tool_spec(fn) for fn in runtime_tools(ctx.runtime, self.config.runtime_tools)]
         self.tools = {}
         for spec in specs:
             if spec.name in self.tools:
                 raise ValueError(f"tool name {spec.name!r} is offered twice; rename the task's tool "
                                  "or drop it from [env.agent.harness] runtime_tools")
             self.tools[spec.name] = spec
-        self.template = request_template(state.config)
+        self.template = request_template(ctx.config)
         if self.tools:
             self.template["tools"] = [spec.schema for spec in self.tools.values()]
-            tool_choice = state.task.data.tool_choice or state.config.sampling.tool_choice
+            tool_choice = ctx.task.data.tool_choice or ctx.config.sampling.tool_choice
             if tool_choice is not None:
                 self.template["tool_choice"] = tool_choice
 
-    async def run_segment(self, state: RolloutState) -> None:
+    async def run_segment(self, ctx: SegmentContext) -> None:
         """Loop model and tool calls until a reply without tool calls, or a stop."""
         while True:
-            deliver_steers(state)
-            message = await sample(state, self.template)
-            if message is None or state.stopped:
+            deliver_steers(ctx)
+            message = await sample(ctx, self.template)
+            if message is None or ctx.stopped:
                 return
             calls = message.get("tool_calls")
             if not calls:
-                if state.steer_inbox:
+                if ctx.steer_inbox:
                     continue
                 return
             for call in calls:
-                await self._execute(state, call)
+                await self._execute(ctx, call)
             if all(self._is_answer(call) for call in calls):
                 return  # the calls are the answer: nothing runs them, the segment is over
 
-    async def _execute(self, state: RolloutState, call: dict[str, Any]) -> None:
+    async def _execute(self, ctx: SegmentContext, call: dict[str, Any]) -> None:
         function = call.get("function") or {}
         name, raw = str(function.get("name", "")), function.get("arguments") or "{}"
         raw = raw if isinstance(raw, str) else json.dumps(raw)
         if not call.get("id"):  # the assistant message and its tool result must agree on the id
-            call["id"] = f"call_{state.segment_index}_{len(state.trace.tool_calls)}"
+            call["id"] = f"call_{ctx.segment_index}_{len(ctx.trace.tool_calls)}"
         call_id = str(call["id"])
         started = time.perf_counter()
         try:
@@ -91,10 +91,10 @@ class ToolsHarness:
         cap = self.config.tool_output_cap_chars
         if len(output) > cap:
             output = output[:cap] + f"\n[output cut at {cap} characters]"
-        state.trace.tool_calls.append(ToolCall(
-            segment=state.segment_index, id=call_id, name=name, arguments=raw, output=output,
+        ctx.trace.tool_calls.append(ToolCall(
+            segment=ctx.segment_index, id=call_id, name=name, arguments=raw, output=output,
             is_error=is_error, latency_ms=(time.perf_counter() - started) * 1e3))
-        state.trace.messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
+        ctx.trace.messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
 
     def _is_answer(self, call: dict[str, Any]) -> bool:
         spec = self.tools.get(str((call.get("function") or {}).get("name", "")))
@@ -131,18 +131,18 @@ class ToolsHarness:
         return (result if isinstance(result, str) else json.dumps(result, default=str)), False
 
 
-def deliver_steers(state: RolloutState) -> None:
+def deliver_steers(ctx: SegmentContext) -> None:
     """Append waiting steer messages as user messages, in arrival order; mark them delivered."""
-    inbox = state.steer_inbox
+    inbox = ctx.steer_inbox
     if not inbox:
         return
     for record in inbox:
-        state.trace.messages.append({"role": "user", "content": record.text})
-        record.status, record.delivered_segment = "delivered", state.segment_index
+        ctx.trace.messages.append({"role": "user", "content": record.text})
+        record.status, record.delivered_segment = "delivered", ctx.segment_index
     inbox.clear()
 
 
-def runtime_tools(runtime: Runtime | None, names: list[str]) -> list[Any]:
+def runtime_tools(runtime: Runtime | None, names: Sequence[str]) -> list[Any]:
     """The runtime tools ``names`` (``bash``, ``read_file``, ``write_file``) bound to ``runtime``."""
     if runtime is None:
         return []

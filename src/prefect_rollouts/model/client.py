@@ -107,8 +107,8 @@ class ModelClient:
         for value in (api_key, env_key, *config.header_values().values()):
             register_secret(value)   # so text from outside (a tool's output) is scrubbed of it too
         retries = config.retries
-        stop = stop_after_attempt(retries.max_retries + 1)
-        stop = stop | (stop_after_delay(retries.max_elapsed_s) if retries.max_elapsed_s else stop_never)
+        stop = stop_after_attempt(retries.max_retries + 1) | (
+            stop_after_delay(retries.max_elapsed_s) if retries.max_elapsed_s else stop_never)
         self._retrying = AsyncRetrying(stop=stop, wait=self._wait, reraise=True,
                                        retry=retry_if_exception(lambda e: isinstance(e, _Attempt) and e.retryable))
 

@@ -100,8 +100,9 @@ class LocalModelServer:
         command = [sys.executable, "-m", "prefect_rollouts.model.llama_server", "--model", str(self.path),
                    "--model_alias", self.model, "--host", "127.0.0.1", "--port", str(port),
                    "--n_ctx", str(self.n_ctx), "--chat_format", CHAT_FORMAT]
-        log = open(self._log, "wb")
-        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log = open(self._log, "wb")  # noqa: ASYNC230  (once per agent; the server process keeps it)
+        self.process = subprocess.Popen(  # noqa: ASYNC220  (returns at once; we poll its health below)
+            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.base_url = f"http://127.0.0.1:{port}/v1"
         deadline = time.monotonic() + self.startup_timeout_s
         async with httpx.AsyncClient(timeout=2) as client:

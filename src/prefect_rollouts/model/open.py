@@ -2,22 +2,38 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from prefect_rollouts.config import ClientConfig
+from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.model.client import ModelClient
 from prefect_rollouts.model.local import is_local
+
+EndpointResolver = Callable[[ClientConfig], Awaitable[tuple[ClientConfig, "str | None"]]]
+"""Turns a config naming ``endpoint`` into the resolved config and its API key (or None)."""
+
+_resolver: EndpointResolver | None = None
+
+
+def set_endpoint_resolver(resolver: EndpointResolver) -> None:
+    """Register how ``client.endpoint`` names are resolved. The core has no resolver of its own;
+    the Prefect layer (``prefect_rollouts.blocks``) registers one that loads ``ModelEndpoint``
+    blocks when it is imported, so the core never imports Prefect."""
+    global _resolver
+    _resolver = resolver
 
 
 async def open_client(model: str, config: ClientConfig) -> tuple[ModelClient, Any]:
     """The client for ``model`` on ``config``, and the local model server it needs (or None).
 
     ``local/...`` models start a llama.cpp server (``model/local.py``) that the caller stops
-    with ``await server.stop()``; a ``ModelEndpoint`` block named by ``config.endpoint`` is
-    loaded here (that imports Prefect).
+    with ``await server.stop()``; an endpoint named by ``config.endpoint`` is resolved by the
+    registered resolver (``set_endpoint_resolver``; the Prefect layer's loads a block).
 
     Raises:
-        ConfigError: an unknown local model, or a block that does not load.
+        ConfigError: an unknown local model, an endpoint named with no resolver registered, or
+            a block that does not load.
         ProviderError: the local server did not come up.
     """
     server = None
@@ -30,9 +46,11 @@ async def open_client(model: str, config: ClientConfig) -> tuple[ModelClient, An
     try:
         if config.endpoint is None:
             return ModelClient(config), server
-        from prefect_rollouts.blocks import resolve_client
-
-        resolved, key = await resolve_client(config)
+        if _resolver is None:
+            raise ConfigError(f"client.endpoint = {config.endpoint!r}: a ModelEndpoint block needs the Prefect layer, "
+                              "which is not loaded. Run with orchestrator = \"prefect\" or in an eval, import "
+                              "prefect_rollouts.blocks first, or give base_url and api_key_env instead")
+        resolved, key = await _resolver(config)
         return ModelClient(resolved, api_key=key), server
     except BaseException:
         if server is not None:

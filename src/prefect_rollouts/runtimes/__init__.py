@@ -1,9 +1,29 @@
 """Runtimes: where the agent's tools and the task's commands run.
 
 Contract: ``Runtime`` in ``base.py`` (exec, read_file, write_file, artifacts, start/stop).
-``make_runtime`` picks the implementation from ``RuntimeConfig.type``. Must not import Prefect.
+``make_runtime`` (the registry, here) picks the implementation from ``RuntimeConfig.type``. Must not import Prefect.
 """
 
-from prefect_rollouts.runtimes.base import ExecResult, Runtime, make_runtime
+from __future__ import annotations
+
+from prefect_rollouts.config import NetworkPolicy, RuntimeConfig
+from prefect_rollouts.runtimes.base import ExecResult, Runtime
 
 __all__ = ["ExecResult", "Runtime", "make_runtime"]
+
+
+def make_runtime(config: RuntimeConfig, *, network: NetworkPolicy | None = None, labels: dict[str, str] | None = None,
+                 source: str = "[env.agent.runtime]") -> Runtime:
+    """Build an unstarted runtime from ``config``; ``network`` overrides ``config.network`` (scoring).
+
+    ``source`` is the config table ``config`` came from, named in error messages (e.g.
+    ``[env.agent.scoring.runtime]`` for an isolated-scoring runtime of its own).
+    """
+    if config.type == "docker":
+        from prefect_rollouts.runtimes.docker import DockerRuntime  # the docker SDK loads only when used
+
+        return DockerRuntime(config, network=network, labels=labels, source=source)
+    from prefect_rollouts.runtimes.local import LocalRuntime
+
+    return LocalRuntime(config, network=network, labels=labels)
+

@@ -22,33 +22,71 @@ class Runtime(Protocol):
     """A workspace plus a way to run commands in it. Paths are relative to the workspace.
 
     Lifecycle: ``await start()`` once, then any calls, then ``await stop()`` (idempotent,
-    removes everything the runtime created, also after a failed start).
+    removes everything the runtime created, also after a failed start). Implementations:
+    ``local`` (a temporary directory) and ``docker`` (a container); their docstrings say only
+    what differs from this contract.
     """
 
     id: str
     config: RuntimeConfig
 
-    async def start(self) -> None: ...
-    async def stop(self) -> None: ...
-    async def exec(self, cmd: str, timeout: float | None = None, env: dict[str, str] | None = None) -> ExecResult: ...
-    async def read_file(self, path: str) -> bytes: ...
-    async def write_file(self, path: str, data: bytes | str) -> None: ...
-    async def collect_artifacts(self, paths: list[str]) -> tuple[bytes, list[str]]: ...
-    async def restore_artifacts(self, archive: bytes) -> None: ...
-    async def scoped(self, *, env: dict[str, str] | None = None, network: NetworkPolicy | None = None) -> Runtime: ...
+    async def start(self) -> None:
+        """Create the workspace.
 
+        Raises:
+            RuntimeUnavailableError: it cannot be created (a retryable one is retried by setup).
+            ConfigError: the config asks for what this runtime cannot do here (e.g. a network policy).
+        """
 
-def make_runtime(config: RuntimeConfig, *, network: NetworkPolicy | None = None, labels: dict[str, str] | None = None,
-                 source: str = "[env.agent.runtime]") -> Runtime:
-    """Build an unstarted runtime from ``config``; ``network`` overrides ``config.network`` (scoring).
+    async def stop(self) -> None:
+        """Remove everything the runtime created; idempotent; a ``scoped`` view leaves it alone."""
 
-    ``source`` is the config table ``config`` came from, named in error messages (e.g.
-    ``[env.agent.scoring.runtime]`` for an isolated-scoring runtime of its own).
-    """
-    if config.type == "docker":
-        from prefect_rollouts.runtimes.docker import DockerRuntime  # the docker SDK loads only when used
+    async def exec(self, cmd: str, timeout: float | None = None, env: dict[str, str] | None = None) -> ExecResult:
+        """Run ``cmd`` with ``bash -c`` in the workspace.
 
-        return DockerRuntime(config, network=network, labels=labels, source=source)
-    from prefect_rollouts.runtimes.local import LocalRuntime
+        Args:
+            cmd: Shell command.
+            timeout: Seconds before the command is killed; default ``config.exec_timeout_s``.
+                A killed command returns exit code -9 and ``timed_out``.
+            env: Extra environment variables over ``config.env``.
 
-    return LocalRuntime(config, network=network, labels=labels)
+        Returns:
+            ``ExecResult``; stdout and stderr are decoded as UTF-8 (errors replaced) and cut to
+            ``config.output_cap_bytes`` each.
+
+        Raises:
+            RuntimeUnavailableError: the runtime itself was lost (not the command's failure).
+        """
+
+    async def read_file(self, path: str) -> bytes:
+        """Bytes of a workspace file.
+
+        Raises:
+            FileNotFoundError: it does not exist.
+            ValueError: it is not a regular file, or the path leaves the workspace.
+        """
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        """Create or replace a workspace file (``str`` is written as UTF-8), creating parent directories.
+
+        Raises:
+            ValueError: the path leaves the workspace or names something that is not a regular file.
+        """
+
+    async def collect_artifacts(self, paths: list[str]) -> tuple[bytes, list[str]]:
+        """Pack the declared paths into a tar (names relative to the workspace) for isolated scoring.
+
+        Returns:
+            ``(archive, missing)``: the tar bytes and the paths that were not found (scoring sees
+            them absent; they are not an error).
+
+        Raises:
+            TaskError: the files exceed ``config.artifact_max_bytes``.
+        """
+
+    async def restore_artifacts(self, archive: bytes) -> None:
+        """Unpack a ``collect_artifacts`` archive into the workspace (no path may leave it)."""
+
+    async def scoped(self, *, env: dict[str, str] | None = None, network: NetworkPolicy | None = None) -> Runtime:
+        """A view of this started runtime (same workspace) whose commands get ``env`` and run
+        under ``network``; for shared scoring. Stopping the view does nothing."""

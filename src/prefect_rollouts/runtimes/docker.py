@@ -3,7 +3,8 @@
 Built on the Python ``docker`` SDK (a local daemon or ``DOCKER_HOST``). The container runs
 ``sleep infinity`` under an init process with CPU, memory and pids limits, all capabilities
 dropped and ``no-new-privileges``, labelled with the run, rollout and flow run ids, the Prefect
-API and the owning process, so the janitor flow can find leftovers and tell whose owner is gone. ``network = "none"`` gives it only a loopback interface.
+API and the owning process, so the janitor flow can find leftovers and tell whose owner is
+gone. ``network = "none"`` gives it only a loopback interface.
 The SDK is blocking, so every call runs in a thread of the runtime's own pool (``_in_thread``):
 an ``exec`` holds its thread for the whole command, and asyncio's default pool (``min(32,
 cores + 4)`` threads, 6 here) would queue concurrent commands behind each other. ``stop``
@@ -23,9 +24,9 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import docker
 import docker.errors
 
+import docker
 from prefect_rollouts.config import NetworkPolicy, RuntimeConfig
 from prefect_rollouts.errors import RuntimeUnavailableError, TaskError
 from prefect_rollouts.runtimes.base import ExecResult
@@ -179,22 +180,14 @@ class DockerRuntime:
             client.networks.get("none").connect(self.container)
 
     async def exec(self, cmd: str, timeout: float | None = None, env: dict[str, str] | None = None) -> ExecResult:
-        """Run ``cmd`` with ``bash -c`` in the workdir.
+        """``Runtime.exec`` in ``config.workdir``.
 
         The command runs in its own process group, killed when it ends or at its timeout. A
         process that leaves that group (``setsid``, a double fork) is not killed with it: it
         lives until the container is removed, which ``stop`` (the rollout's teardown) always
         does; meanwhile ``pids_limit`` bounds how many there can be. (Killing every process of
         the container at a timeout would also kill the commands of parallel tool calls.)
-
-        Args:
-            cmd: Shell command.
-            timeout: Seconds before the command's process group is killed; default
-                ``config.exec_timeout_s``. A killed command returns exit code -9, ``timed_out``.
-            env: Extra environment variables over ``config.env``.
-
-        Raises:
-            RuntimeUnavailableError: the container is gone or the engine failed (retryable).
+        Raises ``RuntimeUnavailableError`` (retryable) when the container is gone or the engine failed.
         """
         limit = timeout or self.config.exec_timeout_s
         environment = {**self.config.env, **(env or {})}

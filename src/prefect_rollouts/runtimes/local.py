@@ -33,6 +33,7 @@ import signal
 import subprocess
 import tarfile
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from prefect_rollouts.config import NetworkPolicy, RuntimeConfig
@@ -118,21 +119,10 @@ class LocalRuntime:
                            "may still be writing into it)", workspace)
 
     async def exec(self, cmd: str, timeout: float | None = None, env: dict[str, str] | None = None) -> ExecResult:
-        """Run ``cmd`` with ``bash -c`` in the workspace.
-
-        Args:
-            cmd: Shell command.
-            timeout: Seconds before the command and every process it started are killed;
-                default ``config.exec_timeout_s``. A killed command returns exit code -9,
-                ``timed_out``, within about half a second of the deadline whatever it does
-                (a process that escaped to its own session cannot hold the call open).
-            env: Extra environment variables over ``config.env``.
-
-        Returns:
-            ``ExecResult``; stdout and stderr are decoded as UTF-8 (errors replaced) and cut to
-            ``config.output_cap_bytes`` each. When the call returns, no process the command
-            started is left (see the module docstring for the one exception).
-        """
+        """``Runtime.exec`` in the workspace directory. Here the timeout kills the command and every
+        process it started, within about half a second of the deadline whatever it does (a process
+        that escaped to its own session cannot hold the call open); when the call returns, no
+        process the command started is left (see the module docstring for the one exception)."""
         root = self._root()
         proc_env = {k: os.environ[k] for k in _BASE_ENV_KEYS if k in os.environ}
         proc_env.update(HOME=str(root), **self.config.env, **(env or {}))
@@ -160,24 +150,14 @@ class LocalRuntime:
         return ExecResult(code, out.decode("utf-8", errors="replace"), err.decode("utf-8", errors="replace"), timed_out)
 
     async def read_file(self, path: str) -> bytes:
-        """Bytes of a workspace file.
-
-        Raises:
-            FileNotFoundError: it does not exist.
-            ValueError: it is not a regular file (a FIFO or device would block), or the path
-                leaves the workspace.
-        """
+        """``Runtime.read_file``; a FIFO or device is refused (it would block)."""
         target = self._resolve(path)
         if target.exists() and not target.is_file():
             raise ValueError(f"path {path!r} is not a regular file")
         return await asyncio.to_thread(target.read_bytes)
 
     async def write_file(self, path: str, data: bytes | str) -> None:
-        """Create or replace a workspace file, creating parent directories.
-
-        Raises:
-            ValueError: the path leaves the workspace or names something that is not a regular file.
-        """
+        """``Runtime.write_file``."""
         target = self._resolve(path)
         if target.exists() and not target.is_file():
             raise ValueError(f"path {path!r} exists and is not a regular file")
@@ -263,7 +243,7 @@ class LocalRuntime:
 
 async def _reaped(proc: asyncio.subprocess.Process) -> None:
     """Wait until the killed ``proc`` has been reaped (its exit status is known), not for its pipes."""
-    while proc.returncode is None:
+    while proc.returncode is None:  # noqa: ASYNC110  (on 3.11 no event says "reaped" without the pipes)
         await asyncio.sleep(0.01)
 
 
@@ -304,7 +284,7 @@ def workspace_owner(path: Path) -> Owner | None:
     return Owner.parse(name[len(WORKSPACE_PREFIX):].rsplit("-", 1)[0])
 
 
-async def _wait_exit(proc: asyncio.subprocess.Process, readers: list[asyncio.Future[None]]) -> int:
+async def _wait_exit(proc: asyncio.subprocess.Process, readers: Sequence[asyncio.Future[None]]) -> int:
     """The command's exit code, once its output ended, or once it exited while a background job
     it started still holds the pipes (``Process.wait`` would wait for that job on Python 3.11)."""
     while True:

@@ -15,9 +15,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import docker
 import docker.errors
 
+import docker
 from prefect_rollouts.errors import RuntimeUnavailableError
 
 logger = logging.getLogger("prefect_rollouts.sandbox")
@@ -66,7 +66,8 @@ def build_sandbox_image(tag: str = DEFAULT_IMAGE, *, base: str = PULL_BASE, offl
             base_image = base
         except docker.errors.APIError as exc:
             if offline is False:
-                raise RuntimeUnavailableError(f"cannot pull {base} ({exc.explanation or exc})", retryable=False) from exc
+                raise RuntimeUnavailableError(f"cannot pull {base} ({exc.explanation or exc})",
+                                              retryable=False) from exc
             logger.info("pull failed (%s); building a Debian base offline with debootstrap", exc.explanation or exc)
     if base_image is None:
         base_image = _debootstrap_base(client, f"{tag.rsplit(':', 1)[0]}-base:{SUITE}")

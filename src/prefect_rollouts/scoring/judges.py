@@ -12,29 +12,30 @@ Plugins subclass ``Judge``: ``[[env.agent.scoring.judges]] id = "pkg.module:Clas
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import importlib
 import inspect
 import json
-import re
-import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 from prefect_rollouts.config import ClientConfig
+from prefect_rollouts.errors import ConfigError, JudgeError, TaskError
 from prefect_rollouts.judge_config import JudgeConfig
-from prefect_rollouts.errors import ConfigError, JudgeError, ProviderError, TaskError, scrub, scrub_cut
 from prefect_rollouts.model.client import ModelClient
 from prefect_rollouts.model.open import open_client
-from prefect_rollouts.task import Task
+from prefect_rollouts.scoring.judge_base import (  # noqa: F401  (Judge: plugins subclass it from here)
+    REPLY_CAP_CHARS,
+    TOOL_OUTPUT_CAP_CHARS,
+    Judge,
+    cap_text,
+    sampling_body,
+)
+from prefect_rollouts.scoring.judge_plugins import BUILTIN_JUDGES
 from prefect_rollouts.scoring.rewards import as_score, record_total
-from prefect_rollouts.trace import AttemptRecord, JudgeCall, Trace, content_text
-
-REPLY_CAP_CHARS = 4_000
-"""Judge prompts and replies longer than this are cut on the trace (the parser sees the whole reply)."""
-
-TOOL_OUTPUT_CAP_CHARS = 500
-"""Tool results longer than this are cut in the transcript a judge reads."""
+from prefect_rollouts.task import Task
+from prefect_rollouts.trace import Trace
 
 
 class JudgeClients:
@@ -87,12 +88,11 @@ class JudgeClients:
         async with self._lock:
             self._closed = True
             owned, self._owned = self._owned, {}
-        for client, server in owned.values():
-            try:
-                await client.aclose()
-            finally:
+        async with contextlib.AsyncExitStack() as stack:   # every client closed, every server stopped
+            for client, server in owned.values():
                 if server is not None:
-                    await server.stop()
+                    stack.push_async_callback(server.stop)
+                stack.push_async_callback(client.aclose)
 
 
 def client_key(model: str, config: ClientConfig) -> str:
@@ -102,101 +102,12 @@ def client_key(model: str, config: ClientConfig) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
-class Judge:
-    """Base of judge plugins: renders a prompt, asks the judge model, parses the reply.
-
-    Subclasses set ``template`` and implement ``score``; ``ask`` does the call and its
-    bookkeeping. ``config`` is the plugin's config (``JudgeConfig`` or a subclass).
-
-    Args:
-        config: The judge's config; ``config.prompt`` replaces ``template`` when set.
-        client: The judge model's client.
-    """
-
-    template: str = ""
-
-    def __init__(self, config: JudgeConfig, client: ModelClient) -> None:
-        self.config = config
-        self.client = client
-        self.name = config.reward_name
-
-    def render(self, **fields: str) -> str:
-        """The prompt: ``{field}`` placeholders of the template replaced in one pass; unknown
-        placeholders (and any other braces, e.g. JSON examples) stay as they are."""
-        template = self.config.prompt or self.template
-        return re.sub(r"\{(\w+)\}", lambda m: fields.get(m.group(1), m.group(0)), template)
-
-    async def ask(self, trace: Trace, prompt: str, parse: Callable[[str], Any]) -> Any:
-        """Send ``prompt`` as one user message, record the call, return ``parse(reply)``.
-
-        ``parse`` raises (e.g. ``ValueError``) when the reply is not a verdict. The verdict is
-        stored on the ``JudgeCall`` as JSON data (other values as their ``repr``).
-
-        Raises:
-            JudgeError: the endpoint failed (after the client's retries) or ``parse`` raised;
-                the call is on the trace either way, its tokens in ``trace.judge_usage``.
-        """
-        body = {**sampling_body(self.config), "model": self.config.model,
-                "messages": [{"role": "user", "content": prompt}]}
-        record = JudgeCall(judge=self.name, model=self.config.model, started_at=time.time(), latency_ms=0.0,
-                           prompt=scrub_cut(prompt, REPLY_CAP_CHARS, note=False))
-        trace.judge_calls.append(record)
-        started = time.perf_counter()
-        try:
-            completion = await self.client.complete(body)
-        except ProviderError as exc:
-            record.status_code, record.retries = exc.status_code, exc.retries
-            record.attempts = [AttemptRecord.model_validate(a) for a in exc.attempts]
-            record.error = cap_text(str(exc))
-            raise JudgeError(f"judge {self.name!r}: {record.error}", status_code=exc.status_code) from None
-        except Exception as exc:
-            record.error = cap_text(f"{type(exc).__name__}: {exc}")
-            raise JudgeError(f"judge {self.name!r}: the call failed ({record.error})") from None
-        except BaseException:  # cancelled, e.g. by the scoring deadline
-            record.error = "cancelled"
-            raise
-        finally:
-            record.latency_ms = (time.perf_counter() - started) * 1000
-        record.status_code, record.retries = completion.status_code, completion.retries
-        record.attempts = [AttemptRecord.model_validate(a) for a in completion.attempts]
-        record.prompt_tokens, record.completion_tokens = completion.prompt_tokens, completion.completion_tokens
-        record.cached_tokens, record.reasoning_tokens = completion.cached_tokens, completion.reasoning_tokens
-        trace.judge_usage.add(completion.prompt_tokens, completion.completion_tokens, completion.cached_tokens,
-                              completion.reasoning_tokens)
-        reply = content_text(completion.message.get("content"))
-        record.reply = scrub_cut(reply, REPLY_CAP_CHARS, note=False)
-        try:
-            verdict = parse(reply)
-        except Exception as exc:
-            record.error = cap_text(f"unparseable reply: {exc}")
-            raise JudgeError(f"judge {self.name!r}: cannot parse the reply of {self.config.model!r} "
-                             f"({cap_text(str(exc))}); a stronger judge model or a clearer prompt may help") from None
-        record.verdict = _json_safe(verdict)
-        return verdict
-
-    async def score(self, task: Task, trace: Trace) -> float:
-        """The judge's score of ``trace``, a finite number (the reward before ``weight``).
-
-        May record metrics on ``trace`` (``<name>/<key>``). Raises ``JudgeError`` on failure.
-        """
-        raise NotImplementedError(f"{type(self).__name__} must implement score(task, trace)")
-
-
-def sampling_body(config: JudgeConfig) -> dict[str, Any]:
-    """Request-body keys of the judge's ``sampling``: temperature 0 unless set, no tool choice
-    (judges offer no tools), then ``sampling.extra``."""
-    sampling = config.sampling
-    return {"temperature": 0.0, **sampling.request_keys(), **sampling.extra}
-
-
 def load_judge(config: JudgeConfig) -> type[Judge]:
     """The ``Judge`` class of ``config.id``: a built-in or an imported ``pkg.module:Class``.
 
     Raises:
         ConfigError: the import path does not import or is not a ``Judge`` subclass.
     """
-    from prefect_rollouts.scoring.judge_plugins import BUILTIN_JUDGES
-
     if config.id in BUILTIN_JUDGES:
         return BUILTIN_JUDGES[config.id]
     module_name, _, attribute = config.id.partition(":")
@@ -211,7 +122,7 @@ def load_judge(config: JudgeConfig) -> type[Judge]:
     return found
 
 
-async def run_judges(judges: list[JudgeConfig], task: Task, trace: Trace, clients: JudgeClients | None) -> None:
+async def run_judges(judges: Sequence[JudgeConfig], task: Task, trace: Trace, clients: JudgeClients | None) -> None:
     """Run ``judges`` concurrently on the scored ``trace``; record each as a reward and re-total.
 
     Every judge's reward is first recorded as None; each judge that succeeds records its
@@ -252,7 +163,7 @@ async def run_judges(judges: list[JudgeConfig], task: Task, trace: Trace, client
         if own:
             await registry.aclose()
     failed = []
-    for config, result in zip(judges, results):
+    for config, result in zip(judges, results, strict=True):
         if isinstance(result, BaseException):
             failed.append((config.reward_name, result))
         else:
@@ -267,7 +178,7 @@ async def run_judges(judges: list[JudgeConfig], task: Task, trace: Trace, client
     record_total(trace)
 
 
-async def open_judges(judges: list[JudgeConfig], clients: JudgeClients) -> None:
+async def open_judges(judges: Sequence[JudgeConfig], clients: JudgeClients) -> None:
     """Import every judge's plugin and open its client now, so a bad judge fails before any rollout.
 
     Raises:
@@ -296,8 +207,8 @@ async def _judge(config: JudgeConfig, task: Task, trace: Trace, clients: JudgeCl
     name = config.reward_name
     plugin, client = await _plugin_and_client(config, clients)
     try:
-        value = plugin(config, client).score(task, trace)
-        if inspect.isawaitable(value):
+        value: Any = plugin(config, client).score(task, trace)
+        if inspect.isawaitable(value):   # a plugin may define score() without async
             value = await value
     except (JudgeError, TaskError):
         raise
@@ -309,22 +220,3 @@ async def _judge(config: JudgeConfig, task: Task, trace: Trace, clients: JudgeCl
     return number
 
 
-def cap_text(text: str, limit: int = 300) -> str:
-    """``text`` scrubbed of secrets, then cut to ``limit`` characters with a note of how many more
-    there were (messages go to traces and Parquet)."""
-    return scrub_cut(text, limit)
-
-
-def _json_safe(value: Any) -> Any:
-    """``value`` as JSON data (anything else becomes its ``repr``), scrubbed of secrets, capped like a reply."""
-    try:
-        text = json.dumps(value, default=repr)
-    except (ValueError, RecursionError):  # circular or too deep
-        text = json.dumps(repr(value))
-    text = scrub(text)
-    if len(text) > REPLY_CAP_CHARS:
-        return text[:REPLY_CAP_CHARS]
-    try:
-        return json.loads(text)
-    except ValueError:  # a scrubbed secret spanned JSON syntax
-        return text

@@ -2,8 +2,9 @@
 
 Isolated scoring follows the seed: the task's collected artifacts are restored into a fresh
 runtime (``scoring.runtime``, else the agent's runtime config) and the task's metrics and
-rewards run there. Judges run after them in the orchestrating process in both modes. The orchestrator retries a retryable infrastructure error with another
-call (another fresh runtime), reusing the same submission; nothing is sent to the model again.
+rewards run there. Judges run after them in the orchestrating process in both modes. The
+rollout's ``scoring`` stage policy retries a retryable infrastructure error with another call
+(another fresh runtime), reusing the same submission; nothing is sent to the model again.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ async def run_scoring_functions(task: Task, trace: Trace, runtime: Any) -> None:
         chosen = [(name, fn) for name, kind, _, fn in functions if kind == group]
         results = await asyncio.gather(*(call_injected(fn, available) for _, fn in chosen), return_exceptions=True)
         failure = None
-        for (name, _), result in zip(chosen, results):
+        for (name, _), result in zip(chosen, results, strict=True):
             if isinstance(result, InfrastructureError):
                 raise result  # the runtime failed, not the task: placement may retry
             if isinstance(result, BaseException):
@@ -57,7 +57,7 @@ def record_total(trace: Trace) -> None:
     Raises:
         TaskError: the sum is not finite.
     """
-    total = float(sum(trace.rewards[name] * trace.reward_weights[name] for name in trace.rewards))  # type: ignore[misc]
+    total = float(sum((trace.rewards[name] or 0.0) * trace.reward_weights[name] for name in trace.rewards))
     if not math.isfinite(total):
         raise TaskError(f"the weighted sum of rewards {trace.rewards} is not finite; return smaller values")
     trace.reward = total

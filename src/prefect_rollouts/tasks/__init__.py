@@ -1,11 +1,11 @@
-"""Prefect task wrappers of the lifecycle stages: retries, deadlines surfaced as TimedOut, retry conditions.
+"""The Prefect stage runner: ``PrefectOrchestrator.run_stage`` runs a rollout's stage as a task run.
 
-Contract: each task is a thin wrapper of a function in ``prefect_rollouts.stages`` (behaviour
-lives there); ``TaskOrchestrator`` runs a rollout's stages as task runs. Results are never
-persisted or cached: stage state stays in the flow's process and is passed with ``quote()``.
+Contract: behaviour and policy live in the core (``rollout.py``, ``stages.py``); this package
+only translates a ``StagePolicy`` into Prefect's task options. Results are never persisted or
+cached: stage state stays in the flow's process and is passed with ``quote()``.
 May import Prefect and the core; must not import ``flows``.
 """
 
-from prefect_rollouts.tasks.stages import TaskOrchestrator
+from prefect_rollouts.tasks.stages import PrefectOrchestrator
 
-__all__ = ["TaskOrchestrator"]
+__all__ = ["PrefectOrchestrator"]

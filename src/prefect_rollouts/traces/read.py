@@ -60,7 +60,7 @@ def read_traces(path: str | Path, **filters: Any) -> list[Trace]:
 def durable_keys(path: str | Path, run_id: str) -> set[tuple[str, int]]:
     """``(task_id, rollout_index)`` of every rollout of ``run_id`` already written (for resume)."""
     table = _read(Path(path) / "rollouts", ROLLOUTS, {"run_id": run_id}, columns=["task_id", "rollout_index"])
-    return set(zip(table.column("task_id").to_pylist(), table.column("rollout_index").to_pylist()))
+    return set(zip(table.column("task_id").to_pylist(), table.column("rollout_index").to_pylist(), strict=True))
 
 
 def _read(root: Path, schema: pa.Schema, filters: dict[str, Any], columns: list[str] | None = None) -> pa.Table:

@@ -167,4 +167,4 @@ def model_call_rows(trace: Trace, *, rollout_index: int, environment: str) -> li
 
 
 def _utc(timestamp: float) -> dt.datetime:
-    return dt.datetime.fromtimestamp(timestamp, tz=dt.timezone.utc)
+    return dt.datetime.fromtimestamp(timestamp, tz=dt.UTC)

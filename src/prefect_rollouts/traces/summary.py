@@ -8,7 +8,6 @@ from typing import Any
 import pandas as pd
 from pydantic import BaseModel
 
-
 #: The ``rollouts`` columns ``summarize`` needs (readers can skip the large JSON columns).
 SUMMARY_COLUMNS = ["run_id", "task_id", "rollout_index", "environment", "reward", "is_truncated", "is_timeout",
                    "scoring_skipped", "is_error", "total_tokens", "cached_tokens", "reasoning_tokens",
@@ -117,7 +116,8 @@ def summarize(rows: pd.DataFrame, *, run_id: str, rollouts_per_task: int | None 
         for k in range(1, top + 1):
             eligible = per_task[per_task["n"] >= k]
             if len(eligible):
-                passes[k] = float(sum(pass_at_k(int(n), int(c), k) for n, c in zip(eligible["n"], eligible["c"])) / len(eligible))
+                pairs = zip(eligible["n"], eligible["c"], strict=True)
+                passes[k] = float(sum(pass_at_k(int(n), int(c), k) for n, c in pairs) / len(eligible))
         environments.append(EnvironmentSummary(
             environment=str(name), rollouts=len(group), scored=len(scored),
             mean_reward=float(rewards.mean()) if len(rewards) else None,

@@ -90,7 +90,7 @@ class TraceWriter:
     def _write(self, rollouts: list[dict[str, Any]], calls: list[dict[str, Any]]) -> int:
         if not rollouts:
             return 0
-        day = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
+        day = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
         name = f"part-{time.time_ns()}-{uuid.uuid4().hex[:8]}.parquet"
         if calls:
             _write_atomic(pa.Table.from_pylist(calls, schema=MODEL_CALLS), self._dir("model_calls", day) / name)
@@ -126,4 +126,5 @@ def _write_atomic(table: pa.Table, target: Path) -> None:
             os.close(directory)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise TraceStoreError(f"trace dataset: cannot write {target} ({exc}). Check free space and permissions") from exc
+        raise TraceStoreError(f"trace dataset: cannot write {target} ({exc}). "
+                              "Check free space and permissions") from exc

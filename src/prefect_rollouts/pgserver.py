@@ -1,10 +1,16 @@
-"""A local Prefect server on PostgreSQL, each in its own process (``prefect-rollouts server``).
+"""The PostgreSQL-backed Prefect server (``prefect-rollouts server start|stop``): a PostgreSQL
+cluster and a Prefect API server using it, each in its own process, both on loopback.
 
 Why: on this project's 2-core machines a subflow per rollout costs about 2 s of waiting on the
 default SQLite server (its writes queue behind the event recorder) against 0.3 s on PostgreSQL,
 and 200 concurrent subflows on SQLite answered HTTP 503 (see README, "Choosing a granularity").
 Uses the PostgreSQL binaries of the machine (``pg_ctl``, ``initdb``); as root, PostgreSQL runs as
 the ``postgres`` user, as it refuses to run as root.
+
+The Prefect server is started with ``Popen`` in a session of its own rather than with
+``prefect server start --background``: that flag keeps its PID file under ``PREFECT_HOME``
+and stops only the process it recorded, while ``stop`` here ends the server's whole process
+group, and ``start`` needs the process handle to notice a server that died while starting.
 """
 
 from __future__ import annotations
@@ -104,8 +110,8 @@ def _start_postgres(home: Path, pg_port: int) -> None:
     created = _as_postgres([str(bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(pg_port), "-U", "postgres",
                             "prefect"], check=False)
     if created.returncode != 0 and b"already exists" not in created.stderr:
-        raise RuntimeUnavailableError(f"createdb failed: {created.stderr.decode().strip()}; see {home / 'postgres.log'}",
-                                      retryable=False)
+        raise RuntimeUnavailableError(f"createdb failed: {created.stderr.decode().strip()}; "
+                                      f"see {home / 'postgres.log'}", retryable=False)
 
 
 def _as_postgres(command: list[str], check: bool = True) -> subprocess.CompletedProcess[bytes]:
