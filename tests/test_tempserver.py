@@ -11,25 +11,14 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply
 
 
 def eval_config(tmp_path: Path, base_url: str, count: int) -> Path:
     config = tmp_path / "eval.toml"
-    config.write_text(f"""rollout_granularity = "task"
-max_concurrent = 2
-[traces]
-path = "{tmp_path / 'traces'}"
-[env.taskset]
-id = "arithmetic"
-count = {count}
-[env.agent]
-model = "scripted"
-harness = "chat"
-[env.agent.client]
-base_url = "{base_url}"
-api_key_env = ""
-""")
+    config.write_text(eval_toml(tmp_path / "traces", base_url, taskset={"id": "arithmetic", "count": count},
+                                retries=True, max_concurrent=2))
     return config
 
 

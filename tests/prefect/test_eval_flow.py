@@ -11,31 +11,8 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 from prefect_rollouts.eval_config import load_eval_config
 from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.traces import read_model_calls, read_rollouts
+from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import reply, status
-
-
-def eval_toml(tmp_path, base_url, **top) -> str:
-    """An eval config for the scripted server; ``task`` granularity (the cheapest with a task run
-    per rollout) unless the test names one, since most tests are not about granularity."""
-    top.setdefault("rollout_granularity", "task")
-    lines = [f"{key} = {value!r}".replace("'", '"') for key, value in top.items()]
-    return "\n".join(lines) + f"""
-[traces]
-path = "{tmp_path}"
-[env.taskset]
-id = "tests.prefect.tasksets:numbered"
-count = 10
-[env.agent]
-model = "scripted"
-harness = "chat"
-[env.agent.client]
-base_url = "{base_url}"
-api_key_env = ""
-[env.agent.client.retries]
-max_retries = 0
-[env.agent.retries]
-segment = 0
-"""
 
 
 def even_tasks_right_task_9_down(request):

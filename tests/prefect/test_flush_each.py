@@ -19,6 +19,7 @@ from prefect.settings import PREFECT_API_URL
 
 import prefect_rollouts as vf
 from prefect_rollouts.traces import read_rollouts
+from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply
 from tests.prefect.test_resume_kill import durable_rows
 
@@ -64,24 +65,9 @@ def test_kill_9_after_scoring_does_not_score_a_finished_rollout_again(tmp_path, 
     openai_server.play([reply("0")] * 3)                  # three rollouts finish; the others wait on the model
     openai_server.default = delayed(60, reply("0"))
     config = tmp_path / "eval.toml"
-    config.write_text(f"""rollouts_per_task = {rollouts_per_task}
-max_concurrent = {total}
-rollout_granularity = "task"
-[traces]
-path = "{tmp_path / 'traces'}"
-[env.taskset]
-id = "tests.prefect.test_flush_each:side_effect_tasks"
-log = "{log}"
-declared = {str(declared).lower()}
-[env.agent]
-model = "scripted"
-harness = "chat"
-[env.agent.client]
-base_url = "{openai_server.base_url}"
-api_key_env = ""
-[env.agent.client.retries]
-max_retries = 0
-""")
+    taskset = {"id": "tests.prefect.test_flush_each:side_effect_tasks", "log": log, "declared": declared}
+    config.write_text(eval_toml(tmp_path / "traces", openai_server.base_url, taskset=taskset,
+                                rollouts_per_task=rollouts_per_task, max_concurrent=total))
     process = run_cli(config, "--run-id", "charged")
     try:
         deadline = time.monotonic() + 120

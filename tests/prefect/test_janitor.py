@@ -10,7 +10,6 @@ import sys
 import time
 import uuid
 
-import pytest
 from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
@@ -24,7 +23,7 @@ from prefect_rollouts.runtimes.docker import LABEL
 from prefect_rollouts.runtimes.owner import Owner, boot_id, current_owner, process_start
 from tests.fakes.openai_server import delayed, reply
 from tests.prefect.conftest import wait_for
-from tests.prefect.test_eval_flow import eval_toml
+from tests.eval_toml import eval_toml
 
 
 @flow

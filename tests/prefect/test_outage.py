@@ -22,6 +22,7 @@ from prefect.client.orchestration import PrefectClient
 from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterId, FlowRunFilterName
 
 from prefect_rollouts import pgserver
+from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply
 
 ROLLOUTS = 24
@@ -64,21 +65,8 @@ def api(server):
 
 def write_config(tmp_path: Path, base_url: str, granularity: str) -> Path:
     config = tmp_path / "eval.toml"
-    config.write_text(f"""rollout_granularity = "{granularity}"
-max_concurrent = 2
-batch_size = 4
-[traces]
-path = "{tmp_path / 'traces'}"
-[env.taskset]
-id = "arithmetic"
-count = {ROLLOUTS}
-[env.agent]
-model = "scripted"
-harness = "chat"
-[env.agent.client]
-base_url = "{base_url}"
-api_key_env = ""
-""")
+    config.write_text(eval_toml(tmp_path / "traces", base_url, taskset={"id": "arithmetic", "count": ROLLOUTS},
+                                retries=True, rollout_granularity=granularity, max_concurrent=2, batch_size=4))
     return config
 
 

@@ -13,7 +13,7 @@ from prefect.settings import PREFECT_API_URL
 
 from prefect_rollouts.traces import read_rollouts
 from tests.fakes.openai_server import delayed, reply
-from tests.prefect.test_eval_flow import eval_toml
+from tests.eval_toml import eval_toml
 
 ROLLOUTS = 24
 

@@ -16,7 +16,7 @@ from prefect_rollouts.eval_config import load_eval_config
 from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.traces import read_rollouts
 from tests.fakes.openai_server import echo_header, reply, secret_fragments, status
-from tests.prefect.test_eval_flow import eval_toml
+from tests.eval_toml import eval_toml
 
 BLOCK_KEY = "sk-7Hq2Zr9Wm4Xv8Bd"     # no word in them, so any 4 characters found are a leak
 ENV_KEY = "sk-3Jt8Pd6Ky1Nc5Rf"
