@@ -106,6 +106,8 @@ def _explain(err: Any, section: str) -> str:
         return f"{where}: unknown key. Remove it or check its spelling against the documented keys"
     if err["type"] == "missing":
         return f"{where}: required key is missing. Add it"
+    if err["type"] == "value_error" and not loc and section == "":
+        return str(err["ctx"]["error"])   # a whole-config rule whose message names its own keys
     value = err.get("input")
     shown = "" if isinstance(value, dict) else f" = {value!r}"
     return f"{where}{shown}: {err['msg']}. Fix the value"

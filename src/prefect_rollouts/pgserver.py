@@ -105,8 +105,15 @@ def _start_postgres(home: Path, pg_port: int) -> None:
     if not (data / "PG_VERSION").exists():
         _as_postgres([str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "-E", "UTF8"])
     if not (data / "postmaster.pid").exists():
-        _as_postgres([str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(home / "postgres.log"), "-w", "-o",
-                      f"-p {pg_port} -k {home} -c listen_addresses=127.0.0.1 -c max_connections=200", "start"])
+        log = home / "postgres.log"
+        started = _as_postgres([str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-o",
+                                f"-p {pg_port} -k {home} -c listen_addresses=127.0.0.1 -c max_connections=200",
+                                "start"], check=False)
+        if started.returncode != 0:
+            tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
+            raise RuntimeUnavailableError(f"PostgreSQL did not start on 127.0.0.1:{pg_port}: "
+                                          f"{' / '.join(tail) or started.stderr.decode().strip()}. "
+                                          "If the port is taken, pass another --pg-port", retryable=False)
     created = _as_postgres([str(bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(pg_port), "-U", "postgres",
                             "prefect"], check=False)
     if created.returncode != 0 and b"already exists" not in created.stderr:

@@ -201,3 +201,16 @@ async def test_exception_inside_the_block_is_recorded_and_reraised(openai_server
                 await interaction.turn()
                 raise KeyError("caller bug")
     assert interaction.trace.errors[0].type == "KeyError" and interaction.trace.reward is None
+
+
+async def test_the_readme_steer_pattern_is_accepted_once_the_turn_has_started(openai_server, agent_config):
+    import asyncio
+
+    openai_server.play([delayed(0.3, reply("first")), reply("second")])
+    async with vf.make_agent(agent_config(harness="tools")) as agent:
+        async with agent.interaction(vf.Task(vf.TaskData(prompt="go"))) as interaction:
+            turn = asyncio.create_task(interaction.turn())
+            await asyncio.sleep(0)     # as the README does: let the turn start
+            receipt = await interaction.send("also check X", mode="steer", message_id="s-1")
+            await turn
+    assert receipt.accepted, receipt.reason
