@@ -52,6 +52,10 @@ def eval_command(
         _error("config error: ", exc)
         raise typer.Exit(2) from None
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    # Prefect's client retries a failed API call 5 times by default (2+4+8+16+32 s): a rollout flow
+    # run in flight when the API goes away would hold its slot for a minute. Two retries (~6 s)
+    # ride out a blip; past them the eval's own outage handling takes over (flows/outage.py).
+    os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", "2")
     from prefect.settings import PREFECT_API_URL
 
     from prefect_rollouts.flows.eval import eval_flow, new_run_id, progress_listener
@@ -82,6 +86,11 @@ def eval_command(
             raise typer.Exit(2) from None
         except Exception as exc:  # the run stopped: say why, what is durable, and how to go on
             stopped = exc
+    if stopped is not None and (summary := _complete_summary(eval_config, run_id, total)) is not None:
+        _print_summary(summary)   # every row is durable: only Prefect's bookkeeping failed
+        _error("warning: ", f"every rollout is durable, but Prefect could not be told ({_reason(stopped)}); "
+                            "the eval flow run's final state and summary artifact are missing on the server")
+        _exit_without_waiting_for_prefect(0)
     if stopped is not None:
         _error("eval stopped: ", _reason(stopped))
         console.print(f"{_durable(eval_config, run_id)} of {total} rollouts are durable (run_id={run_id}). "
@@ -146,6 +155,18 @@ def _reason(exc: BaseException) -> str:
         seen.add(id(current))
         todo.extend(e for e in (current.__cause__, current.__context__) if e is not None and id(e) not in seen)
     return f"{type(exc).__name__}: {exc}"
+
+
+def _complete_summary(eval_config: Any, run_id: str, total: int) -> Any:
+    """The run's summary from the dataset when all ``total`` rollouts have a durable row, else None."""
+    from prefect_rollouts.traces import read_rollouts, summarize
+    from prefect_rollouts.traces.summary import SUMMARY_COLUMNS
+
+    if eval_config.traces.store or _durable(eval_config, run_id) != str(total):
+        return None
+    rows = read_rollouts(eval_config.traces.path, run_id=run_id, columns=SUMMARY_COLUMNS)
+    return summarize(rows, run_id=run_id, rollouts_per_task=eval_config.rollouts_per_task,
+                     pass_threshold=eval_config.pass_threshold)
 
 
 def _durable(eval_config: object, run_id: str) -> str:

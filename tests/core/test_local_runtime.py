@@ -179,3 +179,53 @@ async def test_shared_scoring_is_not_retried(openai_server, agent_config):
     async with vf.make_agent(agent_config(scoring=vf.ScoringConfig(mode="shared"))) as agent:
         trace = await agent.run(Flaky(vf.TaskData(prompt="solve")))
     assert trace.reward is None and Flaky.failures == 0 and "scoring_attempts" not in trace.info
+
+
+async def test_a_secret_straddling_the_output_cap_is_scrubbed_before_the_cut():
+    from prefect_rollouts.errors import register_secret
+    from tests.fakes.openai_server import secret_fragments
+
+    secret = "sk-cap-Zq8Wv3Rt6Yb1Nm4Kp7"
+    register_secret(secret)
+    rt = make_runtime(vf.RuntimeConfig(output_cap_bytes=1024))
+    await rt.start()
+    try:
+        for offset in range(1000, 1030, 3):    # the key starts before the cap and ends after it
+            result = await rt.exec(f"printf 'x%.0s' $(seq {offset}); printf '{secret}'; printf '{secret}' >&2")
+            assert len(result.stdout) <= 1024
+            assert secret_fragments(result.stdout + result.stderr, secret) == [], offset
+    finally:
+        await rt.stop()
+
+
+def test_commands_die_with_the_process_that_runs_the_rollout(tmp_path):
+    marker = f"{random.randint(100, 999)}.{random.randint(100, 999)}"
+    script = tmp_path / "owner.py"
+    script.write_text(f"""
+import asyncio, prefect_rollouts as vf
+from prefect_rollouts.runtimes import make_runtime
+async def main():
+    rt = make_runtime(vf.RuntimeConfig(exec_timeout_s=600))
+    await rt.start()
+    print("started", flush=True)
+    await rt.exec("sleep {marker} & setsid -f sleep {marker}; wait")
+asyncio.run(main())
+""")
+    import subprocess
+    import sys
+    owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE)
+    try:
+        assert owner.stdout.readline() == b"started\n"
+        deadline = time.monotonic() + 10
+        def sleeps() -> int:
+            return sum(cmd.startswith("sleep ") for cmd in _processes_with(f"sleep {marker}"))
+        while sleeps() < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sleeps() == 2
+    finally:
+        owner.kill()                                   # kill -9: no teardown runs
+        owner.wait()
+    deadline = time.monotonic() + 5
+    while _processes_with(f"sleep {marker}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _processes_with(f"sleep {marker}") == []

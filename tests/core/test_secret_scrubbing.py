@@ -87,3 +87,21 @@ async def test_no_piece_of_a_key_reaches_the_trace_or_parquet_at_any_cut_offset(
     for path in tmp_path.rglob("*.parquet"):
         found[str(path)] = leaks(json.dumps(pq.read_table(path).to_pylist(), default=str))
     assert {where: pieces for where, pieces in found.items() if pieces} == {}
+
+
+async def test_a_reply_echoing_the_key_in_its_content_or_tool_arguments_is_scrubbed(openai_server, agent_config,
+                                                                                   monkeypatch):
+    monkeypatch.setenv("AGENT_KEY_VAR", AGENT_KEY)
+    client = vf.ClientConfig(base_url=openai_server.base_url, api_key_env="AGENT_KEY_VAR",
+                             retries=vf.RetryConfig(max_retries=0))
+
+    def echo_in_content(request):
+        return reply("your header was " + request.headers.get("authorization", ""))
+
+    def echo_in_arguments(request):
+        return tool_call("dump", at=0, note=request.headers.get("authorization", ""))
+    openai_server.play([echo_in_arguments, echo_in_content])
+    async with vf.make_agent(agent_config(client=client, harness=vf.HarnessConfig(runtime_tools=[]))) as agent:
+        trace = await agent.run(Leaky(vf.TaskData(prompt="go", answer="1")))
+    assert trace.last_reply == "your header was Bearer ***"
+    assert leaks(trace.model_dump_json()) == []

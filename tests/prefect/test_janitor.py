@@ -54,7 +54,7 @@ async def test_containers_go_on_a_dead_owner_a_final_run_on_this_api_or_age_only
     def sandbox(**labels):
         labels = {"started_at": str(now), "owner": alive, **labels}
         return docker_engine.containers.run(image, ["sleep", "infinity"], detach=True, labels={
-            LABEL: "1", **{f"{LABEL}.{k}": v for k, v in labels.items()}})
+            LABEL: "1", **{f"{LABEL}.{k}": v for k, v in labels.items() if v is not None}})
 
     of_finished = sandbox(flow_run_id=finished_id, api_url=api)
     of_dead_owner = sandbox(flow_run_id=str(uuid.uuid4()), api_url="http://elsewhere:4200/api",
@@ -65,6 +65,8 @@ async def test_containers_go_on_a_dead_owner_a_final_run_on_this_api_or_age_only
         "finished on another server": sandbox(flow_run_id=finished_id, api_url="http://elsewhere:4200/api"),
         "a live owner, no flow run": sandbox(rollout_id="still-running"),
         "an owner on another host": sandbox(owner=f"other-host_{boot_id()}_1_1"),
+        "a malformed start time": sandbox(started_at="notanumber"),
+        "no start time": sandbox(started_at=None),
         "not ours": docker_engine.containers.run(image, ["sleep", "infinity"], detach=True),
     }
     try:

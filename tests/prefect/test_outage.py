@@ -158,3 +158,22 @@ async def test_an_outage_past_the_limit_stops_the_eval_with_the_resume_command(t
     output = resumed.communicate(timeout=180)[0].decode()
     assert resumed.returncode == 0, output[-3000:]
     assert durable_rows(tmp_path / "traces") == ROLLOUTS   # each rollout once
+
+
+async def test_an_outage_at_the_end_with_every_row_durable_prints_the_summary_and_exits_0(
+        tmp_path, openai_server, api):
+    openai_server.default = delayed(0.2, reply("0"))
+    config = write_config(tmp_path, openai_server.base_url, "batch")
+    process = start_eval(config, api.api_url, "--run-id", "done-offline", "--set", "api_outage_limit_s=4")
+    try:
+        wait_for_rows(process, tmp_path / "traces", 1)
+        api.kill_api()                      # the shards go on without the API; the end needs it
+        output = process.communicate(timeout=120)[0].decode()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        api.start()
+    assert durable_rows(tmp_path / "traces") == ROLLOUTS
+    assert process.returncode == 0 and "Traceback" not in output, output[-3000:]
+    assert "run done-offline" in output and "every rollout is durable, but Prefect could not be told" in output

@@ -99,8 +99,11 @@ async def _container_reason(client: Any, api: str, labels: dict[str, str], max_a
     """Why the container labelled ``labels`` may go, or None to keep it."""
     from prefect_rollouts.runtimes.docker import LABEL
 
-    started = float(labels.get(f"{LABEL}.started_at", "0") or 0)
-    age_min = (time.time() - started) / 60
+    try:
+        started: float | None = float(labels[f"{LABEL}.started_at"])
+    except (KeyError, ValueError):
+        started = None   # a missing or malformed label is no evidence of age
+    age_min = (time.time() - started) / 60 if started is not None else 0.0
     if age_min > max_age_minutes:
         return f"started {age_min:.0f} min ago"
     owner = Owner.parse(labels.get(f"{LABEL}.owner"))

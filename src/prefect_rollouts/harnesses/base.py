@@ -106,9 +106,15 @@ async def sample(ctx: SegmentContext, template: dict[str, Any]) -> dict[str, Any
                     completion.reasoning_tokens)
     ctx.turns += 1
     raw = completion.message
-    message: dict[str, Any] = {"role": "assistant", "content": raw.get("content") or ""}
+    content = raw.get("content") or ""
+    # text from outside: a server or proxy may echo the request's key into the reply
+    message: dict[str, Any] = {"role": "assistant", "content": scrub(content) if isinstance(content, str) else content}
     if raw.get("tool_calls"):
         message["tool_calls"] = raw["tool_calls"]
+        for call in message["tool_calls"]:
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+                function["arguments"] = scrub(function["arguments"])
     trace.messages.append(message)
     if config.max_turn_tokens is not None and completion.finish_reason == "length":
         trace.stop("max_turn_tokens")

@@ -6,6 +6,18 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from prefect_rollouts.config import NetworkPolicy, RuntimeConfig
+from prefect_rollouts.errors import scrub
+
+SCRUB_SLACK_BYTES = 4096
+"""Bytes of a command's output kept beyond ``output_cap_bytes`` so that a secret straddling the
+cap is still whole when it is scrubbed; the text is cut to the cap afterwards."""
+
+
+def output_text(raw: bytes | bytearray, cap: int) -> str:
+    """A command's captured output as text: decoded as UTF-8 (errors replaced), scrubbed of
+    registered secrets (``errors.scrub``), then cut to ``cap`` characters. Read up to
+    ``cap + SCRUB_SLACK_BYTES`` bytes: a cut before the scrub could keep a prefix of a key."""
+    return scrub(bytes(raw).decode("utf-8", errors="replace"))[:cap]
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ import docker.errors
 import docker
 from prefect_rollouts.config import NetworkPolicy, RuntimeConfig
 from prefect_rollouts.errors import RuntimeUnavailableError, TaskError
-from prefect_rollouts.runtimes.base import ExecResult
+from prefect_rollouts.runtimes.base import SCRUB_SLACK_BYTES, ExecResult, output_text
 from prefect_rollouts.runtimes.owner import current_owner
 
 LABEL = "org.prefect-rollouts"
@@ -213,7 +213,7 @@ class DockerRuntime:
 
     def _exec(self, argv: list[str], environment: dict[str, str]) -> tuple[int, str, str]:
         api = docker_client().api
-        cap = self.config.output_cap_bytes
+        cap = self.config.output_cap_bytes + SCRUB_SLACK_BYTES
         try:
             exec_id = api.exec_create(self._container_id(), argv, workdir=self.config.workdir,
                                       environment=environment)["Id"]
@@ -227,7 +227,8 @@ class DockerRuntime:
         except docker.errors.APIError as exc:
             raise RuntimeUnavailableError(f'runtime "docker": exec in container {self.id[:12]} failed '
                                           f"({exc.explanation or exc})") from exc
-        return int(code if code is not None else -1), out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+        shown = self.config.output_cap_bytes
+        return int(code if code is not None else -1), output_text(out, shown), output_text(err, shown)
 
     async def read_file(self, path: str) -> bytes:
         """Bytes of a file in the workdir.

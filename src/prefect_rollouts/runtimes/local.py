@@ -38,7 +38,7 @@ from pathlib import Path
 
 from prefect_rollouts.config import NetworkPolicy, RuntimeConfig
 from prefect_rollouts.errors import ConfigError, RuntimeUnavailableError, TaskError
-from prefect_rollouts.runtimes.base import ExecResult
+from prefect_rollouts.runtimes.base import SCRUB_SLACK_BYTES, ExecResult, output_text
 from prefect_rollouts.runtimes.owner import Owner, current_owner
 
 logger = logging.getLogger("prefect_rollouts.runtimes")
@@ -50,6 +50,9 @@ _BASE_ENV_KEYS = ("PATH", "LANG", "LC_ALL", "TZ")
 _DRAIN_S = 0.5
 """After a command ends, how long its pipes may stay open (held by an escaped process) before reading stops."""
 _PID_NAMESPACE = ["unshare", "--pid", "--fork", "--kill-child"]
+_PARENT_DEATH = ["setpriv", "--pdeathsig", "KILL"]
+"""``unshare`` gets SIGKILL when the process running the rollout dies (even by ``kill -9``), and
+its ``--kill-child`` ends the namespace: no command outlives a killed eval."""
 
 
 class LocalRuntime:
@@ -129,7 +132,7 @@ class LocalRuntime:
         proc = await asyncio.create_subprocess_exec(
             *self._prefix, *self._isolation, "bash", "-c", cmd, cwd=root, env=proc_env, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-        cap = self.config.output_cap_bytes
+        cap = self.config.output_cap_bytes + SCRUB_SLACK_BYTES
         out, err = bytearray(), bytearray()
         readers = [asyncio.ensure_future(_read_capped(proc.stdout, cap, out)),
                    asyncio.ensure_future(_read_capped(proc.stderr, cap, err))]
@@ -147,7 +150,8 @@ class LocalRuntime:
             await asyncio.wait(readers, timeout=_DRAIN_S)
             for reader in readers:
                 reader.cancel()
-        return ExecResult(code, out.decode("utf-8", errors="replace"), err.decode("utf-8", errors="replace"), timed_out)
+        cap = self.config.output_cap_bytes
+        return ExecResult(code, output_text(out, cap), output_text(err, cap), timed_out)
 
     async def read_file(self, path: str) -> bytes:
         """``Runtime.read_file``; a FIFO or device is refused (it would block)."""
@@ -256,7 +260,8 @@ async def _process_isolation() -> list[str]:
     global _isolation_checked
     if _isolation_checked is None:
         errors = []
-        for prefix in (_PID_NAMESPACE, ["unshare", "--user", "--map-root-user", *_PID_NAMESPACE[1:]]):
+        for namespace in (_PID_NAMESPACE, ["unshare", "--user", "--map-root-user", *_PID_NAMESPACE[1:]]):
+            prefix = [*_PARENT_DEATH, *namespace] if shutil.which("setpriv") else namespace
             try:
                 proc = await asyncio.create_subprocess_exec(*prefix, "true", stdout=subprocess.DEVNULL,
                                                             stderr=subprocess.PIPE)
