@@ -19,5 +19,5 @@ async def test_a_killed_scoring_container_shows_as_a_retried_scoring_task_run(op
     async with vf.make_agent(config) as agent:
         trace = await agent.run(KilledOnce(vf.TaskData(prompt="solve", artifacts=["solution.txt"])))
     assert (trace.reward, trace.errors, trace.info["scoring_attempts"]) == (1.0, [], 2)
-    runs = {r.name: r for r in await task_runs_of(trace.info["flow_run_id"], 6)}
+    runs = {r.name: r for r in await task_runs_of(trace.info["flow_run_id"], 4)}
     assert (runs["scoring"].run_count, runs["scoring"].state.name) == (2, "Completed")
