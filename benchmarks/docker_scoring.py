@@ -23,9 +23,10 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-import prefect_rollouts as vf  # noqa: E402
-from prefect_rollouts.runtimes import make_runtime  # noqa: E402
-from tests.fakes.openai_server import ScriptedOpenAIServer, reply, tool_call  # noqa: E402
+from tests.fakes.openai_server import ScriptedOpenAIServer, reply, tool_call
+
+import prefect_rollouts as vf
+from prefect_rollouts.runtimes import make_runtime
 
 
 class Solution(vf.Task):

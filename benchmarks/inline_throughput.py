@@ -22,7 +22,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-import prefect_rollouts as vf  # noqa: E402
+import prefect_rollouts as vf
 
 
 def serve(latency: float, ready: multiprocessing.Queue) -> None:

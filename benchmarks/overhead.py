@@ -153,7 +153,8 @@ async def measure(mode: str, rollouts: int, concurrency: int, base_url: str, api
         summary = await eval_flow(eval_config(mode, rollouts, concurrency, base_url, traces))
         assert summary.rollouts == rollouts and summary.environments[0].mean_reward == 1.0, summary
         flows = 1 + (rollouts if mode == "flow" else 0)
-        tasks = {"flow": 4 * rollouts,   # segment, finalize, skip-check, scoring (tasks/stages.py IN_FLOW_BODY) "task": rollouts, "batch": math.ceil(rollouts / 50)}[mode]
+        # stage task runs per rollout flow: segment, finalize, skip-check, scoring (tasks/stages.py IN_FLOW_BODY)
+        tasks = {"flow": 4 * rollouts, "task": rollouts, "batch": math.ceil(rollouts / 50)}[mode]
         await recorded(api_url, flows0 + flows, tasks0 + tasks)
     elapsed = time.perf_counter() - started
     return rollouts / elapsed, (time.process_time() - cpu0) / rollouts * 1e3, \
