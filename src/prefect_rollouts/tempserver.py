@@ -29,6 +29,7 @@ from types import TracebackType
 import httpx
 
 from prefect_rollouts.errors import RuntimeUnavailableError
+from prefect_rollouts.pgserver import server_env
 
 STOP_GRACE_S = 10.0
 """How long the supervisor waits after SIGTERM before it SIGKILLs the server's process group."""
@@ -94,7 +95,8 @@ def supervise(port: int) -> int:
         The server's exit code (0 after a stop on EOF).
     """
     signal.signal(signal.SIGTERM, signal.SIG_IGN)   # the SIGTERM for the group is not for us
-    env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+    env = {**server_env(dict(os.environ)), "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
+           "PREFECT__SERVER_FINAL": "1"}
     env.pop("PREFECT_API_URL", None)
     server = subprocess.Popen([sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app",
                                "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"],
