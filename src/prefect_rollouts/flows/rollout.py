@@ -60,7 +60,7 @@ class RolloutRequest(BaseModel):
 @flow(name="rollout", flow_run_name="{rollout.task_id} · {rollout.model}", validate_parameters=False,
       persist_result=False, log_prints=False)
 async def rollout_flow(rollout: RolloutRequest) -> Trace:
-    """Run one rollout: setup, harness segments, finalize, skip-check, scoring, teardown, each a task run.
+    """Run one rollout: setup, then a task run per harness segment, finalize, skip-check and scoring, then teardown.
 
     Args:
         rollout: Ids and model of the rollout (the flow run's parameters); carries the live rollout.
