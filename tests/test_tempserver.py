@@ -76,16 +76,9 @@ def test_kill_9_of_the_eval_ends_its_temporary_prefect_server(tmp_path, openai_s
         assert server, "the eval has no child process: where is its Prefect server?"
         os.kill(process.pid, signal.SIGKILL)
         process.wait()
-        deadline = time.monotonic() + 30
-        while alive(server) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not alive(server), f"processes of the temporary server outlived the eval: {sorted(alive(server))}"
+        assert_gone_within(server, 30)
     finally:
-        for pid, _ in alive(server):
-            os.kill(pid, signal.SIGKILL)
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        kill_all(process, server)
 
 
 def test_a_finished_eval_stops_its_temporary_prefect_server(tmp_path, openai_server):
@@ -102,13 +95,21 @@ def test_a_finished_eval_stops_its_temporary_prefect_server(tmp_path, openai_ser
         assert process.returncode == 0, output
         assert "starting a temporary Prefect server" in output and durable_rows(tmp_path / "traces" / "rollouts") == 3
         assert server, "the eval started no process: where was its Prefect server?"
-        deadline = time.monotonic() + 5
-        while alive(server) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not alive(server)
+        assert_gone_within(server, 5)
     finally:
-        for pid, _ in alive(server):
-            os.kill(pid, signal.SIGKILL)
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        kill_all(process, server)
+
+
+def assert_gone_within(server: set[tuple[int, str]], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while alive(server) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(server), f"processes of the temporary server outlived the eval: {sorted(alive(server))}"
+
+
+def kill_all(process: subprocess.Popen[bytes], server: set[tuple[int, str]]) -> None:
+    for pid, _ in alive(server):
+        os.kill(pid, signal.SIGKILL)
+    if process.poll() is None:
+        process.kill()
+        process.wait()

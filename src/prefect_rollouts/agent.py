@@ -18,7 +18,7 @@ import httpx
 from prefect_rollouts.config import AgentConfig
 from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.model import ModelClient
-from prefect_rollouts.model.open import open_client as open_model_client
+from prefect_rollouts.model.open import open_client
 from prefect_rollouts.rollout import Rollout, RolloutSpec
 from prefect_rollouts.scoring.env import is_template
 from prefect_rollouts.scoring.judges import JudgeClients, client_key, open_judges
@@ -67,7 +67,7 @@ class Agent:
         judges are imported and opened here, so a bad judge fails before any rollout runs."""
         if self.config.orchestrator == "prefect":   # Prefect loads only here; it resolves endpoint blocks
             import prefect_rollouts.blocks  # noqa: F401
-        client, server = await open_client(self.config)
+        client, server = await open_client(self.config.model, self.config.client)
         judges = JudgeClients({client_key(self.config.model, self.config.client): client},
                               default_client=self.config.client)
         try:
@@ -376,12 +376,6 @@ class Interaction:
         for record in [*self._queue, *leftover]:
             record.status = "cancelled"
         self._queue.clear()
-
-
-async def open_client(config: AgentConfig) -> tuple[ModelClient, Any]:
-    """The model client of ``config`` and the local model server it needs (or None); see
-    ``model.open.open_client``."""
-    return await open_model_client(config.model, config.client)
 
 
 def redacted_config(config: AgentConfig) -> dict[str, Any]:

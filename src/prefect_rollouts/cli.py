@@ -9,7 +9,7 @@ import shlex
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -86,16 +86,8 @@ def eval_command(
             raise typer.Exit(2) from None
         except Exception as exc:  # the run stopped: say why, what is durable, and how to go on
             stopped = exc
-    if stopped is not None and (summary := _complete_summary(eval_config, run_id, total)) is not None:
-        _print_summary(summary)   # every row is durable: only Prefect's bookkeeping failed
-        _error("warning: ", f"every rollout is durable, but Prefect could not be told ({_reason(stopped)}); "
-                            "the eval flow run's final state and summary artifact are missing on the server")
-        _exit_without_waiting_for_prefect(0)
     if stopped is not None:
-        _error("eval stopped: ", _reason(stopped))
-        console.print(f"{_durable(eval_config, run_id)} of {total} rollouts are durable (run_id={run_id}). "
-                      f"Resume with:\n  {resume_hint}", markup=False, highlight=False)
-        _exit_without_waiting_for_prefect(1)
+        _finish_stopped(stopped, eval_config, run_id, total, resume_hint)
     _print_summary(summary)
     root = (eval_config.traces.store and f"TraceStore block {eval_config.traces.store!r}") or eval_config.traces.path
     console.print(f"traces: {root} (run_id={summary.run_id})")
@@ -127,7 +119,7 @@ def _drain_prefect_services(timeout_s: float = 10.0) -> bool:
     return not any(result and result[1] for result in pending)
 
 
-def _exit_without_waiting_for_prefect(code: int) -> None:
+def _exit_without_waiting_for_prefect(code: int) -> NoReturn:
     """Exit with ``code`` after at most a few seconds of sending Prefect's queued logs and events.
 
     A normal exit waits until Prefect's events worker has tried every queued event, about 7 s
@@ -157,28 +149,36 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _complete_summary(eval_config: Any, run_id: str, total: int) -> Any:
-    """The run's summary from the dataset when all ``total`` rollouts have a durable row, else None."""
-    from prefect_rollouts.traces import read_rollouts, summarize
-    from prefect_rollouts.traces.summary import SUMMARY_COLUMNS
+def _finish_stopped(stopped: Exception, eval_config: Any, run_id: str, total: int, resume_hint: str) -> NoReturn:
+    """Report an eval that ended by an exception, and exit. With every row durable only Prefect's
+    bookkeeping failed: print the summary from the dataset, warn, exit 0. Otherwise say why, how
+    many rows are durable and how to resume, exit 1."""
+    durable = _durable_count(eval_config, run_id)
+    if durable == total:
+        from prefect_rollouts.traces import summarize_run
 
-    if eval_config.traces.store or _durable(eval_config, run_id) != str(total):
-        return None
-    rows = read_rollouts(eval_config.traces.path, run_id=run_id, columns=SUMMARY_COLUMNS)
-    return summarize(rows, run_id=run_id, rollouts_per_task=eval_config.rollouts_per_task,
-                     pass_threshold=eval_config.pass_threshold)
+        _print_summary(summarize_run(eval_config.traces.path, run_id, rollouts_per_task=eval_config.rollouts_per_task,
+                                     pass_threshold=eval_config.pass_threshold))
+        _error("warning: ", f"every rollout is durable, but Prefect could not be told ({_reason(stopped)}); "
+                            "the eval flow run's final state and summary artifact are missing on the server")
+        _exit_without_waiting_for_prefect(0)
+    _error("eval stopped: ", _reason(stopped))
+    console.print(f"{'an unknown number' if durable is None else durable} of {total} rollouts are durable "
+                  f"(run_id={run_id}). Resume with:\n  {resume_hint}", markup=False, highlight=False)
+    _exit_without_waiting_for_prefect(1)
 
 
-def _durable(eval_config: object, run_id: str) -> str:
+def _durable_count(eval_config: Any, run_id: str) -> int | None:
+    """How many rollouts of ``run_id`` have a durable row; None when that cannot be told here
+    (a ``TraceStore`` block's dataset, or an unreadable one: its error was printed already)."""
     from prefect_rollouts.traces import durable_keys
 
-    traces = eval_config.traces  # type: ignore[attr-defined]
-    if traces.store:
-        return "some"
+    if eval_config.traces.store:
+        return None
     try:
-        return str(len(durable_keys(traces.path, run_id)))
-    except Exception:  # an unreadable dataset is the reason already printed
-        return "an unknown number"
+        return len(durable_keys(eval_config.traces.path, run_id))
+    except Exception:
+        return None
 
 
 @traces_app.command("summary")

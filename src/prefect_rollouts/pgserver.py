@@ -79,7 +79,7 @@ def start(home: Path, *, port: int = 4200, pg_port: int = 5433) -> str:
     home = home.resolve()
     home.mkdir(parents=True, exist_ok=True)
     api_url = f"http://127.0.0.1:{port}/api"
-    if _healthy(api_url):
+    if healthy(api_url):
         return api_url
     _start_postgres(home, pg_port)
     env = {**server_env(dict(os.environ)), "PREFECT_HOME": str(home / "prefect"),
@@ -92,7 +92,7 @@ def start(home: Path, *, port: int = 4200, pg_port: int = 5433) -> str:
                                start_new_session=True)
     (home / "prefect-server.pid").write_text(str(process.pid))
     deadline = time.monotonic() + 120
-    while not _healthy(api_url):
+    while not healthy(api_url):
         if process.poll() is not None or time.monotonic() > deadline:
             raise RuntimeUnavailableError(f"Prefect server did not start; see {home / 'prefect-server.log'}",
                                           retryable=False)
@@ -150,7 +150,8 @@ def _as_postgres(command: list[str], check: bool = True) -> subprocess.Completed
     return result
 
 
-def _healthy(api_url: str) -> bool:
+def healthy(api_url: str) -> bool:
+    """Whether the Prefect API at ``api_url`` answers ``/health`` with 200 within 2 s."""
     try:
         return httpx.get(f"{api_url}/health", timeout=2).status_code == 200
     except httpx.HTTPError:

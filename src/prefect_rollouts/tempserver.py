@@ -26,10 +26,8 @@ import sys
 import time
 from types import TracebackType
 
-import httpx
-
 from prefect_rollouts.errors import RuntimeUnavailableError
-from prefect_rollouts.pgserver import server_env
+from prefect_rollouts.pgserver import healthy, server_env
 
 STOP_GRACE_S = 10.0
 """How long the supervisor waits after SIGTERM before it SIGKILLs the server's process group."""
@@ -57,7 +55,7 @@ class TemporaryServer:
         self.supervisor = subprocess.Popen([sys.executable, "-m", "prefect_rollouts.tempserver", str(port)],
                                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + self.startup_timeout_s
-        while not _healthy(self.api_url):
+        while not healthy(self.api_url):
             if self.supervisor.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeUnavailableError(f"temporary Prefect server on port {port} did not start within "
@@ -135,13 +133,6 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def _healthy(api_url: str) -> bool:
-    try:
-        return httpx.get(f"{api_url}/health", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 if __name__ == "__main__":  # pragma: no cover - run as the supervisor by TemporaryServer

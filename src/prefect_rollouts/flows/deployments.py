@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import cast
 
+from prefect import serve
 from prefect.deployments.runner import RunnerDeployment
 from prefect.schedules import Cron
 
-from prefect import serve
 from prefect_rollouts.eval_config import load_eval_config
 from prefect_rollouts.flows.eval import eval_flow
 

@@ -22,25 +22,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from prefect import flow, get_run_logger, task
 from prefect.artifacts import acreate_progress_artifact, acreate_table_artifact, aupdate_progress_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from prefect.settings import PREFECT_API_URL
 from prefect.utilities.annotations import quote
 
-from prefect import flow, get_run_logger, task
 from prefect_rollouts.agent import Agent, make_agent
 from prefect_rollouts.blocks import resolve_trace_path
 from prefect_rollouts.environments import load_taskset
 from prefect_rollouts.eval_config import EvalConfig
 from prefect_rollouts.flows.outage import ApiOutageError, ApiWatch, QuietWhileDown, Unreported
-from prefect_rollouts.flows.ownership import owned_flow_run, owner_tags, sandbox_labels
+from prefect_rollouts.flows.ownership import owner_tags, sandbox_labels, tag_flow_run
 from prefect_rollouts.flows.rollout import RolloutRequest, rollout_flow
 from prefect_rollouts.rollout import Rollout
 from prefect_rollouts.task import Task
 from prefect_rollouts.trace import Trace
-from prefect_rollouts.traces import EvalSummary, TraceWriter, durable_keys, read_rollouts, summarize
-from prefect_rollouts.traces.summary import SUMMARY_COLUMNS
+from prefect_rollouts.traces import EvalSummary, TraceWriter, durable_keys, summarize_run
 
 #: Called as ``listener(durable, total)`` whenever more rollouts become durable (the CLI's progress bar).
 progress_listener: contextvars.ContextVar[Callable[[int, int], None] | None] = contextvars.ContextVar(
@@ -129,7 +128,7 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
     quiet = QuietWhileDown(watch)
     quiet.install()
     try:
-        await _tag_owner()
+        await tag_flow_run()   # the janitor's evidence (flows/janitor.py); rollout flow runs get it in _run_one
         async with make_agent(config.env.agent) as agent:
             run = _Run(agent=agent, writer=writer, run_id=run_id, environment=config.env.taskset.id,
                        config_hash=_config_hash(agent.info), total=len(plan),
@@ -142,24 +141,14 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
     finally:
         if watch.is_up:   # else the run stops for the outage: keep Prefect's retries of it quiet
             quiet.remove()
-    summary = summarize(read_rollouts(root, run_id=run_id, columns=SUMMARY_COLUMNS), run_id=run_id,
-                        rollouts_per_task=config.rollouts_per_task, pass_threshold=config.pass_threshold,
-                        wall_time_s=round(time.perf_counter() - started, 3))
+    summary = summarize_run(root, run_id, rollouts_per_task=config.rollouts_per_task,
+                            pass_threshold=config.pass_threshold, wall_time_s=round(time.perf_counter() - started, 3))
     await acreate_table_artifact(table=summary.table(), key=_artifact_key(run_id, "summary"),
                                  description=f"Summary of run {run_id} ({summary.rollouts} rollouts, traces in {root})")
     if run.failures:
         raise RuntimeError(f"{len(run.failures)} rollouts failed to run and have no row; "
                            f"resume with --resume {run_id}") from run.failures[0]
     return summary
-
-
-async def _tag_owner() -> None:
-    """Tag this flow run with its owner process (flows/janitor.py); rollout flow runs get the tag
-    in ``_run_flows``. Task runs stay untagged: Prefect asks the API for tag concurrency slots
-    before every task run that has a tag, which costs a call per task run and fails while the API
-    is away."""
-    async with owned_flow_run():
-        pass
 
 
 async def _run_through_outages(run: _Run, todo: list[tuple[Task, int]], config: EvalConfig) -> None:

@@ -26,13 +26,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from prefect import flow, get_run_logger
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
 from prefect.client.schemas.objects import StateType
 from prefect.exceptions import ObjectNotFound
 from prefect.states import Crashed
 
-from prefect import flow, get_run_logger
 from prefect_rollouts.errors import RuntimeUnavailableError
 from prefect_rollouts.flows.ownership import tag_owner
 from prefect_rollouts.runtimes.local import WORKSPACE_PREFIX, workspace_owner

@@ -16,7 +16,8 @@ Rollouts need the Prefect API only for bookkeeping, so an eval does not stop whe
 
 Past ``limit_s`` of continuous outage the eval stops: durable rows stay, ``ApiOutageError``
 names the run to resume. Prefect's client gives up on a request after ``PREFECT_CLIENT_MAX_RETRIES``
-(5: about 62 s of backoff); those failures are caught where they can happen.
+(Prefect's default 5 is about 62 s of backoff; ``prefect-rollouts eval`` sets 2, about 6 s); those
+failures are caught where they can happen.
 """
 
 from __future__ import annotations
@@ -39,11 +40,11 @@ HEALTH_INTERVAL_S = 2.0
 log = logging.getLogger("prefect_rollouts.outage")
 
 
-
 @functools.cache
 def _ssl_context() -> ssl.SSLContext:
     """One certificate store for every health check: httpx would load it (~20 ms of CPU) per client."""
     return ssl.create_default_context(cafile=certifi.where())
+
 
 class ApiOutageError(RuntimeError):
     """The Prefect API stayed unreachable past the eval's ``api_outage_limit_s``; the run stopped.

@@ -2,18 +2,19 @@
 
 Sandboxes carry the owning process (``runtimes.owner``, added by the runtime itself) and, from
 this layer, the Prefect API they report to and their flow runs. Flow runs carry the owning
-process as a tag, ``prefect-rollouts.owner:<host>_<boot>_<pid>_<start>``, which every flow and
-task run created inside ``owner_tags()`` inherits; no API call is spent on it.
+process as a tag, ``prefect-rollouts.owner:<host>_<boot>_<pid>_<start>``, which every flow run
+created inside ``owner_tags()`` inherits at no API call; task runs are kept untagged
+(``untagged_tasks``), since Prefect asks the API for a concurrency slot per tagged task run.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
-
-from prefect.context import FlowRunContext, TagsContext
+from collections.abc import Iterator
 
 from prefect import tags
+from prefect.context import FlowRunContext, TagsContext
+
 from prefect_rollouts.runtimes.owner import Owner, current_owner
 
 OWNER_TAG = "prefect-rollouts.owner:"
@@ -67,13 +68,10 @@ def untagged_tasks() -> Iterator[None]:
         yield
 
 
-@contextlib.asynccontextmanager
-async def owned_flow_run() -> AsyncIterator[None]:
-    """Tag the current flow run (one API call, skipped when the tag is there) and every flow and
-    task run created inside with this process as owner."""
+async def tag_flow_run() -> None:
+    """Add the owner tag to the current flow run (one API call, none when it has the tag already).
+    Flow runs it then creates get the tag from ``owner_tags``; task runs never do."""
     context = FlowRunContext.get()
     tag = owner_tag()
     if context is not None and context.flow_run is not None and tag not in (context.flow_run.tags or []):
         await context.client.update_flow_run(context.flow_run.id, tags=[*(context.flow_run.tags or []), tag])  # type: ignore[misc]  # async client: a coroutine
-    with tags(tag):
-        yield

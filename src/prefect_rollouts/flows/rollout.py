@@ -20,9 +20,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from prefect import flow
 from pydantic import BaseModel, PrivateAttr
 
-from prefect import flow
 from prefect_rollouts.flows.ownership import owner_tags, sandbox_labels, untagged_tasks
 from prefect_rollouts.rollout import Rollout, StagePolicy
 from prefect_rollouts.tasks import PrefectOrchestrator

@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import docker
 import docker.errors
 
-import docker
 from prefect_rollouts.config import NetworkPolicy, RuntimeConfig
 from prefect_rollouts.errors import RuntimeUnavailableError, TaskError
 from prefect_rollouts.runtimes.base import SCRUB_SLACK_BYTES, ExecResult, output_text

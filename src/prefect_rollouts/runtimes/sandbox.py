@@ -15,9 +15,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import docker
 import docker.errors
 
-import docker
 from prefect_rollouts.errors import RuntimeUnavailableError
 
 logger = logging.getLogger("prefect_rollouts.sandbox")

@@ -17,11 +17,11 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from prefect import Task, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import State
 from prefect.utilities.annotations import quote
 
-from prefect import Task, task
 from prefect_rollouts.rollout import InlineOrchestrator, StagePolicy
 
 T = TypeVar("T")
@@ -51,10 +51,11 @@ def _stage_for(name: str, policy: StagePolicy) -> Task[..., Any]:
 IN_FLOW_BODY = frozenset({"setup", "teardown"})
 """Stages that run in the flow run's body (with the same policy, retried inline) instead of as task
 runs of their own. The design names segments, finalize, skip-check and scoring as task runs;
-setup and teardown may move. Each task run costs the Prefect server about 25 ms of CPU (its
-events, recorder and persister work); measured with ``benchmarks/overhead.py`` (200 one-call
-rollouts, 32 at once, flow granularity, two runs each): 4.2-4.3 rollouts/s, 222-225 ms server and
-57-58 ms client CPU per rollout with six task runs; 5.4/s, 172 ms and 50 ms with four."""
+setup and teardown may move. Each task run costs the Prefect server CPU (its events, recorder
+and persister work); measured with ``benchmarks/overhead.py`` (200 one-call rollouts, 32 at
+once, flow granularity, two runs each, Prefect's default recorder settings): 4.2-4.3 rollouts/s,
+222-225 ms server and 57-58 ms client CPU per rollout with six task runs; 5.4/s, 172 ms and 50
+ms with four."""
 
 
 class PrefectOrchestrator:

@@ -7,8 +7,8 @@ Depends on pyarrow and pandas; must not import Prefect.
 
 from prefect_rollouts.traces.read import durable_keys, read_model_calls, read_rollouts, read_traces
 from prefect_rollouts.traces.schema import SCHEMA_VERSION
-from prefect_rollouts.traces.summary import EvalSummary, pass_at_k, summarize
+from prefect_rollouts.traces.summary import EvalSummary, pass_at_k, summarize, summarize_run
 from prefect_rollouts.traces.writer import TraceWriter
 
 __all__ = ["SCHEMA_VERSION", "EvalSummary", "TraceWriter", "durable_keys", "pass_at_k", "read_model_calls",
-           "read_rollouts", "read_traces", "summarize"]
+           "read_rollouts", "read_traces", "summarize", "summarize_run"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -149,3 +150,18 @@ def _judge_tokens(rows: pd.DataFrame) -> int:
 
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
+
+
+def summarize_run(root: str | Path, run_id: str, *, rollouts_per_task: int | None = None,
+                  pass_threshold: float = 1.0, wall_time_s: float | None = None) -> EvalSummary:
+    """``summarize`` the durable rows of run ``run_id`` in the dataset at ``root``, reading only
+    the columns the summary needs (``SUMMARY_COLUMNS``).
+
+    Raises:
+        TraceStoreError: the dataset cannot be read.
+    """
+    from prefect_rollouts.traces.read import read_rollouts
+
+    rows = read_rollouts(root, run_id=run_id, columns=SUMMARY_COLUMNS)
+    return summarize(rows, run_id=run_id, rollouts_per_task=rollouts_per_task, pass_threshold=pass_threshold,
+                     wall_time_s=wall_time_s)
