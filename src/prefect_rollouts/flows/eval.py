@@ -33,7 +33,7 @@ from prefect_rollouts.agent import Agent, make_agent
 from prefect_rollouts.blocks import resolve_trace_path
 from prefect_rollouts.environments import load_taskset
 from prefect_rollouts.eval_config import EvalConfig
-from prefect_rollouts.flows.outage import ApiOutageError, ApiWatch, QuietWhileDown, Unreported
+from prefect_rollouts.flows.outage import ApiOutageError, ApiWatch, QuietWhileDown, Unreported, close_orphans
 from prefect_rollouts.flows.ownership import owner_tags, sandbox_labels, tag_flow_run
 from prefect_rollouts.flows.rollout import RolloutRequest, rollout_flow
 from prefect_rollouts.rollout import Rollout
@@ -138,6 +138,8 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
         if not await watch.wait_up():   # the summary artifact and this flow run's end need the API
             raise ApiOutageError(str(watch.api_url), run_id, watch.down_s, len(writer.durable), len(plan))
         await _inform_prefect(run)
+        if watch.had_outage and config.rollout_granularity == "flow" and not run.failures:
+            await close_orphans(run_id)   # every rollout has finished: a live rollout flow run is an orphan
     finally:
         if watch.is_up:   # else the run stops for the outage: keep Prefect's retries of it quiet
             quiet.remove()

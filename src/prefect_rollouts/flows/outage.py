@@ -80,6 +80,7 @@ class ApiWatch:
     def __init__(self, api_url: str | None, limit_s: float, interval_s: float = HEALTH_INTERVAL_S) -> None:
         self.api_url, self.limit_s, self.interval_s = api_url, limit_s, interval_s
         self.down_since: float | None = None
+        self.had_outage = False
         self.unreported: list[Unreported] = []
         self._up = asyncio.Event()
         self._up.set()
@@ -100,6 +101,7 @@ class ApiWatch:
             return
         self._up.clear()
         self.down_since = time.monotonic()
+        self.had_outage = True
         log.warning("Prefect API at %s is unreachable; rollouts continue and their Prefect states are sent when "
                     "it returns (the run stops after %.0f s without it)", self.api_url, self.limit_s)
 
@@ -173,6 +175,44 @@ class ApiWatch:
                     log.warning("could not record rollout %s on the Prefect server: %s", item.name, exc)
                 self.unreported.pop(0)
         return done
+
+
+async def close_orphans(run_id: str) -> int:
+    """Set to Crashed the ``rollout`` flow runs of eval run ``run_id`` that an outage left Pending
+    or Running: their flow run was created, then the API went away before it could start or
+    finish, and the rollout ran inline (its ``api-outage`` flow run holds the result). Call it
+    only when every rollout of the run has finished, so no such run can still be live.
+
+    Returns:
+        How many flow runs were set to Crashed.
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowFilter,
+        FlowFilterName,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Crashed
+
+    live = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
+        any_=[StateType.PENDING, StateType.RUNNING, StateType.SCHEDULED])))
+    closed, offset = 0, 0
+    async with get_client() as client:
+        while True:
+            page = await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["rollout"])),
+                                               flow_run_filter=live, limit=200, offset=offset)
+            for flow_run in page:
+                if (flow_run.parameters.get("rollout") or {}).get("run_id") == run_id:
+                    await client.set_flow_run_state(flow_run.id, Crashed(
+                        message="left behind by a Prefect API outage; the rollout ran inline (tag api-outage)"),
+                        force=True)
+                    closed += 1
+            if len(page) < 200:
+                return closed
+            offset += 200
 
 
 class QuietWhileDown(logging.Filter):
