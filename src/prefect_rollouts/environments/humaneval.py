@@ -5,7 +5,11 @@ program (the reply's code, after the problem's prompt when the reply does not de
 function itself) is written to ``solution.py`` in the workspace, a declared artifact, so
 isolated scoring sees exactly it. The reward runs ``solution.py`` plus the problem's tests and
 ``check(<entry point>)`` with ``python3`` inside the scoring runtime: 1.0 when it exits 0 within
-``timeout_s``. The data file is read directly (``find_spec``), nothing of the package is imported.
+``timeout_s``. A failed run records why in ``trace.info["humaneval_failure"]``: ``exit_code`` (-9
+when killed by the timeout), ``timed_out`` and ``stderr`` (its last ``STDERR_LINES`` lines, at
+most ``STDERR_CHARS`` characters, e.g. the ``AssertionError`` or ``SyntaxError`` traceback;
+scrubbed of secrets by the runtime). The data file is read directly (``find_spec``), nothing of
+the package is imported.
 """
 
 from __future__ import annotations
@@ -21,6 +25,10 @@ from prefect_rollouts.trace import Trace
 
 INSTRUCTION = ("Complete the following Python function. Reply with the whole function in one ```python code "
                "block, and nothing else.\n\n")
+#: Lines of a failed test run's stderr kept in ``trace.info["humaneval_failure"]["stderr"]``.
+STDERR_LINES = 20
+#: ... and at most this many characters of them (the end is kept).
+STDERR_CHARS = 4000
 _FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
 
 
@@ -47,13 +55,20 @@ class HumanEvalTask(Task):
         await runtime.write_file("solution.py", self.program(trace.last_reply))
 
     @reward
-    async def passed(self, runtime: Any) -> float:
-        """1.0 when ``solution.py`` passes the problem's tests in the runtime."""
+    async def passed(self, trace: Trace, runtime: Any) -> float:
+        """1.0 when ``solution.py`` passes the problem's tests in the runtime; 0.0 otherwise, with
+        why in ``trace.info["humaneval_failure"]`` (see the module docstring)."""
         info = self.data.info
         await runtime.write_file("run_tests.py", f"{info['test']}\n\ncheck({info['entry_point']})\n")
         result = await runtime.exec("cat solution.py run_tests.py > check_solution.py && python3 check_solution.py",
                                     timeout=info["timeout_s"])
-        return float(result.exit_code == 0)
+        if result.exit_code == 0:
+            trace.info.pop("humaneval_failure", None)   # an earlier isolated-scoring attempt may have failed
+            return 1.0
+        trace.info["humaneval_failure"] = {
+            "exit_code": result.exit_code, "timed_out": result.timed_out,
+            "stderr": "\n".join(result.stderr.rstrip().splitlines()[-STDERR_LINES:])[-STDERR_CHARS:]}
+        return 0.0
 
 
 def problems() -> list[dict[str, Any]]:
