@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from prefect_rollouts.config import AgentConfig, ScoringConfig, effective_scoring
 from prefect_rollouts.errors import InfrastructureError, StageTimeoutError
 from prefect_rollouts.harnesses import Harness, make_harness
+from prefect_rollouts.model.local import is_local
 from prefect_rollouts.runtimes import Runtime, make_runtime
 from prefect_rollouts.scoring.placement import score_isolated, score_shared
 from prefect_rollouts.task import Task, call_injected
@@ -111,11 +112,17 @@ def new_state(config: AgentConfig, task: Task, client: ModelClient, *, agent_inf
               labels: dict[str, str] | None = None, judge_clients: JudgeClients | None = None) -> RolloutState:
     """Mint the trace and state of one rollout (no I/O).
 
+    ``agent_info`` (the redacted config) becomes ``trace.agent``; for a ``local/...`` model its
+    ``client`` says what was used: the local server's ``base_url``, no key, no endpoint block.
+
     The rollout gets its own shallow copy of ``task`` (``rollout_copy``), so ``Task.setup`` may
     keep per-rollout state on ``self`` (e.g. the live tool objects of a stateful benchmark)
     while many rollouts of one task run at once.
     """
     task = rollout_copy(task)
+    if is_local(config.model):   # the client talks to the agent's llama.cpp server, not to config.client
+        served = {"base_url": client.config.base_url, "api_key_env": None, "endpoint": None}
+        agent_info = {**agent_info, "client": {**agent_info["client"], **served}}
     trace = Trace(task_id=task.id, task_type=type(task).__name__, model=config.model, agent=agent_info)
     if task.data.info:
         trace.info["task"] = dict(task.data.info)

@@ -1,11 +1,16 @@
-"""The local model server's chat format: the model must see the tools, the tool results and
-unescaped text. Checked on the real SmolLM2 server through its prompt token counts."""
+"""The local model server: its chat format (the model must see the tools, the tool results and
+unescaped text; checked on the real SmolLM2 server through its prompt token counts), the address
+traces record, and its log file (kept only when the server failed)."""
 
 from __future__ import annotations
+
+import tempfile
 
 import httpx
 import pytest
 
+import prefect_rollouts as vf
+from prefect_rollouts.errors import RuntimeUnavailableError
 from prefect_rollouts.model.llama_server import prepare_messages
 from prefect_rollouts.model.local import LocalModelServer
 
@@ -57,3 +62,44 @@ async def test_the_model_sees_tools_tool_results_and_unescaped_text(smollm2):
     quoted = await prompt_tokens(smollm2, [{"role": "user", "content": " ".join(['"x"'] * 30)}])
     bracketed = await prompt_tokens(smollm2, [{"role": "user", "content": " ".join(["(x)"] * 30)}])
     assert abs(quoted - bracketed) < 10                                         # not &#34;x&#34;
+
+
+@pytest.fixture
+def tmpdir_for_logs(tmp_path, monkeypatch):
+    """The temporary directory the server's log goes to, empty, private to the test."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+async def test_traces_record_the_local_servers_address_and_a_normal_stop_deletes_its_log(tmpdir_for_logs):
+    config = vf.AgentConfig(model="local/smollm2", orchestrator="inline", harness="chat", max_turn_tokens=4)
+    async with vf.make_agent(config) as agent:
+        trace = await agent.run(vf.Task(vf.TaskData(prompt="Say hi.")))
+        server = agent._server
+        assert server.log_path.parent == tmpdir_for_logs and server.log_path.stat().st_size > 0
+    assert trace.model_calls and not trace.errors
+    assert trace.agent["client"]["base_url"] == server.base_url != vf.ClientConfig().base_url
+    assert trace.agent["client"]["api_key_env"] is None
+    assert agent.info["client"]["base_url"] == vf.ClientConfig().base_url   # the config (its hash) is unchanged
+    assert list(tmpdir_for_logs.iterdir()) == []
+
+
+async def test_a_server_that_exited_on_its_own_keeps_its_log_and_names_it(tmpdir_for_logs, caplog):
+    server = LocalModelServer("local/smollm2")
+    await server.start()
+    server.process.kill()
+    server.process.wait()
+    await server.stop()
+    assert server.log_path.is_file() and server.log_path.stat().st_size > 0
+    assert f"exited with code -9 before it was stopped; see {server.log_path}" in caplog.text
+
+
+async def test_a_server_that_cannot_start_keeps_its_log_and_names_it(tmpdir_for_logs):
+    bad = tmpdir_for_logs / "bad.gguf"
+    bad.write_bytes(b"not a gguf file")
+    server = LocalModelServer(f"local/{bad}")
+    with pytest.raises(RuntimeUnavailableError, match="exited with code") as caught:
+        await server.start()
+    assert str(server.log_path) in str(caught.value) and server.log_path.read_text()
+    await server.stop()   # nothing to stop; the log stays
+    assert server.log_path.is_file()
