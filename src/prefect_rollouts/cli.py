@@ -184,22 +184,48 @@ def _durable_count(eval_config: Any, run_id: str) -> int | None:
 @traces_app.command("summary")
 def traces_summary(
     path: Annotated[Path, typer.Argument(help="Dataset root (holds rollouts/ and model_calls/).")],
-    run_id: Annotated[str | None, typer.Option(help="Only this run; default: every run in the dataset.")] = None,
+    run_id: Annotated[str | None, typer.Option(
+        help="Only this run, followed by its full summary (pass@k, outcomes, tokens).")] = None,
     pass_threshold: Annotated[float, typer.Option(help="Reward at which a rollout passes (pass@k).")] = 1.0,
 ) -> None:
-    """Print the summary table of the runs in a trace dataset."""
-    from prefect_rollouts.traces import read_rollouts, summarize
+    """Print one row per run: date, run id, model, environment, rollouts, mean reward, stderr, errors."""
+    from prefect_rollouts.traces import summarize_run
+    from prefect_rollouts.traces.report import format_runs, run_rows
 
     try:
-        rows = read_rollouts(path, run_id=run_id) if run_id else read_rollouts(path)
+        runs = [run for run in run_rows(path) if run_id in (None, run["run_id"])]
+        summary = summarize_run(path, run_id, pass_threshold=pass_threshold) if runs and run_id else None
     except TraceStoreError as exc:
         _error("", exc)
         raise typer.Exit(1) from None
-    if rows.empty:
+    if not runs:
         console.print(f"no rollouts in {path}" + (f" for run {run_id}" if run_id else ""))
         raise typer.Exit(1)
-    for rid, group in rows.groupby("run_id", sort=True):
-        _print_summary(summarize(group, run_id=str(rid), pass_threshold=pass_threshold))
+    typer.echo(format_runs(runs))
+    if summary is not None:
+        _print_summary(summary)
+
+
+@traces_app.command("show")
+def traces_show(
+    path: Annotated[Path, typer.Argument(help="Dataset root (holds rollouts/ and model_calls/).")],
+    run_id: Annotated[str, typer.Argument(help="The run (see `traces summary`).")],
+    task_id: Annotated[str | None, typer.Argument(help="The task; without it, the run's rollouts are listed.")] = None,
+    index: Annotated[int | None, typer.Option(help="Only this rollout index of the task (default: each).")] = None,
+    max_chars: Annotated[int, typer.Option(help="Characters shown of each message; 0 shows all.")] = 2000,
+) -> None:
+    """Print a rollout's transcript, rewards and errors (or, without TASK_ID, list the run's rollouts)."""
+    from prefect_rollouts.traces.report import format_rollout, format_rollout_list, read_rollout_traces
+
+    try:
+        if task_id is None:
+            typer.echo(format_rollout_list(path, run_id))
+            return
+        traces = read_rollout_traces(path, run_id, task_id, index)
+    except TraceStoreError as exc:
+        _error("", exc)
+        raise typer.Exit(1) from None
+    typer.echo("\n\n".join(format_rollout(trace, index=i, max_chars=max_chars) for i, trace in traces))
 
 
 @app.command("serve")
