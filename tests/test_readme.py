@@ -1,0 +1,146 @@
+"""The README's shell commands run as written from a fresh clone (once its Install step made
+`.venv`), and nothing in the repository points at one machine's paths."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from prefect_rollouts.cli import app
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text()
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.DOTALL | re.MULTILINE)
+#: Programs a fresh Debian or Ubuntu machine has; anything else must come from the checkout or .venv.
+SYSTEM = {"python3", "export"}
+VENV_BIN = Path(sys.executable).parent   # the .venv the tests run in
+
+
+ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*")
+
+
+def readme_commands() -> list[list[str]]:
+    """Each simple command of the README's ``bash`` blocks as its words, environment
+    assignments in front of it included; a line of assignments only is no command."""
+    commands = []
+    for language, body in FENCE.findall(README):
+        if language != "bash":
+            continue
+        for line in body.splitlines():
+            words: list[str] = []
+            for word in [*shlex.split(line, comments=True), "&&"]:
+                if word != "&&":
+                    words.append(word)
+                    continue
+                if not all(ASSIGNMENT.fullmatch(w) for w in words):
+                    commands.append(words)
+                words = []
+    return commands
+
+
+def without_assignments(words: list[str]) -> list[str]:
+    return list(itertools.dropwhile(ASSIGNMENT.fullmatch, words))
+
+
+COMMANDS = [without_assignments(words) for words in readme_commands()]
+
+
+def test_the_readme_has_the_commands_this_test_checks():
+    programs = {words[0] for words in COMMANDS}
+    assert {"scripts/run-main", ".venv/bin/prefect-rollouts", ".venv/bin/prefect", ".venv/bin/pip"} <= programs
+
+
+@pytest.mark.parametrize("line", readme_commands(), ids=lambda words: " ".join(without_assignments(words))[:60])
+def test_each_readme_command_names_a_program_a_fresh_clone_has(line):
+    words = without_assignments(line)
+    program = words[0]
+    if program.startswith(".venv/bin/"):
+        assert (VENV_BIN / program.removeprefix(".venv/bin/")).exists(), f"{program}: the install does not make it"
+    elif program.startswith("scripts/"):
+        assert os.access(REPO / program, os.X_OK), f"{program}: no such executable in the checkout"
+    else:
+        assert program in SYSTEM, (f"{program!r} is found only with the virtual environment activated: "
+                                   f"write .venv/bin/{program}")
+    placeholders = [word for word in line if re.search(r"<[^>]*>|^\[.*\]$", word)]
+    assert not placeholders, f"placeholders the shell cannot run: {placeholders}"
+
+
+def test_every_extra_the_readme_installs_exists():
+    extras = set(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    named = {extra for words in COMMANDS if words[0] == ".venv/bin/pip" for word in words
+             for group in re.findall(r"^\.\[([\w,]+)\]$", word) for extra in group.split(",")}
+    assert {"local", "bfcl", "humaneval", "notebook"} <= named <= extras
+    install = README[README.index("## Install"):README.index("### Local models")]
+    assert ".venv/bin/pip install -e '.[humaneval]'" in install
+
+
+def split(words: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """``(leading options, subcommand words, options used after them)`` of a CLI command."""
+    rest = words[1:]
+    leading = []
+    while rest and rest[0].startswith("--"):
+        leading.append(rest.pop(0))
+    sub = []
+    while rest and re.fullmatch(r"[a-z][a-z-]*", rest[0]):
+        sub.append(rest.pop(0))
+    return leading, sub, [word.split("=", 1)[0] for word in rest if word.startswith("--")]
+
+
+@pytest.mark.parametrize("words", [w for w in COMMANDS if w[0] == ".venv/bin/prefect-rollouts"],
+                         ids=lambda words: " ".join(words[1:3]))
+def test_each_prefect_rollouts_command_has_its_subcommand_and_options(words):
+    leading, sub, options = split(words)
+    assert not leading
+    result = CliRunner().invoke(app, [*sub, "--help"], env={"COLUMNS": "200", "TERM": "dumb"})
+    assert result.exit_code == 0, result.output
+    assert "Usage:" in result.output and not re.search(r"Usage: .* COMMAND", result.output), result.output
+    for option in options:
+        assert option in result.output, f"{' '.join(sub)} has no option {option}"
+
+
+@pytest.mark.parametrize("words", [w for w in COMMANDS if w[0] == ".venv/bin/prefect"],
+                         ids=lambda words: " ".join(words[1:4]))
+def test_each_prefect_command_has_its_subcommand_and_options(words):
+    leading, sub, options = split(words)
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    for args, wanted in (([], leading), ([*sub], options)):
+        result = subprocess.run([str(VENV_BIN / "prefect"), *args, "--help"], capture_output=True, text=True,
+                                env=env, timeout=120)
+        assert result.returncode == 0, result.stdout + result.stderr
+        for option in wanted:
+            assert option in result.stdout, f"prefect {' '.join(args)} has no option {option}"
+
+
+def test_no_inline_command_calls_a_bare_prefect():
+    prose = FENCE.sub("", README)
+    bare = [span for span in re.findall(r"`([^`\n]+)`", prose) if re.match(r"(prefect|prefect-rollouts) \S", span)]
+    assert not bare, f"write these as .venv/bin/...: {bare}"
+
+
+def test_nothing_in_the_repository_names_one_machines_paths():
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    found = []
+    for name in tracked:
+        try:
+            text = (REPO / name).read_text()
+        except (UnicodeDecodeError, IsADirectoryError, FileNotFoundError):
+            continue
+        found += [f"{name}: {m.group(0)}" for m in re.finditer(r"(?<![\w.~-])/(?:work|home|root|opt|srv|mnt)/\S*", text)]
+    assert not found
+
+
+@pytest.mark.parametrize("script", ["scripts/test", "scripts/run-main"])
+def test_the_scripts_take_prebuilt_wheels_only_from_beside_the_checkout_or_the_variable(script):
+    text = (REPO / script).read_text()
+    assert 'wheels="${PREFECT_ROLLOUTS_WHEELS:-../shared/wheels}"' in text
+    assert 'links=(--find-links "$wheels")' in text and text.count("--find-links") == 1
+    assert text.startswith("#!/usr/bin/env bash") and 'cd "$(dirname "$0")/.."' in text   # relative to the checkout
