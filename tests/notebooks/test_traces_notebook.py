@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -35,9 +36,41 @@ class _ThisPython(KernelSpecManager):
                           display_name="Python 3", language="python", name=kernel_name)
 
 
+#: Run after the notebook's imports: every figure shown is measured before it is drawn inline
+#: (legend texts, axes titles, bars, and how many bars a legend box overlaps).
+RECORD_FIGURES = """
+import json as _json
+FIGURES = []
+_show = plt.show
+
+
+def _recording_show(*args, **kwargs):
+    fig = plt.gcf()
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None] + list(fig.legends)
+    boxes = [legend.get_window_extent(renderer) for legend in legends]
+    bars = [patch.get_window_extent(renderer) for ax in fig.axes for patch in ax.patches]
+    bars = [bar for bar in bars if bar.width > 0 and bar.height > 0]   # not the empty slot of a missing series
+    FIGURES.append({"titles": [ax.get_title() for ax in fig.axes], "bars": len(bars),
+                    "legends": [[text.get_text() for text in legend.get_texts()] for legend in legends],
+                    "covered": int(sum(bool(bar.overlaps(box)) for bar in bars for box in boxes))})
+    _show(*args, **kwargs)
+
+
+plt.show = _recording_show
+"""
+
+
 def run_notebook(traces: Path, tmp: Path, run_id: str | None = None) -> nbformat.NotebookNode:
-    """Execute the notebook (cwd = notebooks/) against ``traces``; returns it with outputs."""
+    """Execute the notebook (cwd = notebooks/) against ``traces``, recording its figures
+    (``figures``); returns it with outputs."""
     nb = nbformat.read(NOTEBOOK, as_version=4)
+    setup = [cell.id for cell in nb.cells].index("setup")
+    record, report = nbformat.v4.new_code_cell(RECORD_FIGURES), nbformat.v4.new_code_cell('print("FIGURES", _json.dumps(FIGURES))')
+    record.id, report.id = "record-figures", "report-figures"
+    nb.cells[setup + 1:setup + 1] = [record]
+    nb.cells.append(report)
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_ROLLOUTS_RUN_ID"}
     env.update(PREFECT_ROLLOUTS_TRACES=str(traces), IPYTHONDIR=str(tmp / "ipython"),
                JUPYTER_RUNTIME_DIR=str(tmp / "runtime"))
@@ -111,9 +144,45 @@ def dataset(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def two_models(tmp_path_factory) -> Path:
+    """One run of two models on the same two tasks: model-x solves both, model-y one."""
+    root = tmp_path_factory.mktemp("two-models")
+    writer = TraceWriter(root, "run-c")
+    for model, rewards in (("model-x", [1.0, 1.0]), ("model-y", [1.0, 0.0])):
+        for index, reward in enumerate(rewards):
+            t = trace(f"add-{index}", reward, [call(100 * (index + 1))])
+            t.model = model
+            writer.add(t, rollout_index=0 if model == "model-x" else 1, environment="arith", config_hash="h",
+                       elapsed_s=1.0)
+    writer.flush()
+    return root
+
+
+def execute(traces: Path, tmp: Path, run_id: str | None = None) -> dict[str, nbformat.NotebookNode]:
+    return {cell.id: cell for cell in run_notebook(traces, tmp, run_id).cells}
+
+
+@pytest.fixture(scope="module")
 def executed(dataset, tmp_path_factory) -> dict[str, nbformat.NotebookNode]:
-    nb = run_notebook(dataset, tmp_path_factory.mktemp("kernel"))
-    return {cell.id: cell for cell in nb.cells}
+    """The notebook on both runs of ``dataset``."""
+    return execute(dataset, tmp_path_factory.mktemp("kernel"))
+
+
+@pytest.fixture(scope="module")
+def executed_one_run(dataset, tmp_path_factory) -> dict[str, nbformat.NotebookNode]:
+    """The notebook on run-a only: one run of one model, one environment."""
+    return execute(dataset, tmp_path_factory.mktemp("kernel"), run_id="run-a")
+
+
+@pytest.fixture(scope="module")
+def executed_two_models(two_models, tmp_path_factory) -> dict[str, nbformat.NotebookNode]:
+    return execute(two_models, tmp_path_factory.mktemp("kernel"))
+
+
+def figures(cells) -> dict[str, dict]:
+    """What ``RECORD_FIGURES`` measured, keyed by the title of each figure's first axes."""
+    line = next(line for line in text(cells["report-figures"]).splitlines() if line.startswith("FIGURES "))
+    return {figure["titles"][0]: figure for figure in json.loads(line.removeprefix("FIGURES "))}
 
 
 def text(cell) -> str:
@@ -190,20 +259,20 @@ def test_duckdb_groups_by_task_category_from_the_info_json(executed):
 
 
 def test_reward_tokens_and_latency_tables(executed):
-    rewards = executed["reward-by-category"]   # rollouts, mean_reward, stderr
-    assert row(rewards, "arith", "arith")[:2] == [2, 0.5]
-    assert row(rewards, "bfcl", "multiple")[:2] == [2, 0.5]
-    assert row(rewards, "simple_python")[:2] == [2, 0.625]
+    rewards = executed["reward-by-category"]   # rollouts, mean_reward, stderr; two runs: per run
+    assert row(rewards, "arith", "arith", "run-b")[:2] == [2, 0.5]
+    assert row(rewards, "bfcl", "multiple", "run-a")[:2] == [2, 0.5]
+    assert row(rewards, "simple_python", "run-a")[:2] == [2, 0.625]
     tokens = executed["tokens"]
     judge = ["judge_prompt_tokens", "judge_completion_tokens"] if JUDGE_TOKENS else []
     assert header(tokens) == ["prompt_tokens", "completion_tokens", *judge, "per_rollout"]
     bfcl_judge = [100, 7] if JUDGE_TOKENS else []
-    assert row(tokens, "bfcl") == pytest.approx([80, 73, *bfcl_judge, (153 + sum(bfcl_judge)) / 4], abs=0.05)
-    assert row(tokens, "arith") == [20, 10, *[0] * len(judge), 10.0]
+    assert row(tokens, "bfcl", "run-a") == pytest.approx([80, 73, *bfcl_judge, (153 + sum(bfcl_judge)) / 4], abs=0.05)
+    assert row(tokens, "arith", "run-b") == [20, 10, *[0] * len(judge), 10.0]
     latency = executed["latency"]   # calls, p50, p95, max, retries, failed
-    assert row(latency, "bfcl", "m") == [5, 300, 560, 600, 0, 0]
-    assert row(latency, "arith", "m") == [3, 1000, 1450, 1500, 2, 1]
-    assert row(latency, "(all)", "(all)")[:2] == [8, 350]
+    assert row(latency, "bfcl", "m", "run-a") == [5, 300, 560, 600, 0, 0]
+    assert row(latency, "arith", "m", "run-b") == [3, 1000, 1450, 1500, 2, 1]
+    assert row(latency, "(all)", "(all)", "(all)")[:2] == [8, 350]
 
 
 @pytest.mark.parametrize("case", ["missing", "empty", "unknown run"])
@@ -220,3 +289,47 @@ def test_no_rollouts_stops_at_the_first_data_cell_with_a_clear_message(case, dat
     assert "`scripts/run-main`" in error.evalue
     if run_id:
         assert "Runs in this dataset: run-a, run-b." in error.evalue
+
+
+def test_plots_and_tables_keep_several_runs_apart(executed):
+    assert "series:       run_id: run-a, run-b" in text(executed["load"])
+    shown = figures(executed)
+    assert shown["Mean reward by environment"]["legends"] == [["run-a", "run-b"], ["run-a", "run-b"]]
+    assert shown["Tokens per rollout"]["legends"][0] == ["run-a", "run-b"]
+    assert shown["Latency per model call"]["legends"] == [["run-a", "run-b"]]
+    assert shown["Tokens per rollout"]["titles"][1] == "Total tokens by environment and run_id"
+
+
+def test_plots_and_tables_keep_several_models_of_one_run_apart(executed_two_models):
+    cells = executed_two_models
+    assert "series:       model: model-x, model-y" in text(cells["load"])
+    assert figures(cells)["Mean reward by environment"]["legends"][0] == ["model-x", "model-y"]
+    rewards = cells["reward-by-category"]   # rollouts, mean_reward, stderr
+    assert row(rewards, "arith", "arith", "model-x")[:2] == [2, 1.0]
+    assert row(rewards, "model-y")[:2] == [2, 0.5]
+    assert row(cells["latency"], "arith", "model-x") == [2, 150, 195, 200, 0, 0]
+
+
+def test_one_run_of_one_model_is_not_split(executed_one_run):
+    cells = executed_one_run
+    assert "series:       one run of one model" in text(cells["load"])
+    shown = figures(cells)
+    assert shown["Mean reward by environment"]["legends"] == []
+    assert row(cells["reward-by-category"], "bfcl", "multiple")[:2] == [2, 0.5]
+
+
+@pytest.mark.parametrize("cells", ["executed", "executed_one_run", "executed_two_models"])
+def test_no_legend_covers_a_bar(cells, request):
+    shown = figures(request.getfixturevalue(cells))
+    assert set(shown) == {"Mean reward by environment", "Tokens per rollout", "Latency per model call",
+                          next(title for title in shown if title.startswith("Outcomes of"))}
+    assert all(figure["bars"] for figure in shown.values())
+    assert {title: figure["covered"] for title, figure in shown.items()} == dict.fromkeys(shown, 0)
+
+
+def test_worst_tasks_come_first_errored_ones_before_zero_rewards(executed):
+    table = text(executed["worst-tasks"])
+    order = re.findall(r"\b(add-\d|multiple_\d|simple_python_\d)\b", table)
+    assert order == ["add-2", "add-1", "multiple_1", "simple_python_1", "add-0", "multiple_0", "simple_python_0"]
+    assert re.search(r"add-2\s+run-b\s+1\s+1\s+NaN\s+provider_error\s+endpoint down after 3 attempts", table)
+    assert re.search(r"simple_python_1\s+run-a\s+1\s+0\s+0\.25\s+max_turns", table)
