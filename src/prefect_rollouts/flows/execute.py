@@ -1,0 +1,298 @@
+"""How an eval's rollouts run in this process: bounded concurrency, a granularity, rows to Parquet.
+
+``eval_flow`` (in-process evals) and ``shard_flow`` (a shard of an eval on a work-pool worker) both
+run their rollouts through ``execute``: ``flow`` granularity (a ``rollout_flow`` subflow per rollout,
+a task run per stage), ``task`` (a task run per rollout) or ``batch`` (a task run per batch of
+rollouts run by the inline engine). Rows are written as rollouts finish; a rollout counts as done
+once its row is durable. While the Prefect API is away, rollouts go on (``flows/outage.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from prefect import task
+from prefect.artifacts import acreate_progress_artifact, aupdate_progress_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.settings import PREFECT_API_URL
+from prefect.utilities.annotations import quote
+
+from prefect_rollouts.agent import Agent, make_agent
+from prefect_rollouts.eval_config import EvalConfig
+from prefect_rollouts.flows.outage import ApiOutageError, ApiWatch, QuietWhileDown, Unreported, close_orphans
+from prefect_rollouts.flows.ownership import owner_tags, sandbox_labels, tag_flow_run
+from prefect_rollouts.flows.rollout import RolloutRequest, rollout_flow
+from prefect_rollouts.rollout import Rollout
+from prefect_rollouts.task import Task
+from prefect_rollouts.trace import Trace
+from prefect_rollouts.traces import TraceWriter
+
+#: Called as ``listener(durable, total)`` whenever more rollouts become durable (the CLI's progress bar).
+progress_listener: contextvars.ContextVar[Callable[[int, int], None] | None] = contextvars.ContextVar(
+    "prefect_rollouts_progress_listener", default=None)
+
+FLUSH_INTERVAL_S = 2.0
+"""Buffered rows are made durable at least this often."""
+
+
+@dataclass(eq=False)
+class _Run:
+    """What every rollout of one eval run shares."""
+
+    agent: Agent
+    writer: TraceWriter
+    run_id: str
+    environment: str
+    config_hash: str
+    total: int
+    gate: asyncio.Semaphore
+    watch: ApiWatch
+    flush_each: bool = False
+    """Make each rollout durable as it finishes (see ``EvalConfig.flush_each_rollout``)."""
+    progress_key: str | None = None
+    """Key of the progress artifact to keep current; None: none (a shard: the eval keeps it)."""
+    progress_id: Any = None
+    reported: int = -1
+    failures: list[BaseException] = field(default_factory=list)
+
+    def rollout(self, task_: Task, index: int) -> Rollout:
+        labels = {"run_id": self.run_id, "rollout_index": str(index), **sandbox_labels()}
+        return self.agent.rollout(task_, labels)
+
+    async def record(self, rollout: Rollout, index: int, elapsed_s: float) -> None:
+        """Buffer the finished rollout's row; flush when the batch is full, or at once when every
+        rollout must be durable as it finishes (``flush_each``, or a task whose rewards have side effects)."""
+        full = self.writer.add(rollout.trace, rollout_index=index, environment=self.environment,
+                               config_hash=self.config_hash, elapsed_s=elapsed_s)
+        if full or self.flush_each or getattr(rollout.task, "rewards_have_side_effects", False):
+            await self.flush()
+
+    async def flush(self) -> None:
+        if await self.writer.aflush():
+            self.report()
+
+    def report(self) -> None:
+        """Tell the CLI's progress bar; the progress artifact follows in ``_inform_prefect``."""
+        if (listener := progress_listener.get()) is not None:
+            listener(len(self.writer.durable), self.total)
+
+
+async def execute(config: EvalConfig, root: str, run_id: str, todo: list[tuple[Task, int]], *, total: int,
+                  durable: set[tuple[str, int]], progress_key: str | None) -> list[BaseException]:
+    """Run ``todo`` (tasks with their rollout index) in this process and make every row durable.
+
+    Opens the agent (``config.env.agent``) and a ``TraceWriter`` for ``run_id`` under ``root``,
+    tags the current flow run with its owner (the janitor's evidence), runs the rollouts at
+    ``config.rollout_granularity`` with at most ``config.max_concurrent`` at once, and keeps going
+    while the Prefect API is away for up to ``config.api_outage_limit_s``.
+
+    Args:
+        total: Rollouts of the whole run (the progress bar's denominator).
+        durable: Keys ``(task id, rollout index)`` already durable (resume); never written again.
+        progress_key: Key of the progress artifact to keep current, or None for none.
+
+    Returns:
+        Errors of rollouts that could not run and have no row (a crashed batch task run).
+
+    Raises:
+        ApiOutageError: the API stayed away past the limit; rows made durable so far stay.
+    """
+    writer = TraceWriter(root, run_id, batch_size=max(1, min(64, config.max_concurrent)), durable=durable)
+    watch = ApiWatch(PREFECT_API_URL.value(), config.api_outage_limit_s)
+    quiet = QuietWhileDown(watch)
+    quiet.install()
+    try:
+        await tag_flow_run()   # the janitor's evidence (flows/janitor.py); rollout flow runs get it in _run_one
+        async with make_agent(config.env.agent) as agent:
+            run = _Run(agent=agent, writer=writer, run_id=run_id, environment=config.env.taskset.id,
+                       config_hash=config_hash(agent.info), total=total,
+                       gate=asyncio.Semaphore(config.max_concurrent), watch=watch, progress_key=progress_key,
+                       flush_each=config.flush_each_rollout or config.rollouts_per_task > 1)
+            await _run_through_outages(run, todo, config)
+        if not await watch.wait_up():   # the summary artifact and this flow run's end need the API
+            raise ApiOutageError(str(watch.api_url), run_id, watch.down_s, len(writer.durable), total)
+        await _inform_prefect(run)
+        if watch.had_outage and config.rollout_granularity == "flow" and not run.failures:
+            await close_orphans(run_id)   # every rollout has finished: a live rollout flow run is an orphan
+    finally:
+        if watch.is_up:   # else the run stops for the outage: keep Prefect's retries of it quiet
+            quiet.remove()
+    return run.failures
+
+
+def config_hash(agent_info: dict[str, Any]) -> str:
+    """First 12 hex digits of the SHA-256 of the agent's config (``Agent.info``) as sorted JSON."""
+    return hashlib.sha256(json.dumps(agent_info, sort_keys=True).encode()).hexdigest()[:12]
+
+
+async def _run_through_outages(run: _Run, todo: list[tuple[Task, int]], config: EvalConfig) -> None:
+    """Run the rollouts at the configured granularity while ``run.watch`` keeps Prefect informed;
+    stop them once the API has been away for ``api_outage_limit_s``.
+
+    Raises:
+        ApiOutageError: the outage passed the limit; rows made durable so far stay.
+    """
+    granularity = _run_batches if config.rollout_granularity == "batch" else _run_each
+    runner = asyncio.create_task(granularity(run, todo, config))
+    flusher = asyncio.create_task(_flush_periodically(run))
+
+    def stop_runner() -> None:
+        runner.cancel()
+    watcher = asyncio.create_task(run.watch.run(lambda: _inform_prefect(run), stop_runner))
+    try:
+        await asyncio.wait({runner, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if watcher.done() and not runner.done():   # the limit passed: on_limit cancelled the runner
+            await asyncio.gather(runner, return_exceptions=True)
+        if runner.cancelled():
+            watch = run.watch
+            raise ApiOutageError(str(watch.api_url), run.run_id, watch.down_s, len(run.writer.durable), run.total)
+        runner.result()
+    finally:
+        for background in (runner, flusher, watcher):
+            background.cancel()
+        await run.flush()
+        run.report()
+
+
+async def _inform_prefect(run: _Run) -> None:
+    """While the API answers: the progress artifact, then flow runs that an outage left unreported."""
+    done = len(run.writer.durable)
+    if run.progress_key is not None and run.progress_id is None:
+        run.progress_id = await acreate_progress_artifact(
+            progress=100.0 * done / max(run.total, 1), key=run.progress_key,
+            description=f"Durable rollouts of run {run.run_id}")
+        run.reported = done
+    if run.progress_id is not None and done != run.reported:
+        await aupdate_progress_artifact(run.progress_id, progress=100.0 * done / max(run.total, 1))
+        run.reported = done
+    await run.watch.reconcile()
+
+
+async def _flush_periodically(run: _Run) -> None:
+    while True:
+        await asyncio.sleep(FLUSH_INTERVAL_S)
+        await run.flush()
+
+
+async def _run_each(run: _Run, todo: list[tuple[Task, int]], config: EvalConfig) -> None:
+    """Every rollout of ``todo`` on its own (``flow`` and ``task`` granularity), ``max_concurrent`` at once."""
+    await asyncio.gather(*(_run_one(run, task_, index, config.rollout_granularity) for task_, index in todo))
+
+
+async def _run_one(run: _Run, task_: Task, index: int, granularity: str) -> None:
+    """One rollout at the eval's ``granularity``; its row is recorded whatever happened to it.
+
+    ``flow``: a ``rollout_flow`` subflow (a task run per stage), inline while the API is away.
+    ``task``: one ``rollout`` task run whose stages run inline. ``batch``: inline, inside the
+    caller's shard task run.
+    """
+    async with run.gate:
+        rollout, started = run.rollout(task_, index), time.perf_counter()
+        if granularity == "flow":
+            with owner_tags():
+                await _run_flow_or_inline(run, rollout)
+        elif granularity == "task":
+            final = await rollout_task(quote(rollout), task_.id, index, return_state=True)  # type: ignore[misc]
+            if not final.is_completed():
+                _record_crash(rollout, final)
+        else:
+            await rollout.run()
+        await run.record(rollout, index, time.perf_counter() - started)
+
+
+async def _run_flow_or_inline(run: _Run, rollout: Rollout) -> None:
+    """A ``rollout_flow`` run while the Prefect API answers; inline stages while it does not.
+
+    A flow run that could not be created runs inline; one that ran but could not report its end
+    keeps its trace. Both are remembered, and ``ApiWatch.reconcile`` tells the server later.
+    """
+    request = RolloutRequest.of(rollout)
+    if not run.watch.is_up:
+        await rollout.run()
+        run.watch.unreported.append(_unreported(request, None, None))
+        return
+    final, error = None, None
+    try:
+        final = await rollout_flow(request, return_state=True)
+    except (httpx.HTTPError, OSError) as exc:   # the API went away while creating or ending the flow run
+        run.watch.mark_down()
+        error = exc
+    trace = rollout.trace
+    flow_run_id = trace.info.get("flow_run_id")   # set once the flow run's body starts
+    finished = "teardown" in trace.timings
+    if final is not None and (final.is_completed() or not finished):
+        if not final.is_completed():                     # the rollout itself crashed
+            _record_crash(rollout, final)
+        return
+    cut_short = None                                     # from here on, the API failed the bookkeeping
+    if flow_run_id is None:                              # the flow run never started: run the rollout here
+        await rollout.run()
+    elif not finished and error is not None:             # cut short by the failure itself
+        rollout.record_error(error, "orchestration")
+        await rollout.release()
+        cut_short = f"{type(error).__name__}: {error}"
+    run.watch.unreported.append(_unreported(request, flow_run_id, cut_short))
+
+
+def _unreported(request: RolloutRequest, flow_run_id: str | None, error: str | None) -> Unreported:
+    return Unreported(name=f"{request.task_id} · {request.model}", parameters={"rollout": request.model_dump()},
+                      flow_run_id=flow_run_id, error=error)
+
+
+@task(name="rollout", task_run_name="{task_id}#{index}", persist_result=False, cache_policy=NO_CACHE)
+async def rollout_task(rollout: Rollout, task_id: str, index: int) -> Trace:
+    """A whole rollout as one task run: its stages run inline (with their stage retries)."""
+    return await rollout.run()
+
+
+@task(name="batch", task_run_name="batch-{shard_index}", retries=1, persist_result=False, cache_policy=NO_CACHE)
+async def shard_task(run: _Run, shard: list[tuple[Task, int]], shard_index: int) -> int:
+    """A shard of rollouts run by the inline engine. A retry runs only the rollouts with no durable row.
+
+    Returns:
+        How many rollouts this attempt ran.
+    """
+    await run.flush()  # rows of a failed attempt become durable first, so they are not run twice
+    pending = [(task_, index) for task_, index in shard if (task_.id, index) not in run.writer.durable]
+
+    results = await asyncio.gather(*(_run_one(run, task_, index, "batch") for task_, index in pending),
+                                   return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        raise errors[0]
+    return len(pending)
+
+
+async def _run_batches(run: _Run, todo: list[tuple[Task, int]], config: EvalConfig) -> None:
+    """Shards of ``batch_size`` rollouts, one task run each, as many at once as keep ``max_concurrent`` busy."""
+    shards = [todo[i:i + config.batch_size] for i in range(0, len(todo), config.batch_size)]
+    shard_gate = asyncio.Semaphore(math.ceil(config.max_concurrent / config.batch_size) + 1)
+
+    async def one(shard: list[tuple[Task, int]], shard_index: int) -> None:
+        async with shard_gate:
+            final = await shard_task(quote(run), quote(shard), shard_index, return_state=True)  # type: ignore[misc]
+            if not final.is_completed():
+                run.failures.append(final.data if isinstance(final.data, BaseException) else RuntimeError(str(final)))
+    await asyncio.gather(*(one(shard, i) for i, shard in enumerate(shards)))
+
+
+def _record_crash(rollout: Rollout, final: Any) -> None:
+    """A rollout's flow or task run crashed outside the stages: keep it as an errored row."""
+    error = final.data if isinstance(final.data, BaseException) else RuntimeError(final.message or final.name)
+    if not rollout.trace.errors:
+        rollout.record_error(error, "orchestration")
+
+
+def artifact_key(run_id: str, kind: str) -> str:
+    """Artifact keys allow lowercase letters, digits and dashes only."""
+    safe = "".join(c if c.isalnum() else "-" for c in run_id.lower())
+    return f"eval-{kind}-{safe}"[:100]
