@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shlex
 import sys
@@ -33,6 +34,9 @@ def eval_command(
     resume: Annotated[str | None,
                       typer.Option(help="Continue run RUN_ID: run only rollouts without a durable row.")] = None,
     run_id: Annotated[str | None, typer.Option(help="Id for a new run (default: generated).")] = None,
+    work_pool: Annotated[str | None, typer.Option(
+        help="Run the rollouts as shard flow runs on this Prefect work pool ([dispatch] work_pool).")] = None,
+    shard_size: Annotated[int | None, typer.Option(help="Rollouts per shard flow run ([dispatch] shard_size).")] = None,
 ) -> None:
     """Run an evaluation as a Prefect flow and print its summary.
 
@@ -43,8 +47,10 @@ def eval_command(
     from prefect_rollouts.environments import load_taskset
     from prefect_rollouts.eval_config import load_eval_config
 
+    set_ = [*(set_ or []), *([f"dispatch.work_pool={json.dumps(work_pool)}"] if work_pool else []),
+            *([f"dispatch.shard_size={shard_size}"] if shard_size is not None else [])]
     try:
-        eval_config = load_eval_config(config, set_ or [])
+        eval_config = load_eval_config(config, set_)
         taskset = eval_config.env.taskset   # a bad taskset option or traces path fails here, before Prefect starts
         total = len(load_taskset(taskset.id, taskset.options, eval_config.num_tasks)) * eval_config.rollouts_per_task
         eval_config.traces.check_writable()
@@ -66,6 +72,11 @@ def eval_command(
         "prefect-rollouts", "eval", str(config), *(f"--set={item}" for item in set_ or []), "--resume", run_id])
     temporary = None if PREFECT_API_URL.value() else TemporaryServer(
         float(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"]))
+    if temporary is not None and eval_config.dispatch.work_pool:
+        _error("config error: ", ConfigError(
+            f"[dispatch] work_pool = {eval_config.dispatch.work_pool!r} needs the Prefect server its workers poll: "
+            "set PREFECT_API_URL (e.g. to the URL .venv/bin/prefect-rollouts server start prints)"))
+        raise typer.Exit(2)
     with Progress(TextColumn("[bold]rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as progress:
         bar = progress.add_task("rollouts", total=None)

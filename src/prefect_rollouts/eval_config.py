@@ -86,6 +86,36 @@ class TracesConfig(_Config):
                               f"{fix}") from None
 
 
+class DispatchConfig(_Config):
+    """``[dispatch]``: run the eval's rollouts on a Prefect work pool, as shard flow runs that
+    workers on any machine pick up. Without ``work_pool`` everything runs in the eval's process."""
+
+    work_pool: str | None = None
+    """Name of a Prefect work pool (``prefect work-pool create NAME --type process``) with workers
+    (``prefect worker start --pool NAME``) that have this package installed."""
+    shard_size: int = Field(25, ge=1)
+    """Rollouts per shard flow run. A shard pays a fixed dispatch cost (a flow run, a process, an
+    agent; see ``benchmarks/distributed.py``), so keep shards to many seconds of work each."""
+    max_shards_in_flight: int = Field(8, ge=1)
+    """Shard flow runs submitted and not yet final at once. Each runs up to ``max_concurrent``
+    rollouts, so up to ``max_shards_in_flight * max_concurrent`` rollouts are in flight."""
+    shard_attempts: int = Field(3, ge=1)
+    """Submissions of a shard in all: a shard that ends Crashed or Failed with rollouts still
+    without a row is submitted again with just those rollouts."""
+    heartbeat_s: int = Field(30, ge=30)
+    """Seconds between a shard flow run's heartbeats (Prefect's minimum is 30)."""
+    crash_after_s: int = Field(90, ge=60)
+    """A shard flow run without a heartbeat for this long is set to Crashed (its worker died) and
+    submitted again. Keep it at least twice ``heartbeat_s``: a live shard must never look dead."""
+
+    @model_validator(mode="after")
+    def _crash_after_two_heartbeats(self) -> DispatchConfig:
+        if self.crash_after_s < 2 * self.heartbeat_s:
+            raise ValueError(f"crash_after_s = {self.crash_after_s}: must be at least twice heartbeat_s "
+                             f"({self.heartbeat_s}), or a live shard could be marked Crashed")
+        return self
+
+
 class EvalConfig(_Config):
     """A whole evaluation: ``num_tasks`` tasks x ``rollouts_per_task`` rollouts of one agent."""
 
@@ -96,7 +126,7 @@ class EvalConfig(_Config):
     rollouts_per_task: int = Field(1, ge=1)
     """Rollouts of each task (pass@k is reported for every k up to this)."""
     max_concurrent: int = Field(16, ge=1)
-    """Rollouts in flight at once."""
+    """Rollouts in flight at once (with ``[dispatch] work_pool``: in each shard flow run)."""
     rollout_granularity: Literal["flow", "task", "batch"] = "flow"
     """``flow``: a flow run per rollout, a task run per stage (most visible). ``task``: a task run
     per rollout. ``batch``: a task run per shard of ``batch_size`` rollouts (fastest). In an eval
@@ -117,6 +147,7 @@ class EvalConfig(_Config):
     """How long (seconds) rollouts keep running while the Prefect API is unreachable; past it the
     eval stops, keeping its durable rows, and prints the ``--resume`` command."""
     traces: TracesConfig = TracesConfig()
+    dispatch: DispatchConfig = DispatchConfig()
     env: EnvConfig
 
     @model_validator(mode="after")

@@ -9,17 +9,20 @@ durable row.
 from __future__ import annotations
 
 import datetime as dt
+import os
 import time
 import uuid
 
 from prefect import flow, get_run_logger
-from prefect.artifacts import acreate_table_artifact
+from prefect.artifacts import acreate_progress_artifact, acreate_table_artifact, aupdate_progress_artifact
 from prefect.runtime import flow_run
 
 from prefect_rollouts.blocks import resolve_trace_path
 from prefect_rollouts.environments import load_taskset
 from prefect_rollouts.eval_config import EvalConfig
+from prefect_rollouts.flows.dispatch import dispatch
 from prefect_rollouts.flows.execute import artifact_key, execute, progress_listener
+from prefect_rollouts.flows.ownership import tag_flow_run
 from prefect_rollouts.traces import EvalSummary, durable_keys, summarize_run
 
 __all__ = ["eval_flow", "new_run_id", "progress_listener"]
@@ -52,6 +55,8 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
     logger = get_run_logger()
     started = time.perf_counter()
     root = await resolve_trace_path(config.traces.store) if config.traces.store else (config.traces.path or "./traces")
+    if config.dispatch.work_pool and "://" not in root:
+        root = os.path.abspath(root)  # noqa: ASYNC240 - no I/O; one directory for shards on workers (another cwd)
     run_id = resume or run_id or new_run_id(config)
     tasks = load_taskset(config.env.taskset.id, config.env.taskset.options, config.num_tasks)
     plan = [(task_, index) for task_ in tasks for index in range(config.rollouts_per_task)]
@@ -59,8 +64,11 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
     todo = [(task_, index) for task_, index in plan if (task_.id, index) not in durable]
     logger.info("run %s: %d rollouts (%d tasks x %d), %d to run, traces in %s", run_id, len(plan), len(tasks),
                 config.rollouts_per_task, len(todo), root)
-    failures = await execute(config, root, run_id, todo, total=len(plan), durable=durable,
-                             progress_key=artifact_key(run_id, "progress"))
+    if config.dispatch.work_pool:
+        failures = await _run_on_work_pool(config, root, run_id, [(t.id, i) for t, i in todo], total=len(plan))
+    else:
+        failures = await execute(config, root, run_id, todo, total=len(plan), durable=durable,
+                                 progress_key=artifact_key(run_id, "progress"))
     summary = summarize_run(root, run_id, rollouts_per_task=config.rollouts_per_task,
                             pass_threshold=config.pass_threshold, wall_time_s=round(time.perf_counter() - started, 3))
     await acreate_table_artifact(table=summary.table(), key=artifact_key(run_id, "summary"),
@@ -69,6 +77,31 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
         raise RuntimeError(f"{len(failures)} rollouts failed to run and have no row; "
                            f"resume with --resume {run_id}") from failures[0]
     return summary
+
+
+async def _run_on_work_pool(config: EvalConfig, root: str, run_id: str, todo: list[tuple[str, int]], *,
+                            total: int) -> list[BaseException]:
+    """``todo`` as shard flow runs on ``[dispatch] work_pool`` (``flows/dispatch.py``); progress from
+    durable rows. Returns one error per rollout left without a row."""
+    await tag_flow_run()
+    progress_id = await acreate_progress_artifact(progress=100.0 * (total - len(todo)) / max(total, 1),
+                                                  key=artifact_key(run_id, "progress"),
+                                                  description=f"Durable rollouts of run {run_id}")
+    reported = total - len(todo)
+
+    async def on_progress(durable: int) -> None:
+        nonlocal reported
+        if durable != reported:
+            reported = durable
+            await aupdate_progress_artifact(progress_id, progress=100.0 * durable / max(total, 1))
+            if (listener := progress_listener.get()) is not None:
+                listener(durable, total)
+
+    report = await dispatch(config, root, run_id, todo, on_progress=on_progress)
+    await on_progress(total - len(report.missing))
+    error = RuntimeError(f"shards {[s.index for s in report.failed]} ended "
+                         f"{[s.states for s in report.failed]} after {config.dispatch.shard_attempts} attempts")
+    return [error] * len(report.missing)
 
 
 def new_run_id(config: EvalConfig) -> str:

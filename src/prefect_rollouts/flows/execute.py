@@ -14,6 +14,8 @@ import contextvars
 import hashlib
 import json
 import math
+import os
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -58,6 +60,9 @@ class _Run:
     watch: ApiWatch
     flush_each: bool = False
     """Make each rollout durable as it finishes (see ``EvalConfig.flush_each_rollout``)."""
+    worker: dict[str, Any] = field(default_factory=dict)
+    """Where the rollouts run (``host``, ``pid``, ``shard_flow_run_id``): ``trace.info["worker"]``
+    and the row's ``worker_host``, ``worker_pid`` and ``shard_flow_run_id`` columns."""
     progress_key: str | None = None
     """Key of the progress artifact to keep current; None: none (a shard: the eval keeps it)."""
     progress_id: Any = None
@@ -71,6 +76,7 @@ class _Run:
     async def record(self, rollout: Rollout, index: int, elapsed_s: float) -> None:
         """Buffer the finished rollout's row; flush when the batch is full, or at once when every
         rollout must be durable as it finishes (``flush_each``, or a task whose rewards have side effects)."""
+        rollout.trace.info["worker"] = self.worker
         full = self.writer.add(rollout.trace, rollout_index=index, environment=self.environment,
                                config_hash=self.config_hash, elapsed_s=elapsed_s)
         if full or self.flush_each or getattr(rollout.task, "rewards_have_side_effects", False):
@@ -87,7 +93,8 @@ class _Run:
 
 
 async def execute(config: EvalConfig, root: str, run_id: str, todo: list[tuple[Task, int]], *, total: int,
-                  durable: set[tuple[str, int]], progress_key: str | None) -> list[BaseException]:
+                  durable: set[tuple[str, int]], progress_key: str | None,
+                  shard_flow_run_id: str | None = None) -> list[BaseException]:
     """Run ``todo`` (tasks with their rollout index) in this process and make every row durable.
 
     Opens the agent (``config.env.agent``) and a ``TraceWriter`` for ``run_id`` under ``root``,
@@ -99,6 +106,7 @@ async def execute(config: EvalConfig, root: str, run_id: str, todo: list[tuple[T
         total: Rollouts of the whole run (the progress bar's denominator).
         durable: Keys ``(task id, rollout index)`` already durable (resume); never written again.
         progress_key: Key of the progress artifact to keep current, or None for none.
+        shard_flow_run_id: The shard flow run running these rollouts on a worker, if any.
 
     Returns:
         Errors of rollouts that could not run and have no row (a crashed batch task run).
@@ -116,6 +124,8 @@ async def execute(config: EvalConfig, root: str, run_id: str, todo: list[tuple[T
             run = _Run(agent=agent, writer=writer, run_id=run_id, environment=config.env.taskset.id,
                        config_hash=config_hash(agent.info), total=total,
                        gate=asyncio.Semaphore(config.max_concurrent), watch=watch, progress_key=progress_key,
+                       worker={"host": socket.gethostname(), "pid": os.getpid(),
+                               "shard_flow_run_id": shard_flow_run_id},
                        flush_each=config.flush_each_rollout or config.rollouts_per_task > 1)
             await _run_through_outages(run, todo, config)
         if not await watch.wait_up():   # the summary artifact and this flow run's end need the API

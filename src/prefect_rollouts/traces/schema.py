@@ -21,7 +21,7 @@ import pyarrow as pa
 from prefect_rollouts.trace import Trace
 
 #: Bumped when a column is added or changes meaning or type; readers can filter on it.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 PARTITIONING = pa.schema([("date", pa.string()), ("run_id", pa.string())])
 
@@ -35,6 +35,9 @@ ROLLOUTS = pa.schema([
     ("model", pa.string()),
     ("config_hash", pa.string()),
     ("flow_run_id", pa.string()),
+    ("shard_flow_run_id", pa.string()),
+    ("worker_host", pa.string()),
+    ("worker_pid", pa.int32()),
     ("reward", pa.float64()),
     ("rewards", pa.string()),
     ("metrics", pa.string()),
@@ -95,6 +98,7 @@ def rollout_row(trace: Trace, *, rollout_index: int, environment: str, config_ha
                 elapsed_s: float) -> dict[str, Any]:
     """One ``rollouts`` row for a finished trace (``elapsed_s``: wall seconds of the whole rollout)."""
     timings = trace.timings
+    worker = trace.info.get("worker") or {}   # where it ran: host, pid, shard flow run (flows/execute.py)
     first_error = trace.errors[0] if trace.errors else None
     return {
         "schema_version": SCHEMA_VERSION,
@@ -106,6 +110,9 @@ def rollout_row(trace: Trace, *, rollout_index: int, environment: str, config_ha
         "model": trace.model,
         "config_hash": config_hash,
         "flow_run_id": trace.info.get("flow_run_id"),
+        "shard_flow_run_id": worker.get("shard_flow_run_id"),
+        "worker_host": worker.get("host"),
+        "worker_pid": worker.get("pid"),
         "reward": trace.reward,
         "rewards": json.dumps(trace.rewards),
         "metrics": json.dumps(trace.metrics),

@@ -1,0 +1,224 @@
+"""Dispatch an eval's rollouts to a Prefect work pool as ``shard`` flow runs.
+
+Prefect is the distributed engine: the eval flow makes sure a ``shard`` deployment exists on the
+work pool, submits every shard with ``run_deployment`` (a subflow of the eval flow run, with an
+idempotency key), keeps at most ``max_shards_in_flight`` submitted, and waits for workers on any
+machine to run them. Progress is read from durable rows. A shard that ends in any state but
+Completed with rollouts still without a row is submitted again with just those rollouts, up to
+``shard_attempts`` times in all. A worker that dies (``kill -9``, a lost machine) stops sending its
+flow run's heartbeats; the ``zombie`` automation (created here if missing) sets such a flow run to
+Crashed, and it is re-submitted like any other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from prefect import get_client, get_run_logger
+from prefect.client.orchestration import PrefectClient
+from prefect.client.schemas.filters import (
+    FlowRunFilter,
+    FlowRunFilterId,
+    FlowRunFilterParentFlowRunId,
+    FlowRunFilterState,
+    FlowRunFilterStateType,
+)
+from prefect.client.schemas.objects import FlowRun, StateType
+from prefect.deployments import arun_deployment
+from prefect.events.actions import ChangeFlowRunState
+from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
+from prefect.exceptions import ObjectNotFound
+from prefect.runtime import flow_run
+from prefect.states import Cancelling, Crashed
+from pydantic import ValidationError
+
+from prefect_rollouts.errors import ConfigError
+from prefect_rollouts.eval_config import DispatchConfig, EvalConfig
+from prefect_rollouts.flows.shard import ENTRYPOINT, shard_flow
+from prefect_rollouts.rollout import RolloutSpec
+from prefect_rollouts.traces import durable_keys
+
+ZOMBIE_AUTOMATION = "prefect-rollouts: crash shard flow runs without heartbeats"
+FINAL = {StateType.COMPLETED, StateType.FAILED, StateType.CRASHED, StateType.CANCELLED}
+POLL_S = 2.0
+"""How often (seconds) the eval reads its shard flow runs' states and the durable rows."""
+
+
+@dataclass
+class Shard:
+    """A shard of the plan: its rollouts, and the flow run of its current submission."""
+
+    index: int
+    rollouts: list[tuple[str, int]]
+    attempt: int = 0
+    flow_run_id: UUID | None = None
+    states: list[str] = field(default_factory=list)
+    """The final state of each submission, e.g. ``["Crashed", "Completed"]``."""
+
+
+@dataclass
+class DispatchReport:
+    """How the shards ended: ``failed`` holds the shards whose rollouts still lack rows after
+    their last attempt."""
+
+    shards: list[Shard]
+    failed: list[Shard]
+    missing: list[tuple[str, int]]
+    """``(task id, rollout index)`` of planned rollouts without a durable row."""
+
+
+async def dispatch(config: EvalConfig, root: str, run_id: str, todo: list[tuple[str, int]], *,
+                   on_progress: Callable[[int], Awaitable[None]]) -> DispatchReport:
+    """Run ``todo`` as shard flow runs on ``config.dispatch.work_pool`` and wait for all of them.
+
+    Args:
+        root: The dataset root, as the workers see it (a shared path or an object store URI).
+        todo: ``(task id, rollout index)`` of the rollouts to run, in plan order.
+        on_progress: Called with the number of durable rows of the run after every poll.
+
+    Returns:
+        Every shard with its submissions' final states, and the rollouts left without a row.
+
+    Raises:
+        ConfigError: the work pool does not exist, or the agent config holds a secret (header
+            values cannot travel in flow run parameters).
+    """
+    settings = config.dispatch
+    assert settings.work_pool is not None
+    _refuse_secrets(config)
+    logger = get_run_logger()
+    shards = [Shard(i, todo[start:start + settings.shard_size])
+              for i, start in enumerate(range(0, len(todo), settings.shard_size))]
+    async with get_client() as client:
+        deployment_id = await ensure_shard_deployment(client, settings)
+        await ensure_zombie_automation(client, settings)
+        queue, in_flight = list(shards), dict[UUID, Shard]()
+        failed: list[Shard] = []
+        try:
+            while queue or in_flight:
+                while queue and len(in_flight) < settings.max_shards_in_flight:
+                    shard = queue.pop(0)
+                    shard.flow_run_id = await _submit(deployment_id, config, root, run_id, shard)
+                    in_flight[shard.flow_run_id] = shard
+                await asyncio.sleep(POLL_S)
+                durable = durable_keys(root, run_id)
+                await on_progress(len(durable))
+                for run in await _read(client, list(in_flight)):
+                    if run.state_type not in FINAL:
+                        continue
+                    shard = in_flight.pop(run.id)
+                    shard.states.append(run.state_name or str(run.state_type))
+                    if run.state_type == StateType.CRASHED:
+                        await _crash_subflows(client, run.id)
+                    pending = [key for key in shard.rollouts if key not in durable]
+                    if not pending:
+                        continue
+                    if run.state_type != StateType.CANCELLED and shard.attempt + 1 < settings.shard_attempts:
+                        logger.warning("shard %d ended %s with %d of %d rollouts without a row: submitting them "
+                                       "again (attempt %d of %d)", shard.index, shard.states[-1], len(pending),
+                                       len(shard.rollouts), shard.attempt + 2, settings.shard_attempts)
+                        shard.rollouts, shard.attempt = pending, shard.attempt + 1
+                        queue.insert(0, shard)
+                    else:
+                        failed.append(shard)
+        finally:
+            if in_flight:   # the eval is cancelled or failed: its shards stop too
+                await asyncio.shield(_cancel(client, list(in_flight)))
+    durable = durable_keys(root, run_id)
+    return DispatchReport(shards, failed, [key for key in todo if key not in durable])
+
+
+async def ensure_shard_deployment(client: PrefectClient, settings: DispatchConfig) -> UUID:
+    """Create or update the ``shard/<work pool>`` deployment (entrypoint in the installed package,
+    no code storage, flow run heartbeats every ``heartbeat_s``) and return its id.
+
+    Raises:
+        ConfigError: the work pool does not exist on this Prefect API.
+    """
+    pool = settings.work_pool
+    assert pool is not None
+    try:
+        await client.read_work_pool(pool)
+    except ObjectNotFound:
+        raise ConfigError(f"[dispatch] work_pool = {pool!r}: no such work pool on this Prefect server. Create it "
+                          f"(.venv/bin/prefect work-pool create {pool} --type process) and start workers on it "
+                          f"(.venv/bin/prefect worker start --pool {pool})") from None
+    flow_id = await client.create_flow_from_name(shard_flow.name)
+    return await client.create_deployment(
+        flow_id=flow_id, name=pool, work_pool_name=pool, entrypoint=ENTRYPOINT,
+        parameter_openapi_schema=shard_flow.parameters.model_dump_for_openapi(), enforce_parameter_schema=False,
+        job_variables={"env": {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(settings.heartbeat_s)}},
+        tags=["prefect-rollouts", "shard"],
+        description="A shard of a prefect-rollouts eval, submitted by the eval flow (flows/dispatch.py).")
+
+
+async def ensure_zombie_automation(client: PrefectClient, settings: DispatchConfig) -> None:
+    """Create the automation that sets a ``shard`` flow run to Crashed once no heartbeat (and no
+    final state) arrived for ``crash_after_s``, unless one of that name exists (Prefect's
+    documented zombie-flow detection, limited to shard flow runs)."""
+    if await client.read_automations_by_name(ZOMBIE_AUTOMATION):
+        return
+    trigger = EventTrigger(
+        after={"prefect.flow-run.heartbeat"},
+        expect={"prefect.flow-run.heartbeat", "prefect.flow-run.Completed", "prefect.flow-run.Failed",
+                "prefect.flow-run.Cancelled", "prefect.flow-run.Crashed"},
+        match={"prefect.resource.id": ["prefect.flow-run.*"]},
+        match_related={"prefect.resource.role": "flow", "prefect.resource.name": shard_flow.name},
+        for_each={"prefect.resource.id"}, posture=Posture.Proactive, threshold=1,
+        within=dt.timedelta(seconds=settings.crash_after_s))
+    await client.create_automation(AutomationCore(
+        name=ZOMBIE_AUTOMATION, trigger=trigger,
+        description="A shard flow run whose process died (its worker killed, its machine lost) sends no more "
+                    "heartbeats: mark it Crashed so the eval submits its rollouts again.",
+        actions=[ChangeFlowRunState(state=StateType.CRASHED,
+                                    message=f"no heartbeat for {settings.crash_after_s} s: the process running "
+                                            "this shard is gone")]))
+
+
+async def _submit(deployment_id: UUID, config: EvalConfig, root: str, run_id: str, shard: Shard) -> UUID:
+    key = f"{run_id}:{flow_run.id}:shard-{shard.index}:attempt-{shard.attempt}"
+    parameters: dict[str, Any] = {"run_id": run_id, "config": config.model_dump(mode="json"), "root": root,
+                                  "rollouts": [list(key_) for key_ in shard.rollouts], "shard_index": shard.index}
+    submitted = await arun_deployment(deployment_id, parameters=parameters, timeout=0, idempotency_key=key,
+                                      flow_run_name=f"{run_id} · shard {shard.index}"
+                                                    + (f" · attempt {shard.attempt + 1}" if shard.attempt else ""))
+    return submitted.id
+
+
+async def _read(client: PrefectClient, ids: list[UUID]) -> list[FlowRun]:
+    if not ids:
+        return []
+    return await client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))
+
+
+async def _crash_subflows(client: PrefectClient, shard_flow_run_id: UUID) -> None:
+    """Set the still-live subflow runs (rollouts) of a crashed shard flow run to Crashed: their
+    process is gone with the shard's, and nothing else would ever end them."""
+    live = FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[shard_flow_run_id]),
+                         state=FlowRunFilterState(type=FlowRunFilterStateType(
+                             any_=[StateType.PENDING, StateType.RUNNING, StateType.SCHEDULED])))
+    for orphan in await client.read_flow_runs(flow_run_filter=live):
+        await client.set_flow_run_state(orphan.id, Crashed(message=f"its shard flow run {shard_flow_run_id} crashed"),
+                                        force=True)
+
+
+async def _cancel(client: PrefectClient, ids: list[UUID]) -> None:
+    for flow_run_id in ids:
+        try:
+            await client.set_flow_run_state(flow_run_id, Cancelling(message="the eval flow run stopped"), force=True)
+        except Exception:
+            pass
+
+
+def _refuse_secrets(config: EvalConfig) -> None:
+    try:
+        RolloutSpec(agent=config.env.agent, taskset=config.env.taskset.id, task_id="-")
+    except ValidationError as exc:
+        reason = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
+        raise ConfigError(f"[dispatch] work_pool: the eval config travels to workers as flow run parameters, "
+                          f"so it cannot hold secrets: [env.{reason}") from None

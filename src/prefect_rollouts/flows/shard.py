@@ -1,0 +1,66 @@
+"""``shard_flow``: a shard of an eval's rollouts, run by a Prefect worker on any machine.
+
+The eval flow (``flows/dispatch.py``) submits each shard as a flow run of the ``shard`` deployment
+on a work pool. Its parameters are plain data: the run id, the eval config (no secrets: keys come
+from environment variables or blocks where the shard runs), the dataset root and the shard's
+``(task id, rollout index)`` pairs. The worker's process rebuilds the agent and the tasks from
+them (``find_task`` refuses a task id the taskset lacks on this machine), runs the rollouts that
+have no durable row at the eval's granularity (with ``flow``, each rollout is a ``rollout``
+subflow of the shard's flow run) and writes its own files into the run's dataset.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
+
+from prefect_rollouts.environments import find_task
+from prefect_rollouts.eval_config import EvalConfig
+from prefect_rollouts.flows.execute import execute
+from prefect_rollouts.traces import durable_keys
+
+ENTRYPOINT = "prefect_rollouts.flows.shard:shard_flow"
+"""The deployment's entrypoint: a module path, so a worker needs the package installed and no code storage."""
+
+
+def _shard_run_name() -> str:
+    parameters = flow_run.parameters
+    return f"{parameters.get('run_id', 'eval')} · shard {parameters.get('shard_index', 0)}"
+
+
+@flow(name="shard", flow_run_name=_shard_run_name, persist_result=False, log_prints=False)
+async def shard_flow(run_id: str, config: EvalConfig, root: str, rollouts: list[tuple[str, int]],
+                     shard_index: int = 0) -> int:
+    """Run one shard of eval ``run_id``: the rollouts of ``rollouts`` that have no durable row.
+
+    Args:
+        run_id: The eval run (a partition of the dataset).
+        config: The eval's config; its ``env.agent`` and ``env.taskset`` rebuild the rollouts here.
+        root: The dataset root every shard writes to: a path all workers share, or an object
+            store URI.
+        rollouts: ``[task id, rollout index]`` pairs of this shard.
+        shard_index: Position of the shard in the eval's plan (names the flow run).
+
+    Returns:
+        How many rollouts this flow run ran (0 when every row was durable already).
+
+    Raises:
+        ConfigError: the taskset has no task with one of the ids on this machine (it differs
+            from where the eval was planned); no rollout runs, so no row is wrong.
+        RuntimeError: rollouts that could not run and have no row (the eval re-submits them).
+    """
+    durable = durable_keys(root, run_id)
+    options = config.env.taskset.options
+    todo = [(find_task(config.env.taskset.id, options, task_id), index)
+            for task_id, index in rollouts if (task_id, index) not in durable]
+    get_run_logger().info("shard %d of run %s on %s (pid %d): %d rollouts, %d to run", shard_index, run_id,
+                          socket.gethostname(), os.getpid(), len(rollouts), len(todo))
+    failures = await execute(config, root, run_id, todo, total=len(rollouts), durable=durable, progress_key=None,
+                             shard_flow_run_id=str(flow_run.id))
+    if failures:
+        raise RuntimeError(f"{len(failures)} of {len(todo)} rollouts of shard {shard_index} could not run and have "
+                           "no row") from failures[0]
+    return len(todo)

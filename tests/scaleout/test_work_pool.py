@@ -1,0 +1,131 @@
+"""Issue 12: an eval dispatched as shard flow runs to a process work pool with two real workers."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterId
+
+from prefect_rollouts.eval_config import load_eval_config
+from prefect_rollouts.flows.eval import eval_flow
+from prefect_rollouts.traces import read_rollouts
+from tests.eval_toml import eval_toml
+from tests.fakes.openai_server import delayed, reply
+from tests.scaleout.conftest import Worker, descendants, wait_until
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def answer(delay_s: float):
+    """Task i asks for i; tasks divisible by 3 get a wrong answer (mean reward 2/3 of them)."""
+    def step(request: Any) -> Any:
+        number = int(re.search(r"say (\d+)", request.messages[-1]["content"]).group(1))
+        return delayed(delay_s, reply(str(number + (number % 3 == 0))))
+    return step
+
+
+def config(traces: Path, base_url: str, pool: str | None, *, count: int = 40, **top: Any):
+    text = eval_toml(traces, base_url, taskset={"id": "tests.prefect.tasksets:numbered", "count": count},
+                     rollout_granularity=top.pop("rollout_granularity", "flow"), max_concurrent=4, **top)
+    if pool:
+        text += f'[dispatch]\nwork_pool = "{pool}"\nshard_size = 10\nmax_shards_in_flight = 4\n'
+        text += "heartbeat_s = 30\ncrash_after_s = 60\n"
+    return load_eval_config(text)
+
+
+async def flow_runs(flow_name: str, **filters: Any) -> list[Any]:
+    async with get_client() as client:
+        return await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])),
+                                           limit=200, **filters)
+
+
+async def parent_flow_run_ids(runs: list[Any]) -> set[Any]:
+    """The flow runs that hold the tracking task runs of ``runs`` (their subflow parents)."""
+    async with get_client() as client:
+        return {(await client.read_task_run(run.parent_task_run_id)).flow_run_id for run in runs}
+
+
+def test_shards_run_on_both_workers_as_subflows_and_match_the_in_process_eval(work_pool, openai_server, tmp_path):
+    pool, workers = work_pool
+    openai_server.default = answer(0.2)
+    summary = asyncio.run(eval_flow(config(tmp_path / "traces", openai_server.base_url, pool), run_id="two-workers"))
+
+    rows = read_rollouts(tmp_path / "traces", run_id=summary.run_id)
+    assert len(rows) == 40 and not rows.duplicated(["task_id", "rollout_index"]).any()
+    assert rows["shard_flow_run_id"].nunique() == 4 and rows["worker_pid"].nunique() == 4, "a process per shard"
+    assert rows["worker_host"].notna().all()
+
+    evals = asyncio.run(flow_runs("eval"))
+    eval_run = next(run for run in evals if run.name == summary.run_id)
+    shards = [run for run in asyncio.run(flow_runs("shard")) if run.name.startswith(summary.run_id)]
+    assert len(shards) == 4 and all(run.state_type.value == "COMPLETED" for run in shards)
+    assert all(run.work_pool_name == pool for run in shards)
+    assert asyncio.run(parent_flow_run_ids(shards)) == {eval_run.id}, "shard flow runs are subflows of the eval"
+    rollout_runs = [run for run in asyncio.run(flow_runs("rollout"))
+                    if str(run.id) in set(rows["flow_run_id"])]
+    assert len(rollout_runs) == 40
+    assert asyncio.run(parent_flow_run_ids(rollout_runs)) == {run.id for run in shards}
+    assert set(rows["shard_flow_run_id"]) == {str(run.id) for run in shards}
+    shard_ids = {str(run.id) for run in shards}
+    assert all(worker.ran(shard_ids) for worker in workers), "both workers ran shards"
+    assert set.union(*(worker.ran(shard_ids) for worker in workers)) == shard_ids
+
+    local = asyncio.run(eval_flow(config(tmp_path / "traces", openai_server.base_url, None)))
+    assert [(e.environment, e.rollouts, e.mean_reward, e.errored) for e in summary.environments] == \
+        [(e.environment, e.rollouts, e.mean_reward, e.errored) for e in local.environments]
+    assert summary.environments[0].mean_reward == pytest.approx(26 / 40)
+
+
+def test_a_killed_worker_s_shard_is_crashed_and_run_again_on_the_other(work_pool, openai_server, tmp_path):
+    """``kill -9`` of a worker (and the flow run process it started) in the middle of a shard: the
+    zombie automation marks the shard Crashed, the eval submits its rollouts without a row again,
+    the other worker runs them, and the run ends with exactly its 40 rows."""
+    pool, workers = work_pool
+    openai_server.default = answer(1.0)
+    traces = tmp_path / "traces"
+    cfg = config(traces, openai_server.base_url, pool, rollout_granularity="task", max_concurrent=2)
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["summary"] = asyncio.run(eval_flow(cfg, run_id="killed-worker"))
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            result["error"] = exc
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+
+    def running_shard() -> Any:
+        runs = asyncio.run(flow_runs("shard"))
+        return next((r for r in runs if r.name.startswith("killed-worker") and r.state_type.value == "RUNNING"
+                     and r.infrastructure_pid), None)
+    shard = wait_until(running_shard, timeout_s=120)
+    assert shard is not None, "no shard started"
+    time.sleep(3)   # let it write a row or two, so only some of its rollouts run again
+    pid = int(shard.infrastructure_pid.rsplit(":", 1)[1])
+    victim = next(w for w in workers if pid in descendants(w.process.pid))
+    victim.kill()
+    thread.join(timeout=480)
+    workers[workers.index(victim)] = Worker(*victim_args(victim, pool))   # the next test gets two workers again
+
+    assert "error" not in result, result.get("error")
+    rows = read_rollouts(traces, run_id="killed-worker")
+    assert len(rows) == 40 and not rows.duplicated(["task_id", "rollout_index"]).any()
+    crashed = asyncio.run(flow_runs("shard", flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[shard.id]))))
+    assert crashed[0].state_type.value == "CRASHED"
+    retried = [r for r in asyncio.run(flow_runs("shard")) if r.name.startswith("killed-worker")
+               and "attempt 2" in r.name]
+    assert retried and all(r.state_type.value == "COMPLETED" for r in retried)
+    rerun_rows = rows[rows["shard_flow_run_id"].isin({str(r.id) for r in retried})]
+    assert len(rerun_rows) > 0 and pid not in set(rerun_rows["worker_pid"])
+
+
+def victim_args(worker: Worker, pool: str) -> tuple[str, str, str, int, Path]:
+    import os
+    return os.environ["PREFECT_API_URL"], pool, worker.name + "-again", 2, worker.log
