@@ -3,7 +3,8 @@
 Each ``POST /v1/chat/completions`` consumes the next *step* of the script; once it is
 exhausted ``server.default`` answers (``None`` -> HTTP 500 "script exhausted").
 ``GET /v1/models`` lists one model (not recorded); other paths get 404. Every POST is
-recorded in ``server.requests`` before its step is chosen.
+recorded in ``server.requests`` before its step is chosen; ``server.max_in_flight`` is the most
+chat-completions POSTs being answered at once (a ``delayed`` step counts while it sleeps).
 
     with ScriptedOpenAIServer() as server:
         server.play([tool_call("search", query="x"), status(429, headers={"Retry-After": "0"}),
@@ -203,6 +204,9 @@ class ScriptedOpenAIServer:
         self.default: Any = None
         self.requests: list[RecordedRequest] = []
         self.errors: list[BaseException] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        """Most chat-completions requests being answered at once since the last ``reset``."""
 
     def start(self) -> ScriptedOpenAIServer:
         """Bind a free port on 127.0.0.1 and start serving (no-op if already started)."""
@@ -255,6 +259,7 @@ class ScriptedOpenAIServer:
             self.requests.clear()
             self.errors.clear()
             self.default = None
+            self.max_in_flight = self.in_flight
 
     def _next_id(self, kind: str) -> int:
         with self._lock:
@@ -267,13 +272,18 @@ class ScriptedOpenAIServer:
             if request.path != CHAT_PATH:
                 return _json(404, {"error": {"message": f"no route for POST {request.path}"}})
             step = self._script.popleft() if self._script else self.default
-        if step is None:
-            return _json(500, {"error": {"message": "script exhausted"}})
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
+            if step is None:
+                return _json(500, {"error": {"message": "script exhausted"}})
             return self._respond(step, request)
         except Exception as exc:  # e.g. a buggy callable step: answer 500, keep the error
             self.errors.append(exc)
             return _json(500, {"error": {"message": f"scripted step raised {exc!r}"}})
+        finally:
+            with self._lock:
+                self.in_flight -= 1
 
     def _respond(self, step: Any, request: RecordedRequest) -> Response:
         while callable(step):
