@@ -206,7 +206,9 @@ class ScriptedOpenAIServer:
         self.errors: list[BaseException] = []
         self.in_flight = 0
         self.max_in_flight = 0
-        """Most chat-completions requests being answered at once since the last ``reset``."""
+        """Most chat-completions requests being answered at once since the last ``reset`` (requests
+        received before it, such as a ``delayed`` step a timed-out client left behind, are not counted)."""
+        self._generation = 0
 
     def start(self) -> ScriptedOpenAIServer:
         """Bind a free port on 127.0.0.1 and start serving (no-op if already started)."""
@@ -259,7 +261,8 @@ class ScriptedOpenAIServer:
             self.requests.clear()
             self.errors.clear()
             self.default = None
-            self.max_in_flight = self.in_flight
+            self._generation += 1
+            self.in_flight = self.max_in_flight = 0
 
     def _next_id(self, kind: str) -> int:
         with self._lock:
@@ -274,6 +277,7 @@ class ScriptedOpenAIServer:
             step = self._script.popleft() if self._script else self.default
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            generation = self._generation
         try:
             if step is None:
                 return _json(500, {"error": {"message": "script exhausted"}})
@@ -283,7 +287,8 @@ class ScriptedOpenAIServer:
             return _json(500, {"error": {"message": f"scripted step raised {exc!r}"}})
         finally:
             with self._lock:
-                self.in_flight -= 1
+                if generation == self._generation:
+                    self.in_flight -= 1
 
     def _respond(self, step: Any, request: RecordedRequest) -> Response:
         while callable(step):
