@@ -287,15 +287,27 @@ app.add_typer(server_app, name="server")
 def server_start(
     home: Annotated[Path, typer.Option(help="Directory for the database, the Prefect home and logs.")] = Path(
         ".prefect-rollouts"),
-    port: Annotated[int, typer.Option(help="Prefect API port on 127.0.0.1.")] = 4200,
-    pg_port: Annotated[int, typer.Option(help="PostgreSQL port on 127.0.0.1.")] = 5433,
+    port: Annotated[int, typer.Option(help="Prefect API port.")] = 4200,
+    pg_port: Annotated[int, typer.Option(help="PostgreSQL port on 127.0.0.1 (never another address).")] = 5433,
+    host: Annotated[str, typer.Option(help="Address the Prefect API listens on; beyond loopback (e.g. 0.0.0.0, "
+                                           "for workers on other machines) PREFECT_SERVER_API_AUTH_STRING "
+                                           "must be set.")] = "127.0.0.1",
 ) -> None:
     """Start PostgreSQL and a Prefect server on it in the background; print PREFECT_API_URL."""
     from prefect_rollouts import pgserver
+    from prefect_rollouts.errors import RuntimeUnavailableError
 
-    api_url = pgserver.start(home, port=port, pg_port=pg_port)
+    try:
+        api_url = pgserver.start(home, port=port, pg_port=pg_port, host=host)
+    except ConfigError as exc:
+        _error("config error: ", exc)
+        raise typer.Exit(2) from None
+    except RuntimeUnavailableError as exc:
+        _error("", exc)
+        raise typer.Exit(1) from None
     console.print(f"Prefect server on PostgreSQL is up. UI: {api_url.removesuffix('/api')}")
-    console.print(f"export PREFECT_API_URL={api_url}")
+    for line in pgserver.client_hints(api_url, host, port):
+        console.print(line, markup=False, highlight=False)
 
 
 @server_app.command("stop")

@@ -9,6 +9,10 @@ max_concurrent = 16
 [traces]
 path = "./traces"             # or store = "<TraceStore block name>"
 
+[limits]                      # optional: Prefect global concurrency limits (LimitsConfig)
+model_requests = 8            # requests in flight per model endpoint, all workers together
+containers = 16               # containers alive at once per Docker host
+
 [env.taskset]
 id = "arithmetic"             # a built-in name, or "pkg.module:function"
 count = 200                   # taskset options
@@ -25,7 +29,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from prefect_rollouts.config import AgentConfig, _Config, _read_toml, config_dir, validate_config
 from prefect_rollouts.errors import ConfigError
@@ -116,6 +120,44 @@ class DispatchConfig(_Config):
         return self
 
 
+class LimitsConfig(_Config):
+    """``[limits]``: Prefect global concurrency limits, shared by every process that runs the
+    eval's rollouts (workers on other machines included) and by other evals naming the same limit.
+
+    Each limit is created on the Prefect server with the size given here when it is missing. An
+    existing limit keeps its size on the server (other evals share it); a different size here
+    logs a warning that names the command to change it. A slot of a shared limit costs Prefect
+    API calls (see README, "Shared limits"); without these keys nothing is asked of Prefect.
+    """
+
+    model_requests: int | None = Field(None, ge=1)
+    """Model requests in flight at once against each model endpoint the eval calls (the agent's,
+    and a judge's own), all workers together. A slot is held for one HTTP attempt (not during a
+    retry's wait). For a ``local/...`` model (one llama.cpp server per process) it is per process."""
+    model_requests_name: str | None = None
+    """Limit name for the agent's endpoint. Default: ``model-requests:<host>:<port>:<path>``
+    from ``base_url`` (a loopback host is prefixed with the machine's host name), or
+    ``model-requests:block:<name>`` for a ``ModelEndpoint`` block. A judge on another endpoint
+    gets its endpoint's default name."""
+    containers: int | None = Field(None, ge=1)
+    """Containers alive at once (docker runtime), per Docker host unless ``containers_name``
+    names one pool. Only a rollout's own container takes a slot: its isolated-scoring
+    container runs under that slot (taking a second one could deadlock), so while scoring runs
+    a host may briefly hold up to twice as many containers."""
+    containers_name: str | None = None
+    """One limit name for every worker's containers (a sandbox pool behind one ``DOCKER_HOST``,
+    or one budget across machines). Default: ``containers:<host>:<port>`` of a ``tcp://`` or
+    ``ssh://`` ``DOCKER_HOST``, else ``containers:<host name>`` of the machine running the rollout."""
+
+    @field_validator("model_requests_name", "containers_name")
+    @classmethod
+    def _prefect_name(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or any(c in value for c in "/%&<>")):
+            raise ValueError("Prefect limit names must be non-empty and cannot hold / % & < or >. "
+                             "Choose another name, or remove the key for the default")
+        return value
+
+
 class EvalConfig(_Config):
     """A whole evaluation: ``num_tasks`` tasks x ``rollouts_per_task`` rollouts of one agent."""
 
@@ -148,6 +190,7 @@ class EvalConfig(_Config):
     eval stops, keeping its durable rows, and prints the ``--resume`` command."""
     traces: TracesConfig = TracesConfig()
     dispatch: DispatchConfig = DispatchConfig()
+    limits: LimitsConfig = LimitsConfig()
     env: EnvConfig
 
     @model_validator(mode="after")

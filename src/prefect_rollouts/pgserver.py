@@ -1,5 +1,7 @@
 """The PostgreSQL-backed Prefect server (``prefect-rollouts server start|stop``): a PostgreSQL
-cluster and a Prefect API server using it, each in its own process, both on loopback.
+cluster and a Prefect API server using it, each in its own process. PostgreSQL listens on
+loopback only; the Prefect API on loopback unless asked for another address (``host``), which
+needs an auth string (``check_host``): workers that poll a server run the code it sends them.
 
 Why: on this project's 2-core machines a subflow per rollout costs about 2 s of waiting on the
 default SQLite server (its writes queue behind the event recorder) against 0.3 s on PostgreSQL,
@@ -16,17 +18,24 @@ group, and ``start`` needs the process handle to notice a server that died while
 from __future__ import annotations
 
 import glob
+import ipaddress
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import httpx
 
-from prefect_rollouts.errors import RuntimeUnavailableError
+from prefect_rollouts.errors import ConfigError, RuntimeUnavailableError
+
+AUTH_ENV = "PREFECT_SERVER_API_AUTH_STRING"
+"""Prefect's server setting: every API request but the health probes must carry this string
+(HTTP Basic). Clients and workers send it from ``PREFECT_API_AUTH_STRING``."""
 
 SERVER_SETTINGS = {
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "100",
@@ -65,20 +74,57 @@ def postgres_bin() -> Path:
                                   "(Debian: apt-get install postgresql) or run Prefect on SQLite", retryable=False)
 
 
-def start(home: Path, *, port: int = 4200, pg_port: int = 5433) -> str:
-    """Start PostgreSQL and a Prefect server using it (idempotent); return the API URL.
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``) is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_host(host: str, environ: Mapping[str, str] | None = None) -> None:
+    """Refuse to serve beyond loopback without an auth string.
+
+    Raises:
+        ConfigError: ``host`` is not a loopback address and ``PREFECT_SERVER_API_AUTH_STRING``
+            is unset or blank in ``environ`` (default: this process's environment).
+    """
+    environ = os.environ if environ is None else environ
+    if not is_loopback(host) and not environ.get(AUTH_ENV, "").strip():
+        raise ConfigError(f"--host {host}: a Prefect server reachable from other machines runs code on every "
+                          f"worker that polls it, so it needs an auth string. Export {AUTH_ENV} (a long random "
+                          "string; clients and workers set PREFECT_API_AUTH_STRING to the same value), or keep "
+                          "--host 127.0.0.1")
+
+
+def start(home: Path, *, port: int = 4200, pg_port: int = 5433, host: str = "127.0.0.1") -> str:
+    """Start PostgreSQL and a Prefect server using it (idempotent); return the API URL on this machine.
 
     Args:
         home: Directory for the database cluster, the Prefect home and the logs.
-        port: Prefect API port on 127.0.0.1.
-        pg_port: PostgreSQL port on 127.0.0.1.
+        port: Prefect API port.
+        pg_port: PostgreSQL port on 127.0.0.1 (never another address).
+        host: Address the Prefect API listens on: loopback (default), ``0.0.0.0`` for every
+            interface, or one address. Beyond loopback, ``PREFECT_SERVER_API_AUTH_STRING`` must
+            be set; the server reads it from its environment (never a command line or a log).
 
     Raises:
+        ConfigError: ``host`` is beyond loopback without an auth string, or the server of
+            ``home`` already runs on another address.
         RuntimeUnavailableError: a server did not come up; the message names its log.
     """
+    check_host(host)
     home = home.resolve()
     home.mkdir(parents=True, exist_ok=True)
-    api_url = f"http://127.0.0.1:{port}/api"
+    local = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    api_url = f"http://{f'[{local}]' if ':' in local else local}:{port}/api"
+    host_file = home / "prefect-server.host"
+    running = host_file.read_text().strip() if host_file.exists() else "127.0.0.1"
+    if (home / "prefect-server.pid").exists() and running != host:
+        raise ConfigError(f"--host {host}: the server of {home} already runs on {running}. Stop it first "
+                          f"(prefect-rollouts server stop --home {home})")
     if healthy(api_url):
         return api_url
     _start_postgres(home, pg_port)
@@ -87,10 +133,11 @@ def start(home: Path, *, port: int = 4200, pg_port: int = 5433) -> str:
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"}
     env.pop("PREFECT_API_URL", None)
     log = open(home / "prefect-server.log", "ab")
-    process = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+    process = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", host,
                                 "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
                                start_new_session=True)
     (home / "prefect-server.pid").write_text(str(process.pid))
+    host_file.write_text(host)
     deadline = time.monotonic() + 120
     while not healthy(api_url):
         if process.poll() is not None or time.monotonic() > deadline:
@@ -98,6 +145,18 @@ def start(home: Path, *, port: int = 4200, pg_port: int = 5433) -> str:
                                           retryable=False)
         time.sleep(0.5)
     return api_url
+
+
+def client_hints(api_url: str, host: str, port: int) -> list[str]:
+    """What clients on this machine, and workers elsewhere, export to reach the server started
+    on ``host``. Names the auth string's variables, never its value."""
+    hints = [f"export PREFECT_API_URL={api_url}"]
+    if not is_loopback(host):
+        shown = socket.gethostname() if host in ("0.0.0.0", "::") else host
+        hints += [f'export PREFECT_API_AUTH_STRING="${AUTH_ENV}"   # every client and worker sends it',
+                  f"workers on other machines: PREFECT_API_URL=http://{shown}:{port}/api and the same "
+                  "PREFECT_API_AUTH_STRING"]
+    return hints
 
 
 def stop(home: Path) -> None:
@@ -110,6 +169,7 @@ def stop(home: Path) -> None:
         except (ProcessLookupError, ValueError, PermissionError):
             pass
         pid_file.unlink()
+    (home / "prefect-server.host").unlink(missing_ok=True)
     if (home / "pgdata" / "postmaster.pid").exists():
         _as_postgres([str(postgres_bin() / "pg_ctl"), "-D", str(home / "pgdata"), "-m", "fast", "-w", "stop"])
 

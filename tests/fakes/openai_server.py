@@ -3,7 +3,8 @@
 Each ``POST /v1/chat/completions`` consumes the next *step* of the script; once it is
 exhausted ``server.default`` answers (``None`` -> HTTP 500 "script exhausted").
 ``GET /v1/models`` lists one model (not recorded); other paths get 404. Every POST is
-recorded in ``server.requests`` before its step is chosen.
+recorded in ``server.requests`` before its step is chosen; ``server.max_in_flight`` is the most
+chat-completions POSTs being answered at once (a ``delayed`` step counts while it sleeps).
 
     with ScriptedOpenAIServer() as server:
         server.play([tool_call("search", query="x"), status(429, headers={"Retry-After": "0"}),
@@ -203,6 +204,11 @@ class ScriptedOpenAIServer:
         self.default: Any = None
         self.requests: list[RecordedRequest] = []
         self.errors: list[BaseException] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        """Most chat-completions requests being answered at once since the last ``reset`` (requests
+        received before it, such as a ``delayed`` step a timed-out client left behind, are not counted)."""
+        self._generation = 0
 
     def start(self) -> ScriptedOpenAIServer:
         """Bind a free port on 127.0.0.1 and start serving (no-op if already started)."""
@@ -255,6 +261,8 @@ class ScriptedOpenAIServer:
             self.requests.clear()
             self.errors.clear()
             self.default = None
+            self._generation += 1
+            self.in_flight = self.max_in_flight = 0
 
     def _next_id(self, kind: str) -> int:
         with self._lock:
@@ -267,13 +275,20 @@ class ScriptedOpenAIServer:
             if request.path != CHAT_PATH:
                 return _json(404, {"error": {"message": f"no route for POST {request.path}"}})
             step = self._script.popleft() if self._script else self.default
-        if step is None:
-            return _json(500, {"error": {"message": "script exhausted"}})
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            generation = self._generation
         try:
+            if step is None:
+                return _json(500, {"error": {"message": "script exhausted"}})
             return self._respond(step, request)
         except Exception as exc:  # e.g. a buggy callable step: answer 500, keep the error
             self.errors.append(exc)
             return _json(500, {"error": {"message": f"scripted step raised {exc!r}"}})
+        finally:
+            with self._lock:
+                if generation == self._generation:
+                    self.in_flight -= 1
 
     def _respond(self, step: Any, request: RecordedRequest) -> Response:
         while callable(step):

@@ -232,3 +232,12 @@ async def test_async_client_concurrent(server):
         rs = await asyncio.gather(*(c.post("/chat/completions", json={"messages": []})
                                     for _ in range(10)))
     assert sorted(int(r.json()["choices"][0]["message"]["content"]) for r in rs) == list(range(10))
+
+
+def test_max_in_flight_counts_requests_answered_at_once(server):
+    server.default = delayed(0.2, reply("ok"))
+    with ThreadPoolExecutor(3) as pool, httpx.Client(base_url=server.base_url, timeout=10) as client:
+        list(pool.map(lambda _: chat(client), range(3)))
+    assert (server.max_in_flight, server.in_flight) == (3, 0)
+    server.reset()
+    assert server.max_in_flight == 0

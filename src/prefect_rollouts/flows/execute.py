@@ -30,6 +30,7 @@ from prefect.utilities.annotations import quote
 
 from prefect_rollouts.agent import Agent, make_agent
 from prefect_rollouts.eval_config import EvalConfig
+from prefect_rollouts.flows.limits import eval_limits
 from prefect_rollouts.flows.outage import ApiOutageError, ApiWatch, QuietWhileDown, Unreported, close_orphans
 from prefect_rollouts.flows.ownership import owner_tags, sandbox_labels, tag_flow_run
 from prefect_rollouts.flows.rollout import RolloutRequest, rollout_flow
@@ -120,7 +121,7 @@ async def execute(config: EvalConfig, root: str, run_id: str, todo: list[tuple[T
     quiet.install()
     try:
         await tag_flow_run()   # the janitor's evidence (flows/janitor.py); rollout flow runs get it in _run_one
-        async with make_agent(config.env.agent) as agent:
+        async with eval_limits(config), make_agent(config.env.agent) as agent:   # [limits] for its rollouts
             run = _Run(agent=agent, writer=writer, run_id=run_id, environment=config.env.taskset.id,
                        config_hash=config_hash(agent.info), total=total,
                        gate=asyncio.Semaphore(config.max_concurrent), watch=watch, progress_key=progress_key,

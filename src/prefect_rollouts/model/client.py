@@ -30,8 +30,9 @@ import certifi
 import httpx
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, stop_after_delay, stop_never
 
+from prefect_rollouts import limits
 from prefect_rollouts.config import ClientConfig
-from prefect_rollouts.errors import ProviderError, register_secret, scrub
+from prefect_rollouts.errors import InfrastructureError, ProviderError, register_secret, scrub
 
 #: Connections per httpx client. httpcore's pool does work per request that grows with the
 #: square of its connections (it re-checks every connection's idleness for each one); measured
@@ -89,11 +90,14 @@ class ModelClient:
             (``max_connections``, split into lanes of at most 16).
         api_key: A key from a ``ModelEndpoint`` block; when None the key is read from the
             environment variable ``config.api_key_env`` at each request.
+        local: The endpoint is this process's own model server (``local/...``): an endpoint
+            limit of ``[limits]`` applies per process (``prefect_rollouts.limits``).
     """
 
-    def __init__(self, config: ClientConfig, api_key: str | None = None) -> None:
+    def __init__(self, config: ClientConfig, api_key: str | None = None, *, local: bool = False) -> None:
         self.config = config
         self._api_key = api_key
+        self._local = local
         self.url = config.base_url.rstrip("/") + "/chat/completions"
         self._shown_url = str(httpx.URL(self.url).copy_with(username=None, password=None))  # for messages
         lanes = -(-config.max_connections // _LANE_CONNECTIONS)
@@ -155,8 +159,11 @@ class ModelClient:
         key = self._key()
         headers = {"Authorization": f"Bearer {key}"} if key else None
         try:
-            async with asyncio.timeout(self.config.timeout):  # httpx's timeouts are per read, not total
-                response = await self._next_lane().post(self.url, json=body, headers=headers)
+            async with limits.request_slot(self.config, local=self._local):   # [limits] model_requests
+                async with asyncio.timeout(self.config.timeout):  # httpx's timeouts are per read, not total
+                    response = await self._next_lane().post(self.url, json=body, headers=headers)
+        except InfrastructureError as exc:   # no slot of the endpoint's limit could be asked for
+            raise _Attempt(f"could not take a slot of its concurrency limit: {exc}", 503) from None
         except (httpx.TimeoutException, TimeoutError):
             raise _Attempt(f"timed out after {self.config.timeout:g} s", 504) from None
         except httpx.TransportError as exc:

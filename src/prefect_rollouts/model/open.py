@@ -45,7 +45,7 @@ async def open_client(model: str, config: ClientConfig) -> tuple[ModelClient, An
         config = config.model_copy(update={"base_url": base_url, "api_key_env": None, "endpoint": None})
     try:
         if config.endpoint is None:
-            return ModelClient(config), server
+            return ModelClient(config, local=server is not None), server
         if _resolver is None:
             raise ConfigError(f"client.endpoint = {config.endpoint!r}: a ModelEndpoint block needs the Prefect layer, "
                               "which is not loaded. Run with orchestrator = \"prefect\" or in an eval, import "

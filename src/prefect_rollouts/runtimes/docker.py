@@ -27,8 +27,9 @@ from typing import Any, TypeVar
 import docker
 import docker.errors
 
+from prefect_rollouts import limits
 from prefect_rollouts.config import NetworkPolicy, RuntimeConfig
-from prefect_rollouts.errors import RuntimeUnavailableError, TaskError
+from prefect_rollouts.errors import InfrastructureError, RuntimeUnavailableError, TaskError
 from prefect_rollouts.runtimes.base import SCRUB_SLACK_BYTES, ExecResult, output_text
 from prefect_rollouts.runtimes.owner import current_owner
 
@@ -110,16 +111,31 @@ class DockerRuntime:
         self.id = ""
         self.container: Any = None
         self._owner = True
+        self._slot: limits.HeldSlot | None = None
 
     async def start(self) -> None:
         """Create and start the container.
 
         Raises:
             RuntimeUnavailableError: no engine (retryable), the image is missing (not
-                retryable; the message names ``prefect-rollouts sandbox build``), or the
-                container cannot start.
+                retryable; the message names ``prefect-rollouts sandbox build``), the
+                container cannot start, or no slot of ``[limits] containers`` could be asked for.
+
+        With ``[limits] containers`` in force, waits for a slot first and holds it until ``stop``
+        has removed the container. An isolated-scoring container (label ``role=scoring``) runs
+        under its rollout's slot: the rollout's own container is alive until teardown, so a
+        second slot per rollout could deadlock a full limit.
         """
-        self.container = await _in_thread(self._create)
+        if self.labels.get("role") != "scoring":
+            try:
+                self._slot = await limits.hold_container_slot()
+            except InfrastructureError as exc:
+                raise RuntimeUnavailableError(f'runtime "docker": no slot of [limits] containers: {exc}') from exc
+        try:
+            self.container = await _in_thread(self._create)
+        except BaseException:
+            await self._release_slot()
+            raise
         self.id = self.container.id
 
     def _create(self) -> Any:
@@ -155,6 +171,13 @@ class DockerRuntime:
             except asyncio.CancelledError:
                 await job
                 raise
+            finally:
+                await self._release_slot()
+
+    async def _release_slot(self) -> None:
+        slot, self._slot = self._slot, None
+        if slot is not None:
+            await asyncio.shield(slot.release())
 
     async def scoped(self, *, env: dict[str, str] | None = None, network: NetworkPolicy | None = None) -> DockerRuntime:
         """A view of this started container whose commands get ``env``; ``network`` (if it

@@ -1,0 +1,115 @@
+"""``prefect-rollouts server start --host``: beyond loopback only with an auth string, which the
+real Prefect server then demands of every client and worker; PostgreSQL stays on loopback."""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from prefect_rollouts import pgserver
+from prefect_rollouts.cli import app
+
+SECRET = "s3cret-auth-string-for-the-test-7f2c"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def outside_address() -> str:
+    """An address of this machine other than loopback (where another machine would reach it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect(("192.0.2.1", 9))   # picks the outgoing interface; sends nothing
+        address = sock.getsockname()[0]
+    assert not pgserver.is_loopback(address)
+    return address
+
+
+@pytest.fixture
+def home():
+    path = Path(tempfile.mkdtemp(prefix="prefect-rollouts-auth-"))   # PostgreSQL's user must reach it
+    path.chmod(0o755)
+    yield path
+    pgserver.stop(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_server_beyond_loopback_without_an_auth_string_does_not_start(home, monkeypatch):
+    monkeypatch.delenv(pgserver.AUTH_ENV, raising=False)
+    result = CliRunner().invoke(app, ["server", "start", "--home", str(home), "--host", "0.0.0.0",
+                                      "--port", str(free_port()), "--pg-port", str(free_port())])
+    output = " ".join(result.output.split())   # the console wraps long lines
+    assert result.exit_code == 2
+    assert output.startswith("config error: --host 0.0.0.0: a Prefect server reachable from other machines")
+    assert "Export PREFECT_SERVER_API_AUTH_STRING" in output and "Traceback" not in output
+    assert not (home / "pgdata").exists() and not (home / "prefect-server.pid").exists()
+
+
+def test_loopback_needs_no_auth_string():
+    pgserver.check_host("127.0.0.1", {})
+    pgserver.check_host("::1", {})
+    with pytest.raises(Exception, match="needs an auth string"):
+        pgserver.check_host("10.1.2.3", {pgserver.AUTH_ENV: "  "})
+
+
+def test_only_requests_with_the_auth_string_are_served_and_postgres_stays_on_loopback(home, monkeypatch, tmp_path):
+    monkeypatch.setenv(pgserver.AUTH_ENV, SECRET)
+    port, pg_port, address = free_port(), free_port(), outside_address()
+    started = CliRunner().invoke(app, ["server", "start", "--home", str(home), "--host", "0.0.0.0",
+                                       "--port", str(port), "--pg-port", str(pg_port)])
+    assert started.exit_code == 0, started.output
+    assert 'export PREFECT_API_AUTH_STRING="$PREFECT_SERVER_API_AUTH_STRING"' in started.output
+    api = f"http://{address}:{port}/api"
+    good = {"Authorization": "Basic " + base64.b64encode(SECRET.encode()).decode()}
+    bad = {"Authorization": "Basic " + base64.b64encode(b"guess").decode()}
+    with httpx.Client(timeout=30) as http:
+        assert http.get(f"{api}/health").status_code == 200                     # probes stay open
+        assert http.post(f"{api}/flows/filter", json={}).status_code == 401
+        assert http.post(f"{api}/flows/filter", json={}, headers=bad).status_code == 401
+        assert http.post(f"{api}/flows/filter", json={}, headers=good).status_code == 200
+
+    env = {**os.environ, "PREFECT_API_URL": api, "DO_NOT_TRACK": "1", "PREFECT_HOME": str(tmp_path / "client"),
+           "PREFECT_CLIENT_MAX_RETRIES": "0"}
+    env.pop(pgserver.AUTH_ENV)
+    refused = prefect("work-pool", "create", "rollouts", "--type", "process", env=env)
+    assert refused.returncode != 0 and "401" in refused.stdout + refused.stderr
+    env["PREFECT_API_AUTH_STRING"] = SECRET
+    assert prefect("work-pool", "create", "rollouts", "--type", "process", env=env).returncode == 0
+
+    worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", "rollouts",
+                               "--name", "auth-test-worker"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline, workers = time.monotonic() + 90, []
+        with httpx.Client(timeout=30, headers=good) as http:
+            while time.monotonic() < deadline and not workers:
+                time.sleep(1)
+                workers = [w["name"] for w in http.post(f"{api}/work_pools/rollouts/workers/filter", json={}).json()]
+    finally:
+        worker.terminate()
+        output = worker.communicate(timeout=30)[0]
+    assert workers == ["auth-test-worker"], output                                 # the worker polled, and was served
+
+    with pytest.raises(OSError):                                                   # PostgreSQL: loopback only
+        socket.create_connection((address, pg_port), timeout=5).close()
+    socket.create_connection(("127.0.0.1", pg_port), timeout=5).close()
+    log = (home / "prefect-server.log").read_text(errors="replace")
+    assert SECRET not in started.output + log + output
+
+
+def prefect(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "prefect", *args], env=env, capture_output=True, text=True,
+                          timeout=120)
