@@ -33,7 +33,8 @@ def answer(delay_s: float):
 
 def config(traces: Path, base_url: str, pool: str | None, *, count: int = 40, **top: Any):
     text = eval_toml(traces, base_url, taskset={"id": "tests.prefect.tasksets:numbered", "count": count},
-                     rollout_granularity=top.pop("rollout_granularity", "flow"), max_concurrent=4, **top)
+                     rollout_granularity=top.pop("rollout_granularity", "flow"),
+                     max_concurrent=top.pop("max_concurrent", 4), **top)
     if pool:
         text += f'[dispatch]\nwork_pool = "{pool}"\nshard_size = 10\nmax_shards_in_flight = 4\n'
         text += "heartbeat_s = 30\ncrash_after_s = 60\n"
@@ -108,7 +109,7 @@ def test_a_killed_worker_s_shard_is_crashed_and_run_again_on_the_other(work_pool
     shard = wait_until(running_shard, timeout_s=120)
     assert shard is not None, "no shard started"
     time.sleep(3)   # let it write a row or two, so only some of its rollouts run again
-    pid = int(shard.infrastructure_pid.rsplit(":", 1)[1])
+    pid = int(str(shard.infrastructure_pid).rsplit(":", 1)[-1])   # "PID" or "HOST:PID"
     victim = next(w for w in workers if pid in descendants(w.process.pid))
     victim.kill()
     thread.join(timeout=480)

@@ -183,7 +183,8 @@ async def ensure_zombie_automation(client: PrefectClient, settings: DispatchConf
 async def _submit(deployment_id: UUID, config: EvalConfig, root: str, run_id: str, shard: Shard) -> UUID:
     key = f"{run_id}:{flow_run.id}:shard-{shard.index}:attempt-{shard.attempt}"
     parameters: dict[str, Any] = {"run_id": run_id, "config": config.model_dump(mode="json"), "root": root,
-                                  "rollouts": [list(key_) for key_ in shard.rollouts], "shard_index": shard.index}
+                                  "rollouts": [list(key_) for key_ in shard.rollouts], "shard_index": shard.index,
+                                  "attempt": shard.attempt + 1}
     submitted = await arun_deployment(deployment_id, parameters=parameters, timeout=0, idempotency_key=key,
                                       flow_run_name=f"{run_id} · shard {shard.index}"
                                                     + (f" · attempt {shard.attempt + 1}" if shard.attempt else ""))

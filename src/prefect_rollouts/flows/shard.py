@@ -28,12 +28,14 @@ ENTRYPOINT = "prefect_rollouts.flows.shard:shard_flow"
 
 def _shard_run_name() -> str:
     parameters = flow_run.parameters
-    return f"{parameters.get('run_id', 'eval')} · shard {parameters.get('shard_index', 0)}"
+    attempt = parameters.get("attempt", 1)
+    return (f"{parameters.get('run_id', 'eval')} · shard {parameters.get('shard_index', 0)}"
+            + (f" · attempt {attempt}" if attempt > 1 else ""))
 
 
 @flow(name="shard", flow_run_name=_shard_run_name, persist_result=False, log_prints=False)
 async def shard_flow(run_id: str, config: EvalConfig, root: str, rollouts: list[tuple[str, int]],
-                     shard_index: int = 0) -> int:
+                     shard_index: int = 0, attempt: int = 1) -> int:
     """Run one shard of eval ``run_id``: the rollouts of ``rollouts`` that have no durable row.
 
     Args:
@@ -43,6 +45,7 @@ async def shard_flow(run_id: str, config: EvalConfig, root: str, rollouts: list[
             store URI.
         rollouts: ``[task id, rollout index]`` pairs of this shard.
         shard_index: Position of the shard in the eval's plan (names the flow run).
+        attempt: Which submission of this shard's rollouts this is, from 1 (names the flow run).
 
     Returns:
         How many rollouts this flow run ran (0 when every row was durable already).
