@@ -16,10 +16,11 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import acreate_table_artifact
 from prefect.runtime import flow_run
 
-from prefect_rollouts.blocks import resolve_trace_path
+from prefect_rollouts.blocks import resolve_trace_root
 from prefect_rollouts.environments import load_taskset
 from prefect_rollouts.eval_config import EvalConfig
 from prefect_rollouts.flows.execute import artifact_key, execute, progress_listener
+from prefect_rollouts.run_identity import prepare_run
 from prefect_rollouts.traces import EvalSummary, durable_keys, summarize_run
 
 __all__ = ["eval_flow", "new_run_id", "progress_listener"]
@@ -34,15 +35,19 @@ def _flow_run_name() -> str:
 
 
 @flow(name="eval", flow_run_name=_flow_run_name, persist_result=False, log_prints=False)
-async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str | None = None) -> EvalSummary:
+async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str | None = None,
+                    force_config: bool = False) -> EvalSummary:
     """Evaluate an agent on a taskset and write every rollout to the Parquet trace dataset.
 
     Args:
         config: The eval: taskset (``env.taskset``), agent (``env.agent``), ``num_tasks``,
             ``rollouts_per_task``, ``max_concurrent``, ``rollout_granularity`` and ``traces``.
         resume: Run id of an earlier run to continue: only its rollouts without a durable
-            row run, and the summary covers the whole run.
+            row run, and the summary covers the whole run. ``config`` may differ from the config
+            stored when the run started only in keys that change how it runs
+            (``run_identity.HOW_KEYS``); any other difference fails the run with a config error.
         run_id: Id for a new run; default ``<run_name or taskset id>-<UTC time>-<4 hex>``.
+        force_config: Resume with ``config`` even where it differs from the stored one.
 
     Returns:
         ``EvalSummary``: per environment the mean reward with standard error, pass@k for
@@ -51,8 +56,9 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
     """
     logger = get_run_logger()
     started = time.perf_counter()
-    root = await resolve_trace_path(config.traces.store) if config.traces.store else (config.traces.path or "./traces")
+    root = await resolve_trace_root(config.traces.store) if config.traces.store else config.traces.dataset_root()
     run_id = resume or run_id or new_run_id(config)
+    config = prepare_run(root, run_id, config, resume=resume is not None, force=force_config)   # stores it
     tasks = load_taskset(config.env.taskset.id, config.env.taskset.options, config.num_tasks)
     plan = [(task_, index) for task_ in tasks for index in range(config.rollouts_per_task)]
     durable = durable_keys(root, run_id) if resume else set()
