@@ -238,6 +238,28 @@ def traces_show(
     typer.echo("\n\n".join(format_rollout(trace, index=i, max_chars=max_chars) for i, trace in traces))
 
 
+@traces_app.command("compact")
+def traces_compact(
+    path: Annotated[str, typer.Argument(help="Dataset root: a directory or a URI such as s3://bucket/prefix.")],
+    run_id: Annotated[str, typer.Argument(help="The run whose files to rewrite.")],
+) -> None:
+    """Rewrite a run's Parquet files into one file per table and day (atomically, dropping duplicate rows)."""
+    from prefect_rollouts.traces.compact import compact_run
+
+    try:
+        result = compact_run(path, run_id)
+    except (ConfigError, TraceStoreError) as exc:
+        _error("", exc)
+        raise typer.Exit(1) from None
+    if not result.files_before["rollouts"]:
+        console.print(f"no rollouts of run {run_id} in {path}", markup=False)
+        raise typer.Exit(1)
+    for table in ("rollouts", "model_calls"):
+        console.print(f"{table}: {result.files_before[table]} -> {result.files_after[table]} files", markup=False)
+    if result.duplicates_dropped:
+        console.print(f"dropped {result.duplicates_dropped} duplicate rollout rows", markup=False)
+
+
 @app.command("serve")
 def serve_command(
     config: Annotated[Path, typer.Argument(help="Eval config TOML used as the nightly deployment's default.")] = Path(

@@ -8,11 +8,13 @@ from prefect_rollouts.blocks import TraceStore, resolve_trace_root
 from prefect_rollouts.cli import app
 from prefect_rollouts.eval_config import load_eval_config
 from prefect_rollouts.flows.eval import eval_flow
-from prefect_rollouts.traces import read_rollouts
+from prefect_rollouts.run_identity import prepare_run
+from prefect_rollouts.traces import TraceWriter, read_rollouts
 from prefect_rollouts.traces.store import dataset_root
 from tests.eval_toml import eval_toml
 from tests.fakes.object_store import CREDENTIALS
 from tests.fakes.openai_server import reply
+from tests.traces.test_dataset import add, make_trace
 
 
 def invoke(*args):
@@ -50,30 +52,40 @@ def test_a_run_of_12_resumed_without_its_set_num_tasks_does_not_grow_to_50(tmp_p
     assert len(read_rollouts(traces, run_id="twelve")) == 50 and len(openai_server.requests) == 38
 
 
-def test_an_eval_on_an_object_store_writes_resumes_and_summarises(s3_dataset, tmp_path, openai_server):
+def test_an_eval_on_an_object_store_resumes_rows_another_writer_made_durable(s3_dataset, tmp_path, openai_server):
     openai_server.default = reply("0")
     config = tmp_path / "eval.toml"
     config.write_text(eval_toml(s3_dataset, openai_server.base_url, taskset={"id": "tests.prefect.tasksets:numbered",
-                                                                             "count": 6},
-                                flush_each_rollout=True, max_concurrent=2))
-    code, output = invoke("eval", config, "--run-id", "on-s3")
-    assert code == 0, output
+                                                                             "count": 6}, max_concurrent=2))
     store = dataset_root(s3_dataset)
-    files = store.list_files("rollouts")
-    assert len(files) == 6 and store.list_files("runs") == ["runs/run_id=on-s3/config.json"]
-    for lost in files[:2]:                                   # two rollouts whose rows never became durable
-        store.delete_file(lost)
+    prepare_run(store, "on-s3", load_eval_config(config), resume=False)   # as the run's start stores it
+    elsewhere = TraceWriter(s3_dataset, "on-s3")                          # a worker on another machine, then killed
+    for task_id in ("n0", "n1", "n2", "n3"):
+        add(elsewhere, make_trace(task_id, 1.0), 0, env="tests.prefect.tasksets:numbered")
+    elsewhere.flush()
 
-    openai_server.reset()
-    openai_server.default = reply("0")
     code, output = invoke("eval", "--resume", "on-s3", "--set", f"traces.path={s3_dataset}")
     assert code == 0, output
-    assert len(openai_server.requests) == 2                  # only the two without a durable row ran again
+    assert sorted(r.messages[-1]["content"] for r in openai_server.requests) == ["task 4: say 4", "task 5: say 5"]
     rows = read_rollouts(s3_dataset, run_id="on-s3")
-    assert len(rows) == 6 and len(store.list_files("rollouts")) == 6 and set(rows["reward"]) == {0.0, 1.0}
+    assert sorted(rows["task_id"]) == ["n0", "n1", "n2", "n3", "n4", "n5"]
+    assert len(store.list_files("rollouts")) == len(store.list_files("model_calls")) == 1   # compacted at the end
+    assert store.list_files("runs") == ["runs/run_id=on-s3/config.json"]
 
     code, output = invoke("traces", "summary", s3_dataset, "--run-id", "on-s3")
-    assert code == 0 and "run on-s3" in output and "│ 6 │ 6 │ 0.1667 │" in output, output
+    assert code == 0 and "run on-s3" in output and "│ 6 │ 6 │ 0.6667 │" in output, output
+
+
+async def test_a_run_ends_with_one_file_per_table_however_often_it_flushed(tmp_path, openai_server):
+    openai_server.default = reply("0")
+    config = load_eval_config(eval_toml(tmp_path, openai_server.base_url, rollout_granularity="batch",
+                                        taskset={"id": "tests.prefect.tasksets:numbered", "count": 100},
+                                        rollouts_per_task=3, batch_size=50, max_concurrent=32))
+    summary = await eval_flow(config, run_id="many")       # rollouts_per_task > 1: a file per rollout while it runs
+    assert summary.rollouts == 300
+    root = dataset_root(tmp_path)
+    assert len(root.list_files("rollouts")) == len(root.list_files("model_calls")) == 1
+    assert len(read_rollouts(tmp_path, run_id="many")) == 300
 
 
 async def test_a_trace_store_block_holds_the_location_and_credentials(s3_dataset, _moto_endpoint, tmp_path,

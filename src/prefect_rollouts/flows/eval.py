@@ -8,6 +8,7 @@ durable row.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import time
 import uuid
@@ -18,10 +19,11 @@ from prefect.runtime import flow_run
 
 from prefect_rollouts.blocks import resolve_trace_root
 from prefect_rollouts.environments import load_taskset
+from prefect_rollouts.errors import TraceStoreError
 from prefect_rollouts.eval_config import EvalConfig
 from prefect_rollouts.flows.execute import artifact_key, execute, progress_listener
 from prefect_rollouts.run_identity import prepare_run
-from prefect_rollouts.traces import EvalSummary, durable_keys, summarize_run
+from prefect_rollouts.traces import EvalSummary, compact_run, durable_keys, summarize_run
 
 __all__ = ["eval_flow", "new_run_id", "progress_listener"]
 
@@ -67,6 +69,12 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
                 config.rollouts_per_task, len(todo), root)
     failures = await execute(config, root, run_id, todo, total=len(plan), durable=durable,
                              progress_key=artifact_key(run_id, "progress"))
+    try:   # one file per table and day instead of one per flush; the rows are durable either way
+        compacted = await asyncio.to_thread(compact_run, root, run_id)
+        logger.info("run %s: files per table %s, compacted to %s", run_id, compacted.files_before,
+                    compacted.files_after)
+    except TraceStoreError as exc:
+        logger.warning("run %s: could not compact its files (%s); its rows stay as they were", run_id, exc)
     summary = summarize_run(root, run_id, rollouts_per_task=config.rollouts_per_task,
                             pass_threshold=config.pass_threshold, wall_time_s=round(time.perf_counter() - started, 3))
     await acreate_table_artifact(table=summary.table(), key=artifact_key(run_id, "summary"),

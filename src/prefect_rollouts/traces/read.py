@@ -53,14 +53,17 @@ def read_rollouts(path: Root, *, columns: list[str] | None = None, **filters: An
 def read_model_calls(path: Root, **filters: Any) -> pd.DataFrame:
     """The ``model_calls`` table as a DataFrame, one row per model call (same ``filters`` as ``read_rollouts``).
 
-    Calls of rollouts whose ``rollouts`` row is not durable (a crash between the two files of a
-    batch) are dropped.
+    Only calls of the rollouts ``read_rollouts`` returns are kept: calls of a rollout whose row is
+    not durable (a crash between the two files of a batch) or was dropped as a duplicate are
+    left out, and a call stored twice (a compaction cut short) appears once.
     """
     root = dataset_root(path)
     calls = _read(root, "model_calls", MODEL_CALLS, filters).to_pandas()
     keep = {k: v for k, v in filters.items() if k in ("run_id", "date", "task_id", "model", "environment")}
-    rollouts = _read(root, "rollouts", ROLLOUTS, keep, columns=["rollout_id"]).column("rollout_id").to_pylist()
-    return calls[calls["rollout_id"].isin(set(rollouts))].reset_index(drop=True)
+    rollouts = _read(root, "rollouts", ROLLOUTS, keep, columns=["run_id", "task_id", "rollout_index", "rollout_id"])
+    shown = rollouts.to_pandas().drop_duplicates(["run_id", "task_id", "rollout_index"], keep="first")
+    calls = calls[calls["rollout_id"].isin(set(shown["rollout_id"]))]
+    return calls.drop_duplicates(["rollout_id", "call_index"], keep="first").reset_index(drop=True)
 
 
 def read_traces(path: Root, **filters: Any) -> list[Trace]:
