@@ -1,6 +1,6 @@
 """Where a trace dataset lives: a local or shared directory, or an object store, through pyarrow's filesystems.
 
-A dataset root is a path (``./traces``, ``/mnt/nfs/traces``) or a URI pyarrow understands
+A dataset root is a path (``./traces``, or a mounted share such as NFS) or a URI pyarrow understands
 (``s3://bucket/prefix``, ``gs://bucket/prefix``, ``file:///data/traces``). S3 credentials come from
 the usual AWS environment (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``,
 ``~/.aws``, instance metadata); an S3-compatible server is named by ``AWS_ENDPOINT_URL_S3`` or
