@@ -54,3 +54,24 @@ def docker_engine():
         pytest.skip(reason)
     assert not isinstance(client, RuntimeUnavailableError)
     return client
+
+
+@pytest.fixture(scope="session")
+def _moto_endpoint():
+    """moto's S3 server on loopback for the whole session (use ``s3_dataset`` in tests)."""
+    from tests.fakes.object_store import moto_s3
+
+    with moto_s3() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def s3_dataset(_moto_endpoint, monkeypatch):
+    """``s3://<fresh bucket>/traces``: a dataset root on the loopback S3 server, reached the usual AWS
+    way (credentials and ``AWS_ENDPOINT_URL`` in the environment)."""
+    from tests.fakes.object_store import CREDENTIALS, new_bucket
+
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", _moto_endpoint)
+    return f"s3://{new_bucket(_moto_endpoint)}/traces"

@@ -80,3 +80,14 @@ def fails_after_one(limit: int = 1):
 
     yield vf.Task(vf.TaskData(id="first", prompt="x"))
     raise ValueError(f"limit {limit} is too high")
+
+
+def test_eval_without_a_config_or_resume_is_a_config_error():
+    result = CliRunner().invoke(app, ["eval"])
+    assert_config_error_before_prefect(result, "eval: no config given", "--resume RUN_ID")
+
+
+def test_resume_without_a_config_of_a_run_with_no_stored_config_is_a_config_error(tmp_path):
+    result = CliRunner().invoke(app, ["eval", "--resume", "ghost", "--set", f"traces.path={tmp_path}"])
+    assert_config_error_before_prefect(result, "--resume ghost: the run has no stored config",
+                                       "prefect-rollouts eval CONFIG --resume ghost")

@@ -28,12 +28,18 @@ console = Console(width=None if sys.stdout.isatty() else 160)  # piped output ke
 
 @app.command("eval")
 def eval_command(
-    config: Annotated[Path, typer.Argument(help="Eval config TOML (tables env.taskset, env.agent, traces, ...).")],
+    config: Annotated[Path | None, typer.Argument(
+        help="Eval config TOML (tables env.taskset, env.agent, traces, ...); optional with --resume, which "
+             "runs the config stored when the run started.")] = None,
     set_: Annotated[list[str] | None,
                     typer.Option("--set", help="Override a key: dotted.key=value (repeatable).")] = None,
     resume: Annotated[str | None,
-                      typer.Option(help="Continue run RUN_ID: run only rollouts without a durable row.")] = None,
+                      typer.Option(help="Continue run RUN_ID: run only rollouts without a durable row, with the "
+                                        "run's stored config.")] = None,
     run_id: Annotated[str | None, typer.Option(help="Id for a new run (default: generated).")] = None,
+    force_config: Annotated[bool, typer.Option(
+        "--force-config", help="With --resume: run the given config even where it differs from the stored one "
+                               "in keys that define the run.")] = False,
     work_pool: Annotated[str | None, typer.Option(
         help="Run the rollouts as shard flow runs on this Prefect work pool ([dispatch] work_pool).")] = None,
     shard_size: Annotated[int | None, typer.Option(help="Rollouts per shard flow run ([dispatch] shard_size).")] = None,
@@ -42,19 +48,20 @@ def eval_command(
 
     Without ``PREFECT_API_URL`` the eval gets a temporary Prefect server that ends with it (also on
     ``kill -9``). A run that stops early (an API outage past ``api_outage_limit_s``, an unwritable
-    dataset, rollouts without a row) exits 1 and prints the ``--resume`` command.
+    dataset, rollouts without a row) exits 1 and prints the ``--resume`` command. A resume whose
+    config differs from the run's stored config in a key that defines the run exits 2.
     """
     from prefect_rollouts.environments import load_taskset
-    from prefect_rollouts.eval_config import load_eval_config
+    from prefect_rollouts.run_identity import check_run_config
 
     set_ = [*(set_ or []), *([f"dispatch.work_pool={json.dumps(work_pool)}"] if work_pool else []),
             *([f"dispatch.shard_size={shard_size}"] if shard_size is not None else [])]
     try:
-        eval_config = load_eval_config(config, set_)
+        eval_config = check_run_config(config, set_, resume=resume, run_id=run_id, force=force_config)
         taskset = eval_config.env.taskset   # a bad taskset option or traces path fails here, before Prefect starts
         total = len(load_taskset(taskset.id, taskset.options, eval_config.num_tasks)) * eval_config.rollouts_per_task
         eval_config.traces.check_writable()
-    except ConfigError as exc:
+    except (ConfigError, TraceStoreError) as exc:
         _error("config error: ", exc)
         raise typer.Exit(2) from None
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
@@ -69,7 +76,8 @@ def eval_command(
 
     run_id = resume or run_id or new_run_id(eval_config)
     resume_hint = " ".join(shlex.quote(part) for part in [
-        "prefect-rollouts", "eval", str(config), *(f"--set={item}" for item in set_ or []), "--resume", run_id])
+        "prefect-rollouts", "eval", *([str(config)] if config else []), *(f"--set={item}" for item in set_ or []),
+        "--resume", run_id])
     temporary = None if PREFECT_API_URL.value() else TemporaryServer(
         float(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"]))
     if temporary is not None and eval_config.dispatch.work_pool:
@@ -91,7 +99,7 @@ def eval_command(
                     console.print("PREFECT_API_URL is not set: starting a temporary Prefect server for this eval")
                     stack.enter_context(_api_url(stack.enter_context(temporary).api_url))
                     stack.callback(_drain_prefect_services)   # runs before the server stops
-                summary = asyncio.run(eval_flow(eval_config, resume=resume, run_id=run_id))
+                summary = asyncio.run(eval_flow(eval_config, resume=resume, run_id=run_id, force_config=force_config))
         except ConfigError as exc:
             _error("config error: ", exc)
             raise typer.Exit(2) from None
@@ -194,7 +202,8 @@ def _durable_count(eval_config: Any, run_id: str) -> int | None:
 
 @traces_app.command("summary")
 def traces_summary(
-    path: Annotated[Path, typer.Argument(help="Dataset root (holds rollouts/ and model_calls/).")],
+    path: Annotated[str, typer.Argument(help="Dataset root (holds rollouts/ and model_calls/): a directory or "
+                                             "a URI such as s3://bucket/prefix.")],
     run_id: Annotated[str | None, typer.Option(
         help="Only this run, followed by its full summary (pass@k, outcomes, tokens).")] = None,
     pass_threshold: Annotated[float, typer.Option(help="Reward at which a rollout passes (pass@k).")] = 1.0,
@@ -206,7 +215,7 @@ def traces_summary(
     try:
         runs = [run for run in run_rows(path) if run_id in (None, run["run_id"])]
         summary = summarize_run(path, run_id, pass_threshold=pass_threshold) if runs and run_id else None
-    except TraceStoreError as exc:
+    except (ConfigError, TraceStoreError) as exc:
         _error("", exc)
         raise typer.Exit(1) from None
     if not runs:
@@ -219,7 +228,8 @@ def traces_summary(
 
 @traces_app.command("show")
 def traces_show(
-    path: Annotated[Path, typer.Argument(help="Dataset root (holds rollouts/ and model_calls/).")],
+    path: Annotated[str, typer.Argument(help="Dataset root (holds rollouts/ and model_calls/): a directory or "
+                                             "a URI such as s3://bucket/prefix.")],
     run_id: Annotated[str, typer.Argument(help="The run (see `traces summary`).")],
     task_id: Annotated[str | None, typer.Argument(help="The task; without it, the run's rollouts are listed.")] = None,
     index: Annotated[int | None, typer.Option(help="Only this rollout index of the task (default: each).")] = None,
@@ -233,10 +243,32 @@ def traces_show(
             typer.echo(format_rollout_list(path, run_id))
             return
         traces = read_rollout_traces(path, run_id, task_id, index)
-    except TraceStoreError as exc:
+    except (ConfigError, TraceStoreError) as exc:
         _error("", exc)
         raise typer.Exit(1) from None
     typer.echo("\n\n".join(format_rollout(trace, index=i, max_chars=max_chars) for i, trace in traces))
+
+
+@traces_app.command("compact")
+def traces_compact(
+    path: Annotated[str, typer.Argument(help="Dataset root: a directory or a URI such as s3://bucket/prefix.")],
+    run_id: Annotated[str, typer.Argument(help="The run whose files to rewrite.")],
+) -> None:
+    """Rewrite a run's Parquet files into one file per table and day (atomically, dropping duplicate rows)."""
+    from prefect_rollouts.traces.compact import compact_run
+
+    try:
+        result = compact_run(path, run_id)
+    except (ConfigError, TraceStoreError) as exc:
+        _error("", exc)
+        raise typer.Exit(1) from None
+    if not result.files_before["rollouts"]:
+        console.print(f"no rollouts of run {run_id} in {path}", markup=False)
+        raise typer.Exit(1)
+    for table in ("rollouts", "model_calls"):
+        console.print(f"{table}: {result.files_before[table]} -> {result.files_after[table]} files", markup=False)
+    if result.duplicates_dropped:
+        console.print(f"dropped {result.duplicates_dropped} duplicate rollout rows", markup=False)
 
 
 @app.command("serve")

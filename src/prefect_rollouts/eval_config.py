@@ -7,7 +7,7 @@ rollouts_per_task = 1
 max_concurrent = 16
 
 [traces]
-path = "./traces"             # or store = "<TraceStore block name>"
+path = "./traces"             # or "s3://bucket/prefix", or store = "<TraceStore block name>"
 
 [limits]                      # optional: Prefect global concurrency limits (LimitsConfig)
 model_requests = 8            # requests in flight per model endpoint, all workers together
@@ -26,13 +26,15 @@ from __future__ import annotations
 
 import tempfile
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from prefect_rollouts.config import AgentConfig, _Config, _read_toml, config_dir, validate_config
-from prefect_rollouts.errors import ConfigError
+from prefect_rollouts.errors import ConfigError, TraceStoreError
+from prefect_rollouts.traces.store import DatasetRoot, dataset_root
 
 
 class TasksetConfig(BaseModel):
@@ -57,21 +59,40 @@ class EnvConfig(_Config):
 
 
 class TracesConfig(_Config):
-    """``[traces]``: where the Parquet dataset goes: a local ``path`` or a ``TraceStore`` block."""
+    """``[traces]``: where the Parquet dataset goes: a ``path`` (directory or URI) or a ``TraceStore`` block."""
 
     path: str | None = "./traces"
+    """A local or shared directory, or an object-store URI such as ``s3://bucket/prefix``
+    (credentials from the AWS environment, never in the URI)."""
     store: str | None = None
     """Name of a ``TraceStore`` block; wins over ``path``."""
 
+    def dataset_root(self) -> DatasetRoot:
+        """The dataset root of ``path`` (``./traces`` when unset); a ``store`` block is resolved by
+        the Prefect layer (``blocks.resolve_trace_root``), not here.
+
+        Raises:
+            ConfigError: ``path`` is a URI that holds credentials or that pyarrow cannot open.
+        """
+        return dataset_root(self.path or "./traces")
+
     def check_writable(self) -> None:
-        """Make sure files can be written under ``path`` (creating it), so a bad path is a config
-        error before anything starts. A ``store`` block is checked where it is resolved.
+        """Make sure files can be written under ``path`` (creating a directory), so a bad path is a
+        config error before anything starts. A ``store`` block is checked where it is resolved.
 
         Raises:
             ConfigError: ``path`` is a file, sits under a file, or is a directory that cannot be
-                created or written; the message names ``[traces] path`` and the cause.
+                created or written, or an object store refuses a write; the message names
+                ``[traces] path`` and the cause.
         """
         if self.store or self.path is None:
+            return
+        if "://" in self.path:
+            try:
+                self.dataset_root().check_writable()
+            except TraceStoreError as exc:
+                raise ConfigError(f"[traces] path = {self.path!r}: {exc}. Check the bucket, the endpoint and the "
+                                  "AWS credentials in the environment, or use a TraceStore block") from None
             return
         root = Path(self.path)
         fix = 'Choose a writable directory, or set [traces] store = "<TraceStore block name>"'
@@ -215,13 +236,22 @@ def load_eval_config(source: str | Path, overrides: list[str] | None = None) -> 
         ConfigError: unreadable TOML, a malformed override, or an invalid or unknown key (the
             message names the key and its table).
     """
-    data = _read_toml(source)
-    for item in overrides or []:
+    data = apply_overrides(_read_toml(source), overrides or [])
+    return validate_config(EvalConfig, data, "", config_dir(source))
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply ``--set`` items (``dotted.key=value``, the value parsed as TOML) to ``data`` in place.
+
+    Raises:
+        ConfigError: an item is not ``dotted.key=value``, or a dotted part names a value, not a table.
+    """
+    for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--set {item!r}: expected dotted.key=value, e.g. --set env.agent.max_turns=4")
         _assign(data, key.strip().split("."), _parse_value(raw.strip()))
-    return validate_config(EvalConfig, data, "", config_dir(source))
+    return data
 
 
 def _parse_value(raw: str) -> Any:

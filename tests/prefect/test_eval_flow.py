@@ -68,6 +68,6 @@ async def test_resume_runs_only_the_rollouts_without_a_durable_row(tmp_path, ope
     openai_server.reset()
     openai_server.default = even_tasks_right_task_9_down
     whole = load_eval_config(eval_toml(tmp_path, openai_server.base_url))
-    summary = await eval_flow(whole, resume="resumable")
+    summary = await eval_flow(whole, resume="resumable", force_config=True)   # grown on purpose (num_tasks)
     assert len(openai_server.requests) == 6                           # tasks 4..9 only
     assert summary.rollouts == 10 and len(read_rollouts(tmp_path, run_id="resumable")) == 10

@@ -12,7 +12,7 @@ import prefect_rollouts as vf
 from prefect_rollouts.trace import ModelCall
 from prefect_rollouts.traces import TraceWriter, read_model_calls, read_rollouts, summarize
 from prefect_rollouts.traces.schema import MODEL_CALLS, ROLLOUTS, model_call_rows, rollout_row
-from prefect_rollouts.traces.writer import _write_atomic
+from prefect_rollouts.traces.writer import write_table
 from tests.fakes.openai_server import reply, status, tool_call
 
 
@@ -106,14 +106,12 @@ def test_a_dataset_written_before_these_columns_stays_readable(tmp_path):
     old_calls = pa.schema([f for f in MODEL_CALLS if f.name not in new_only])
     row = {k: v for k, v in rollout_row(trace, rollout_index=0, environment="e", config_hash="h", elapsed_s=1.0).items()
            if k not in new_only} | {"schema_version": 1}
-    base = tmp_path / "rollouts" / "date=2026-11-30" / "run_id=old"
-    base.mkdir(parents=True)
-    _write_atomic(pa.Table.from_pylist([row], schema=old_rollouts), base / "part-1.parquet")
+    write_table(tmp_path, "rollouts/date=2026-11-30/run_id=old/part-1.parquet",
+                pa.Table.from_pylist([row], schema=old_rollouts))
     trace.model_calls.append(ModelCall(segment=0, started_at=1.8e9, latency_ms=5.0, finish_reason="stop"))
     call = {k: v for k, v in model_call_rows(trace, rollout_index=0, environment="e")[0].items() if k not in new_only}
-    calls_dir = tmp_path / "model_calls" / "date=2026-11-30" / "run_id=old"
-    calls_dir.mkdir(parents=True)
-    _write_atomic(pa.Table.from_pylist([call], schema=old_calls), calls_dir / "part-1.parquet")
+    write_table(tmp_path, "model_calls/date=2026-11-30/run_id=old/part-1.parquet",
+                pa.Table.from_pylist([call], schema=old_calls))
     rows = read_rollouts(tmp_path)
     assert null(rows["cached_tokens"].iloc[0]) and null(rows["reasoning_tokens"].iloc[0])
     assert [null(value) for value in read_model_calls(tmp_path)["attempts"]] == [True]

@@ -12,7 +12,7 @@ import pytest
 import prefect_rollouts as vf
 from prefect_rollouts.trace import ErrorRecord, ModelCall
 from prefect_rollouts.traces.schema import MODEL_CALLS, model_call_rows
-from prefect_rollouts.traces.writer import _write_atomic
+from prefect_rollouts.traces.writer import write_table
 from prefect_rollouts.traces import (
     SCHEMA_VERSION, TraceWriter, durable_keys, pass_at_k, read_model_calls, read_rollouts, read_traces, summarize)
 
@@ -64,7 +64,8 @@ def test_readers_filter_and_ignore_temporary_files_and_drop_orphan_calls(tmp_pat
     (day_dir / ".part-crash.parquet.tmp").write_bytes(b"half a file")
     orphan_dir = next((tmp_path / "model_calls").iterdir()) / "run_id=r1"   # calls whose rollouts file never landed
     orphan_rows = model_call_rows(make_trace("ghost", 1.0), rollout_index=0, environment="arith")
-    _write_atomic(pa.Table.from_pylist(orphan_rows, schema=MODEL_CALLS), orphan_dir / "part-orphan.parquet")
+    write_table(tmp_path, f"model_calls/{orphan_dir.parent.name}/run_id=r1/part-orphan.parquet",
+                pa.Table.from_pylist(orphan_rows, schema=MODEL_CALLS))
 
     rows = read_rollouts(tmp_path, run_id="r1")
     assert list(rows["task_id"]) == ["a"] and rows["schema_version"].tolist() == [SCHEMA_VERSION]

@@ -1,4 +1,4 @@
-"""The ``ModelEndpoint`` and ``TraceStore`` blocks and how configs that name them are resolved."""
+"""The ``ModelEndpoint`` block and how agent configs that name it are resolved."""
 
 from __future__ import annotations
 
@@ -35,24 +35,6 @@ class ModelEndpoint(Block):
     model: str | None = Field(default=None, description="Default model name served here (informational).")
 
 
-class TraceStore(Block):
-    """Where an eval's Parquet trace dataset lives (a local or mounted directory).
-
-    Example:
-        ```python
-        from prefect_rollouts.blocks import TraceStore
-        TraceStore(path="/data/traces").save("nightly")
-        ```
-        then in TOML: ``[traces] store = "nightly"``.
-    """
-
-    _block_type_name = "Trace Store"
-    _block_type_slug = "prefect-rollouts-trace-store"
-    _description = "Location of a prefect-rollouts Parquet trace dataset."
-
-    path: str = Field(description="Dataset root directory (holds rollouts/ and model_calls/).")
-
-
 async def resolve_client(config: ClientConfig) -> tuple[ClientConfig, str | None]:
     """Apply the ``ModelEndpoint`` block named by ``config.endpoint``.
 
@@ -76,16 +58,3 @@ async def resolve_client(config: ClientConfig) -> tuple[ClientConfig, str | None
     update["headers"] = {**{key: SecretStr(value) for key, value in block.headers.items()}, **config.headers}
     key = block.api_key.get_secret_value() if block.api_key is not None else None
     return config.model_copy(update=update), key
-
-
-async def resolve_trace_path(store: str) -> str:
-    """The dataset path of the ``TraceStore`` block named ``store``.
-
-    Raises:
-        ConfigError: no such block.
-    """
-    try:
-        return cast(TraceStore, await TraceStore.aload(store)).path
-    except ValueError as exc:
-        raise ConfigError(f"[traces] store = {store!r}: no TraceStore block with that name ({exc}). "
-                          f"Create it with TraceStore(path=...).save({store!r}), or set [traces] path") from None

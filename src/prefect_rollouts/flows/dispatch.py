@@ -41,7 +41,7 @@ from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.eval_config import DispatchConfig, EvalConfig
 from prefect_rollouts.flows.shard import ENTRYPOINT, shard_flow
 from prefect_rollouts.rollout import RolloutSpec
-from prefect_rollouts.traces import durable_keys
+from prefect_rollouts.traces import DatasetRoot, durable_keys
 
 ZOMBIE_AUTOMATION = "prefect-rollouts: crash shard flow runs without heartbeats"
 FINAL = {StateType.COMPLETED, StateType.FAILED, StateType.CRASHED, StateType.CANCELLED}
@@ -72,12 +72,14 @@ class DispatchReport:
     """``(task id, rollout index)`` of planned rollouts without a durable row."""
 
 
-async def dispatch(config: EvalConfig, root: str, run_id: str, todo: list[tuple[str, int]], *,
+async def dispatch(config: EvalConfig, root: DatasetRoot, run_id: str, todo: list[tuple[str, int]], *,
                    on_progress: Callable[[int], Awaitable[None]]) -> DispatchReport:
     """Run ``todo`` as shard flow runs on ``config.dispatch.work_pool`` and wait for all of them.
 
     Args:
-        root: The dataset root, as the workers see it (a shared path or an object store URI).
+        root: The dataset root; workers must see it at the same place (a shared path mounted at
+            the same absolute path, or an object store). A ``[traces] store`` block is resolved
+            again by each shard.
         todo: ``(task id, rollout index)`` of the rollouts to run, in plan order.
         on_progress: Called with the number of durable rows of the run after every poll.
 
@@ -180,9 +182,10 @@ async def ensure_zombie_automation(client: PrefectClient, settings: DispatchConf
                                             "this shard is gone")]))
 
 
-async def _submit(deployment_id: UUID, config: EvalConfig, root: str, run_id: str, shard: Shard) -> UUID:
+async def _submit(deployment_id: UUID, config: EvalConfig, root: DatasetRoot, run_id: str, shard: Shard) -> UUID:
     key = f"{run_id}:{flow_run.id}:shard-{shard.index}:attempt-{shard.attempt}"
-    parameters: dict[str, Any] = {"run_id": run_id, "config": config.model_dump(mode="json"), "root": root,
+    where = root.path if root.is_local else root.uri   # an absolute path, or a URI without credentials
+    parameters: dict[str, Any] = {"run_id": run_id, "config": config.model_dump(mode="json"), "root": where,
                                   "rollouts": [list(key_) for key_ in shard.rollouts], "shard_index": shard.index,
                                   "attempt": shard.attempt + 1}
     submitted = await arun_deployment(deployment_id, parameters=parameters, timeout=0, idempotency_key=key,

@@ -8,8 +8,8 @@ durable row.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
-import os
 import time
 import uuid
 
@@ -17,15 +17,21 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import acreate_progress_artifact, acreate_table_artifact, aupdate_progress_artifact
 from prefect.runtime import flow_run
 
-from prefect_rollouts.blocks import resolve_trace_path
+from prefect_rollouts.blocks import resolve_trace_root
 from prefect_rollouts.environments import load_taskset
+from prefect_rollouts.errors import TraceStoreError
 from prefect_rollouts.eval_config import EvalConfig
 from prefect_rollouts.flows.dispatch import dispatch
 from prefect_rollouts.flows.execute import artifact_key, execute, progress_listener
 from prefect_rollouts.flows.ownership import tag_flow_run
-from prefect_rollouts.traces import EvalSummary, durable_keys, summarize_run
+from prefect_rollouts.run_identity import prepare_run
+from prefect_rollouts.traces import DatasetRoot, EvalSummary, compact_run, durable_keys, summarize_run
 
 __all__ = ["eval_flow", "new_run_id", "progress_listener"]
+
+COMPACT_MIN_FILES = 16
+"""At its end an eval rewrites a table's files of a day into one only when there are at least this
+many: a run's file count stays bounded (a slow model flushes often), and a small eval pays nothing."""
 
 
 def _flow_run_name() -> str:
@@ -37,15 +43,19 @@ def _flow_run_name() -> str:
 
 
 @flow(name="eval", flow_run_name=_flow_run_name, persist_result=False, log_prints=False)
-async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str | None = None) -> EvalSummary:
+async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str | None = None,
+                    force_config: bool = False) -> EvalSummary:
     """Evaluate an agent on a taskset and write every rollout to the Parquet trace dataset.
 
     Args:
         config: The eval: taskset (``env.taskset``), agent (``env.agent``), ``num_tasks``,
             ``rollouts_per_task``, ``max_concurrent``, ``rollout_granularity`` and ``traces``.
         resume: Run id of an earlier run to continue: only its rollouts without a durable
-            row run, and the summary covers the whole run.
+            row run, and the summary covers the whole run. ``config`` may differ from the config
+            stored when the run started only in keys that change how it runs
+            (``run_identity.HOW_KEYS``); any other difference fails the run with a config error.
         run_id: Id for a new run; default ``<run_name or taskset id>-<UTC time>-<4 hex>``.
+        force_config: Resume with ``config`` even where it differs from the stored one.
 
     Returns:
         ``EvalSummary``: per environment the mean reward with standard error, pass@k for
@@ -54,10 +64,9 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
     """
     logger = get_run_logger()
     started = time.perf_counter()
-    root = await resolve_trace_path(config.traces.store) if config.traces.store else (config.traces.path or "./traces")
-    if config.dispatch.work_pool and "://" not in root:
-        root = os.path.abspath(root)  # noqa: ASYNC240 - no I/O; one directory for shards on workers (another cwd)
+    root = await resolve_trace_root(config.traces.store) if config.traces.store else config.traces.dataset_root()
     run_id = resume or run_id or new_run_id(config)
+    config = prepare_run(root, run_id, config, resume=resume is not None, force=force_config)   # stores it
     tasks = load_taskset(config.env.taskset.id, config.env.taskset.options, config.num_tasks)
     plan = [(task_, index) for task_ in tasks for index in range(config.rollouts_per_task)]
     durable = durable_keys(root, run_id) if resume else set()
@@ -69,6 +78,12 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
     else:
         failures = await execute(config, root, run_id, todo, total=len(plan), durable=durable,
                                  progress_key=artifact_key(run_id, "progress"))
+    try:   # one file per table and day instead of one per flush; the rows are durable either way
+        compacted = await asyncio.to_thread(compact_run, root, run_id, min_files=COMPACT_MIN_FILES)
+        logger.info("run %s: files per table %s, compacted to %s", run_id, compacted.files_before,
+                    compacted.files_after)
+    except TraceStoreError as exc:
+        logger.warning("run %s: could not compact its files (%s); its rows stay as they were", run_id, exc)
     summary = summarize_run(root, run_id, rollouts_per_task=config.rollouts_per_task,
                             pass_threshold=config.pass_threshold, wall_time_s=round(time.perf_counter() - started, 3))
     await acreate_table_artifact(table=summary.table(), key=artifact_key(run_id, "summary"),
@@ -79,7 +94,7 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
     return summary
 
 
-async def _run_on_work_pool(config: EvalConfig, root: str, run_id: str, todo: list[tuple[str, int]], *,
+async def _run_on_work_pool(config: EvalConfig, root: DatasetRoot, run_id: str, todo: list[tuple[str, int]], *,
                             total: int) -> list[BaseException]:
     """``todo`` as shard flow runs on ``[dispatch] work_pool`` (``flows/dispatch.py``); progress from
     durable rows. Returns one error per rollout left without a row."""

@@ -37,7 +37,7 @@ from prefect_rollouts.flows.rollout import RolloutRequest, rollout_flow
 from prefect_rollouts.rollout import Rollout
 from prefect_rollouts.task import Task
 from prefect_rollouts.trace import Trace
-from prefect_rollouts.traces import TraceWriter
+from prefect_rollouts.traces import DatasetRoot, TraceWriter
 
 #: Called as ``listener(durable, total)`` whenever more rollouts become durable (the CLI's progress bar).
 progress_listener: contextvars.ContextVar[Callable[[int, int], None] | None] = contextvars.ContextVar(
@@ -93,8 +93,8 @@ class _Run:
             listener(len(self.writer.durable), self.total)
 
 
-async def execute(config: EvalConfig, root: str, run_id: str, todo: list[tuple[Task, int]], *, total: int,
-                  durable: set[tuple[str, int]], progress_key: str | None,
+async def execute(config: EvalConfig, root: str | DatasetRoot, run_id: str, todo: list[tuple[Task, int]], *,
+                  total: int, durable: set[tuple[str, int]], progress_key: str | None,
                   shard_flow_run_id: str | None = None) -> list[BaseException]:
     """Run ``todo`` (tasks with their rollout index) in this process and make every row durable.
 

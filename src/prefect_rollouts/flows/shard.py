@@ -17,10 +17,11 @@ import socket
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
+from prefect_rollouts.blocks import resolve_trace_root
 from prefect_rollouts.environments import find_task
 from prefect_rollouts.eval_config import EvalConfig
 from prefect_rollouts.flows.execute import execute
-from prefect_rollouts.traces import durable_keys
+from prefect_rollouts.traces import dataset_root, durable_keys
 
 ENTRYPOINT = "prefect_rollouts.flows.shard:shard_flow"
 """The deployment's entrypoint: a module path, so a worker needs the package installed and no code storage."""
@@ -42,7 +43,8 @@ async def shard_flow(run_id: str, config: EvalConfig, root: str, rollouts: list[
         run_id: The eval run (a partition of the dataset).
         config: The eval's config; its ``env.agent`` and ``env.taskset`` rebuild the rollouts here.
         root: The dataset root every shard writes to: a path all workers share, or an object
-            store URI.
+            store URI (credentials from the worker's environment). With ``[traces] store`` the
+            shard resolves that ``TraceStore`` block itself (its credentials stay in the block).
         rollouts: ``[task id, rollout index]`` pairs of this shard.
         shard_index: Position of the shard in the eval's plan (names the flow run).
         attempt: Which submission of this shard's rollouts this is, from 1 (names the flow run).
@@ -55,13 +57,14 @@ async def shard_flow(run_id: str, config: EvalConfig, root: str, rollouts: list[
             from where the eval was planned); no rollout runs, so no row is wrong.
         RuntimeError: rollouts that could not run and have no row (the eval re-submits them).
     """
-    durable = durable_keys(root, run_id)
+    dataset = await resolve_trace_root(config.traces.store) if config.traces.store else dataset_root(root)
+    durable = durable_keys(dataset, run_id)
     options = config.env.taskset.options
     todo = [(find_task(config.env.taskset.id, options, task_id), index)
             for task_id, index in rollouts if (task_id, index) not in durable]
     get_run_logger().info("shard %d of run %s on %s (pid %d): %d rollouts, %d to run", shard_index, run_id,
                           socket.gethostname(), os.getpid(), len(rollouts), len(todo))
-    failures = await execute(config, root, run_id, todo, total=len(rollouts), durable=durable, progress_key=None,
+    failures = await execute(config, dataset, run_id, todo, total=len(rollouts), durable=durable, progress_key=None,
                              shard_flow_run_id=str(flow_run.id))
     if failures:
         raise RuntimeError(f"{len(failures)} of {len(todo)} rollouts of shard {shard_index} could not run and have "

@@ -1,14 +1,20 @@
 """The trace dataset: Arrow schemas, an atomic batched Parquet writer, pandas readers, the summary.
 
-Contract: ``TraceWriter`` makes rows durable (temp file, fsync, rename); ``read_rollouts`` /
-``read_model_calls`` return DataFrames; ``summarize`` computes the eval summary from rows.
-Depends on pyarrow and pandas; must not import Prefect.
+Contract: the root is a directory or an object-store URI (``store.dataset_root``); ``TraceWriter``
+makes rows durable in files of its own (atomic on every store); ``read_rollouts`` /
+``read_model_calls`` return DataFrames; ``durable_keys`` says what ``--resume`` skips;
+``run_config`` stores the run's config; ``compact_run`` rewrites a run into few files;
+``summarize`` computes the eval summary from rows. Depends on pyarrow and pandas; must not import Prefect.
 """
 
+from prefect_rollouts.traces.compact import CompactResult, compact_run
 from prefect_rollouts.traces.read import durable_keys, read_model_calls, read_rollouts, read_traces
+from prefect_rollouts.traces.run_config import RUN_CONFIG_VERSION, read_run_config
 from prefect_rollouts.traces.schema import SCHEMA_VERSION
+from prefect_rollouts.traces.store import DatasetRoot, dataset_root
 from prefect_rollouts.traces.summary import EvalSummary, pass_at_k, summarize, summarize_run
 from prefect_rollouts.traces.writer import TraceWriter
 
-__all__ = ["SCHEMA_VERSION", "EvalSummary", "TraceWriter", "durable_keys", "pass_at_k", "read_model_calls",
-           "read_rollouts", "read_traces", "summarize", "summarize_run"]
+__all__ = ["RUN_CONFIG_VERSION", "SCHEMA_VERSION", "CompactResult", "DatasetRoot", "EvalSummary", "TraceWriter",
+           "compact_run", "dataset_root", "durable_keys", "pass_at_k", "read_model_calls", "read_rollouts",
+           "read_run_config", "read_traces", "summarize", "summarize_run"]

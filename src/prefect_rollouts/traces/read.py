@@ -1,4 +1,8 @@
-"""Readers of the trace dataset: pandas DataFrames with the partition columns ``date`` and ``run_id``."""
+"""Readers of the trace dataset: pandas DataFrames with the partition columns ``date`` and ``run_id``.
+
+Every reader takes the dataset root as a path, an object-store URI (``s3://bucket/prefix``) or a
+``DatasetRoot`` (``traces.store``), and sees the same rows whichever process or machine wrote them.
+"""
 
 from __future__ import annotations
 
@@ -13,13 +17,18 @@ import pyarrow.dataset as ds
 from prefect_rollouts.errors import TraceStoreError
 from prefect_rollouts.trace import Trace
 from prefect_rollouts.traces.schema import MODEL_CALLS, PARTITIONING, ROLLOUTS
+from prefect_rollouts.traces.store import DatasetRoot, dataset_root
+
+Root = str | Path | DatasetRoot
+"""A dataset root: a path, an object-store URI, or a resolved ``DatasetRoot``."""
 
 
-def read_rollouts(path: str | Path, *, columns: list[str] | None = None, **filters: Any) -> pd.DataFrame:
+def read_rollouts(path: Root, *, columns: list[str] | None = None, **filters: Any) -> pd.DataFrame:
     """The ``rollouts`` table as a DataFrame, one row per rollout.
 
     Args:
-        path: Dataset root (holding ``rollouts/`` and ``model_calls/``).
+        path: Dataset root (holding ``rollouts/`` and ``model_calls/``): a directory, a URI such as
+            ``s3://bucket/prefix``, or a ``DatasetRoot``.
         columns: Only these columns (default: all); ``run_id``, ``task_id`` and
             ``rollout_index`` are always read.
         **filters: Column equality filters, e.g. ``run_id="nightly-2026-11-29"``,
@@ -32,52 +41,63 @@ def read_rollouts(path: str | Path, *, columns: list[str] | None = None, **filte
 
     Raises:
         TraceStoreError: a filter names an unknown column, or a file cannot be read.
+        ConfigError: ``path`` is a URI pyarrow cannot open, or holds credentials.
     """
     if columns is not None:
         columns = list(dict.fromkeys(["run_id", "task_id", "rollout_index", *columns]))
-    table = _read(Path(path) / "rollouts", ROLLOUTS, filters, columns=columns)
+    table = _read(dataset_root(path), "rollouts", ROLLOUTS, filters, columns=columns)
     frame = table.to_pandas()
     return frame.drop_duplicates(["run_id", "task_id", "rollout_index"], keep="first").reset_index(drop=True)
 
 
-def read_model_calls(path: str | Path, **filters: Any) -> pd.DataFrame:
+def read_model_calls(path: Root, **filters: Any) -> pd.DataFrame:
     """The ``model_calls`` table as a DataFrame, one row per model call (same ``filters`` as ``read_rollouts``).
 
-    Calls of rollouts whose ``rollouts`` row is not durable (a crash between the two files of a
-    batch) are dropped.
+    Only calls of the rollouts ``read_rollouts`` returns are kept: calls of a rollout whose row is
+    not durable (a crash between the two files of a batch) or was dropped as a duplicate are
+    left out, and a call stored twice (a compaction cut short) appears once.
     """
-    calls = _read(Path(path) / "model_calls", MODEL_CALLS, filters).to_pandas()
+    root = dataset_root(path)
+    calls = _read(root, "model_calls", MODEL_CALLS, filters).to_pandas()
     keep = {k: v for k, v in filters.items() if k in ("run_id", "date", "task_id", "model", "environment")}
-    rollouts = _read(Path(path) / "rollouts", ROLLOUTS, keep, columns=["rollout_id"]).column("rollout_id").to_pylist()
-    return calls[calls["rollout_id"].isin(set(rollouts))].reset_index(drop=True)
+    rollouts = _read(root, "rollouts", ROLLOUTS, keep, columns=["run_id", "task_id", "rollout_index", "rollout_id"])
+    shown = rollouts.to_pandas().drop_duplicates(["run_id", "task_id", "rollout_index"], keep="first")
+    calls = calls[calls["rollout_id"].isin(set(shown["rollout_id"]))]
+    return calls.drop_duplicates(["rollout_id", "call_index"], keep="first").reset_index(drop=True)
 
 
-def read_traces(path: str | Path, **filters: Any) -> list[Trace]:
+def read_traces(path: Root, **filters: Any) -> list[Trace]:
     """The full ``Trace`` objects of the matching rollouts."""
     return [Trace.model_validate_json(text) for text in read_rollouts(path, **filters)["trace"]]
 
 
-def durable_keys(path: str | Path, run_id: str) -> set[tuple[str, int]]:
-    """``(task_id, rollout_index)`` of every rollout of ``run_id`` already written (for resume)."""
-    table = _read(Path(path) / "rollouts", ROLLOUTS, {"run_id": run_id}, columns=["task_id", "rollout_index"])
+def durable_keys(path: Root, run_id: str) -> set[tuple[str, int]]:
+    """``(task_id, rollout_index)`` of every rollout of ``run_id`` with a durable row, written by any
+    process on any machine (what ``--resume`` skips).
+
+    Raises:
+        TraceStoreError: the dataset cannot be read.
+    """
+    table = _read(dataset_root(path), "rollouts", ROLLOUTS, {"run_id": run_id}, columns=["task_id", "rollout_index"])
     return set(zip(table.column("task_id").to_pylist(), table.column("rollout_index").to_pylist(), strict=True))
 
 
-def _read(root: Path, schema: pa.Schema, filters: dict[str, Any], columns: list[str] | None = None) -> pa.Table:
+def _read(root: DatasetRoot, name: str, schema: pa.Schema, filters: dict[str, Any],
+          columns: list[str] | None = None) -> pa.Table:
     full = pa.unify_schemas([schema, PARTITIONING])
     unknown = set(filters) - set(full.names)
     if unknown:
         raise TraceStoreError(f"read filter {sorted(unknown)}: no such column. Columns: {', '.join(full.names)}")
-    if not root.exists():
+    if not root.exists(name):
         return full.empty_table().select(columns or full.names)
     expression = None
-    for name, value in filters.items():
+    for column, value in filters.items():
         values = list(value) if isinstance(value, (list, tuple, set)) else [value]
-        term = pc.field(name).isin(values)
+        term = pc.field(column).isin(values)
         expression = term if expression is None else expression & term
     try:
-        dataset = ds.dataset(root, format="parquet", schema=full,
+        dataset = ds.dataset(root.join(name), filesystem=root.filesystem, format="parquet", schema=full,
                              partitioning=ds.partitioning(PARTITIONING, flavor="hive"))
         return dataset.to_table(filter=expression, columns=columns)
     except (OSError, pa.ArrowInvalid) as exc:
-        raise TraceStoreError(f"trace dataset {root}: cannot read it ({exc})") from exc
+        raise TraceStoreError(f"trace dataset {root.uri}: cannot read {name}/ ({exc})") from exc

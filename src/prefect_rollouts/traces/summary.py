@@ -9,6 +9,8 @@ from typing import Any
 import pandas as pd
 from pydantic import BaseModel
 
+from prefect_rollouts.traces.store import DatasetRoot
+
 #: The ``rollouts`` columns ``summarize`` needs (readers can skip the large JSON columns).
 SUMMARY_COLUMNS = ["run_id", "task_id", "rollout_index", "environment", "reward", "is_truncated", "is_timeout",
                    "scoring_skipped", "is_error", "total_tokens", "cached_tokens", "reasoning_tokens",
@@ -152,9 +154,10 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
 
-def summarize_run(root: str | Path, run_id: str, *, rollouts_per_task: int | None = None,
+def summarize_run(root: str | Path | DatasetRoot, run_id: str, *, rollouts_per_task: int | None = None,
                   pass_threshold: float = 1.0, wall_time_s: float | None = None) -> EvalSummary:
-    """``summarize`` the durable rows of run ``run_id`` in the dataset at ``root``, reading only
+    """``summarize`` the durable rows of run ``run_id`` in the dataset at ``root`` (a path, an
+    object-store URI or a ``DatasetRoot``), whoever wrote them, reading only
     the columns the summary needs (``SUMMARY_COLUMNS``).
 
     Raises:

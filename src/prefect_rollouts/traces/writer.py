@@ -1,16 +1,17 @@
-"""``TraceWriter``: append finished rollouts to the Parquet dataset, atomically, in batches.
+"""``TraceWriter``: add finished rollouts to the Parquet dataset, atomically, in batches.
 
-Each flush writes one file per table under ``<table>/date=<UTC day>/run_id=<run>/``. A file is
-written under a hidden temporary name (``.part-*.tmp``, which readers skip), fsynced, then
-renamed into place, so a crash or ``kill -9`` never leaves a half-written file: a row is either
-durable or absent. ``flush`` returns only once the rows are durable.
+Each flush writes one new file per table under ``<table>/date=<UTC day>/run_id=<run>/``, named
+``part-<time ns>-<random 128-bit hex>.parquet``: no file is ever appended to or shared, so any number
+of writers (processes, machines) can write one run at once. A file is written atomically on every
+kind of store (``traces.store``: temporary name, fsync and rename on a directory; one PUT on an
+object store), so a crash or ``kill -9`` never leaves a half-written file: a row is either durable
+or absent. ``flush`` returns only once the rows are durable.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import os
 import time
 import uuid
 from pathlib import Path
@@ -19,27 +20,29 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from prefect_rollouts.errors import TraceStoreError
 from prefect_rollouts.trace import Trace
 from prefect_rollouts.traces.schema import MODEL_CALLS, ROLLOUTS, model_call_rows, rollout_row
+from prefect_rollouts.traces.store import DatasetRoot, dataset_root
 
 
 class TraceWriter:
     """Buffers rollout rows and writes them as Parquet files of one run.
 
     Args:
-        root: Dataset root (a local directory; created if missing).
+        root: Dataset root: a local or shared directory (created as needed), an object-store URI
+            such as ``s3://bucket/prefix``, or a ``DatasetRoot`` (e.g. from a ``TraceStore`` block).
         run_id: The eval run these rollouts belong to (a partition value).
         batch_size: Flush automatically once this many rollouts are buffered.
         durable: Keys already durable (when resuming), so ``durable`` covers the whole run.
 
     Raises:
-        TraceStoreError: the root cannot be created or a file cannot be written.
+        ConfigError: ``root`` is a URI pyarrow cannot open, or holds credentials.
+        TraceStoreError: (from ``flush``) a file cannot be written.
     """
 
-    def __init__(self, root: str | Path, run_id: str, *, batch_size: int = 64,
+    def __init__(self, root: str | Path | DatasetRoot, run_id: str, *, batch_size: int = 64,
                  durable: set[tuple[str, int]] | None = None) -> None:
-        self.root = Path(root)
+        self.root = dataset_root(root)
         self.run_id = run_id
         self.batch_size = batch_size
         self._rollouts: list[dict[str, Any]] = []
@@ -48,11 +51,6 @@ class TraceWriter:
         self._lock = asyncio.Lock()
         self.durable: set[tuple[str, int]] = set(durable or ())
         """``(task_id, rollout_index)`` of every durable rollout of the run (resume keys included)."""
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise TraceStoreError(f"[traces] path = {str(self.root)!r}: cannot create it ({exc}). "
-                                  "Choose a writable directory") from exc
 
     @property
     def pending(self) -> int:
@@ -91,40 +89,31 @@ class TraceWriter:
         if not rollouts:
             return 0
         day = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
-        name = f"part-{time.time_ns()}-{uuid.uuid4().hex[:8]}.parquet"
+        name = new_part_name()
+        partition = f"date={day}/run_id={self.run_id}/{name}"
         if calls:
-            _write_atomic(pa.Table.from_pylist(calls, schema=MODEL_CALLS), self._dir("model_calls", day) / name)
-        _write_atomic(pa.Table.from_pylist(rollouts, schema=ROLLOUTS), self._dir("rollouts", day) / name)
+            write_table(self.root, f"model_calls/{partition}", pa.Table.from_pylist(calls, schema=MODEL_CALLS))
+        write_table(self.root, f"rollouts/{partition}", pa.Table.from_pylist(rollouts, schema=ROLLOUTS))
         self.durable.update((row["task_id"], row["rollout_index"]) for row in rollouts)
         self.written += len(rollouts)
         return len(rollouts)
 
-    def _dir(self, table: str, day: str) -> Path:
-        path = self.root / table / f"date={day}" / f"run_id={self.run_id}"
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+
+def new_part_name() -> str:
+    """A file name no other writer will use: ``part-<time ns>-<random 128-bit hex>.parquet``."""
+    return f"part-{time.time_ns()}-{uuid.uuid4().hex}.parquet"
 
 
-def _write_atomic(table: pa.Table, target: Path) -> None:
-    """Write ``table`` to ``target`` through a hidden temporary file, fsync, rename, fsync the directory.
+def write_table(root: str | Path | DatasetRoot, relative: str, table: pa.Table) -> None:
+    """Write ``table`` as the Parquet file ``relative`` under ``root`` (zstd), atomically.
 
-    The model_calls file of a batch is written before its rollouts file, so a rollout that is
-    durable always has its model calls (a crash between the two leaves orphan calls at worst,
-    which readers drop by joining on rollouts).
+    A batch's model_calls file is written before its rollouts file, so a rollout that is durable
+    always has its model calls (a crash between the two leaves orphan calls at worst, which
+    readers drop by joining on rollouts).
+
+    Raises:
+        TraceStoreError: the file cannot be written.
     """
-    tmp = target.with_name(f".{target.name}.tmp")
-    try:
-        with open(tmp, "wb") as handle:
-            pq.write_table(table, handle, compression="zstd")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-        directory = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise TraceStoreError(f"trace dataset: cannot write {target} ({exc}). "
-                              "Check free space and permissions") from exc
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd")
+    dataset_root(root).write_file(relative, sink.getvalue().to_pybytes())

@@ -1,0 +1,106 @@
+"""``compact_run``: rewrite one run's Parquet files into one file per table and day, never losing a row.
+
+Rows become durable in small batches while a run goes (a file per flush, or per rollout with
+``flush_each_rollout``), so a long run leaves many small files. Compaction reads every visible
+file of the run in a partition (``<table>/date=<day>/run_id=<run>/``), drops duplicate rows (a
+rollout written twice keeps its first row, as the readers do; model calls keep those of the kept
+rollouts), writes the result as one new file (atomically, as every write: ``traces.store``), and
+only then deletes the files it read. A crash at any point leaves every row durable: at worst some
+rows twice, which readers drop and a second compaction removes. Files written while it runs are
+left alone, and two compactions at once only ever delete files whose rows the other has rewritten
+too. Must not import Prefect.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from prefect_rollouts.errors import TraceStoreError
+from prefect_rollouts.traces.schema import MODEL_CALLS, ROLLOUTS
+from prefect_rollouts.traces.store import DatasetRoot, dataset_root
+from prefect_rollouts.traces.writer import new_part_name, write_table
+
+#: Files read or deleted at once (an object store answers each request in milliseconds; pyarrow releases the GIL).
+_PARALLEL = 16
+
+
+@dataclass(frozen=True)
+class CompactResult:
+    """What ``compact_run`` did: files per table before and after, and duplicate rollout rows dropped."""
+
+    files_before: dict[str, int]
+    files_after: dict[str, int]
+    duplicates_dropped: int
+
+
+def compact_run(root: str | Path | DatasetRoot, run_id: str, *, min_files: int = 2) -> CompactResult:
+    """Rewrite the files of run ``run_id`` into one file per table and day.
+
+    Args:
+        root: The dataset root (path, object-store URI or ``DatasetRoot``).
+        run_id: The run to compact; other runs' files are not read.
+        min_files: Rewrite a partition only when it holds at least this many files of a table.
+
+    Returns:
+        ``CompactResult`` with the file counts per table (``rollouts``, ``model_calls``) before
+        and after, and how many duplicate rollout rows were dropped.
+
+    Raises:
+        TraceStoreError: a file cannot be read, written or deleted; rows already rewritten stay
+            durable and the files not yet deleted are still read (duplicates are dropped).
+    """
+    store = dataset_root(root)
+    files = {table: [f for f in store.list_files(table) if f"/run_id={run_id}/" in f]
+             for table in ("rollouts", "model_calls")}
+    before = {table: len(names) for table, names in files.items()}
+    dropped = 0
+    for day in sorted({name.split("/")[1] for name in files["rollouts"]}):
+        rollout_files = [f for f in files["rollouts"] if f.split("/")[1] == day]
+        call_files = [f for f in files["model_calls"] if f.split("/")[1] == day]
+        if len(rollout_files) < min_files and len(call_files) < min_files:
+            continue
+        rollouts = _read_all(store, rollout_files, ROLLOUTS)
+        kept = _first_per_rollout(rollouts)
+        dropped += rollouts.num_rows - kept.num_rows
+        calls = _read_all(store, call_files, MODEL_CALLS)
+        calls = calls.filter(pc.is_in(calls["rollout_id"], value_set=kept["rollout_id"]))
+        name = new_part_name()
+        partition = f"{day}/run_id={run_id}/{name}"
+        if calls.num_rows:   # calls first, as the writer does: a durable rollout always has its calls
+            write_table(store, f"model_calls/{partition}", calls)
+        write_table(store, f"rollouts/{partition}", kept)
+        with ThreadPoolExecutor(_PARALLEL) as pool:   # rollouts first: their calls must outlive them
+            list(pool.map(store.delete_file, rollout_files))
+            list(pool.map(store.delete_file, call_files))
+    after = {table: len([f for f in store.list_files(table) if f"/run_id={run_id}/" in f])
+             for table in ("rollouts", "model_calls")}
+    return CompactResult(files_before=before, files_after=after, duplicates_dropped=dropped)
+
+
+def _read_all(store: DatasetRoot, names: list[str], schema: pa.Schema) -> pa.Table:
+    """The rows of ``names`` in this order, as ``schema`` (older files' missing columns as nulls)."""
+    def read(name: str) -> pa.Table:
+        try:
+            with store.filesystem.open_input_file(store.join(name)) as handle:
+                table = pq.read_table(handle, use_threads=False)
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise TraceStoreError(f"trace dataset {store.uri}: cannot read {name} ({exc})") from exc
+        columns = [table[field.name].cast(field.type) if field.name in table.column_names
+                   else pa.nulls(table.num_rows, field.type) for field in schema]
+        return pa.Table.from_arrays(columns, schema=schema)
+    with ThreadPoolExecutor(_PARALLEL) as pool:
+        tables = list(pool.map(read, names))
+    return pa.concat_tables(tables) if tables else schema.empty_table()
+
+
+def _first_per_rollout(rollouts: pa.Table) -> pa.Table:
+    """The first row of each ``(task_id, rollout_index)``, in file order (the readers' rule)."""
+    indexed = rollouts.append_column("_row", pa.array(range(rollouts.num_rows), pa.int64()))
+    first = indexed.group_by(["task_id", "rollout_index"], use_threads=False).aggregate([("_row", "min")])
+    return rollouts.take(pa.array(sorted(first["_row_min"].to_pylist()), pa.int64()))
