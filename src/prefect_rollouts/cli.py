@@ -110,8 +110,10 @@ def eval_command(
     _print_summary(summary)
     root = (eval_config.traces.store and f"TraceStore block {eval_config.traces.store!r}") or eval_config.traces.path
     console.print(f"traces: {root} (run_id={summary.run_id})")
-    ui = "none (the temporary server has stopped; set PREFECT_API_URL to keep runs)" if temporary else _ui_url()
-    console.print(f"Prefect UI: {ui} (flow 'eval', run '{summary.run_id}')")
+    if temporary:
+        console.print("Prefect UI: none (the temporary server has stopped; set PREFECT_API_URL to keep runs)")
+    else:
+        console.print(f"eval flow run: {_ui_url().rstrip('/')}/runs/flow-run/{summary.flow_run_id}")
 
 
 @contextlib.contextmanager
@@ -378,7 +380,8 @@ def _print_summary(summary: object) -> None:
 def _ui_url() -> str:
     from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL
 
-    return PREFECT_UI_URL.value() or PREFECT_API_URL.value() or "no Prefect server configured (ephemeral)"
+    api = PREFECT_API_URL.value() or ""
+    return PREFECT_UI_URL.value() or (api.removesuffix("/api") if api else "no Prefect server configured (ephemeral)")
 
 
 if __name__ == "__main__":  # pragma: no cover

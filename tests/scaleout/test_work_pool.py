@@ -130,3 +130,32 @@ def test_a_killed_worker_s_shard_is_crashed_and_run_again_on_the_other(work_pool
 def victim_args(worker: Worker, pool: str) -> tuple[str, str, str, int, Path]:
     import os
     return os.environ["PREFECT_API_URL"], pool, worker.name + "-again", 2, worker.log
+
+
+def test_cli_dispatches_to_the_pool_and_prints_the_eval_flow_run_url(work_pool, pg_api, openai_server, tmp_path):
+    import json
+    import subprocess
+    import sys
+    import urllib.request
+
+    from tests.scaleout.conftest import prefect_env
+
+    pool, _ = work_pool
+    openai_server.default = answer(0.0)
+    toml = tmp_path / "eval.toml"
+    toml.write_text(eval_toml(tmp_path / "traces", openai_server.base_url,
+                              taskset={"id": "tests.prefect.tasksets:numbered", "count": 6}))
+    done = subprocess.run([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(toml), "--work-pool", pool,
+                           "--shard-size", "3", "--run-id", "from-cli"], env=prefect_env(pg_api),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    url = re.search(r"eval flow run: (http\S+/runs/flow-run/([0-9a-f-]{36}))", done.stdout)
+    assert url, done.stdout
+    with urllib.request.urlopen(f"{pg_api}/flow_runs/{url.group(2)}") as response:
+        assert json.load(response)["name"] == "from-cli"
+    rows = read_rollouts(tmp_path / "traces", run_id="from-cli")
+    assert len(rows) == 6 and rows["shard_flow_run_id"].nunique() == 2
+
+    bad = subprocess.run([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(toml), "--work-pool", "nope"],
+                         env=prefect_env(pg_api), capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "work-pool create nope" in bad.stdout + bad.stderr

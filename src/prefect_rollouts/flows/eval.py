@@ -86,6 +86,7 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
         logger.warning("run %s: could not compact its files (%s); its rows stay as they were", run_id, exc)
     summary = summarize_run(root, run_id, rollouts_per_task=config.rollouts_per_task,
                             pass_threshold=config.pass_threshold, wall_time_s=round(time.perf_counter() - started, 3))
+    summary.flow_run_id = str(flow_run.id)
     await acreate_table_artifact(table=summary.table(), key=artifact_key(run_id, "summary"),
                                  description=f"Summary of run {run_id} ({summary.rollouts} rollouts, traces in {root})")
     if failures:

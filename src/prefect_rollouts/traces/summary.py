@@ -58,6 +58,8 @@ class EvalSummary(BaseModel):
     reasoning_tokens: int | None = None
     judge_tokens: int = 0
     wall_time_s: float | None = None
+    flow_run_id: str | None = None
+    """The eval flow run that produced this summary (``eval_flow`` sets it)."""
 
     def table(self) -> list[dict[str, Any]]:
         """One flat dict per environment (for a Prefect table artifact or a terminal table).
