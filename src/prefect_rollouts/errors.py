@@ -106,19 +106,20 @@ class ProviderError(InfrastructureError):
     """The model endpoint failed after all client retries.
 
     Attributes:
-        status_code: HTTP status of the last attempt; 503 for a connection failure, 504 for a
+        status_code: HTTP status of the last attempt; None when no response arrived (a refused,
+            unresolvable or dropped connection: there is no status to report), 504 for a
             timeout, 502 for a malformed response (the mapping verifiers uses, so 5xx means
             "the provider side failed").
-        retryable: True for 429, 5xx and transport errors; False for other 4xx.
+        retryable: True for 429, 5xx and failures without a response; False for other 4xx.
         retries: Attempts beyond the first (set by the model client).
-        attempts: Every failed attempt in order, the last one included: ``{"status_code": int,
-            "error": str}``, the error scrubbed of secrets, then cut.
+        attempts: Every failed attempt in order, the last one included: ``{"status_code": int
+            | None, "error": str}``, the error scrubbed of secrets, then cut.
     """
 
-    def __init__(self, message: str, *, status_code: int, retryable: bool | None = None, retries: int = 0,
+    def __init__(self, message: str, *, status_code: int | None, retryable: bool | None = None, retries: int = 0,
                  attempts: list[dict[str, Any]] | None = None) -> None:
         if retryable is None:
-            retryable = status_code == 429 or status_code >= 500
+            retryable = status_code is None or status_code == 429 or status_code >= 500
         super().__init__(message, retryable=retryable)
         self.status_code = status_code
         self.retries = retries
