@@ -7,8 +7,16 @@ Depends on pyarrow and pandas; must not import Prefect.
 
 from prefect_rollouts.traces.read import durable_keys, read_model_calls, read_rollouts, read_traces
 from prefect_rollouts.traces.schema import SCHEMA_VERSION
-from prefect_rollouts.traces.summary import EvalSummary, pass_at_k, summarize, summarize_run
+from prefect_rollouts.traces.summary import (
+    ErrorCount,
+    EvalSummary,
+    error_text,
+    pass_at_k,
+    run_failure,
+    summarize,
+    summarize_run,
+)
 from prefect_rollouts.traces.writer import TraceWriter
 
-__all__ = ["SCHEMA_VERSION", "EvalSummary", "TraceWriter", "durable_keys", "pass_at_k", "read_model_calls",
-           "read_rollouts", "read_traces", "summarize", "summarize_run"]
+__all__ = ["SCHEMA_VERSION", "ErrorCount", "EvalSummary", "TraceWriter", "durable_keys", "error_text", "pass_at_k",
+           "read_model_calls", "read_rollouts", "read_traces", "run_failure", "summarize", "summarize_run"]
