@@ -3,12 +3,19 @@ run with the reason, the CLI's exit status and top errors; scored 0 stays Comple
 
 from __future__ import annotations
 
+import asyncio
+import os
 import re
+import signal
 import socket
+import subprocess
+import sys
+import time
 
 import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterName
+from prefect.settings import PREFECT_API_URL
 from typer.testing import CliRunner
 
 import prefect_rollouts as vf
@@ -17,7 +24,7 @@ from prefect_rollouts.eval_config import load_eval_config
 from prefect_rollouts.flows.eval import run_eval
 from prefect_rollouts.traces import read_model_calls, read_rollouts
 from tests.eval_toml import eval_toml
-from tests.fakes.openai_server import reply, status
+from tests.fakes.openai_server import delayed, reply, status
 from tests.prefect.conftest import wait_for
 from tests.prefect.tasksets import Numbered
 
@@ -53,7 +60,6 @@ async def final_task_runs(flow_run_id, expected: int) -> list:
 
 
 def eval_run(run_id: str):
-    import asyncio
     runs = asyncio.run(final_flow_runs(name=FlowRunFilterName(any_=[run_id])))
     assert len(runs) == 1, runs
     return runs[0]
@@ -80,7 +86,6 @@ def test_an_eval_against_an_endpoint_that_is_down_fails_everywhere_and_exits_1(t
     eval_flow_run = eval_run("endpoint-down")
     assert eval_flow_run.state.is_failed()
     assert eval_flow_run.state.message == f"3 of 3 rollouts errored (ProviderError: {refused})"
-    import asyncio
     rollout_runs = asyncio.run(final_flow_runs(id=FlowRunFilterId(any_=list(rows["flow_run_id"]))))
     assert [(r.state.name, r.state.message) for r in rollout_runs] == [("Failed", f"ProviderError: {refused}")] * 3
     for flow_run in rollout_runs:
@@ -152,3 +157,22 @@ async def test_agent_run_returns_the_errored_trace_of_its_failed_flow_run(agent_
     assert flow_run.state.name == "Failed"
     assert flow_run.state.message == f"ProviderError: {trace.errors[0].message}"
     assert f"connection refused to 127.0.0.1:{port}" in flow_run.state.message
+
+
+def test_ctrl_c_prints_how_many_rollouts_are_durable_and_the_resume_command(tmp_path, openai_server):
+    openai_server.default = delayed(0.3, reply("0"))
+    config = tmp_path / "eval.toml"
+    config.write_text(eval_toml(tmp_path / "traces", openai_server.base_url, max_concurrent=1, flush_each_rollout=True))
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_LOGGING_LEVEL": "WARNING"}
+    process = subprocess.Popen([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(config), "--run-id", "ctrl-c"],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    rows = tmp_path / "traces" / "rollouts"
+    while process.poll() is None and len(list(rows.rglob("part-*.parquet")) if rows.exists() else []) < 2:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    output = " ".join(process.communicate(timeout=120)[0].split())
+    durable = len(read_rollouts(tmp_path / "traces", run_id="ctrl-c"))
+    assert process.returncode == 130, output
+    assert "eval stopped: interrupted (Ctrl-C)" in output and "Traceback" not in output
+    assert 2 <= durable < 10
+    assert f"{durable} of 10 rollouts durable; resume with: prefect-rollouts eval {config} --resume ctrl-c" in output

@@ -34,7 +34,7 @@ from prefect_rollouts.agent import Agent, make_agent
 from prefect_rollouts.eval_config import EvalConfig
 from prefect_rollouts.flows.outage import ApiOutageError, ApiWatch, QuietWhileDown, Unreported, close_orphans
 from prefect_rollouts.flows.ownership import owner_tags, sandbox_labels, tag_flow_run
-from prefect_rollouts.flows.rollout import RolloutRequest, rollout_flow, rollout_outcome, trace_of
+from prefect_rollouts.flows.rollout import RolloutRequest, failure_message, rollout_flow, rollout_outcome, trace_of
 from prefect_rollouts.rollout import Rollout
 from prefect_rollouts.task import Task
 from prefect_rollouts.trace import Trace
@@ -226,7 +226,7 @@ async def _run_flow_or_inline(run: _Run, rollout: Rollout) -> None:
     request = RolloutRequest.of(rollout)
     if not run.watch.is_up:
         await rollout.run()
-        run.watch.unreported.append(_unreported(request, None, None))
+        run.watch.unreported.append(_unreported(request, None, failure_message(rollout.trace)))
         return
     final, error = None, None
     try:
@@ -249,7 +249,7 @@ async def _run_flow_or_inline(run: _Run, rollout: Rollout) -> None:
         rollout.record_error(error, "orchestration")
         await rollout.release()
         cut_short = f"{type(error).__name__}: {error}"
-    run.watch.unreported.append(_unreported(request, flow_run_id, cut_short))
+    run.watch.unreported.append(_unreported(request, flow_run_id, cut_short or failure_message(trace)))
 
 
 def _unreported(request: RolloutRequest, flow_run_id: str | None, error: str | None) -> Unreported:

@@ -97,11 +97,15 @@ def rollout_outcome(trace: Trace) -> Trace | State[Trace]:
     errored, a ``Failed`` state whose message is its first error, ``<type>: <message>`` (the row's
     ``error_type`` and ``error_message``), holding a ``RolloutFailedError`` with the trace. No
     extra API call: it is the run's final state."""
+    message = failure_message(trace)
+    return trace if message is None else Failed(message=message, data=RolloutFailedError(message, trace))
+
+
+def failure_message(trace: Trace) -> str | None:
+    """The state message of a rollout that errored, ``<type>: <message>`` of its first error; None if it did not."""
     if not trace.errors:
-        return trace
-    first = trace.errors[0]
-    message = error_text(first.type, first.message)
-    return Failed(message=message, data=RolloutFailedError(message, trace))
+        return None
+    return error_text(trace.errors[0].type, trace.errors[0].message)
 
 
 async def trace_of(final: State[Any]) -> Trace | None:
