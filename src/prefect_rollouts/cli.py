@@ -47,9 +47,11 @@ def eval_command(
     """Run an evaluation as a Prefect flow and print its summary.
 
     Without ``PREFECT_API_URL`` the eval gets a temporary Prefect server that ends with it (also on
-    ``kill -9``). A run that stops early (an API outage past ``api_outage_limit_s``, an unwritable
-    dataset, rollouts without a row) exits 1 and prints the ``--resume`` command. A resume whose
-    config differs from the run's stored config in a key that defines the run exits 2.
+    ``kill -9``). A run that stops early (Ctrl-C, an API outage past ``api_outage_limit_s``, an
+    unwritable dataset, rollouts without a row) prints how many rollouts are durable and the
+    ``--resume`` command, and exits 1 (130 on Ctrl-C). A run where more than
+    ``max_error_fraction`` of the rollouts errored prints its summary and top errors, and exits 1.
+    A resume whose config differs from the run's stored config in a key that defines the run exits 2.
     """
     from prefect_rollouts.environments import load_taskset
     from prefect_rollouts.run_identity import check_run_config
@@ -71,7 +73,7 @@ def eval_command(
     os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", "2")
     from prefect.settings import PREFECT_API_URL
 
-    from prefect_rollouts.flows.eval import eval_flow, new_run_id, progress_listener
+    from prefect_rollouts.flows.eval import new_run_id, progress_listener, run_eval
     from prefect_rollouts.tempserver import TemporaryServer
 
     run_id = resume or run_id or new_run_id(eval_config)
@@ -92,18 +94,19 @@ def eval_command(
         def listen(done: int, total: int) -> None:
             progress.update(bar, completed=done, total=total)
         progress_listener.set(listen)
-        stopped: Exception | None = None
+        stopped: BaseException | None = None
         try:
             with contextlib.ExitStack() as stack:
                 if temporary is not None:
                     console.print("PREFECT_API_URL is not set: starting a temporary Prefect server for this eval")
                     stack.enter_context(_api_url(stack.enter_context(temporary).api_url))
                     stack.callback(_drain_prefect_services)   # runs before the server stops
-                summary = asyncio.run(eval_flow(eval_config, resume=resume, run_id=run_id, force_config=force_config))
+                summary, failure = asyncio.run(run_eval(eval_config, resume=resume, run_id=run_id,
+                                                        force_config=force_config))
         except ConfigError as exc:
             _error("config error: ", exc)
             raise typer.Exit(2) from None
-        except Exception as exc:  # the run stopped: say why, what is durable, and how to go on
+        except (Exception, KeyboardInterrupt) as exc:  # the run stopped: say why, what is durable, how to go on
             stopped = exc
     if stopped is not None:
         _finish_stopped(stopped, eval_config, run_id, total, resume_hint)
@@ -114,6 +117,9 @@ def eval_command(
         console.print("Prefect UI: none (the temporary server has stopped; set PREFECT_API_URL to keep runs)")
     else:
         console.print(f"eval flow run: {_ui_url().rstrip('/')}/runs/flow-run/{summary.flow_run_id}")
+    if failure is not None:
+        _error("eval failed: ", failure)
+        raise typer.Exit(1)
 
 
 @contextlib.contextmanager
@@ -160,6 +166,8 @@ def _reason(exc: BaseException) -> str:
     while failing the flow run on a dead API), else ``exc`` as ``Type: message``."""
     from prefect_rollouts.flows.outage import ApiOutageError
 
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted (Ctrl-C)"
     seen, todo = set(), [exc]
     while todo:
         current = todo.pop(0)
@@ -170,23 +178,29 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _finish_stopped(stopped: Exception, eval_config: Any, run_id: str, total: int, resume_hint: str) -> NoReturn:
-    """Report an eval that ended by an exception, and exit. With every row durable only Prefect's
-    bookkeeping failed: print the summary from the dataset, warn, exit 0. Otherwise say why, how
-    many rows are durable and how to resume, exit 1."""
+def _finish_stopped(stopped: BaseException, eval_config: Any, run_id: str, total: int,
+                    resume_hint: str) -> NoReturn:
+    """Report an eval that ended by an exception or Ctrl-C, and exit. With every row durable only
+    Prefect's bookkeeping failed: print the summary from the dataset, warn, exit 0 (1 when too
+    many rollouts errored). Otherwise say why, how many rows are durable and how to resume, exit 1
+    (130 on Ctrl-C)."""
     durable = _durable_count(eval_config, run_id)
-    if durable == total:
-        from prefect_rollouts.traces import summarize_run
+    if durable == total and not isinstance(stopped, KeyboardInterrupt):
+        from prefect_rollouts.traces import run_failure, summarize_run
 
-        _print_summary(summarize_run(eval_config.traces.path, run_id, rollouts_per_task=eval_config.rollouts_per_task,
-                                     pass_threshold=eval_config.pass_threshold))
+        summary = summarize_run(eval_config.traces.path, run_id, rollouts_per_task=eval_config.rollouts_per_task,
+                                pass_threshold=eval_config.pass_threshold)
+        _print_summary(summary)
         _error("warning: ", f"every rollout is durable, but Prefect could not be told ({_reason(stopped)}); "
                             "the eval flow run's final state and summary artifact are missing on the server")
-        _exit_without_waiting_for_prefect(0)
+        failure = run_failure(summary, total, eval_config.max_error_fraction)
+        if failure is not None:
+            _error("eval failed: ", failure)
+        _exit_without_waiting_for_prefect(0 if failure is None else 1)
     _error("eval stopped: ", _reason(stopped))
-    console.print(f"{'an unknown number' if durable is None else durable} of {total} rollouts are durable "
-                  f"(run_id={run_id}). Resume with:\n  {resume_hint}", markup=False, highlight=False)
-    _exit_without_waiting_for_prefect(1)
+    console.print(f"{'an unknown number' if durable is None else durable} of {total} rollouts durable; "
+                  f"resume with: {resume_hint}", markup=False, highlight=False, soft_wrap=True)
+    _exit_without_waiting_for_prefect(130 if isinstance(stopped, KeyboardInterrupt) else 1)
 
 
 def _durable_count(eval_config: Any, run_id: str) -> int | None:
@@ -375,6 +389,12 @@ def _print_summary(summary: object) -> None:
     if wall is not None:
         judged = f", judge tokens: {summary.judge_tokens}" if summary.judge_tokens else ""  # type: ignore[attr-defined]
         console.print(f"wall time: {wall:.1f} s, total tokens: {summary.total_tokens}{judged}")  # type: ignore[attr-defined]
+    errors = getattr(summary, "errors", [])
+    if errors:
+        console.print("top errors:", markup=False, highlight=False)
+    for error in errors:
+        console.print(f"  {error.type} x{error.count}, e.g.: {error.example}", markup=False, highlight=False,
+                      soft_wrap=True)
 
 
 def _ui_url() -> str:

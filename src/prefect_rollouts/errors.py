@@ -11,11 +11,16 @@ The tree::
     ├── TaskError                        user code (task hook, tool, reward, metric) raised
     │   └── JudgeError                   a judge could not reach its model or parse its reply
     ├── StageTimeoutError(TimeoutError)  a stage deadline from [env.agent.timeouts] expired
-    └── TraceStoreError(OSError)         the Parquet trace dataset cannot be written or read
+    ├── TraceStoreError(OSError)         the Parquet trace dataset cannot be written or read
+    ├── RolloutFailedError               a rollout ended in an error; .trace (its Failed flow run's data)
+    └── EvalFailedError                  too many rollouts errored, or some have no row; .summary
 
 The error model: a rollout failure is recorded once on the trace as data (``trace.errors``,
 ``trace.stop_condition``); ``Agent.run`` does not raise it. Only infrastructure errors propagate
 out of a stage function, so an orchestrator (the Prefect layer) can decide to retry that stage.
+The Prefect runs say the same: a rollout's Failed flow run holds a ``RolloutFailedError`` and a
+failed eval's flow run an ``EvalFailedError``; awaiting the flow without ``return_state=True``
+raises them, the trace or the summary attached.
 Messages follow ``<where> = <value>: <what is wrong>. <how to fix>.`` and never hold a secret.
 
 Secrets in text from outside (an error body that echoes the ``Authorization`` header, a tool's
@@ -106,19 +111,20 @@ class ProviderError(InfrastructureError):
     """The model endpoint failed after all client retries.
 
     Attributes:
-        status_code: HTTP status of the last attempt; 503 for a connection failure, 504 for a
+        status_code: HTTP status of the last attempt; None when no response arrived (a refused,
+            unresolvable or dropped connection: there is no status to report), 504 for a
             timeout, 502 for a malformed response (the mapping verifiers uses, so 5xx means
             "the provider side failed").
-        retryable: True for 429, 5xx and transport errors; False for other 4xx.
+        retryable: True for 429, 5xx and failures without a response; False for other 4xx.
         retries: Attempts beyond the first (set by the model client).
-        attempts: Every failed attempt in order, the last one included: ``{"status_code": int,
-            "error": str}``, the error scrubbed of secrets, then cut.
+        attempts: Every failed attempt in order, the last one included: ``{"status_code": int
+            | None, "error": str}``, the error scrubbed of secrets, then cut.
     """
 
-    def __init__(self, message: str, *, status_code: int, retryable: bool | None = None, retries: int = 0,
+    def __init__(self, message: str, *, status_code: int | None, retryable: bool | None = None, retries: int = 0,
                  attempts: list[dict[str, Any]] | None = None) -> None:
         if retryable is None:
-            retryable = status_code == 429 or status_code >= 500
+            retryable = status_code is None or status_code == 429 or status_code >= 500
         super().__init__(message, retryable=retryable)
         self.status_code = status_code
         self.retries = retries
@@ -152,3 +158,27 @@ class StageTimeoutError(RolloutsError, TimeoutError):
 
 class TraceStoreError(RolloutsError, OSError):
     """The Parquet trace dataset cannot be written or read; the message names the path."""
+
+
+class RolloutFailedError(RolloutsError):
+    """A rollout ended in an error (``trace.errors``); the message is its first, ``<type>: <message>``.
+
+    Not raised by ``Agent.run`` (failures are data): it is what a rollout's Failed flow or task
+    run holds, so that awaiting one without ``return_state=True`` raises something meaningful.
+    ``trace`` is the rollout's full ``Trace`` (typed ``Any`` here: this module imports nothing of ours).
+    """
+
+    def __init__(self, message: str, trace: Any) -> None:
+        super().__init__(message)
+        self.trace = trace
+
+
+class EvalFailedError(RolloutsError):
+    """An eval ran, but more than ``max_error_fraction`` of its rollouts errored, or some have no
+    row. The message says which (``"6 of 6 rollouts errored (ProviderError: ...)"``); ``summary``
+    is the run's ``EvalSummary`` (typed ``Any`` as ``trace`` above). Held by the eval's Failed flow
+    run; raised by awaiting it."""
+
+    def __init__(self, message: str, summary: Any) -> None:
+        super().__init__(message)
+        self.summary = summary

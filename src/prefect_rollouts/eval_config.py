@@ -199,6 +199,11 @@ class EvalConfig(_Config):
     """Rollouts per shard with ``rollout_granularity = "batch"``."""
     pass_threshold: float = 1.0
     """A rollout passes (for pass@k) when its reward is at least this."""
+    max_error_fraction: float = Field(0.0, ge=0.0, le=1.0)
+    """Share of rollouts (0 to 1) that may end in an error (``provider_error``, ``setup_error``,
+    a scoring error, ...) while the run still counts as a success: above it the eval flow run
+    ends Failed and ``prefect-rollouts eval`` exits 1. Default 0: one errored rollout fails the
+    run. Rollouts scored 0, truncated or skipped are not errors."""
     flush_each_rollout: bool = False
     """Make each rollout's row durable as soon as it finishes, not in batches of up to
     ``max_concurrent`` (at most 64) rollouts every 2 s. Then a kill loses only the rollouts in

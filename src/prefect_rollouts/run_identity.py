@@ -37,6 +37,7 @@ HOW_KEYS: tuple[str, ...] = (
     "env.agent.scoring.judges.*.client",   # a judge's endpoint (its model and prompt stay fixed)
     "dispatch",                            # in-process or on a work pool, shard sizes, crash detection
     "limits",                              # shared concurrency limits (requests, containers)
+    "max_error_fraction",                  # when the run counts as failed, not what its rows hold
 )
 
 _ABSENT = object()

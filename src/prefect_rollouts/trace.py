@@ -58,8 +58,9 @@ class AttemptRecord(_Record):
     """One failed attempt of a call that the model client retried (or gave up on). No clock:
     ``_CallRecord.latency_ms`` covers all attempts, and traces of the same replies stay equal."""
 
-    status_code: int
-    """HTTP status (503 connect failure, 504 timeout, 502 malformed body)."""
+    status_code: int | None
+    """HTTP status; None when no response arrived (connection refused or dropped), 504 timeout,
+    502 malformed body."""
     error: str
     """What went wrong, scrubbed of secrets, then cut (an error body keeps 300 characters)."""
 
@@ -82,7 +83,8 @@ class _CallRecord(_Record):
     attempts: list[AttemptRecord] = Field(default_factory=list)
     """Each failed attempt, in order (for a failed call, the last one too)."""
     status_code: int | None = None
-    """HTTP status of the final attempt (503 connect failure, 504 timeout)."""
+    """HTTP status of the final attempt (None: no response arrived, e.g. connection refused; 504
+    timeout); also None for a call cancelled before its response."""
     error: str | None = None
 
 

@@ -78,7 +78,7 @@ async def test_a_malformed_body_is_retried_then_reported_as_502(openai_server):
     assert completion.retries == 2 and caught.value.status_code == 502
 
 
-async def test_connection_refused_is_retried_then_a_503():
+async def test_connection_refused_is_retried_then_reported_without_an_http_status():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -88,7 +88,21 @@ async def test_connection_refused_is_retried_then_a_503():
             await client.complete(BODY)
     finally:
         await client.aclose()
-    assert caught.value.status_code == 503 and caught.value.retries == 1 and caught.value.retryable
+    assert caught.value.status_code is None and caught.value.retries == 1 and caught.value.retryable
+    assert f"failed: connection refused to 127.0.0.1:{port} (after 2 attempts)" in str(caught.value)
+    refused = {"status_code": None, "error": f"failed: connection refused to 127.0.0.1:{port}"}
+    assert caught.value.attempts == [refused, refused]
+
+
+async def test_an_unresolvable_host_is_reported_as_such_without_an_http_status():
+    client = client_for("http://no-such-host.invalid:8000/v1", max_retries=0)
+    try:
+        with pytest.raises(vf.ProviderError) as caught:
+            await client.complete(BODY)
+    finally:
+        await client.aclose()
+    assert caught.value.status_code is None
+    assert "failed: cannot resolve host no-such-host.invalid (" in str(caught.value)
 
 
 async def test_retrying_stops_at_max_elapsed_time(openai_server):

@@ -24,7 +24,8 @@ def even_tasks_right_task_9_down(request):
 
 async def test_an_eval_of_20_rollouts_writes_20_rows_and_the_right_summary(tmp_path, openai_server):
     openai_server.default = even_tasks_right_task_9_down
-    config = load_eval_config(eval_toml(tmp_path, openai_server.base_url, rollouts_per_task=2, max_concurrent=4))
+    config = load_eval_config(eval_toml(tmp_path, openai_server.base_url, rollouts_per_task=2, max_concurrent=4,
+                                            max_error_fraction=0.1))
     summary = await eval_flow(config, run_id="twenty")
     rows = read_rollouts(tmp_path, run_id="twenty")
     assert len(rows) == 20 and len(rows.drop_duplicates(["task_id", "rollout_index"])) == 20
@@ -54,7 +55,7 @@ async def test_all_granularities_write_identical_rows(tmp_path, openai_server):
     frames = {}
     for granularity in ("flow", "task", "batch"):
         config = load_eval_config(eval_toml(tmp_path, openai_server.base_url, rollout_granularity=granularity,
-                                            batch_size=3, max_concurrent=4))
+                                            batch_size=3, max_concurrent=4, max_error_fraction=0.1))
         await eval_flow(config, run_id=f"g-{granularity}")
         frames[granularity] = comparable_rows(read_rollouts(tmp_path, run_id=f"g-{granularity}"))
     assert len(frames["flow"]) == 10
@@ -67,7 +68,7 @@ async def test_resume_runs_only_the_rollouts_without_a_durable_row(tmp_path, ope
     await eval_flow(first, run_id="resumable")
     openai_server.reset()
     openai_server.default = even_tasks_right_task_9_down
-    whole = load_eval_config(eval_toml(tmp_path, openai_server.base_url))
+    whole = load_eval_config(eval_toml(tmp_path, openai_server.base_url, max_error_fraction=0.1))
     summary = await eval_flow(whole, resume="resumable", force_config=True)   # grown on purpose (num_tasks)
     assert len(openai_server.requests) == 6                           # tasks 4..9 only
     assert summary.rollouts == 10 and len(read_rollouts(tmp_path, run_id="resumable")) == 10

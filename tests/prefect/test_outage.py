@@ -155,8 +155,8 @@ async def test_an_outage_past_the_limit_stops_the_eval_with_the_resume_command(t
     durable = durable_rows(tmp_path / "traces")
     assert process.returncode == 1 and "Traceback" not in output, output[-3000:]
     assert "unreachable for" in output and "api_outage_limit_s" in output
-    assert f"{durable} of {ROLLOUTS} rollouts are durable (run_id=too-long)" in output
-    assert f"prefect-rollouts eval {config} --set=api_outage_limit_s=4 --resume too-long" in output
+    assert (f"{durable} of {ROLLOUTS} rollouts durable; resume with: "
+            f"prefect-rollouts eval {config} --set=api_outage_limit_s=4 --resume too-long") in output
     assert 0 < durable < ROLLOUTS and stopped_after_s < 60
     api.start()
     resumed = start_eval(config, api.api_url, "--resume", "too-long")

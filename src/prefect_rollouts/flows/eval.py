@@ -4,6 +4,12 @@ The eval plans its rollouts (tasks x rollouts per task), runs them in this proce
 ``flows/execute.py`` (bounded concurrency, at the chosen granularity), and summarises the run from
 the dataset. Re-running with ``resume=<run id>`` runs only the rollouts of that run that have no
 durable row.
+
+The eval flow run ends Completed when every rollout has a row and at most ``max_error_fraction``
+of them errored, else Failed with the reason (``traces.run_failure``), holding an
+``EvalFailedError`` with the summary. A rollout that errored is a Failed rollout flow run,
+``rollout`` task run (``task`` granularity) or ``batch`` task run holding it (``batch``); its row
+is written all the same (``flows/execute.py``).
 """
 
 from __future__ import annotations
@@ -16,18 +22,19 @@ import uuid
 from prefect import flow, get_run_logger
 from prefect.artifacts import acreate_progress_artifact, acreate_table_artifact, aupdate_progress_artifact
 from prefect.runtime import flow_run
+from prefect.states import Failed, State
 
 from prefect_rollouts.blocks import resolve_trace_root
 from prefect_rollouts.environments import load_taskset
-from prefect_rollouts.errors import TraceStoreError
+from prefect_rollouts.errors import EvalFailedError, TraceStoreError
 from prefect_rollouts.eval_config import EvalConfig
 from prefect_rollouts.flows.dispatch import dispatch
 from prefect_rollouts.flows.execute import artifact_key, execute, progress_listener
 from prefect_rollouts.flows.ownership import tag_flow_run
 from prefect_rollouts.run_identity import prepare_run
-from prefect_rollouts.traces import DatasetRoot, EvalSummary, compact_run, durable_keys, summarize_run
+from prefect_rollouts.traces import DatasetRoot, EvalSummary, compact_run, durable_keys, run_failure, summarize_run
 
-__all__ = ["eval_flow", "new_run_id", "progress_listener"]
+__all__ = ["eval_flow", "new_run_id", "progress_listener", "run_eval"]
 
 COMPACT_MIN_FILES = 16
 """At its end an eval rewrites a table's files of a day into one only when there are at least this
@@ -44,7 +51,7 @@ def _flow_run_name() -> str:
 
 @flow(name="eval", flow_run_name=_flow_run_name, persist_result=False, log_prints=False)
 async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str | None = None,
-                    force_config: bool = False) -> EvalSummary:
+                    force_config: bool = False) -> EvalSummary | State[EvalSummary]:
     """Evaluate an agent on a taskset and write every rollout to the Parquet trace dataset.
 
     Args:
@@ -60,7 +67,11 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
     Returns:
         ``EvalSummary``: per environment the mean reward with standard error, pass@k for
         every k up to ``rollouts_per_task``, counts of truncated, timed-out, skipped and
-        errored rollouts, total tokens; and the wall time. Also published as a table artifact.
+        errored rollouts, total tokens; the most frequent errors; and the wall time. Also
+        published as a table artifact. When more than ``config.max_error_fraction`` of the
+        rollouts errored (or some have no row), a Failed state whose message says so, e.g.
+        ``6 of 6 rollouts errored (ProviderError: ...)``, holding an ``EvalFailedError`` with
+        the summary: awaiting the flow without ``return_state=True`` raises it.
     """
     logger = get_run_logger()
     started = time.perf_counter()
@@ -92,7 +103,32 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
     if failures:
         raise RuntimeError(f"{len(failures)} rollouts failed to run and have no row; "
                            f"resume with --resume {run_id}") from failures[0]
-    return summary
+    failure = run_failure(summary, len(plan), config.max_error_fraction)
+    return summary if failure is None else Failed(message=failure, data=EvalFailedError(failure, summary))
+
+
+async def run_eval(config: EvalConfig, resume: str | None = None, run_id: str | None = None,
+                   force_config: bool = False) -> tuple[EvalSummary, str | None]:
+    """Run ``eval_flow`` and return its summary with the reason the run failed (None when it succeeded).
+
+    Returns:
+        ``(summary, failure)``: ``failure`` is the Failed eval flow run's message, e.g. ``"6 of 6
+        rollouts errored (ProviderError: ...)"`` (see ``traces.run_failure``).
+
+    Raises:
+        Exception: what stopped the eval flow run before it could summarise (an API outage past
+            its limit, an unwritable dataset, rollouts without a row).
+    """
+    final = await eval_flow(config, resume=resume, run_id=run_id, force_config=force_config,
+                            return_state=True)
+    result = await final.aresult(raise_on_failure=False)
+    if isinstance(result, EvalFailedError):
+        return result.summary, str(result)
+    if isinstance(result, BaseException):
+        raise result
+    if not isinstance(result, EvalSummary):
+        raise RuntimeError(f"the eval flow run ended {final.name} without a summary: {final.message}")
+    return result, None
 
 
 async def _run_on_work_pool(config: EvalConfig, root: DatasetRoot, run_id: str, todo: list[tuple[str, int]], *,

@@ -5,6 +5,9 @@ run their rollouts through ``execute``: ``flow`` granularity (a ``rollout_flow``
 a task run per stage), ``task`` (a task run per rollout) or ``batch`` (a task run per batch of
 rollouts run by the inline engine). Rows are written as rollouts finish; a rollout counts as done
 once its row is durable. While the Prefect API is away, rollouts go on (``flows/outage.py``).
+
+A rollout that errored is a Failed rollout flow run or ``rollout`` task run (``rollout_outcome``);
+a ``batch`` task run is Failed when any of its rollouts errored. Their rows are written all the same.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from prefect import task
 from prefect.artifacts import acreate_progress_artifact, aupdate_progress_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.settings import PREFECT_API_URL
+from prefect.states import Failed, State
 from prefect.utilities.annotations import quote
 
 from prefect_rollouts.agent import Agent, make_agent
@@ -33,11 +37,11 @@ from prefect_rollouts.eval_config import EvalConfig
 from prefect_rollouts.flows.limits import eval_limits
 from prefect_rollouts.flows.outage import ApiOutageError, ApiWatch, QuietWhileDown, Unreported, close_orphans
 from prefect_rollouts.flows.ownership import owner_tags, sandbox_labels, tag_flow_run
-from prefect_rollouts.flows.rollout import RolloutRequest, rollout_flow
+from prefect_rollouts.flows.rollout import RolloutRequest, failure_message, rollout_flow, rollout_outcome, trace_of
 from prefect_rollouts.rollout import Rollout
 from prefect_rollouts.task import Task
 from prefect_rollouts.trace import Trace
-from prefect_rollouts.traces import DatasetRoot, TraceWriter
+from prefect_rollouts.traces import DatasetRoot, TraceWriter, error_text
 
 #: Called as ``listener(durable, total)`` whenever more rollouts become durable (the CLI's progress bar).
 progress_listener: contextvars.ContextVar[Callable[[int, int], None] | None] = contextvars.ContextVar(
@@ -199,12 +203,15 @@ async def _run_each(run: _Run, todo: list[tuple[Task, int]], config: EvalConfig)
     await asyncio.gather(*(_run_one(run, task_, index, config.rollout_granularity) for task_, index in todo))
 
 
-async def _run_one(run: _Run, task_: Task, index: int, granularity: str) -> None:
+async def _run_one(run: _Run, task_: Task, index: int, granularity: str) -> Trace:
     """One rollout at the eval's ``granularity``; its row is recorded whatever happened to it.
 
     ``flow``: a ``rollout_flow`` subflow (a task run per stage), inline while the API is away.
     ``task``: one ``rollout`` task run whose stages run inline. ``batch``: inline, inside the
     caller's shard task run.
+
+    Returns:
+        The rollout's trace (its row is buffered or durable).
     """
     async with run.gate:
         rollout, started = run.rollout(task_, index), time.perf_counter()
@@ -213,11 +220,12 @@ async def _run_one(run: _Run, task_: Task, index: int, granularity: str) -> None
                 await _run_flow_or_inline(run, rollout)
         elif granularity == "task":
             final = await rollout_task(quote(rollout), task_.id, index, return_state=True)  # type: ignore[misc]
-            if not final.is_completed():
+            if await trace_of(final) is None:                 # crashed, not just errored
                 _record_crash(rollout, final)
         else:
             await rollout.run()
         await run.record(rollout, index, time.perf_counter() - started)
+        return rollout.trace
 
 
 async def _run_flow_or_inline(run: _Run, rollout: Rollout) -> None:
@@ -229,7 +237,7 @@ async def _run_flow_or_inline(run: _Run, rollout: Rollout) -> None:
     request = RolloutRequest.of(rollout)
     if not run.watch.is_up:
         await rollout.run()
-        run.watch.unreported.append(_unreported(request, None, None))
+        run.watch.unreported.append(_unreported(request, None, failure_message(rollout.trace)))
         return
     final, error = None, None
     try:
@@ -240,8 +248,9 @@ async def _run_flow_or_inline(run: _Run, rollout: Rollout) -> None:
     trace = rollout.trace
     flow_run_id = trace.info.get("flow_run_id")   # set once the flow run's body starts
     finished = "teardown" in trace.timings
-    if final is not None and (final.is_completed() or not finished):
-        if not final.is_completed():                     # the rollout itself crashed
+    returned = None if final is None else await trace_of(final)   # Completed, or Failed as the rollout errored
+    if final is not None and (returned is not None or not finished):
+        if returned is None:                             # the rollout itself crashed
             _record_crash(rollout, final)
         return
     cut_short = None                                     # from here on, the API failed the bookkeeping
@@ -251,7 +260,7 @@ async def _run_flow_or_inline(run: _Run, rollout: Rollout) -> None:
         rollout.record_error(error, "orchestration")
         await rollout.release()
         cut_short = f"{type(error).__name__}: {error}"
-    run.watch.unreported.append(_unreported(request, flow_run_id, cut_short))
+    run.watch.unreported.append(_unreported(request, flow_run_id, cut_short or failure_message(trace)))
 
 
 def _unreported(request: RolloutRequest, flow_run_id: str | None, error: str | None) -> Unreported:
@@ -260,17 +269,29 @@ def _unreported(request: RolloutRequest, flow_run_id: str | None, error: str | N
 
 
 @task(name="rollout", task_run_name="{task_id}#{index}", persist_result=False, cache_policy=NO_CACHE)
-async def rollout_task(rollout: Rollout, task_id: str, index: int) -> Trace:
-    """A whole rollout as one task run: its stages run inline (with their stage retries)."""
-    return await rollout.run()
+async def rollout_task(rollout: Rollout, task_id: str, index: int) -> Trace | State[Trace]:
+    """A whole rollout as one task run: its stages run inline (with their stage retries).
+    Failed, holding the trace, when the rollout errored (``rollout_outcome``)."""
+    return rollout_outcome(await rollout.run())
 
 
-@task(name="batch", task_run_name="batch-{shard_index}", retries=1, persist_result=False, cache_policy=NO_CACHE)
-async def shard_task(run: _Run, shard: list[tuple[Task, int]], shard_index: int) -> int:
-    """A shard of rollouts run by the inline engine. A retry runs only the rollouts with no durable row.
+def _crashed(task_: Any, task_run: Any, state: State[Any]) -> bool:
+    """Retry a batch that raised, not one that returned Failed because rollouts errored (they have rows)."""
+    return isinstance(state.data, BaseException)
+
+
+@task(name="batch", task_run_name="batch-{shard_index}", retries=1, retry_condition_fn=_crashed,
+      persist_result=False, cache_policy=NO_CACHE)
+async def shard_task(run: _Run, shard: list[tuple[Task, int]], shard_index: int) -> int | State[int]:
+    """A batch of rollouts run by the inline engine. A retry runs only the rollouts with no durable row.
+
+    A batch is a task run of many rollouts, so it cannot be a rollout's state: it is Failed when
+    any of its rollouts errored (``N of M rollouts errored (<first error>)``), as a ``rollout``
+    task run would be, so the UI points at the batches to look into; it is not retried for that,
+    since each of those rollouts has its row. Only a batch that raised is retried.
 
     Returns:
-        How many rollouts this attempt ran.
+        How many rollouts this attempt ran; in a Failed state when some of them errored.
     """
     await run.flush()  # rows of a failed attempt become durable first, so they are not run twice
     pending = [(task_, index) for task_, index in shard if (task_.id, index) not in run.writer.durable]
@@ -280,7 +301,11 @@ async def shard_task(run: _Run, shard: list[tuple[Task, int]], shard_index: int)
     errors = [r for r in results if isinstance(r, BaseException)]
     if errors:
         raise errors[0]
-    return len(pending)
+    errored = [trace for trace in results if isinstance(trace, Trace) and trace.errors]
+    if not errored:
+        return len(pending)
+    first = error_text(errored[0].errors[0].type, errored[0].errors[0].message)
+    return Failed(message=f"{len(errored)} of {len(pending)} rollouts errored ({first})", data=len(pending))
 
 
 async def _run_batches(run: _Run, todo: list[tuple[Task, int]], config: EvalConfig) -> None:
@@ -291,8 +316,9 @@ async def _run_batches(run: _Run, todo: list[tuple[Task, int]], config: EvalConf
     async def one(shard: list[tuple[Task, int]], shard_index: int) -> None:
         async with shard_gate:
             final = await shard_task(quote(run), quote(shard), shard_index, return_state=True)  # type: ignore[misc]
-            if not final.is_completed():
-                run.failures.append(final.data if isinstance(final.data, BaseException) else RuntimeError(str(final)))
+            ran = await final.aresult(raise_on_failure=False)   # an int, also when rollouts errored
+            if not isinstance(ran, int):
+                run.failures.append(ran if isinstance(ran, BaseException) else RuntimeError(str(final)))
     await asyncio.gather(*(one(shard, i) for i, shard in enumerate(shards)))
 
 

@@ -12,6 +12,13 @@ runs them in order, as task runs, until the interaction closes. This is the simp
 that works with public API: entering a flow run's context by hand (``FlowRunContext``, the
 flow engine's internals) would avoid the queue but tie us to Prefect internals that change
 between minor versions, and a flow run per turn would split the interaction in the UI.
+
+States tell what happened: a rollout that ended in an error (``trace.errors``: a provider,
+runtime, setup or scoring error, ...) ends its flow run **Failed**, with ``<error type>:
+<message>`` as the state message, and the trace as the state's data (``rollout_outcome``); the
+stage that raised is a Failed task run already. Scored 0, truncated, timed out or skipped is
+Completed. The trace is the record either way: callers take it from the final state
+(``trace_of``; a Failed state holds it in a ``RolloutFailedError``) and write its row.
 """
 
 from __future__ import annotations
@@ -21,12 +28,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from prefect import flow
+from prefect.states import Failed, State
 from pydantic import BaseModel, PrivateAttr
 
+from prefect_rollouts.errors import RolloutFailedError
 from prefect_rollouts.flows.ownership import owner_tags, sandbox_labels, untagged_tasks
 from prefect_rollouts.rollout import Rollout, StagePolicy
 from prefect_rollouts.tasks import PrefectOrchestrator
 from prefect_rollouts.trace import Trace
+from prefect_rollouts.traces.summary import error_text
 
 T = TypeVar("T")
 _Job = tuple[Callable[[], Awaitable[Any]], "asyncio.Future[Any]"]
@@ -59,14 +69,16 @@ class RolloutRequest(BaseModel):
 
 @flow(name="rollout", flow_run_name="{rollout.task_id} · {rollout.model}", validate_parameters=False,
       persist_result=False, log_prints=False)
-async def rollout_flow(rollout: RolloutRequest) -> Trace:
+async def rollout_flow(rollout: RolloutRequest) -> Trace | State[Trace]:
     """Run one rollout: setup, then a task run per harness segment, finalize, skip-check and scoring, then teardown.
 
     Args:
         rollout: Ids and model of the rollout (the flow run's parameters); carries the live rollout.
 
     Returns:
-        The finished ``Trace``. Rollout failures are on the trace, not raised.
+        The finished ``Trace``; in a Failed state (``rollout_outcome``) when the rollout errored.
+        Call with ``return_state=True`` and take the trace with ``trace_of``: rollout failures
+        are on the trace, never raised.
     """
     live = rollout._rollout
     if live is None:
@@ -76,8 +88,47 @@ async def rollout_flow(rollout: RolloutRequest) -> Trace:
     with untagged_tasks():
         if rollout._jobs is None:
             live.orchestrator = PrefectOrchestrator()
-            return await live.run()
-        return await _serve_stages(live, rollout._jobs)
+            return rollout_outcome(await live.run())
+        return rollout_outcome(await _serve_stages(live, rollout._jobs))
+
+
+def rollout_outcome(trace: Trace) -> Trace | State[Trace]:
+    """What a rollout's flow or task run returns: ``trace`` itself (Completed), or, when the rollout
+    errored, a ``Failed`` state whose message is its first error, ``<type>: <message>`` (the row's
+    ``error_type`` and ``error_message``), holding a ``RolloutFailedError`` with the trace. No
+    extra API call: it is the run's final state."""
+    message = failure_message(trace)
+    return trace if message is None else Failed(message=message, data=RolloutFailedError(message, trace))
+
+
+def failure_message(trace: Trace) -> str | None:
+    """The state message of a rollout that errored, ``<type>: <message>`` of its first error; None if it did not."""
+    if not trace.errors:
+        return None
+    return error_text(trace.errors[0].type, trace.errors[0].message)
+
+
+async def trace_of(final: State[Any]) -> Trace | None:
+    """The trace a rollout flow or task run returned (``rollout_outcome``), Completed or Failed;
+    None when the run ended without one (it crashed, or never ran the rollout)."""
+    result = await final.aresult(raise_on_failure=False)
+    if isinstance(result, RolloutFailedError):
+        return result.trace
+    return result if isinstance(result, Trace) else None
+
+
+async def _run_flow(request: RolloutRequest) -> Trace:
+    """``rollout_flow`` for a caller that wants the trace: errored or not, it is returned.
+
+    Raises:
+        Exception: why the flow run crashed (a failure outside the rollout's stages).
+    """
+    final = await rollout_flow(request, return_state=True)
+    trace = await trace_of(final)
+    if trace is None:
+        await final.aresult()   # raises what ended the run
+        raise RuntimeError(f"rollout flow run ended {final.name} without a trace: {final.message}")
+    return trace
 
 
 async def _serve_stages(live: Rollout, jobs: asyncio.Queue[_Job | None]) -> Trace:
@@ -100,7 +151,7 @@ async def _serve_stages(live: Rollout, jobs: asyncio.Queue[_Job | None]) -> Trac
 async def run_rollout_flow(rollout: Rollout) -> Trace:
     """``Agent.run`` through Prefect: one ``rollout_flow`` run, tagged with its owner process."""
     with owner_tags():
-        return await rollout_flow(RolloutRequest.of(rollout))
+        return await _run_flow(RolloutRequest.of(rollout))
 
 
 class FlowChannel:
@@ -117,7 +168,7 @@ class FlowChannel:
         """Run the stage in the flow run as a task run (``Orchestrator.run_stage``)."""
         if self._flow is None:
             with owner_tags():   # the task copies the context, tags included
-                self._flow = asyncio.create_task(rollout_flow(RolloutRequest.of(self._rollout, self._jobs)))
+                self._flow = asyncio.create_task(_run_flow(RolloutRequest.of(self._rollout, self._jobs)))
         reply: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         await self._jobs.put((lambda: self._stages.run_stage(name, fn, policy), reply))
         pending: list[asyncio.Future[Any]] = [reply, self._flow]

@@ -21,6 +21,7 @@ import itertools
 import logging
 import os
 import random
+import socket
 import ssl
 import time
 from dataclasses import dataclass, field
@@ -72,14 +73,15 @@ class Completion:
 class _Attempt(Exception):
     """A failed attempt; carries what the retry policy and the final ProviderError need."""
 
-    def __init__(self, message: str, status_code: int, retry_after: float | None = None) -> None:
+    def __init__(self, message: str, status_code: int | None, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.status_code = status_code
         self.retry_after = retry_after
 
     @property
     def retryable(self) -> bool:
-        return self.status_code in _RETRY_STATUS
+        """429, 5xx and failures without a response (a refused or dropped connection)."""
+        return self.status_code is None or self.status_code in _RETRY_STATUS
 
 
 class ModelClient:
@@ -100,6 +102,7 @@ class ModelClient:
         self._local = local
         self.url = config.base_url.rstrip("/") + "/chat/completions"
         self._shown_url = str(httpx.URL(self.url).copy_with(username=None, password=None))  # for messages
+        self._address = _address(httpx.URL(self.url))
         lanes = -(-config.max_connections // _LANE_CONNECTIONS)
         per_lane = -(-config.max_connections // lanes)
         limits = httpx.Limits(max_connections=per_lane, max_keepalive_connections=per_lane)
@@ -128,9 +131,10 @@ class ModelClient:
 
         Raises:
             ProviderError: the last attempt failed (non-2xx, transport error, malformed body);
-                ``status_code`` is the HTTP status, 503 for connection errors, 504 for timeouts,
-                502 for a malformed body. ``retries`` and ``attempts`` (every failed attempt,
-                the last included) are set on it as well.
+                ``status_code`` is the HTTP status; None when no response arrived (a refused,
+                unresolvable or dropped connection), 504 for a timeout, 502 for a malformed body.
+                ``retries`` and ``attempts`` (every failed attempt, the last included) are set on
+                it as well.
         """
         failed: list[dict[str, Any]] = []
         try:
@@ -166,8 +170,8 @@ class ModelClient:
             raise _Attempt(f"could not take a slot of its concurrency limit: {exc}", 503) from None
         except (httpx.TimeoutException, TimeoutError):
             raise _Attempt(f"timed out after {self.config.timeout:g} s", 504) from None
-        except httpx.TransportError as exc:
-            raise _Attempt(self._scrub(f"failed: {type(exc).__name__}: {exc}", key), 503) from None
+        except httpx.TransportError as exc:   # no response, so no HTTP status
+            raise _Attempt(self._scrub(f"failed: {_transport_failure(exc, self._address)}", key), None) from None
         if response.status_code >= 300:
             hint = "; base_url usually ends in /v1" if response.status_code == 404 else ""
             body_text = self._scrub(response.text, key)[:_BODY_CHARS]   # scrub first: a cut could halve a key
@@ -213,6 +217,31 @@ class ModelClient:
 def _ssl_context() -> ssl.SSLContext:
     """One certificate store per process (loading it costs ~45 ms; httpx would load it per client)."""
     return ssl.create_default_context(cafile=certifi.where())
+
+
+def _address(url: httpx.URL) -> str:
+    """``host:port`` of ``url`` (the scheme's default port when it names none)."""
+    port = url.port or {"https": 443, "http": 80}.get(url.scheme)
+    return f"{url.host}:{port}" if port else url.host
+
+
+def _transport_failure(exc: httpx.TransportError, address: str) -> str:
+    """What a request that got no response ran into, in words: ``connection refused to
+    127.0.0.1:8000``, ``cannot resolve host ...``; else ``<httpx error type>: <message>``.
+
+    httpx reports a refused connection as ``ConnectError: All connection attempts failed``; the
+    ``OSError`` it stands for is further down the exception's cause chain.
+    """
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, ConnectionRefusedError):
+            return f"connection refused to {address}"
+        if isinstance(cause, socket.gaierror):
+            return f"cannot resolve host {address.rsplit(':', 1)[0]} ({cause.strerror or cause})"
+        cause = cause.__cause__ or cause.__context__
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _parse(data: Any, retries: int, status_code: int) -> Completion:

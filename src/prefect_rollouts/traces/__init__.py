@@ -12,9 +12,17 @@ from prefect_rollouts.traces.read import durable_keys, read_model_calls, read_ro
 from prefect_rollouts.traces.run_config import RUN_CONFIG_VERSION, read_run_config
 from prefect_rollouts.traces.schema import SCHEMA_VERSION
 from prefect_rollouts.traces.store import DatasetRoot, dataset_root
-from prefect_rollouts.traces.summary import EvalSummary, pass_at_k, summarize, summarize_run
+from prefect_rollouts.traces.summary import (
+    ErrorCount,
+    EvalSummary,
+    error_text,
+    pass_at_k,
+    run_failure,
+    summarize,
+    summarize_run,
+)
 from prefect_rollouts.traces.writer import TraceWriter
 
-__all__ = ["RUN_CONFIG_VERSION", "SCHEMA_VERSION", "CompactResult", "DatasetRoot", "EvalSummary", "TraceWriter",
-           "compact_run", "dataset_root", "durable_keys", "pass_at_k", "read_model_calls", "read_rollouts",
-           "read_run_config", "read_traces", "summarize", "summarize_run"]
+__all__ = ["RUN_CONFIG_VERSION", "SCHEMA_VERSION", "CompactResult", "DatasetRoot", "ErrorCount", "EvalSummary",
+           "TraceWriter", "compact_run", "dataset_root", "durable_keys", "error_text", "pass_at_k", "read_model_calls",
+           "read_rollouts", "read_run_config", "read_traces", "run_failure", "summarize", "summarize_run"]

@@ -1,8 +1,10 @@
-"""The eval summary: mean reward with standard error, pass@k, outcome counts, tokens, wall time."""
+"""The eval summary: mean reward with standard error, pass@k, outcome counts, the most frequent
+errors, tokens, wall time; and ``run_failure``, the one rule that says whether a run failed."""
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +15,24 @@ from prefect_rollouts.traces.store import DatasetRoot
 
 #: The ``rollouts`` columns ``summarize`` needs (readers can skip the large JSON columns).
 SUMMARY_COLUMNS = ["run_id", "task_id", "rollout_index", "environment", "reward", "is_truncated", "is_timeout",
-                   "scoring_skipped", "is_error", "total_tokens", "cached_tokens", "reasoning_tokens",
-                   "judge_prompt_tokens", "judge_completion_tokens"]
+                   "scoring_skipped", "is_error", "error_type", "error_message", "total_tokens", "cached_tokens",
+                   "reasoning_tokens", "judge_prompt_tokens", "judge_completion_tokens"]
+
+#: Error types an ``EvalSummary`` lists (the most frequent first).
+TOP_ERRORS = 5
+
+#: Characters of an error message kept in a state message or an ``ErrorCount`` example.
+ERROR_CHARS = 300
+
+
+class ErrorCount(BaseModel):
+    """One error type of a run: how many rollouts ended with it, and one of their messages."""
+
+    type: str
+    """The exception's class name (the ``error_type`` column), e.g. ``ProviderError``."""
+    count: int
+    example: str
+    """The message of the first such rollout (by task id, then rollout index), cut to ``ERROR_CHARS``."""
 
 
 class EnvironmentSummary(BaseModel):
@@ -58,6 +76,8 @@ class EvalSummary(BaseModel):
     reasoning_tokens: int | None = None
     judge_tokens: int = 0
     wall_time_s: float | None = None
+    errors: list[ErrorCount] = []
+    """The ``TOP_ERRORS`` most frequent error types of the errored rollouts, most frequent first."""
     flow_run_id: str | None = None
     """The eval flow run that produced this summary (``eval_flow`` sets it)."""
 
@@ -136,7 +156,52 @@ def summarize(rows: pd.DataFrame, *, run_id: str, rollouts_per_task: int | None 
                        total_tokens=int(rows["total_tokens"].sum()) if len(rows) else 0,
                        cached_tokens=_reported(rows, "cached_tokens"),
                        reasoning_tokens=_reported(rows, "reasoning_tokens"),
-                       judge_tokens=_judge_tokens(rows), wall_time_s=wall_time_s)
+                       judge_tokens=_judge_tokens(rows), wall_time_s=wall_time_s, errors=_top_errors(rows))
+
+
+def _top_errors(rows: pd.DataFrame) -> list[ErrorCount]:
+    """The most frequent ``error_type`` values of the errored ``rows``, each with its first message."""
+    if not len(rows) or "error_type" not in rows:
+        return []
+    errored = rows[rows["is_error"].astype(bool)].sort_values(["task_id", "rollout_index"])
+    pairs = zip(errored["error_type"].fillna("unknown error"), errored["error_message"].fillna(""), strict=True)
+    counts: Counter[str] = Counter()
+    examples: dict[str, str] = {}
+    for kind, message in pairs:
+        counts[kind] += 1
+        examples.setdefault(kind, message)
+    return [ErrorCount(type=kind, count=count, example=_cut(examples[kind]))   # ties: first seen first
+            for kind, count in counts.most_common(TOP_ERRORS)]
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= ERROR_CHARS else text[:ERROR_CHARS] + "..."
+
+
+def error_text(error_type: str, message: str) -> str:
+    """``<error type>: <message>``, the message cut to ``ERROR_CHARS`` (a Prefect state message)."""
+    return f"{error_type}: {_cut(message)}"
+
+
+def run_failure(summary: EvalSummary, planned: int, max_error_fraction: float = 0.0) -> str | None:
+    """Why a run failed, or None when it succeeded: every one of the ``planned`` rollouts has a
+    row, and at most ``max_error_fraction`` (0 to 1) of them errored.
+
+    The eval flow run's state message and the CLI's exit status both come from here, e.g.
+    ``"6 of 6 rollouts errored (ProviderError: ...)"``, ``"4 of 10 rollouts have no row"``.
+    """
+    missing = planned - summary.rollouts
+    if missing > 0:
+        return f"{missing} of {planned} rollouts have no row"
+    if not summary.errored or summary.errored / max(planned, 1) <= max_error_fraction:
+        return None
+    allowed = f", more than max_error_fraction = {max_error_fraction:g} allows" if max_error_fraction else ""
+    text = f"{summary.errored} of {planned} rollouts errored{allowed}"
+    if summary.errors:
+        top, others = summary.errors[0], len(summary.errors) - 1
+        more = f"; {others} other error type{'s' if others > 1 else ''}" if others else ""
+        text += f" ({error_text(top.type, top.example)}{more})"
+    return text
 
 
 def _reported(rows: pd.DataFrame, column: str) -> int | None:

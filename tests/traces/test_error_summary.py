@@ -1,0 +1,40 @@
+"""The summary's top errors and ``run_failure``, the rule behind the eval's state and the CLI's exit status."""
+
+from __future__ import annotations
+
+import prefect_rollouts as vf
+from prefect_rollouts.trace import ErrorRecord
+from prefect_rollouts.traces import TraceWriter, run_failure, summarize_run
+
+
+def write(root, outcomes: list[tuple[str, str] | float]) -> None:
+    """A row per outcome: a reward, or an error ``(type, message)``; task ids ``t0``, ``t1``, ..."""
+    writer = TraceWriter(root, "r1")
+    for i, outcome in enumerate(outcomes):
+        trace = vf.Trace(task_id=f"t{i}", model="m", stop_condition="agent_completed")
+        if isinstance(outcome, tuple):
+            trace.errors.append(ErrorRecord(type=outcome[0], message=outcome[1], stage="segment"))
+        else:
+            trace.reward = outcome
+        writer.add(trace, rollout_index=0, environment="env", config_hash="h", elapsed_s=0.1)
+    writer.flush()
+
+
+def test_the_summary_counts_error_types_most_frequent_first_with_their_first_message(tmp_path):
+    write(tmp_path, [("TaskError", "reward 'x' raised"), ("ProviderError", "refused"), 0.0,
+                     ("ProviderError", "returned 500"), ("ProviderError", "refused"), 1.0])
+    summary = summarize_run(tmp_path, "r1")
+    assert [(e.type, e.count, e.example) for e in summary.errors] == [
+        ("ProviderError", 3, "refused"), ("TaskError", 1, "reward 'x' raised")]
+    assert run_failure(summary, planned=6) == "4 of 6 rollouts errored (ProviderError: refused; 1 other error type)"
+    assert run_failure(summary, planned=6, max_error_fraction=0.5) == (
+        "4 of 6 rollouts errored, more than max_error_fraction = 0.5 allows (ProviderError: refused; "
+        "1 other error type)")
+    assert run_failure(summary, planned=6, max_error_fraction=4 / 6) is None        # exactly the limit passes
+
+
+def test_a_run_scored_zero_has_no_errors_and_a_run_with_missing_rows_fails(tmp_path):
+    write(tmp_path, [0.0, 0.0, 0.0])
+    summary = summarize_run(tmp_path, "r1")
+    assert (summary.errored, summary.errors, run_failure(summary, planned=3)) == (0, [], None)
+    assert run_failure(summary, planned=5, max_error_fraction=1.0) == "2 of 5 rollouts have no row"
