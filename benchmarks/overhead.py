@@ -5,10 +5,19 @@ its own process answering after 50 ms, traces written to Parquet. Prefect modes 
 fresh local Prefect server on PostgreSQL in its own processes (``prefect-rollouts server``).
 A mode's time runs until the server has recorded every flow and task run in a final state.
 
-    .venv/bin/python benchmarks/overhead.py [--rollouts 200] [--modes inline,batch,task,flow] [--concurrency 1,32]
+Every mode is measured warm: before timing, the Prefect layer is imported and each Prefect mode
+runs one 2-rollout eval, so the first mode measured is not charged with what any process pays
+once. Those one-off costs are printed on their own (``cold start``): importing the Prefect layer,
+and the first eval flow run of a process against the same eval run warm.
+
+    .venv/bin/python benchmarks/overhead.py [--rollouts 200] [--modes inline,batch,task,flow]
+                                            [--concurrency 1,32] [--repeat 1]
 
 Prints, per mode and concurrency: sustained rollouts/s, client CPU ms and server CPU ms
-(Prefect server + PostgreSQL) per rollout, and the ratio to inline.
+(Prefect server + PostgreSQL) per rollout, the ratio to inline, and ``settle s``: how long after
+the eval returned the server took to record every run (the task-run recorder flushes its batch
+at least every second, ``pgserver.SERVER_SETTINGS``). ``--repeat N`` runs the modes N times,
+alternating, one line each: on a noisy machine, compare lines of the same round.
 """
 
 from __future__ import annotations
@@ -137,8 +146,10 @@ async def run_inline(rollouts: int, concurrency: int, base_url: str, traces: Pat
 
 
 async def measure(mode: str, rollouts: int, concurrency: int, base_url: str, api_url: str | None,
-                  sessions: set[int], traces: Path) -> tuple[float, float, float]:
+                  sessions: set[int], traces: Path) -> tuple[float, float, float, float]:
+    """One eval; returns (rollouts/s, client CPU ms per rollout, server CPU ms per rollout, settle s)."""
     cpu0, server0, started = time.process_time(), server_cpu_s(sessions), time.perf_counter()
+    returned = None
     if mode == "inline":
         await run_inline(rollouts, concurrency, base_url, traces)
     else:
@@ -152,13 +163,34 @@ async def measure(mode: str, rollouts: int, concurrency: int, base_url: str, api
             tasks0 = (await client.post("/task_runs/count", json={"task_runs": final})).json()
         summary = await eval_flow(eval_config(mode, rollouts, concurrency, base_url, traces))
         assert summary.rollouts == rollouts and summary.environments[0].mean_reward == 1.0, summary
+        returned = time.perf_counter()
         flows = 1 + (rollouts if mode == "flow" else 0)
         # stage task runs per rollout flow: segment, finalize, skip-check, scoring (tasks/stages.py IN_FLOW_BODY)
         tasks = {"flow": 4 * rollouts, "task": rollouts, "batch": math.ceil(rollouts / 50)}[mode]
         await recorded(api_url, flows0 + flows, tasks0 + tasks)
-    elapsed = time.perf_counter() - started
-    return rollouts / elapsed, (time.process_time() - cpu0) / rollouts * 1e3, \
-        (server_cpu_s(sessions) - server0) / rollouts * 1e3
+    ended = time.perf_counter()
+    return rollouts / (ended - started), (time.process_time() - cpu0) / rollouts * 1e3, \
+        (server_cpu_s(sessions) - server0) / rollouts * 1e3, ended - (returned or ended)
+
+
+def cold_start(modes: list[str], base_url: str, api_url: str, sessions: set[int], home: Path) -> None:
+    """Import the Prefect layer and run each Prefect mode once (2 rollouts); print what the first
+    eval of a process costs over the same eval run warm."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    from prefect_rollouts.flows.eval import eval_flow  # noqa: F401
+    print(f"cold start: importing the Prefect layer {time.perf_counter() - wall:.2f} s wall, "
+          f"{time.process_time() - cpu:.2f} s CPU")
+    for mode in [m for m in modes if m != "inline"]:
+        first = _timed(mode, base_url, api_url, sessions, home / f"cold-{mode}-1")
+        warm = _timed(mode, base_url, api_url, sessions, home / f"cold-{mode}-2")
+        print(f"cold start: first {mode} eval of 2 rollouts {first[0]:.2f} s wall, {first[1]:.2f} s CPU; "
+              f"warm {warm[0]:.2f} s wall, {warm[1]:.2f} s CPU")
+
+
+def _timed(mode: str, base_url: str, api_url: str, sessions: set[int], traces: Path) -> tuple[float, float]:
+    wall, cpu = time.perf_counter(), time.process_time()
+    asyncio.run(measure(mode, 2, 32, base_url, api_url, sessions, traces))
+    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def free_port() -> int:
@@ -173,6 +205,7 @@ def main() -> None:
     parser.add_argument("--modes", default="inline,batch,task,flow")
     parser.add_argument("--concurrency", default="1,32")
     parser.add_argument("--latency", type=float, default=0.05)
+    parser.add_argument("--repeat", type=int, default=1, help="rounds of all modes, alternating")
     args = parser.parse_args()
     queue: multiprocessing.Queue = multiprocessing.Queue()
     model = multiprocessing.Process(target=serve_model, args=(args.latency, queue), daemon=True)
@@ -190,16 +223,21 @@ def main() -> None:
     try:
         print(f"{args.rollouts} one-call rollouts, model latency {args.latency * 1e3:.0f} ms, "
               f"Prefect server on PostgreSQL at {api_url}")
-        print(f"{'mode':8} {'conc':>4} {'rollouts/s':>11} {'client ms':>10} {'server ms':>10} {'x inline':>9}")
-        for concurrency in map(int, args.concurrency.split(",")):
-            inline_rate = None
-            for mode in args.modes.split(","):
-                rate, client_ms, server_ms = asyncio.run(measure(
-                    mode, args.rollouts, concurrency, base_url, api_url, sessions, home / f"traces-{mode}"))
-                inline_rate = rate if mode == "inline" else inline_rate
-                ratio = f"{rate / inline_rate:.2f}" if inline_rate else "-"
-                print(f"{mode:8} {concurrency:>4} {rate:>11.1f} {client_ms:>10.2f} {server_ms:>10.2f} {ratio:>9}",
-                      flush=True)
+        modes = args.modes.split(",")
+        cold_start(modes, base_url, api_url, sessions, home)
+        print(f"{'mode':8} {'conc':>4} {'rollouts/s':>11} {'client ms':>10} {'server ms':>10} {'x inline':>9} "
+              f"{'settle s':>9}")
+        for round_ in range(args.repeat):
+            for concurrency in map(int, args.concurrency.split(",")):
+                inline_rate = None
+                for mode in modes:
+                    rate, client_ms, server_ms, settle_s = asyncio.run(measure(
+                        mode, args.rollouts, concurrency, base_url, api_url, sessions,
+                        home / f"traces-{mode}-{round_}"))
+                    inline_rate = rate if mode == "inline" else inline_rate
+                    ratio = f"{rate / inline_rate:.2f}" if inline_rate else "-"
+                    print(f"{mode:8} {concurrency:>4} {rate:>11.1f} {client_ms:>10.2f} {server_ms:>10.2f} "
+                          f"{ratio:>9} {settle_s:>9.2f}", flush=True)
     finally:
         pgserver.stop(home)
         shutil.rmtree(home, ignore_errors=True)
