@@ -37,8 +37,11 @@ from prefect_rollouts.traces import DatasetRoot, EvalSummary, compact_run, durab
 __all__ = ["eval_flow", "new_run_id", "progress_listener", "run_eval"]
 
 COMPACT_MIN_FILES = 16
-"""At its end an eval rewrites a table's files of a day into one only when there are at least this
-many: a run's file count stays bounded (a slow model flushes often), and a small eval pays nothing."""
+COMPACT_ROWS_PER_FILE = 16
+"""At its end an eval rewrites a table's files of a day into one only when there are at least
+``COMPACT_MIN_FILES`` of them and fewer than ``COMPACT_ROWS_PER_FILE`` rollouts per file on average
+(a slow model flushes a few rows every 2 s): the file count grows with the run's size, and an eval
+whose flushes were full (up to 64 rows) pays nothing at its end."""
 
 
 def _flow_run_name() -> str:
@@ -90,7 +93,8 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
         failures = await execute(config, root, run_id, todo, total=len(plan), durable=durable,
                                  progress_key=artifact_key(run_id, "progress"))
     try:   # one file per table and day instead of one per flush; the rows are durable either way
-        compacted = await asyncio.to_thread(compact_run, root, run_id, min_files=COMPACT_MIN_FILES)
+        compacted = await asyncio.to_thread(compact_run, root, run_id,
+                                            min_files=max(COMPACT_MIN_FILES, len(plan) // COMPACT_ROWS_PER_FILE))
         logger.info("run %s: files per table %s, compacted to %s", run_id, compacted.files_before,
                     compacted.files_after)
     except TraceStoreError as exc:
