@@ -28,7 +28,7 @@ import httpx
 from prefect import task
 from prefect.artifacts import acreate_progress_artifact, aupdate_progress_artifact
 from prefect.cache_policies import NO_CACHE
-from prefect.settings import PREFECT_API_URL
+from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 from prefect.states import Failed, State
 from prefect.utilities.annotations import quote
 
@@ -105,7 +105,10 @@ async def execute(config: EvalConfig, root: str | DatasetRoot, run_id: str, todo
     Opens the agent (``config.env.agent``) and a ``TraceWriter`` for ``run_id`` under ``root``,
     tags the current flow run with its owner (the janitor's evidence), runs the rollouts at
     ``config.rollout_granularity`` with at most ``config.max_concurrent`` at once, and keeps going
-    while the Prefect API is away for up to ``config.api_outage_limit_s``.
+    while the Prefect API is away for up to ``config.api_outage_limit_s``. Rollout flow runs send no
+    heartbeats: the enclosing eval or shard flow run's heartbeats already say whether this process
+    lives (Prefect starts a thread and sends an event per heartbeating flow run: ~7% of the client's
+    CPU samples in a ``flow`` eval, py-spy, 2026-12-01).
 
     Args:
         total: Rollouts of the whole run (the progress bar's denominator).
@@ -132,7 +135,8 @@ async def execute(config: EvalConfig, root: str | DatasetRoot, run_id: str, todo
                        worker={"host": socket.gethostname(), "pid": os.getpid(),
                                "shard_flow_run_id": shard_flow_run_id},
                        flush_each=config.flush_each_rollout or config.rollouts_per_task > 1)
-            await _run_through_outages(run, todo, config)
+            with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+                await _run_through_outages(run, todo, config)   # no heartbeat thread per rollout flow run
         if not await watch.wait_up():   # the summary artifact and this flow run's end need the API
             raise ApiOutageError(str(watch.api_url), run_id, watch.down_s, len(writer.durable), total)
         await _inform_prefect(run)
