@@ -128,6 +128,16 @@ def work_pool(pg_api: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             worker.stop()
 
 
+def raw_keys(traces: Path, run_id: str) -> list[tuple[str, int]]:
+    """``(task id, rollout index)`` of every row file of ``run_id`` as written: the readers drop
+    duplicate rows, so a test of "no duplicates" must look beneath them."""
+    import pyarrow.dataset as ds
+
+    table = ds.dataset(Path(traces) / "rollouts", format="parquet", partitioning="hive").to_table(
+        columns=["task_id", "rollout_index"], filter=ds.field("run_id") == run_id)
+    return list(zip(table["task_id"].to_pylist(), table["rollout_index"].to_pylist(), strict=True))
+
+
 def wait_until(predicate, timeout_s: float, interval_s: float = 0.5):
     deadline = time.monotonic() + timeout_s
     while True:

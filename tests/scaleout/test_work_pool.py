@@ -18,7 +18,7 @@ from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.traces import read_rollouts
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply
-from tests.scaleout.conftest import Worker, descendants, wait_until
+from tests.scaleout.conftest import Worker, descendants, raw_keys, wait_until
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -59,7 +59,8 @@ def test_shards_run_on_both_workers_as_subflows_and_match_the_in_process_eval(wo
     summary = asyncio.run(eval_flow(config(tmp_path / "traces", openai_server.base_url, pool), run_id="two-workers"))
 
     rows = read_rollouts(tmp_path / "traces", run_id=summary.run_id)
-    assert len(rows) == 40 and not rows.duplicated(["task_id", "rollout_index"]).any()
+    written = raw_keys(tmp_path / "traces", summary.run_id)
+    assert len(rows) == 40 and len(written) == len(set(written)) == 40, "every row once, in the files too"
     assert rows["shard_flow_run_id"].nunique() == 4 and rows["worker_pid"].nunique() == 4, "a process per shard"
     assert rows["worker_host"].notna().all()
 
@@ -159,3 +160,44 @@ def test_cli_dispatches_to_the_pool_and_prints_the_eval_flow_run_url(work_pool, 
     bad = subprocess.run([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(toml), "--work-pool", "nope"],
                          env=prefect_env(pg_api), capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "work-pool create nope" in bad.stdout + bad.stderr
+
+
+def test_a_resume_after_the_eval_died_cancels_its_live_shards_first(work_pool, pg_api, openai_server, tmp_path):
+    """``kill -9`` of the eval's own process while its shards run on workers, then ``--resume``: the
+    resumed eval cancels the shard flow runs still live and waits for them before it plans, so no
+    rollout runs twice; the run ends with its 40 rows."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.scaleout.conftest import prefect_env
+
+    pool, _ = work_pool
+    openai_server.default = answer(2.0)   # a shard of 10 takes ~20 s: still running when the eval is resumed
+    toml = tmp_path / "eval.toml"
+    toml.write_text(eval_toml(tmp_path / "traces", openai_server.base_url, max_concurrent=1,
+                              taskset={"id": "tests.prefect.tasksets:numbered", "count": 40})
+                    + f'[dispatch]\nwork_pool = "{pool}"\nshard_size = 10\nmax_shards_in_flight = 2\n')
+    command = [sys.executable, "-m", "prefect_rollouts.cli", "eval"]
+    eval_process = subprocess.Popen([*command, str(toml), "--run-id", "died"], env=prefect_env(pg_api),
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def shards_running() -> bool:
+        runs = asyncio.run(flow_runs("shard"))
+        return sum(r.name.startswith("died") and r.state_type.value == "RUNNING" for r in runs) >= 2
+    # 2 shards in flight leave 2 of the workers' 4 slots free: the resumed eval's shards could run beside them
+    assert wait_until(shards_running, timeout_s=120)
+    os.killpg(eval_process.pid, signal.SIGKILL)
+    eval_process.wait()
+
+    resumed = subprocess.run([*command, str(toml), "--resume", "died"], env=prefect_env(pg_api), capture_output=True,
+                             text=True, timeout=400)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    rows = read_rollouts(tmp_path / "traces", run_id="died")
+    assert len(rows) == 40 and not rows.duplicated(["task_id", "rollout_index"]).any()
+    requests = [r.messages[-1]["content"] for r in openai_server.requests]
+    assert len(requests) <= 40 + 2, "only the 2 rollouts in flight when their shards were cancelled ran again"
+    first = [r for r in asyncio.run(flow_runs("shard")) if r.name.startswith("died")
+             and str(r.id) not in set(rows["shard_flow_run_id"])]
+    assert all(r.state_type.value in {"CANCELLED", "COMPLETED", "CRASHED"} for r in first)

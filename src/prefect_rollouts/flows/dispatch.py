@@ -3,11 +3,12 @@
 Prefect is the distributed engine: the eval flow makes sure a ``shard`` deployment exists on the
 work pool, submits every shard with ``run_deployment`` (a subflow of the eval flow run, with an
 idempotency key), keeps at most ``max_shards_in_flight`` submitted, and waits for workers on any
-machine to run them. Progress is read from durable rows. A shard that ends in any state but
-Completed with rollouts still without a row is submitted again with just those rollouts, up to
-``shard_attempts`` times in all. A worker that dies (``kill -9``, a lost machine) stops sending its
-flow run's heartbeats; the ``zombie`` automation (created here if missing) sets such a flow run to
-Crashed, and it is re-submitted like any other.
+machine to run them. Progress is read from durable rows. Shard flow runs that an earlier eval flow
+run of the same run left live (``--resume`` after the eval died) are cancelled, and waited for,
+before planning. A shard that ends in any state but Completed with rollouts still without a row
+is submitted again with just those rollouts, up to ``shard_attempts`` times in all. A worker that
+dies (``kill -9``, a lost machine) stops sending its flow run's heartbeats; the zombie automation
+(created here if missing) sets such a flow run to Crashed, and it is re-submitted like any other.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from prefect.client.schemas.filters import (
     FlowRunFilterParentFlowRunId,
     FlowRunFilterState,
     FlowRunFilterStateType,
+    FlowRunFilterTags,
 )
 from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.deployments import arun_deployment
@@ -94,11 +96,14 @@ async def dispatch(config: EvalConfig, root: DatasetRoot, run_id: str, todo: lis
     assert settings.work_pool is not None
     _refuse_secrets(config)
     logger = get_run_logger()
-    shards = [Shard(i, todo[start:start + settings.shard_size])
-              for i, start in enumerate(range(0, len(todo), settings.shard_size))]
     async with get_client() as client:
         deployment_id = await ensure_shard_deployment(client, settings)
         await ensure_zombie_automation(client, settings)
+        if await _end_leftovers(client, run_id, settings.crash_after_s + 30):   # a resume after the eval died
+            durable = durable_keys(root, run_id)
+            todo = [key for key in todo if key not in durable]
+        shards = [Shard(i, todo[start:start + settings.shard_size])
+                  for i, start in enumerate(range(0, len(todo), settings.shard_size))]
         queue, in_flight = list(shards), dict[UUID, Shard]()
         failed: list[Shard] = []
         try:
@@ -114,7 +119,8 @@ async def dispatch(config: EvalConfig, root: DatasetRoot, run_id: str, todo: lis
                     if run.state_type not in FINAL:
                         continue
                     shard = in_flight.pop(run.id)
-                    shard.states.append(run.state_name or str(run.state_type))
+                    shard.states.append(f"{run.state_name}: {run.state.message}"[:300] if run.state and
+                                        run.state.message else str(run.state_name))
                     if run.state_type == StateType.CRASHED:
                         await _crash_subflows(client, run.id)
                     pending = [key for key in shard.rollouts if key not in durable]
@@ -189,6 +195,7 @@ async def _submit(deployment_id: UUID, config: EvalConfig, root: DatasetRoot, ru
                                   "rollouts": [list(key_) for key_ in shard.rollouts], "shard_index": shard.index,
                                   "attempt": shard.attempt + 1}
     submitted = await arun_deployment(deployment_id, parameters=parameters, timeout=0, idempotency_key=key,
+                                      tags=[run_tag(run_id)],
                                       flow_run_name=f"{run_id} · shard {shard.index}"
                                                     + (f" · attempt {shard.attempt + 1}" if shard.attempt else ""))
     return submitted.id
@@ -198,6 +205,37 @@ async def _read(client: PrefectClient, ids: list[UUID]) -> list[FlowRun]:
     if not ids:
         return []
     return await client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))
+
+
+def run_tag(run_id: str) -> str:
+    """The tag of every shard flow run of eval run ``run_id``."""
+    return f"prefect-rollouts-run:{run_id}"
+
+
+async def _end_leftovers(client: PrefectClient, run_id: str, timeout_s: float) -> int:
+    """Cancel the shard flow runs of ``run_id`` that an earlier eval flow run left live (it died, or
+    was killed, and is being resumed) and wait until they are final, so no rollout runs twice.
+
+    Returns:
+        How many there were. After ``timeout_s`` the wait ends with a warning (a run whose worker
+        is gone is set Crashed by the zombie automation within ``crash_after_s``).
+    """
+    live = FlowRunFilter(tags=FlowRunFilterTags(all_=[run_tag(run_id)]), state=FlowRunFilterState(
+        type=FlowRunFilterStateType(any_=[StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING,
+                                          StateType.PAUSED, StateType.CANCELLING])))
+    leftovers = await client.read_flow_runs(flow_run_filter=live)
+    if not leftovers:
+        return 0
+    get_run_logger().warning("run %s: %d shard flow runs of an earlier eval flow run are still live; cancelling "
+                             "them before planning, so no rollout runs twice", run_id, len(leftovers))
+    await _cancel(client, [run.id for run in leftovers if run.state_type != StateType.CANCELLING])
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while await client.read_flow_runs(flow_run_filter=live):
+        if asyncio.get_running_loop().time() > deadline:
+            get_run_logger().warning("run %s: shard flow runs still live after %.0f s; going on", run_id, timeout_s)
+            break
+        await asyncio.sleep(POLL_S)
+    return len(leftovers)
 
 
 async def _crash_subflows(client: PrefectClient, shard_flow_run_id: UUID) -> None:
