@@ -289,15 +289,19 @@ def traces_compact(
 
 @app.command("serve")
 def serve_command(
-    config: Annotated[Path, typer.Argument(help="Eval config TOML used as the nightly deployment's default.")] = Path(
-        "examples/arithmetic.toml"),
+    config: Annotated[Path, typer.Argument(help="Eval config TOML: the nightly eval and its form defaults.")] = Path(
+        "examples/nightly.toml"),
     cron: Annotated[str, typer.Option(help="Schedule of the nightly eval (cron).")] = "0 2 * * *",
     timezone: Annotated[str, typer.Option(help="Time zone of the schedule.")] = "UTC",
 ) -> None:
     """Serve the nightly eval and the sandbox janitor deployments from this process (no work pool needed)."""
     from prefect_rollouts.flows.deployments import serve_deployments
 
-    serve_deployments(config, cron=cron, timezone=timezone)
+    try:
+        serve_deployments(config, cron=cron, timezone=timezone)
+    except ConfigError as exc:   # raised while the deployments are built, before serving starts
+        _error("config error: ", exc)
+        raise typer.Exit(2) from None
 
 
 sandbox_app = typer.Typer(help="The Docker sandbox image.", no_args_is_help=True)

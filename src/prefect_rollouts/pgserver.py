@@ -130,7 +130,10 @@ def start(home: Path, *, port: int = 4200, pg_port: int = 5433, host: str = "127
     _start_postgres(home, pg_port)
     env = {**server_env(dict(os.environ)), "PREFECT_HOME": str(home / "prefect"),
            "PREFECT_API_DATABASE_CONNECTION_URL": f"postgresql+asyncpg://postgres@127.0.0.1:{pg_port}/prefect",
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"}
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1",
+           # the UI's API URL is derived from these settings, not from --host/--port (PREFECT_UI_API_URL
+           # wins when set): without them the UI of a server on another port called port 4200
+           "PREFECT_SERVER_API_HOST": host, "PREFECT_SERVER_API_PORT": str(port)}
     env.pop("PREFECT_API_URL", None)
     log = open(home / "prefect-server.log", "ab")
     process = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", host,

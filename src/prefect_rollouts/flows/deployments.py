@@ -14,28 +14,29 @@ from prefect.deployments.runner import RunnerDeployment
 from prefect.schedules import Cron
 
 from prefect_rollouts.eval_config import load_eval_config
-from prefect_rollouts.flows.eval import eval_flow
+from prefect_rollouts.flows.launch import launch_flow
+from prefect_rollouts.launch_form import LaunchForm
 
 NIGHTLY = "nightly-eval"
 JANITOR = "sandbox-janitor"
 
 
 def build_deployments(config: str | Path, *, cron: str = "0 2 * * *", timezone: str = "UTC") -> list[RunnerDeployment]:
-    """The ``eval`` flow as ``nightly-eval`` (on ``cron`` in ``timezone``, and launchable from the
-    UI with the config as its default parameters) and the ``janitor`` flow as ``sandbox-janitor``
-    (hourly).
+    """The ``launch`` flow as ``nightly-eval`` (on ``cron`` in ``timezone``; its UI form's defaults
+    are the config's values, ``LaunchForm.from_eval_config``) and the ``janitor`` flow as
+    ``sandbox-janitor`` (hourly).
 
     Raises:
-        ConfigError: the config does not load.
+        ConfigError: the config does not load, or holds secret header values (a form cannot carry them).
     """
     from prefect_rollouts.flows.janitor import janitor_flow
 
     eval_config = load_eval_config(config)
-    nightly = eval_flow.to_deployment(
-        name=NIGHTLY, schedule=Cron(cron, timezone=timezone),
-        parameters={"config": eval_config.model_dump(mode="json")},
+    form = LaunchForm.from_eval_config(eval_config)
+    nightly = launch_flow.to_deployment(
+        name=NIGHTLY, schedule=Cron(cron, timezone=timezone), parameters={"eval": form.model_dump(mode="json")},
         description=f"Nightly eval of {eval_config.env.agent.model} on {eval_config.env.taskset.id} "
-                    f"(config {config}); launch from the UI to run it now with edited parameters.",
+                    f"(config {config}); Run > Custom run launches any eval from a form.",
         tags=["prefect-rollouts", "eval"])
     janitor = janitor_flow.to_deployment(name=JANITOR, interval=3600, tags=["prefect-rollouts", "janitor"],
                                          description="Removes sandboxes left by killed rollouts and marks their "
@@ -47,6 +48,6 @@ def serve_deployments(config: str | Path, *, cron: str = "0 2 * * *", timezone: 
     """Serve ``build_deployments(config, cron=cron, timezone=timezone)`` from this process until interrupted.
 
     Raises:
-        ConfigError: the config does not load.
+        ConfigError: the config does not load, or holds secret header values.
     """
     serve(*build_deployments(config, cron=cron, timezone=timezone))

@@ -1,0 +1,43 @@
+"""``launch_flow``: the eval as the Prefect UI launches it, from one ``LaunchForm`` parameter.
+
+The deployment page's "Custom run" form is rendered from this flow's parameter schema, so the
+parameter is the people-shaped ``LaunchForm`` (``launch_form.py``), not the 86-field
+``EvalConfig``. The flow turns it into an ``EvalConfig`` and runs ``eval_flow`` on it as a
+subflow (through ``run_eval``, as the CLI does): the eval then runs exactly as from the CLI or a
+notebook (same planning, states, artifacts, run naming by run id), and that flow run's
+parameters show the whole config that ran.
+The launch flow run keeps the name Prefect's form gives it ("Run Name").
+"""
+
+from __future__ import annotations
+
+from prefect import State, flow, get_run_logger
+from prefect.states import Failed
+
+from prefect_rollouts.errors import EvalFailedError
+from prefect_rollouts.flows.eval import new_run_id, run_eval
+from prefect_rollouts.launch_form import LaunchForm
+from prefect_rollouts.traces import EvalSummary
+
+
+@flow(name="launch", persist_result=False, log_prints=False)
+async def launch_flow(eval: LaunchForm) -> EvalSummary | State[EvalSummary]:
+    """Run an eval from the launch form: taskset and its options, model, endpoint, size, concurrency.
+
+    Args:
+        eval: The eval to run: common settings first, the rarer ones and any other config key under Advanced.
+
+    Returns:
+        The ``EvalSummary`` of the eval flow run (a subflow of this one, named after its run
+        id); when that run failed, a Failed state with its message (e.g. ``6 of 6 rollouts
+        errored (ProviderError: ...)``), as ``eval_flow`` itself returns.
+
+    Raises:
+        ConfigError: the form does not make a valid eval config (the message names the field).
+    """
+    config = eval.to_eval_config()
+    run_id = new_run_id(config)
+    get_run_logger().info("run %s: %s on %s, traces in %s", run_id, config.env.agent.model,
+                          config.env.taskset.id, config.traces.store or config.traces.path)
+    summary, failure = await run_eval(config, run_id=run_id)
+    return summary if failure is None else Failed(message=failure, data=EvalFailedError(failure, summary))

@@ -1,0 +1,307 @@
+"""The launch form: an eval as a person fills it in from the Prefect UI, and its ``EvalConfig``.
+
+``EvalConfig`` mirrors the TOML (86 fields once flattened, in the order of its tables), which
+makes a poor form. ``LaunchForm`` is the ``launch`` flow's one parameter (``flows/launch.py``):
+the fields that change between launches first (the taskset with its own options, model,
+endpoint, number of tasks, rollouts per task, concurrency), then ``advanced`` (run id prefix,
+granularity, harness, caps, sampling, runtime, traces) and, for every other key, dotted
+``overrides`` as the CLI's ``--set`` takes them. ``to_eval_config`` turns a form into the config
+``eval_flow`` runs; ``from_eval_config`` is its inverse (``prefect-rollouts serve CONFIG``
+launches the config's values as the form's defaults). Prefect renders the form from the JSON
+schema: field order is the order below, titles and descriptions are the fields' own.
+Must not import Prefect.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from prefect_rollouts.config import validate_config
+from prefect_rollouts.errors import ConfigError
+from prefect_rollouts.eval_config import EvalConfig
+
+
+def _number_fields(schema: dict[str, Any]) -> None:
+    """Give each field its ``position`` in declaration order. Prefect's form sorts fields by it, and
+    only by it: a Prefect server on PostgreSQL stores the schema as JSONB, which reorders keys
+    (shortest first), so without positions the form came out as Model, Taskset, Advanced, ..."""
+    for position, field in enumerate(schema.get("properties", {}).values()):
+        field["position"] = position
+
+
+class _Form(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_number_fields)
+
+
+class ArithmeticTaskset(_Form):
+    """Integer additions "What is a + b?", scored by exact match; needs no data."""
+
+    model_config = ConfigDict(title="arithmetic")
+    id: Literal["arithmetic"] = Field("arithmetic", title="Name")
+    count: int = Field(100, ge=1, title="Questions", description="How many questions the taskset has. Default 100.")
+    seed: int = Field(0, title="Seed", description="Random seed of the questions; task ids are add-SEED-N. Default 0.")
+    max_value: int = Field(100, ge=0, title="Largest operand",
+                           description="Operands are drawn uniformly from 0 to this. Default 100.")
+
+
+class BfclTaskset(_Form):
+    """Berkeley Function Calling Leaderboard items (needs bfcl-eval: see the README's Install)."""
+
+    model_config = ConfigDict(title="bfcl")
+    id: Literal["bfcl"] = Field("bfcl", title="Name")
+    category: Literal["simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance",
+                      "multi_turn_base"] = Field("simple_python", title="Category",
+                                                 description="BFCL category. Default simple_python.")
+    count: int | None = Field(None, ge=1, title="Items",
+                              description="How many items from the start of the category. Empty: all.")
+    force_tool_choice: bool | None = Field(
+        None, title="Force tool choice",
+        description="Single-turn categories: on forces a call of the task's function (small models call no tool "
+                    "otherwise); off leaves tool_choice to the model. Empty: on, except for irrelevance and "
+                    "multi_turn_base (which refuses on).")
+
+
+class HumanEvalTaskset(_Form):
+    """OpenAI HumanEval: write a Python function, scored by its unit tests (needs the humaneval extra)."""
+
+    model_config = ConfigDict(title="humaneval")
+    id: Literal["humaneval"] = Field("humaneval", title="Name")
+    count: int | None = Field(None, ge=1, title="Problems",
+                              description="How many problems from the first (164 in all). Empty: all.")
+    timeout_s: float = Field(10.0, gt=0, title="Test timeout (s)",
+                             description="Limit of one test run, in seconds. Default 10.")
+
+
+class CustomTaskset(_Form):
+    """A taskset of your own: a function ``load(**options) -> Iterable[Task]`` importable on the worker."""
+
+    model_config = ConfigDict(title="custom (import path)")
+    id: Literal["custom"] = Field("custom", title="Name")
+    loader: str = Field(..., min_length=1, title="Import path",
+                        description='The function that returns the tasks, as "pkg.module:function".')
+    options: dict[str, Any] = Field({}, title="Options",
+                                    description="Keyword arguments of the function, as a JSON object. Default {}.")
+
+
+Taskset = ArithmeticTaskset | BfclTaskset | HumanEvalTaskset | CustomTaskset
+"""One form per taskset. A plain union (``anyOf`` in the schema): Prefect's form shows it as a
+switch of the four titles with the chosen taskset's own fields; a discriminated union
+(``oneOf``) is shown as a bare JSON editor. Pydantic still picks the one whose ``id`` matches."""
+
+
+class AdvancedSettings(_Form):
+    """Settings that rarely change between launches; any other config key goes in Other config keys."""
+
+    model_config = ConfigDict(title="Advanced")
+    run_name: str = Field(
+        "", title="Run id prefix",
+        description="Traces are stored under the run id PREFIX-YYYYmmdd-HHMMSS-XXXX. Empty: the taskset name. "
+                    "(Prefect's Run Name above names the launch's flow run only.)")
+    rollout_granularity: Literal["flow", "task", "batch"] = Field(
+        "flow", title="Granularity",
+        description="What Prefect records of each rollout: flow = a flow run with a task run per stage (most "
+                    "visible); task = one task run; batch = one task run per batch of rollouts (fastest). "
+                    "Default flow.")
+    batch_size: int = Field(50, ge=1, title="Batch size",
+                            description="Rollouts per batch with granularity batch. Default 50.")
+    harness: Literal["chat", "tools"] = Field(
+        "tools", title="Harness", description="chat = one model reply per turn; tools = the tool-calling loop with "
+                                              "bash, read_file and write_file. Default tools.")
+    max_turns: int | None = Field(None, ge=1, title="Max model replies",
+                                  description="Cap on model replies per rollout. Empty: no cap.")
+    max_turn_tokens: int | None = Field(None, ge=1, title="Max tokens per reply",
+                                        description="Token cap of each model reply, in tokens. Empty: the server's.")
+    temperature: float | None = Field(None, ge=0, title="Temperature",
+                                      description="Sampling temperature. Empty: the server's default.")
+    api_key_env: str = Field(
+        "OPENAI_API_KEY", pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$", title="API key variable",
+        description="Environment variable on the worker that holds the endpoint's API key (never the key itself). "
+                    "Empty: no key; a ModelEndpoint block brings its own. Default OPENAI_API_KEY.")
+    request_timeout_s: float = Field(600.0, gt=0, title="Request timeout (s)",
+                                     description="Timeout of one model request, in seconds. Default 600.")
+    runtime: Literal["local", "docker"] = Field(
+        "local", title="Runtime", description="Where tools and tests run: local = a temporary directory on the worker; "
+                                              "docker = a fresh container per rollout. Default local.")
+    traces_path: str = Field("./traces", min_length=1, title="Traces directory",
+                             description="Parquet dataset directory on the worker. Default ./traces.")
+    trace_store: str = Field("", title="TraceStore block",
+                             description="Name of a TraceStore block; wins over the directory. Empty: none.")
+    pass_threshold: float = Field(1.0, title="Pass threshold",
+                                  description="A rollout passes (for pass@k) at this reward or more. Default 1.0.")
+    overrides: dict[str, Any] = Field(
+        {}, title="Other config keys",
+        description='Any other eval config key, dotted as in --set, with its value: e.g. {"env.agent.timeouts.agent": '
+                    '300, "env.agent.sampling.top_p": 0.9}. Keys that have a field above are refused. Default {}.')
+
+    @field_validator("run_name", "api_key_env", "traces_path", "trace_store", mode="before")
+    @classmethod
+    def _none_is_default(cls, value: Any, info: ValidationInfo) -> Any:
+        """A config's None (and a UI's null) is the field's default."""
+        return cls.model_fields[info.field_name or ""].default if value is None else value
+
+
+class LaunchForm(_Form):
+    """One eval as launched from the UI. Defaults are the TOML's (the taskset's: arithmetic)."""
+
+    model_config = ConfigDict(title="Eval")
+    taskset: Taskset = Field(ArithmeticTaskset(), title="Taskset",
+                             description="A built-in taskset with its options, or your own by import path. "
+                                         "Default arithmetic.")
+    model: str = Field("local/smollm2", min_length=1, title="Model",
+                       description="Model name sent to the endpoint; local/smollm2 or local/PATH.gguf start an "
+                                   "embedded llama.cpp server on the worker (the local extra). Default local/smollm2.")
+    endpoint: str = Field(
+        "", title="Endpoint",
+        description="OpenAI-compatible server as its base URL (http://HOST:PORT/v1), or the name of a "
+                    "ModelEndpoint block (URL and API key). Empty: http://127.0.0.1:8000/v1; local/* models "
+                    "ignore it.")
+    num_tasks: int | None = Field(None, ge=1, title="Number of tasks",
+                                  description="Tasks from the start of the taskset. Empty: all of them.")
+    rollouts_per_task: int = Field(1, ge=1, title="Rollouts per task",
+                                   description="Rollouts of each task; pass@k is reported up to this. Default 1.")
+    max_concurrent: int = Field(16, ge=1, title="Concurrency",
+                                description="Rollouts in flight at once. Default 16.")
+    advanced: AdvancedSettings = Field(AdvancedSettings(), title="Advanced",
+                                       description="Rarer settings, and any other config key by its dotted name.")
+
+    @field_validator("endpoint", mode="before")
+    @classmethod
+    def _none_is_empty(cls, value: Any) -> Any:
+        return "" if value is None else value
+
+    def to_eval_config(self) -> EvalConfig:
+        """The ``EvalConfig`` this form launches (``""`` in a text field is the config's None).
+
+        Raises:
+            ConfigError: an endpoint URL with credentials in it, an ``advanced.overrides`` key
+                that has its own field in the form or is no config key, or a value the config
+                refuses; the message names the form field or the override's key.
+        """
+        data: dict[str, Any] = {}
+        taskset = self.taskset
+        _put(data, "env.taskset", {"id": taskset.loader, **taskset.options} if isinstance(taskset, CustomTaskset)
+             else taskset.model_dump(exclude_none=True))
+        for field, key in _FIELDS:
+            value = _get(self, field)
+            _put(data, key, None if value == "" else value)
+        if self.endpoint:
+            _put(data, _endpoint_key(self.endpoint), self.endpoint)
+        for key, value in self.advanced.overrides.items():
+            if (title := _field_of(key, self.endpoint)) is not None:
+                raise ConfigError(f'advanced.overrides["{key}"]: the form has a field for it ({title}). '
+                                  "Set it there and remove the key")
+            _put(data, key, value)
+        return validate_config(EvalConfig, data, "")
+
+    @classmethod
+    def from_eval_config(cls, config: EvalConfig) -> LaunchForm:
+        """The form that launches ``config``: its values in the form's fields, every other key
+        that differs from its default in ``advanced.overrides``.
+
+        Raises:
+            ConfigError: ``[env.agent.client] headers`` is set (header values are secrets and
+                cannot be flow-run parameters: put them in a ModelEndpoint block), or a built-in
+                taskset has an option its form does not know.
+        """
+        client = config.env.agent.client
+        if client.headers:
+            raise ConfigError("[env.agent.client] headers: a launch form cannot carry header values (they are "
+                              "secrets, and flow-run parameters are visible). Put them in a ModelEndpoint block "
+                              'and set [env.agent.client] endpoint = "<block name>"')
+        form: dict[str, Any] = {"advanced": {}}
+        for field, key in _FIELDS:
+            _put(form, field, _get(config, key))
+        taskset_id, options = config.env.taskset.id, config.env.taskset.options
+        builtin = BUILTIN_TASKSETS.get(taskset_id)
+        form["taskset"] = (validate_config(builtin, {"id": taskset_id, **options}, "env.taskset") if builtin
+                           else CustomTaskset(loader=taskset_id, options=options))
+        form["endpoint"] = client.endpoint or (client.base_url if "base_url" in client.model_fields_set else "")
+        values = _flatten(config.model_dump(mode="json"))   # whole values: a judge's id is a default, yet needed
+        changed = _flatten(config.model_dump(mode="json", exclude_defaults=True))
+        form["advanced"]["overrides"] = {key: values.get(key, value) for key, value in changed.items()
+                                         if _field_of(key, form["endpoint"]) is None}
+        return cls.model_validate(form)
+
+
+#: The taskset form of each built-in taskset.
+BUILTIN_TASKSETS: dict[str, type[_Form]] = {"arithmetic": ArithmeticTaskset, "bfcl": BfclTaskset,
+                                            "humaneval": HumanEvalTaskset}
+
+#: (form field, config key) pairs that hold the same value; ``""`` in the form is None in the config.
+#: The taskset and the endpoint are mapped on their own.
+_FIELDS = (
+    ("model", "env.agent.model"), ("num_tasks", "num_tasks"), ("rollouts_per_task", "rollouts_per_task"),
+    ("max_concurrent", "max_concurrent"), ("advanced.run_name", "run_name"),
+    ("advanced.rollout_granularity", "rollout_granularity"), ("advanced.batch_size", "batch_size"),
+    ("advanced.harness", "env.agent.harness.id"), ("advanced.max_turns", "env.agent.max_turns"),
+    ("advanced.max_turn_tokens", "env.agent.max_turn_tokens"),
+    ("advanced.temperature", "env.agent.sampling.temperature"),
+    ("advanced.api_key_env", "env.agent.client.api_key_env"),
+    ("advanced.request_timeout_s", "env.agent.client.timeout"),
+    ("advanced.runtime", "env.agent.runtime.type"), ("advanced.traces_path", "traces.path"),
+    ("advanced.trace_store", "traces.store"), ("advanced.pass_threshold", "pass_threshold"),
+)
+
+
+def _endpoint_key(endpoint: str) -> str:
+    """The config key the Endpoint field sets: ``base_url`` for a URL, ``endpoint`` for a block name.
+
+    Raises:
+        ConfigError: a URL with credentials in it.
+    """
+    if "://" not in endpoint:
+        return "env.agent.client.endpoint"
+    parts = urlsplit(endpoint)
+    if parts.username or parts.password:
+        raise ConfigError("endpoint: the URL carries credentials, and form values are visible to everyone who "
+                          "can see the flow run. Put the key in a ModelEndpoint block and name the block here")
+    return "env.agent.client.base_url"
+
+
+def _field_of(key: str, endpoint: str) -> str | None:
+    """The form field that sets config key ``key`` (or a key inside or around it), None if none does.
+    ``base_url`` stays free beside an Endpoint that names a block (the block's URL is then overridden)."""
+    covered = {key_: field for field, key_ in _FIELDS} | {"env.taskset": "taskset", "env.agent.client.endpoint":
+                                                         "endpoint", "env.agent.client.base_url": "endpoint"}
+    if endpoint and "://" not in endpoint:
+        covered.pop("env.agent.client.base_url")
+    for config_key, field in covered.items():
+        if key == config_key or key.startswith(config_key + ".") or config_key.startswith(key + "."):
+            return field
+    return None
+
+
+def _get(model: BaseModel, dotted: str) -> Any:
+    value: Any = model
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _put(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``data[a][b][c] = value`` for ``dotted = "a.b.c"``, creating the tables on the way.
+
+    Raises:
+        ConfigError: a part on the way already holds a value that is not a table.
+    """
+    parts = dotted.split(".")
+    node = data
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f'advanced.overrides["{dotted}"]: {part!r} is a value, not a table. Check the key')
+    node[parts[-1]] = value
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; empty tables and every other value stay whole."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

@@ -1,0 +1,23 @@
+"""The launch flow (the deployment form's flow) ends in the state of the eval it runs."""
+
+from __future__ import annotations
+
+import socket
+
+from prefect_rollouts.flows.launch import launch_flow
+from prefect_rollouts.launch_form import AdvancedSettings, ArithmeticTaskset, LaunchForm
+
+
+def refused_url() -> str:
+    with socket.socket() as sock:   # a port nothing listens on once the socket is closed
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+
+
+async def test_a_launch_whose_rollouts_all_error_is_failed_with_the_evals_message(tmp_path):
+    form = LaunchForm(taskset=ArithmeticTaskset(count=2), model="down-model", endpoint=refused_url(),
+                      advanced=AdvancedSettings(harness="chat", traces_path=str(tmp_path), overrides={
+                          "env.agent.client.retries.max_retries": 0, "env.agent.retries.segment": 0}))
+    final = await launch_flow(form, return_state=True)
+    assert final.is_failed()
+    assert final.message.startswith("2 of 2 rollouts errored (")

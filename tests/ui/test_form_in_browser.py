@@ -1,0 +1,138 @@
+"""The nightly deployment's launch form in the real Prefect UI, in a headless Chromium: its layout,
+and a run launched from it that a real worker runs with the values typed in."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+from prefect_rollouts.environments.bfcl import CATEGORIES
+from prefect_rollouts.traces import read_rollouts
+from tests.fakes.openai_server import reply
+
+REPO = Path(__file__).resolve().parents[2]
+PROPERTY = "ancestor::div[contains(concat(' ', normalize-space(@class), ' '), ' schema-form-property ')][1]"
+
+
+def prefect(*args: str, env: dict[str, str], timeout: float = 300) -> str:
+    result = subprocess.run([sys.executable, "-m", "prefect", *args], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=timeout)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def deployed(prefect_server):
+    """deployments/prefect.yaml deployed as the README says; returns (env for prefect commands, nightly-eval)."""
+    env = {**os.environ, "PREFECT_API_URL": prefect_server, "PREFECT_ROLLOUTS_HOME": str(REPO)}
+    env.pop("PREFECT_HOME", None)
+    prefect("work-pool", "create", "local", "--type", "process", env=env)
+    prefect("--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml", "--all", env=env)
+    deployment = httpx.get(f"{prefect_server}/deployments/name/launch/nightly-eval", timeout=30).json()
+    return env, deployment
+
+
+class RunForm:
+    """The deployment's "Custom run" page, driven as a person would: by the labels on screen."""
+
+    def __init__(self, browser, ui_url: str, deployment_id: str) -> None:
+        self.browser, self.wait = browser, WebDriverWait(browser, 60)
+        browser.get(f"{ui_url}/deployments/deployment/{deployment_id}/run")
+        self.wait.until(expected_conditions.presence_of_element_located((By.XPATH, self._label("Model"))))
+
+    @staticmethod
+    def _label(title: str) -> str:
+        return f"//span[@class='schema-form-property__label' and normalize-space()='{title} (Optional)']"
+
+    def labels(self) -> list[str]:
+        """Every field label on the page, top to bottom, without Prefect's " (Optional)"."""
+        spans = self.browser.find_elements(By.CSS_SELECTOR, "span.schema-form-property__label")
+        return [span.text.removesuffix(" (Optional)") for span in spans]
+
+    def control(self, title: str) -> WebElement:
+        """The input, text area or select of the field labelled ``title``."""
+        path = (f"{self._label(title)}/{PROPERTY}/div[@class='p-label__body']"
+                "//*[self::input or self::textarea or self::select]")
+        return self.wait.until(expected_conditions.element_to_be_clickable((By.XPATH, path)))
+
+    def fill(self, title: str, value: object) -> None:
+        control = self.control(title)
+        control.send_keys(Keys.CONTROL, "a")
+        control.send_keys(Keys.DELETE)
+        control.send_keys(str(value))
+
+    def choose(self, option: str) -> None:
+        """Press the button ``option`` (the taskset switch)."""
+        self.browser.find_element(By.XPATH, f"//button[normalize-space()='{option}']").click()
+
+    def submit(self) -> str:
+        """Press Submit; return the id of the flow run it created (from the toast's "View run")."""
+        button = self.browser.find_element(By.XPATH, "//button[normalize-space()='Submit']")
+        self.browser.execute_script("arguments[0].scrollIntoView()", button)
+        button.click()
+        view_run = self.wait.until(expected_conditions.presence_of_element_located(
+            (By.XPATH, "//button[normalize-space()='View run']")))
+        self.browser.execute_script("arguments[0].click()", view_run)   # the toast may still be sliding in
+        self.wait.until(expected_conditions.url_matches(r"/runs/flow-run/[0-9a-f-]{36}"))
+        return re.search(r"/runs/flow-run/([0-9a-f-]{36})", self.browser.current_url).group(1)
+
+
+def test_the_launch_form_shows_the_taskset_with_its_options_first_and_the_rest_under_advanced(
+        browser, prefect_server, deployed):
+    _, deployment = deployed
+    form = RunForm(browser, prefect_server.removesuffix("/api"), deployment["id"])
+    labels = form.labels()
+    assert labels[:labels.index("Advanced") + 1] == [
+        "eval", "Taskset", "Name", "Questions", "Seed", "Largest operand", "Model", "Endpoint", "Number of tasks",
+        "Rollouts per task", "Concurrency", "Advanced"]
+    assert labels.count("Run id prefix") == 1 and labels.index("Run id prefix") > labels.index("Advanced")
+    assert len(labels) <= 30      # the EvalConfig form had 86 fields
+    form.choose("bfcl")           # another taskset brings its own options
+    assert form.labels()[2:6] == ["Name", "Category", "Items", "Force tool choice"]
+    assert [option.text for option in Select(form.control("Category")).options] == list(CATEGORIES)
+
+
+def test_a_run_launched_from_the_form_runs_on_a_worker_with_the_values_typed_in(
+        browser, prefect_server, deployed, openai_server, tmp_path):
+    env, deployment = deployed
+    openai_server.default = reply("7")
+    form = RunForm(browser, prefect_server.removesuffix("/api"), deployment["id"])
+    form.fill("Questions", 5)
+    form.fill("Seed", 7)
+    form.fill("Largest operand", 9)
+    form.fill("Model", "scripted-model")
+    form.fill("Endpoint", openai_server.base_url)
+    form.fill("Number of tasks", 3)
+    form.fill("Traces directory", tmp_path / "traces")
+    launch_id = form.submit()
+    prefect("worker", "start", "--pool", "local", "--run-once", env=env, timeout=600)
+
+    api = httpx.Client(base_url=prefect_server, timeout=30)
+    launch = api.get(f"/flow_runs/{launch_id}").json()
+    assert launch["state"]["type"] == "COMPLETED", json.dumps(launch["state"])
+    [evaluation] = api.post("/flow_runs/filter", json={"flow_runs": {"parent_flow_run_id": {"any_": [launch_id]}}}
+                            ).json()
+    assert evaluation["state"]["type"] == "COMPLETED"
+    config = evaluation["parameters"]["config"]      # the eval flow run shows the whole config that ran
+    assert config["env"]["taskset"] == {"id": "arithmetic", "count": 5, "seed": 7, "max_value": 9}
+    assert (config["env"]["agent"]["model"], config["num_tasks"]) == ("scripted-model", 3)
+
+    rows = read_rollouts(tmp_path / "traces", run_id=evaluation["name"])
+    assert sorted(rows["task_id"]) == ["add-7-0", "add-7-1", "add-7-2"]
+    assert set(rows["model"]) == {"scripted-model"} and not rows["is_error"].any()
+    prompts = [request.messages[-1]["content"] for request in openai_server.requests]
+    assert len(prompts) == 3 and all(request.body["model"] == "scripted-model" for request in openai_server.requests)
+    operands = [int(n) for prompt in prompts for n in re.findall(r"\d+", prompt.split("?")[0])]
+    assert len(operands) == 6 and max(operands) <= 9      # Largest operand reached the taskset
