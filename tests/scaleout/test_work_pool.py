@@ -201,3 +201,17 @@ def test_a_resume_after_the_eval_died_cancels_its_live_shards_first(work_pool, p
     first = [r for r in asyncio.run(flow_runs("shard")) if r.name.startswith("died")
              and str(r.id) not in set(rows["shard_flow_run_id"])]
     assert all(r.state_type.value in {"CANCELLED", "COMPLETED", "CRASHED"} for r in first)
+
+
+def test_the_endpoint_limit_holds_across_the_workers(work_pool, openai_server, tmp_path):
+    """``[limits] model_requests = 2``: 4 shards on two workers, 4 rollouts in flight in each, and
+    the scripted server never sees more than 2 requests at once."""
+    pool, _ = work_pool
+    openai_server.default = answer(0.3)
+    text = eval_toml(tmp_path / "traces", openai_server.base_url, rollout_granularity="task", max_concurrent=4,
+                     taskset={"id": "tests.prefect.tasksets:numbered", "count": 24})
+    text += f'[dispatch]\nwork_pool = "{pool}"\nshard_size = 6\nmax_shards_in_flight = 4\n'
+    text += '[limits]\nmodel_requests = 2\nmodel_requests_name = "scaleout-endpoint"\n'
+    summary = asyncio.run(eval_flow(load_eval_config(text), run_id="limited"))
+    assert summary.rollouts == 24 and summary.errored == 0
+    assert openai_server.max_in_flight == 2
