@@ -41,8 +41,9 @@ def eval_command(
         "--force-config", help="With --resume: run the given config even where it differs from the stored one "
                                "in keys that define the run.")] = False,
     work_pool: Annotated[str | None, typer.Option(
-        help="Run the rollouts as shard flow runs on this Prefect work pool ([dispatch] work_pool).")] = None,
-    shard_size: Annotated[int | None, typer.Option(help="Rollouts per shard flow run ([dispatch] shard_size).")] = None,
+        help="Run the rollouts as shard flow runs on this Prefect work pool (\\[dispatch] work_pool).")] = None,
+    shard_size: Annotated[int | None, typer.Option(
+        help="Rollouts per shard flow run (\\[dispatch] shard_size).")] = None,
 ) -> None:
     """Run an evaluation as a Prefect flow and print its summary.
 

@@ -215,3 +215,40 @@ def test_the_endpoint_limit_holds_across_the_workers(work_pool, openai_server, t
     summary = asyncio.run(eval_flow(load_eval_config(text), run_id="limited"))
     assert summary.rollouts == 24 and summary.errored == 0
     assert openai_server.max_in_flight == 2
+
+
+def test_shards_waiting_on_a_pool_no_worker_polls_are_reported(pg_api, openai_server, tmp_path):
+    """No worker on the pool: after 30 s the eval warns and names the command that starts one;
+    once a worker starts, the eval finishes."""
+    import logging
+    import subprocess
+
+    from tests.scaleout.conftest import PREFECT, prefect_env
+
+    subprocess.run([PREFECT, "work-pool", "create", "idle", "--type", "process"], env=prefect_env(pg_api),
+                   check=True, capture_output=True, timeout=120)
+    openai_server.default = answer(0.0)
+    text = eval_toml(tmp_path / "traces", openai_server.base_url,
+                     taskset={"id": "tests.prefect.tasksets:numbered", "count": 4})
+    text += '[dispatch]\nwork_pool = "idle"\nshard_size = 4\n'
+    warnings: list[str] = []
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.WARNING:
+                warnings.append(record.getMessage())
+    handler = Catch()
+    logging.getLogger("prefect.flow_runs").addHandler(handler)
+    result: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: result.update(
+        summary=asyncio.run(eval_flow(load_eval_config(text), run_id="idle-pool"))), daemon=True)
+    try:
+        thread.start()
+        assert wait_until(lambda: any("no worker is polling it" in w for w in warnings), timeout_s=120), warnings
+        assert any(".venv/bin/prefect worker start --pool idle" in w for w in warnings)
+        worker = Worker(pg_api, "idle", "late-worker", 1, tmp_path / "late-worker.log")
+        thread.join(timeout=240)
+        worker.stop()
+    finally:
+        logging.getLogger("prefect.flow_runs").removeHandler(handler)
+    assert result["summary"].rollouts == 4

@@ -106,6 +106,9 @@ async def dispatch(config: EvalConfig, root: DatasetRoot, run_id: str, todo: lis
                   for i, start in enumerate(range(0, len(todo), settings.shard_size))]
         queue, in_flight = list(shards), dict[UUID, Shard]()
         failed: list[Shard] = []
+        logger.info("run %s: %d rollouts in %d shards for work pool %r", run_id, len(todo), len(shards),
+                    settings.work_pool)
+        idle = _IdlePool(settings.work_pool)
         try:
             while queue or in_flight:
                 while queue and len(in_flight) < settings.max_shards_in_flight:
@@ -115,7 +118,9 @@ async def dispatch(config: EvalConfig, root: DatasetRoot, run_id: str, todo: lis
                 await asyncio.sleep(POLL_S)
                 durable = durable_keys(root, run_id)
                 await on_progress(len(durable))
-                for run in await _read(client, list(in_flight)):
+                runs = await _read(client, list(in_flight))
+                await idle.check(client, runs, logger)
+                for run in runs:
                     if run.state_type not in FINAL:
                         continue
                     shard = in_flight.pop(run.id)
@@ -205,6 +210,35 @@ async def _read(client: PrefectClient, ids: list[UUID]) -> list[FlowRun]:
     if not ids:
         return []
     return await client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))
+
+
+class _IdlePool:
+    """Warns when the submitted shards wait with no worker taking them (none polls the pool, or
+    every worker is busy): first after ``WAIT_WARNING_S``, then every ``WAIT_WARNING_S`` again."""
+
+    def __init__(self, pool: str) -> None:
+        self.pool = pool
+        self.since: float | None = None
+        self.warned = 0.0
+
+    async def check(self, client: PrefectClient, runs: list[FlowRun], logger: Any) -> None:
+        now = asyncio.get_running_loop().time()
+        if any(run.state_type != StateType.SCHEDULED for run in runs) or not runs:
+            self.since = None
+            return
+        if self.since is None:
+            self.since = now
+        if now - self.since < WAIT_WARNING_S or now - self.warned < WAIT_WARNING_S:
+            return
+        self.warned = now
+        status = (await client.read_work_pool(self.pool)).status
+        who = ("no worker is polling it: start one with .venv/bin/prefect worker start --pool "
+               f"{self.pool} --limit 2" if str(status).endswith("NOT_READY") else "its workers are busy")
+        logger.warning("%d shard flow runs have waited %.0f s for work pool %r: %s", len(runs), now - self.since,
+                       self.pool, who)
+
+
+WAIT_WARNING_S = 30.0
 
 
 def run_tag(run_id: str) -> str:

@@ -95,8 +95,9 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
     try:   # one file per table and day instead of one per flush; the rows are durable either way
         compacted = await asyncio.to_thread(compact_run, root, run_id,
                                             min_files=max(COMPACT_MIN_FILES, len(plan) // COMPACT_ROWS_PER_FILE))
-        logger.info("run %s: files per table %s, compacted to %s", run_id, compacted.files_before,
-                    compacted.files_after)
+        if compacted.files_after != compacted.files_before:
+            logger.info("run %s: files per table %s, compacted to %s", run_id, compacted.files_before,
+                        compacted.files_after)
     except TraceStoreError as exc:
         logger.warning("run %s: could not compact its files (%s); its rows stay as they were", run_id, exc)
     summary = summarize_run(root, run_id, rollouts_per_task=config.rollouts_per_task,
