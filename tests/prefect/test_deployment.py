@@ -69,6 +69,8 @@ def test_the_nightly_deployment_deploys_from_prefect_yaml_and_runs_once(tmp_path
     state = api.get(f"/flow_runs/{flow_run['id']}").json()["state"]
     assert state["type"] == "COMPLETED", json.dumps(state)
     assert len(read_rollouts(tmp_path / "traces", run_id="from-deployment")) == 3
+    artifacts = api.post("/artifacts/filter", json={"artifacts": {"key": {"any_": ["eval-summary-nightly-eval"]}}})
+    assert [a["description"].split(" (")[0] for a in artifacts.json()] == ["Summary of run from-deployment"]
 
 
 def test_serve_builds_the_nightly_eval_on_its_cron_and_time_zone_and_the_janitor():
