@@ -14,9 +14,8 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
+from prefect_rollouts.console import print_summary, progress_bar, set_console_log_level
 from prefect_rollouts.errors import ConfigError, TraceStoreError
 
 app = typer.Typer(help="Run and score LLM-agent rollouts with Prefect.", no_args_is_help=True,
@@ -44,6 +43,9 @@ def eval_command(
         help="Run the rollouts as shard flow runs on this Prefect work pool (\\[dispatch] work_pool).")] = None,
     shard_size: Annotated[int | None, typer.Option(
         help="Rollouts per shard flow run (\\[dispatch] shard_size).")] = None,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", help="Print Prefect's INFO lines (each flow and task run) too; by default only its "
+                                "warnings and errors. The Prefect UI has every line either way.")] = False,
 ) -> None:
     """Run an evaluation as a Prefect flow and print its summary.
 
@@ -67,6 +69,7 @@ def eval_command(
     except (ConfigError, TraceStoreError) as exc:
         _error("config error: ", exc)
         raise typer.Exit(2) from None
+    set_console_log_level(verbose)   # before Prefect is imported
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     # Prefect's client retries a failed API call 5 times by default (2+4+8+16+32 s): a rollout flow
     # run in flight when the API goes away would hold its slot for a minute. Two retries (~6 s)
@@ -88,13 +91,8 @@ def eval_command(
             f"[dispatch] work_pool = {eval_config.dispatch.work_pool!r} needs the Prefect server its workers poll: "
             "set PREFECT_API_URL (e.g. to the URL .venv/bin/prefect-rollouts server start prints)"))
         raise typer.Exit(2)
-    with Progress(TextColumn("[bold]rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=False) as progress:
-        bar = progress.add_task("rollouts", total=None)
-
-        def listen(done: int, total: int) -> None:
-            progress.update(bar, completed=done, total=total)
-        progress_listener.set(listen)
+    with progress_bar(console) as update:
+        progress_listener.set(update)
         stopped: BaseException | None = None
         try:
             with contextlib.ExitStack() as stack:
@@ -111,7 +109,7 @@ def eval_command(
             stopped = exc
     if stopped is not None:
         _finish_stopped(stopped, eval_config, run_id, total, resume_hint)
-    _print_summary(summary)
+    print_summary(console, summary)
     root = (eval_config.traces.store and f"TraceStore block {eval_config.traces.store!r}") or eval_config.traces.path
     console.print(f"traces: {root} (run_id={summary.run_id})")
     if temporary:
@@ -191,7 +189,7 @@ def _finish_stopped(stopped: BaseException, eval_config: Any, run_id: str, total
 
         summary = summarize_run(eval_config.traces.path, run_id, rollouts_per_task=eval_config.rollouts_per_task,
                                 pass_threshold=eval_config.pass_threshold)
-        _print_summary(summary)
+        print_summary(console, summary)
         _error("warning: ", f"every rollout is durable, but Prefect could not be told ({_reason(stopped)}); "
                             "the eval flow run's final state and summary artifact are missing on the server")
         failure = run_failure(summary, total, eval_config.max_error_fraction)
@@ -240,7 +238,7 @@ def traces_summary(
         raise typer.Exit(1)
     typer.echo(format_runs(runs))
     if summary is not None:
-        _print_summary(summary)
+        print_summary(console, summary)
 
 
 @traces_app.command("show")
@@ -377,29 +375,6 @@ def server_stop(
 def _error(prefix: str, exc: BaseException | str) -> None:
     """Print an error in red; its text is not markup (``[env.agent] key`` must print as written)."""
     console.print(f"{prefix}{exc}", style="red", markup=False, highlight=False)
-
-
-def _print_summary(summary: object) -> None:
-    rows = summary.table()  # type: ignore[attr-defined]
-    table = Table(title=f"run {summary.run_id}", show_lines=False)  # type: ignore[attr-defined]
-    if not rows:
-        console.print("no rollouts")
-        return
-    for column in rows[0]:
-        table.add_column(column, justify="left" if column == "environment" else "right")
-    for row in rows:
-        table.add_row(*("—" if v is None else str(v) for v in row.values()))
-    console.print(table)
-    wall = getattr(summary, "wall_time_s", None)
-    if wall is not None:
-        judged = f", judge tokens: {summary.judge_tokens}" if summary.judge_tokens else ""  # type: ignore[attr-defined]
-        console.print(f"wall time: {wall:.1f} s, total tokens: {summary.total_tokens}{judged}")  # type: ignore[attr-defined]
-    errors = getattr(summary, "errors", [])
-    if errors:
-        console.print("top errors:", markup=False, highlight=False)
-    for error in errors:
-        console.print(f"  {error.type} x{error.count}, e.g.: {error.example}", markup=False, highlight=False,
-                      soft_wrap=True)
 
 
 def _ui_url() -> str:

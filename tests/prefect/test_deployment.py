@@ -74,6 +74,9 @@ def test_the_nightly_deployment_deploys_from_prefect_yaml_and_its_defaults_run_a
     rows = read_rollouts(tmp_path / "traces")
     assert len(rows) == parameters["eval"]["num_tasks"] == 20
     assert set(rows["model"]) == {"local/smollm2"} and not rows["is_error"].any(), rows["error_message"].tolist()
+    artifacts = api.post("/artifacts/filter", json={"artifacts": {"key": {"any_": ["eval-summary-nightly-eval"]}}})
+    run_id = rows["run_id"].iloc[0]   # a stable key per deployment: Prefect keeps the nightly history
+    assert [a["description"].split(" (")[0] for a in artifacts.json()] == [f"Summary of run {run_id}"]
 
 
 def test_serve_builds_the_nightly_eval_on_its_cron_and_time_zone_and_the_janitor():

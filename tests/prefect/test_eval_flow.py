@@ -36,12 +36,13 @@ async def test_an_eval_of_20_rollouts_writes_20_rows_and_the_right_summary(tmp_p
     assert summary.total_tokens == int(rows["total_tokens"].sum()) > 0
     assert set(rows[rows["is_error"]]["error_type"]) == {"ProviderError"}
     assert len(read_model_calls(tmp_path, run_id="twenty")) == 20
+    summary_key = "eval-summary-tests-prefect-tasksets-numbered"      # no run_name: the taskset's series
     async with get_client() as client:
         artifacts = await client.read_artifacts(artifact_filter=ArtifactFilter(
-            key=ArtifactFilterKey(any_=["eval-summary-twenty", "eval-progress-twenty"])))
-    kinds = {a.key: a for a in artifacts}
+            key=ArtifactFilterKey(any_=[summary_key, "eval-progress-twenty"])))
+    kinds = {a.key: a for a in artifacts if a.key != summary_key or "run twenty " in a.description}
     assert kinds["eval-progress-twenty"].data == 100.0
-    assert '"mean_reward": 0.5556' in kinds["eval-summary-twenty"].data
+    assert '"mean_reward": 0.5556' in kinds[summary_key].data
 
 
 def comparable_rows(frame):

@@ -31,7 +31,7 @@ def prefect_config(agent_config, **fields):
     return agent_config(orchestrator="prefect", **fields)
 
 
-async def test_each_stage_is_a_task_run_of_one_flow_run_named_after_task_and_model(openai_server, agent_config):
+async def test_each_stage_is_a_task_run_of_one_flow_run_named_after_task_index_and_model(openai_server, agent_config):
     openai_server.play([tool_call("bash", command="true"), reply("5")])
     async with vf.make_agent(prefect_config(agent_config)) as agent:
         trace = await agent.run(Add(vf.TaskData(prompt="2+3?", id="add-1")))
@@ -43,7 +43,7 @@ async def test_each_stage_is_a_task_run_of_one_flow_run_named_after_task_and_mod
     assert {"setup", "teardown"} <= set(trace.timings)
     async with get_client() as client:
         flow_run = await client.read_flow_run(flow_run_id)
-    assert flow_run.name == "add-1 · scripted" and flow_run.state.is_completed()
+    assert flow_run.name == "add-1 #0 · scripted" and flow_run.state.is_completed()   # Agent.run: rollout 0
     assert flow_run.parameters["rollout"]["task_id"] == "add-1"
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from typer.testing import CliRunner
 
 from prefect_rollouts.blocks import TraceStore, resolve_trace_root
@@ -73,7 +75,7 @@ def test_an_eval_on_an_object_store_resumes_rows_another_writer_made_durable(s3_
     assert store.list_files("runs") == ["runs/run_id=on-s3/config.json"]
 
     code, output = invoke("traces", "summary", s3_dataset, "--run-id", "on-s3")
-    assert code == 0 and "run on-s3" in output and "│ 6 │ 6 │ 0.6667 │" in output, output
+    assert code == 0 and "run on-s3" in output and re.search(r"\s6 +6 +0\.6667\s", output), output
 
 
 async def test_a_run_ends_with_one_file_per_table_however_often_it_flushed(tmp_path, openai_server):
@@ -111,7 +113,7 @@ async def test_an_eval_compacts_many_sparse_files_at_its_end_and_leaves_full_one
     eval whose files are full is not rewritten (COMPACT_MIN_FILES, COMPACT_ROWS_PER_FILE)."""
     openai_server.default = reply("0")
     sparse = load_eval_config(eval_toml(tmp_path / "sparse", openai_server.base_url, flush_each_rollout=True,
-                                        max_concurrent=4, taskset={"id": "tests.prefect.tasksets:numbered",
+                                        max_concurrent=1, taskset={"id": "tests.prefect.tasksets:numbered",
                                                                    "count": 20}))
     await eval_flow(sparse, run_id="sparse")
     store = dataset_root(tmp_path / "sparse")

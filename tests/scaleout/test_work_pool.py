@@ -55,7 +55,7 @@ async def parent_flow_run_ids(runs: list[Any]) -> set[Any]:
 
 def test_shards_run_on_both_workers_as_subflows_and_match_the_in_process_eval(work_pool, openai_server, tmp_path):
     pool, workers = work_pool
-    openai_server.default = answer(0.2)
+    openai_server.default = answer(1.0)   # a shard lasts seconds: the second worker polls (every 1 s) meanwhile
     summary = asyncio.run(eval_flow(config(tmp_path / "traces", openai_server.base_url, pool), run_id="two-workers"))
 
     rows = read_rollouts(tmp_path / "traces", run_id=summary.run_id)

@@ -10,17 +10,24 @@ of them errored, else Failed with the reason (``traces.run_failure``), holding a
 ``EvalFailedError`` with the summary. A rollout that errored is a Failed rollout flow run,
 ``rollout`` task run (``task`` granularity) or ``batch`` task run holding it (``batch``); its row
 is written all the same (``flows/execute.py``).
+
+The summary (``EvalSummary``) is logged in the eval flow run and published as a table artifact
+whose key is the same for every run of a deployment, or of a run name (``summary_key``), so the
+UI's Artifacts page keeps its history, night after night.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import os
 import time
 import uuid
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import acreate_progress_artifact, acreate_table_artifact, aupdate_progress_artifact
+from prefect.client.orchestration import get_client
+from prefect.context import FlowRunContext
 from prefect.runtime import flow_run
 from prefect.states import Failed, State
 
@@ -34,7 +41,7 @@ from prefect_rollouts.flows.ownership import tag_flow_run
 from prefect_rollouts.run_identity import prepare_run
 from prefect_rollouts.traces import DatasetRoot, EvalSummary, compact_run, durable_keys, run_failure, summarize_run
 
-__all__ = ["eval_flow", "new_run_id", "progress_listener", "run_eval"]
+__all__ = ["eval_flow", "new_run_id", "progress_listener", "run_eval", "summary_key"]
 
 COMPACT_MIN_FILES = 16
 COMPACT_ROWS_PER_FILE = 16
@@ -70,8 +77,9 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
     Returns:
         ``EvalSummary``: per environment the mean reward with standard error, pass@k for
         every k up to ``rollouts_per_task``, counts of truncated, timed-out, skipped and
-        errored rollouts, total tokens; the most frequent errors; and the wall time. Also
-        published as a table artifact. When more than ``config.max_error_fraction`` of the
+        errored rollouts, total tokens, the model and each reward component's mean; the most
+        frequent errors; and the wall time. Also logged in this flow run and published as a
+        table artifact keyed per series (``summary_key``). When more than ``config.max_error_fraction`` of the
         rollouts errored (or some have no row), a Failed state whose message says so, e.g.
         ``6 of 6 rollouts errored (ProviderError: ...)``, holding an ``EvalFailedError`` with
         the summary: awaiting the flow without ``return_state=True`` raises it.
@@ -103,8 +111,11 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
     summary = summarize_run(root, run_id, rollouts_per_task=config.rollouts_per_task,
                             pass_threshold=config.pass_threshold, wall_time_s=round(time.perf_counter() - started, 3))
     summary.flow_run_id = str(flow_run.id)
-    await acreate_table_artifact(table=summary.table(), key=artifact_key(run_id, "summary"),
-                                 description=f"Summary of run {run_id} ({summary.rollouts} rollouts, traces in {root})")
+    key = await summary_key(config)
+    models = ", ".join(sorted({env.model for env in summary.environments if env.model}))
+    logger.info("%s\nsummary artifact: %s", summary.text(), key)
+    await acreate_table_artifact(table=summary.table(), key=key, description=(
+        f"Summary of run {run_id} ({summary.rollouts} rollouts of {models or 'no model'}, traces in {root})"))
     if failures:
         raise RuntimeError(f"{len(failures)} rollouts failed to run and have no row; "
                            f"resume with --resume {run_id}") from failures[0]
@@ -159,6 +170,26 @@ async def _run_on_work_pool(config: EvalConfig, root: DatasetRoot, run_id: str, 
     error = RuntimeError(f"shards {[s.index for s in report.failed]} ended "
                          f"{[s.states for s in report.failed]} after {config.dispatch.shard_attempts} attempts")
     return [error] * len(report.missing)
+
+
+async def summary_key(config: EvalConfig) -> str:
+    """Key of the summary artifact, the same for every run of a series, so Prefect keeps each run's
+    summary as that key's history: ``eval-summary-<deployment name>`` in a deployment's flow run,
+    else ``eval-summary-<run_name or taskset id>`` (lowercase letters, digits and dashes).
+
+    The deployment's name comes from ``PREFECT__DEPLOYMENT_NAME``, which Prefect's workers and
+    ``serve`` set for the flow runs they start; without it the deployment is read from the API
+    (one call per eval flow run).
+    """
+    context = FlowRunContext.get()
+    deployment_id = context.flow_run.deployment_id if context and context.flow_run else None
+    name = None
+    if deployment_id is not None:
+        name = os.environ.get("PREFECT__DEPLOYMENT_NAME")
+        if not name:
+            async with get_client() as client:
+                name = (await client.read_deployment(deployment_id)).name
+    return artifact_key(name or config.run_name or config.env.taskset.id, "summary")
 
 
 def new_run_id(config: EvalConfig) -> str:

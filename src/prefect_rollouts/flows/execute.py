@@ -268,7 +268,7 @@ async def _run_flow_or_inline(run: _Run, rollout: Rollout) -> None:
 
 
 def _unreported(request: RolloutRequest, flow_run_id: str | None, error: str | None) -> Unreported:
-    return Unreported(name=f"{request.task_id} · {request.model}", parameters={"rollout": request.model_dump()},
+    return Unreported(name=request.run_name(), parameters={"rollout": request.model_dump()},
                       flow_run_id=flow_run_id, error=error)
 
 
@@ -333,7 +333,8 @@ def _record_crash(rollout: Rollout, final: Any) -> None:
         rollout.record_error(error, "orchestration")
 
 
-def artifact_key(run_id: str, kind: str) -> str:
-    """Artifact keys allow lowercase letters, digits and dashes only."""
-    safe = "".join(c if c.isalnum() else "-" for c in run_id.lower())
+def artifact_key(name: str, kind: str) -> str:
+    """``eval-<kind>-<name>``, cut to 100 characters, any character of ``name`` other than an ASCII
+    letter or digit replaced by a dash (artifact keys allow lowercase letters, digits and dashes only)."""
+    safe = "".join(c if c.isascii() and c.isalnum() else "-" for c in name.lower())
     return f"eval-{kind}-{safe}"[:100]

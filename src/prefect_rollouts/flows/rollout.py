@@ -19,6 +19,10 @@ runtime, setup or scoring error, ...) ends its flow run **Failed**, with ``<erro
 stage that raised is a Failed task run already. Scored 0, truncated, timed out or skipped is
 Completed. The trace is the record either way: callers take it from the final state
 (``trace_of``; a Failed state holds it in a ``RolloutFailedError``) and write its row.
+
+In the UI a rollout flow run is named ``<task id> #<rollout index> · <model>`` (``RUN_NAME``),
+and its last log line says how it ended: reward, reward components, stop condition and the first
+error, if any (``traces.summary.outcome_line``).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from prefect import flow
+from prefect import flow, get_run_logger
 from prefect.states import Failed, State
 from pydantic import BaseModel, PrivateAttr
 
@@ -36,10 +40,13 @@ from prefect_rollouts.flows.ownership import owner_tags, sandbox_labels, untagge
 from prefect_rollouts.rollout import Rollout, StagePolicy
 from prefect_rollouts.tasks import PrefectOrchestrator
 from prefect_rollouts.trace import Trace
-from prefect_rollouts.traces.summary import error_text
+from prefect_rollouts.traces.summary import error_text, outcome_line
 
 T = TypeVar("T")
 _Job = tuple[Callable[[], Awaitable[Any]], "asyncio.Future[Any]"]
+
+RUN_NAME = "{rollout.task_id} #{rollout.rollout_index} · {rollout.model}"
+"""A rollout flow run's name (a template of its ``RolloutRequest``), e.g. ``n3 #1 · gpt-4o``."""
 
 
 class RolloutRequest(BaseModel):
@@ -53,6 +60,8 @@ class RolloutRequest(BaseModel):
     task_id: str
     task_type: str
     model: str
+    rollout_index: int = 0
+    """Which rollout of its task this is (0 for ``Agent.run``)."""
     run_id: str | None = None
     _rollout: Rollout | None = PrivateAttr(default=None)
     _jobs: asyncio.Queue[_Job | None] | None = PrivateAttr(default=None)
@@ -62,18 +71,25 @@ class RolloutRequest(BaseModel):
         """The request for ``rollout`` (and, for an interaction, the queue of its stage calls)."""
         trace = rollout.trace
         request = cls(rollout_id=trace.id, task_id=trace.task_id, task_type=trace.task_type, model=trace.model,
-                      run_id=rollout.labels.get("run_id"))
+                      rollout_index=int(rollout.labels.get("rollout_index", 0)), run_id=rollout.labels.get("run_id"))
         request._rollout, request._jobs = rollout, jobs
         return request
 
+    def run_name(self) -> str:
+        """The name of this rollout's flow run (``RUN_NAME``)."""
+        return RUN_NAME.format(rollout=self)
 
-@flow(name="rollout", flow_run_name="{rollout.task_id} · {rollout.model}", validate_parameters=False,
+
+@flow(name="rollout", flow_run_name=RUN_NAME, validate_parameters=False,
       persist_result=False, log_prints=False)
 async def rollout_flow(rollout: RolloutRequest) -> Trace | State[Trace]:
     """Run one rollout: setup, then a task run per harness segment, finalize, skip-check and scoring, then teardown.
 
     Args:
         rollout: Ids and model of the rollout (the flow run's parameters); carries the live rollout.
+
+    Its last log line is the rollout's outcome (``outcome_line``): one more log record per rollout,
+    sent in the batches Prefect sends logs in.
 
     Returns:
         The finished ``Trace``; in a Failed state (``rollout_outcome``) when the rollout errored.
@@ -88,8 +104,11 @@ async def rollout_flow(rollout: RolloutRequest) -> Trace | State[Trace]:
     with untagged_tasks():
         if rollout._jobs is None:
             live.orchestrator = PrefectOrchestrator()
-            return rollout_outcome(await live.run())
-        return rollout_outcome(await _serve_stages(live, rollout._jobs))
+            trace = await live.run()
+        else:
+            trace = await _serve_stages(live, rollout._jobs)
+    get_run_logger().info(outcome_line(trace))
+    return rollout_outcome(trace)
 
 
 def rollout_outcome(trace: Trace) -> Trace | State[Trace]:

@@ -1,8 +1,10 @@
-"""The eval summary: mean reward with standard error, pass@k, outcome counts, the most frequent
-errors, tokens, wall time; and ``run_failure``, the one rule that says whether a run failed."""
+"""The eval summary: mean reward with standard error, each reward component's mean, pass@k,
+outcome counts, the most frequent errors, tokens, wall time, as a table or plain text;
+``run_failure``, the one rule that says whether a run failed; ``outcome_line``, one rollout in a line."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from pathlib import Path
@@ -11,12 +13,13 @@ from typing import Any
 import pandas as pd
 from pydantic import BaseModel
 
+from prefect_rollouts.trace import Trace
 from prefect_rollouts.traces.store import DatasetRoot
 
 #: The ``rollouts`` columns ``summarize`` needs (readers can skip the large JSON columns).
-SUMMARY_COLUMNS = ["run_id", "task_id", "rollout_index", "environment", "reward", "is_truncated", "is_timeout",
-                   "scoring_skipped", "is_error", "error_type", "error_message", "total_tokens", "cached_tokens",
-                   "reasoning_tokens", "judge_prompt_tokens", "judge_completion_tokens"]
+SUMMARY_COLUMNS = ["run_id", "task_id", "rollout_index", "environment", "model", "reward", "rewards", "is_truncated",
+                   "is_timeout", "scoring_skipped", "is_error", "error_type", "error_message", "total_tokens",
+                   "cached_tokens", "reasoning_tokens", "judge_prompt_tokens", "judge_completion_tokens"]
 
 #: Error types an ``EvalSummary`` lists (the most frequent first).
 TOP_ERRORS = 5
@@ -39,6 +42,8 @@ class EnvironmentSummary(BaseModel):
     """Figures of one environment (taskset) of a run."""
 
     environment: str
+    model: str | None = None
+    """The model of its rollouts (comma-joined, sorted, when they used several); None in rows without one."""
     rollouts: int
     """Rows written, errored ones included."""
     scored: int
@@ -46,6 +51,12 @@ class EnvironmentSummary(BaseModel):
     mean_reward: float | None
     stderr: float | None
     """Standard error of the mean: sample std (ddof=1) / sqrt(scored); None below 2 scored."""
+    reward_components: dict[str, float | None] = {}
+    """Mean of each reward component (``trace.rewards``: a task's ``@reward`` functions and judges,
+    by name) over the scored rollouts, unweighted: ``{"correct": 0.0, "judge": 1.0}`` shows a
+    judge that passes every answer an exact match fails. A rollout skipped by a skip rule counts
+    0 for each (as for its reward); a component a rollout did not record is left out of that
+    component's mean; None when no scored rollout recorded it."""
     pass_at_k: dict[int, float]
     """Unbiased pass@k (Chen et al. 2021) for k = 1..rollouts_per_task, a pass being reward >= threshold."""
     truncated: int
@@ -84,22 +95,54 @@ class EvalSummary(BaseModel):
     def table(self) -> list[dict[str, Any]]:
         """One flat dict per environment (for a Prefect table artifact or a terminal table).
 
-        ``cached_tokens`` and ``reasoning_tokens`` are columns only when some environment reports them.
+        Keys, in order: ``environment``, ``model``, ``rollouts``, ``scored``, ``mean_reward``,
+        ``stderr``, ``reward.<name>`` per reward component of any environment (its mean; None
+        where an environment has no such component), ``pass@<k>`` for every k of any environment
+        (None where it has none), the outcome counts and the token counts: the same keys in
+        every row. ``cached_tokens`` and ``reasoning_tokens`` are columns only when some
+        environment reports them. Floats are rounded to 4 decimals.
         """
         details = [key for key in ("cached_tokens", "reasoning_tokens")
                    if any(getattr(env, key) is not None for env in self.environments)]
+        components = list(dict.fromkeys(name for env in self.environments for name in env.reward_components))
+        ks = sorted({k for env in self.environments for k in env.pass_at_k})
         rows = []
         for env in self.environments:
             row: dict[str, Any] = {
-                "environment": env.environment, "rollouts": env.rollouts, "scored": env.scored,
+                "environment": env.environment, "model": env.model, "rollouts": env.rollouts, "scored": env.scored,
                 "mean_reward": _round(env.mean_reward), "stderr": _round(env.stderr)}
-            row.update({f"pass@{k}": _round(v) for k, v in env.pass_at_k.items()})
+            row.update({f"reward.{name}": _round(env.reward_components.get(name)) for name in components})
+            row.update({f"pass@{k}": _round(env.pass_at_k.get(k)) for k in ks})
             row.update(truncated=env.truncated, timed_out=env.timed_out, skipped=env.skipped,
                        errored=env.errored, total_tokens=env.total_tokens)
             row.update({key: getattr(env, key) for key in details})
             row["judge_tokens"] = env.judge_tokens
             rows.append(row)
         return rows
+
+    def text(self) -> str:
+        """The summary as plain text (the eval flow run's log): a title line, ``table()`` as
+        aligned columns (None as ``—``), the wall time and tokens, then the top errors, one line
+        each (``<type> x<count>, e.g.: <example>``)."""
+        rows = self.table()
+        lines = [f"run {self.run_id}: {self.rollouts} rollouts, {self.errored} errored"]
+        if rows:
+            cells = [list(rows[0]), *([_cell(row[column]) for column in rows[0]] for row in rows)]
+            widths = [max(len(line[i]) for line in cells) for i in range(len(cells[0]))]
+            lines += ["  ".join(cell.ljust(width) if i == 0 else cell.rjust(width)
+                                for i, (cell, width) in enumerate(zip(line, widths, strict=True))).rstrip()
+                      for line in cells]
+        if self.wall_time_s is not None:
+            judged = f", judge tokens: {self.judge_tokens}" if self.judge_tokens else ""
+            lines.append(f"wall time: {self.wall_time_s:.1f} s, total tokens: {self.total_tokens}{judged}")
+        if self.errors:
+            lines.append("top errors:")
+            lines += [f"  {error.type} x{error.count}, e.g.: {error.example}" for error in self.errors]
+        return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    return "—" if value is None else str(value)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -144,10 +187,11 @@ def summarize(rows: pd.DataFrame, *, run_id: str, rollouts_per_task: int | None 
                 pairs = zip(eligible["n"], eligible["c"], strict=True)
                 passes[k] = float(sum(pass_at_k(int(n), int(c), k) for n, c in pairs) / len(eligible))
         environments.append(EnvironmentSummary(
-            environment=str(name), rollouts=len(group), scored=len(scored),
+            environment=str(name), model=_models(group), rollouts=len(group), scored=len(scored),
             mean_reward=float(rewards.mean()) if len(rewards) else None,
             stderr=float(rewards.std(ddof=1) / math.sqrt(len(rewards))) if len(rewards) > 1 else None,
-            pass_at_k=passes, truncated=int(group["is_truncated"].sum()), timed_out=int(group["is_timeout"].sum()),
+            reward_components=_component_means(scored), pass_at_k=passes,
+            truncated=int(group["is_truncated"].sum()), timed_out=int(group["is_timeout"].sum()),
             skipped=int(group["scoring_skipped"].notna().sum()), errored=int(group["is_error"].sum()),
             total_tokens=int(group["total_tokens"].sum()), cached_tokens=_reported(group, "cached_tokens"),
             reasoning_tokens=_reported(group, "reasoning_tokens"), judge_tokens=_judge_tokens(group)))
@@ -157,6 +201,31 @@ def summarize(rows: pd.DataFrame, *, run_id: str, rollouts_per_task: int | None 
                        cached_tokens=_reported(rows, "cached_tokens"),
                        reasoning_tokens=_reported(rows, "reasoning_tokens"),
                        judge_tokens=_judge_tokens(rows), wall_time_s=wall_time_s, errors=_top_errors(rows))
+
+
+def _models(rows: pd.DataFrame) -> str | None:
+    """The distinct models of ``rows``, sorted and comma-joined; None when no row names one."""
+    if "model" not in rows:
+        return None
+    models = sorted(str(model) for model in rows["model"].dropna().unique())
+    return ",".join(models) if models else None
+
+
+def _component_means(scored: pd.DataFrame) -> dict[str, float | None]:
+    """Mean of each reward component over the ``scored`` rows (see ``EnvironmentSummary.reward_components``)."""
+    if "rewards" not in scored:
+        return {}
+    values: dict[str, list[float]] = {}
+    skipped = 0
+    for text, skip in zip(scored["rewards"], scored.get("scoring_skipped", [None] * len(scored)), strict=True):
+        if isinstance(skip, str):
+            skipped += 1
+            continue
+        for name, value in (json.loads(text) if isinstance(text, str) and text else {}).items():
+            values.setdefault(name, [])
+            if value is not None:
+                values[name].append(float(value))
+    return {name: (sum(got) / (len(got) + skipped) if got else None) for name, got in values.items()}
 
 
 def _top_errors(rows: pd.DataFrame) -> list[ErrorCount]:
@@ -181,6 +250,30 @@ def _cut(text: str) -> str:
 def error_text(error_type: str, message: str) -> str:
     """``<error type>: <message>``, the message cut to ``ERROR_CHARS`` (a Prefect state message)."""
     return f"{error_type}: {_cut(message)}"
+
+
+def outcome_line(trace: Trace) -> str:
+    """How a finished rollout ended, in one line (the last log line of its rollout flow run).
+
+    ``reward <total> (<component> <value>, ...) · stop <stop condition>``, then ``· scoring
+    skipped (<reason>)`` when a skip rule applied, and ``· error <type>: <message>`` of its first
+    error (cut to ``ERROR_CHARS``; the trace's errors are scrubbed of secrets when recorded).
+    Numbers print as ``%g``; a missing reward or component as ``—``. E.g. ``reward 0.5 (correct
+    0, judge 1) · stop agent_completed`` or ``reward — · stop provider_error · error
+    ProviderError: ...``.
+    """
+    components = ", ".join(f"{name} {_short(value)}" for name, value in trace.rewards.items())
+    line = f"reward {_short(trace.reward)}" + (f" ({components})" if components else "")
+    line += f" · stop {trace.stop_condition or '—'}"
+    if skipped := trace.info.get("scoring_skipped"):
+        line += f" · scoring skipped ({skipped})"
+    if trace.errors:
+        line += f" · error {error_text(trace.errors[0].type, trace.errors[0].message)}"
+    return line
+
+
+def _short(value: float | None) -> str:
+    return "—" if value is None else f"{value:g}"
 
 
 def run_failure(summary: EvalSummary, planned: int, max_error_fraction: float = 0.0) -> str | None:

@@ -1,0 +1,81 @@
+"""What the summary shows of a run (issue 13, item 4): the model and each reward component's mean,
+as the artifact's table and as the eval flow run's log text; and one rollout's outcome in a line."""
+
+from __future__ import annotations
+
+import pytest
+
+import prefect_rollouts as vf
+from prefect_rollouts.trace import ErrorRecord
+from prefect_rollouts.traces import TraceWriter, summarize_run
+from prefect_rollouts.traces.summary import outcome_line
+
+
+def judged(task_id: str, correct: float, judge: float, **fields) -> vf.Trace:
+    trace = vf.Trace(task_id=task_id, model="gpt-x", stop_condition="agent_completed", **fields)
+    trace.rewards.update(correct=correct, judge=judge)
+    trace.reward_weights.update(correct=1.0, judge=1.0)
+    trace.reward = correct + judge
+    return trace
+
+
+def write(root, traces: list[tuple[vf.Trace, str]]) -> None:
+    writer = TraceWriter(root, "r1")
+    for index, (trace, environment) in enumerate(traces):
+        writer.add(trace, rollout_index=index, environment=environment, config_hash="h", elapsed_s=0.1)
+    writer.flush()
+
+
+def test_each_reward_component_has_its_mean_so_a_lenient_judge_cannot_hide_a_failed_exact_match(tmp_path):
+    skipped = vf.Trace(task_id="t3", model="gpt-x", reward=0.0, stop_condition="max_turns",
+                       info={"scoring_skipped": "truncated"})          # no reward ran: 0 for each, as its reward
+    errored = vf.Trace(task_id="t4", model="gpt-x", stop_condition="provider_error")
+    errored.errors.append(ErrorRecord(type="ProviderError", message="down", stage="segment"))
+    exact = vf.Trace(task_id="e1", model="other", reward=1.0, stop_condition="agent_completed")
+    exact.rewards["exact"] = 1.0
+    write(tmp_path, [(judged("t1", 0.0, 1.0), "qa"), (judged("t2", 0.0, 1.0), "qa"), (judged("t2", 1.0, 1.0), "qa"),
+                     (skipped, "qa"), (errored, "qa"), (exact, "math")])
+    summary = summarize_run(tmp_path, "r1")
+    math_env, qa = summary.environments
+    assert (qa.model, qa.scored, qa.mean_reward) == ("gpt-x", 4, pytest.approx(1.0))
+    assert qa.reward_components == {"correct": pytest.approx(0.25), "judge": pytest.approx(0.75)}
+    assert (math_env.model, math_env.reward_components) == ("other", {"exact": 1.0})
+
+    table = summary.table()                         # one set of columns for every environment
+    assert list(table[0])[:9] == ["environment", "model", "rollouts", "scored", "mean_reward", "stderr",
+                                  "reward.exact", "reward.correct", "reward.judge"]
+    assert [(row["environment"], row["reward.exact"], row["reward.correct"], row["reward.judge"]) for row in table] == [
+        ("math", 1.0, None, None), ("qa", None, 0.25, 0.75)]
+    assert [(row["pass@1"], row["pass@2"]) for row in table] == [(1.0, None), (0.6667, 1.0)]   # math has no pass@2
+
+    lines = summary.text().splitlines()
+    assert lines[0] == "run r1: 6 rollouts, 1 errored"
+    assert lines[1].split() == list(table[0])
+    assert lines[2].split()[:9] == ["math", "other", "1", "1", "1.0", "—", "1.0", "—", "—"]
+    assert lines[3].split()[:9] == ["qa", "gpt-x", "5", "4", "1.0", "0.4082", "—", "0.25", "0.75"]
+    assert lines[-2:] == ["top errors:", "  ProviderError x1, e.g.: down"]
+
+
+def test_a_run_with_several_models_names_each_and_old_rows_without_rewards_have_no_components(tmp_path):
+    other = judged("t2", 1.0, 1.0)
+    other.model = "gpt-y"
+    write(tmp_path, [(judged("t1", 0.0, 1.0), "qa"), (other, "qa")])
+    (qa,) = summarize_run(tmp_path, "r1").environments
+    assert qa.model == "gpt-x,gpt-y"
+    from prefect_rollouts.traces import read_rollouts, summarize
+    rows = read_rollouts(tmp_path).drop(columns=["rewards", "model"])     # a frame without those columns
+    (old,) = summarize(rows, run_id="r1").environments
+    assert (old.model, old.reward_components, old.mean_reward) == (None, {}, 1.5)
+
+
+def test_the_outcome_line_gives_reward_components_stop_condition_skip_and_first_error():
+    assert outcome_line(judged("t1", 0.0, 1.0)) == "reward 1 (correct 0, judge 1) · stop agent_completed"
+    skipped = vf.Trace(task_id="t", model="m", reward=0.0, stop_condition="max_turns",
+                       info={"scoring_skipped": "truncated"})
+    assert outcome_line(skipped) == "reward 0 · stop max_turns · scoring skipped (truncated)"
+    failed = vf.Trace(task_id="t", model="m", stop_condition="scoring_error")
+    failed.rewards.update(correct=1.0, judge=None)
+    failed.errors += [ErrorRecord(type="JudgeError", message="x" * 400, stage="scoring"),
+                      ErrorRecord(type="RuntimeError", message="later", stage="teardown")]
+    line = outcome_line(failed)
+    assert line == f"reward — (correct 1, judge —) · stop scoring_error · error JudgeError: {'x' * 300}..."
