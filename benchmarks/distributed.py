@@ -9,10 +9,12 @@ start) and running at most ``--worker-limit`` flow runs each.
     .venv/bin/python benchmarks/distributed.py [--rollouts 200] [--shard-size 25] [--workers 0,1,2]
                                                [--granularity task] [--concurrency 8]
 
-Prints, per number of workers (0 = in-process): rollouts/s over the whole eval; per shard the
-dispatch latency (flow run created -> Running), the overhead (created -> Completed, minus the
-time from its first rollout's start to its last rollout's end) and the work; and the shard size
-at which that overhead is 10% of a shard's time.
+Prints, per number of workers (0 = in-process): rollouts/s over the whole eval; per shard (means)
+the time queued (created -> a worker took it: waiting for a poll or a free slot), the start
+(taken -> Running: a new process, imports, Prefect's engine), the in-run overhead (Running ->
+Completed minus the work: the agent, the dataset, the flow run's end) and the work (first
+rollout's start to last rollout's end); and the shard size at which start + in-run overhead is
+10% of a shard's time.
 """
 
 from __future__ import annotations
@@ -63,8 +65,10 @@ max_connections = {concurrency}
 """)
 
 
-async def shard_figures(run_id: str, traces: Path) -> list[tuple[float, float, float, int]]:
-    """Per shard flow run of ``run_id``: (dispatch latency s, overhead s, work s, rollouts)."""
+async def shard_figures(run_id: str, traces: Path) -> list[tuple[float, float, float, float, int]]:
+    """Per shard flow run of ``run_id``: (queued s: created -> a worker took it, start s: taken ->
+    Running, i.e. a new process, Prefect's engine and the flow run; in-run overhead s: Running ->
+    Completed minus the work; work s: first rollout's start to last rollout's end; rollouts)."""
     from prefect import get_client
     from prefect.client.schemas.filters import FlowFilter, FlowFilterName
 
@@ -75,14 +79,17 @@ async def shard_figures(run_id: str, traces: Path) -> list[tuple[float, float, f
     rows["began"] = rows["started_at"].astype("int64") / 1e3
     async with get_client() as client:
         runs = await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["shard"])), limit=200)
-    figures = []
-    for run in runs:
-        mine = rows[rows["shard_flow_run_id"] == str(run.id)]
-        if mine.empty or run.start_time is None or run.end_time is None:
-            continue
-        created, started, ended = run.created.timestamp(), run.start_time.timestamp(), run.end_time.timestamp()
-        work = mine["ended"].max() - mine["began"].min()
-        figures.append((started - created, (ended - created) - work, work, len(mine)))
+        figures = []
+        for run in runs:
+            mine = rows[rows["shard_flow_run_id"] == str(run.id)]
+            if mine.empty or run.start_time is None or run.end_time is None:
+                continue
+            states = {state.type.value: state.timestamp.timestamp()
+                      for state in await client.read_flow_run_states(run.id)}
+            created, ended = run.created.timestamp(), run.end_time.timestamp()
+            taken, running = states.get("PENDING", created), states.get("RUNNING", run.start_time.timestamp())
+            work = mine["ended"].max() - mine["began"].min()
+            figures.append((taken - created, running - taken, (ended - running) - work, work, len(mine)))
     return figures
 
 
@@ -121,7 +128,7 @@ def main() -> None:
         print(f"{args.rollouts} one-call rollouts, model latency {args.latency * 1e3:.0f} ms, granularity "
               f"{args.granularity}, {args.concurrency} in flight per shard, shard size {args.shard_size}, "
               f"worker limit {args.worker_limit}; Prefect server on PostgreSQL at {api_url}")
-        print(f"{'workers':>7} {'rollouts/s':>11} {'dispatch s':>11} {'overhead s':>11} {'work s':>7} "
+        print(f"{'workers':>7} {'rollouts/s':>11} {'queued s':>9} {'start s':>8} {'in-run s':>9} {'work s':>7} "
               f"{'size for 10%':>13}")
         for count in map(int, args.workers.split(",")):
             while len(workers) < count:
@@ -138,15 +145,14 @@ def main() -> None:
             rate = args.rollouts / (time.perf_counter() - started)
             assert summary.rollouts == args.rollouts and summary.environments[0].mean_reward == 1.0, summary
             if not count:
-                print(f"{count:>7} {rate:>11.1f} {'-':>11} {'-':>11} {'-':>7} {'-':>13}", flush=True)
+                print(f"{count:>7} {rate:>11.1f} {'-':>9} {'-':>8} {'-':>9} {'-':>7} {'-':>13}", flush=True)
                 continue
             figures = asyncio.run(shard_figures(f"bench-{count}", traces))
-            dispatch = statistics.mean(f[0] for f in figures)
-            overhead = statistics.mean(f[1] for f in figures)
-            work = statistics.mean(f[2] for f in figures)
-            per_rollout = sum(f[2] for f in figures) / sum(f[3] for f in figures)
+            queued, start, in_run, work = (statistics.mean(f[i] for f in figures) for i in range(4))
+            per_rollout = sum(f[3] for f in figures) / sum(f[4] for f in figures)
+            overhead = start + in_run   # what a shard costs besides its rollouts, once a worker has a free slot
             size = 9 * overhead / per_rollout   # overhead / (overhead + size * per_rollout) <= 10%
-            print(f"{count:>7} {rate:>11.1f} {dispatch:>11.2f} {overhead:>11.2f} {work:>7.2f} {size:>13.0f}",
+            print(f"{count:>7} {rate:>11.1f} {queued:>9.2f} {start:>8.2f} {in_run:>9.2f} {work:>7.2f} {size:>13.0f}",
                   flush=True)
     finally:
         for worker in workers:
