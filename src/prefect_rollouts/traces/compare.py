@@ -270,11 +270,6 @@ def _prepared(rows: pd.DataFrame, field: str) -> pd.DataFrame:
         "rollout_index": rows["rollout_index"].astype("int64"), "reward": rows["reward"].astype(float),
         "outcome": np.where(errored, ERRORED, np.where(skipped, SKIPPED, SCORED)).astype("int8"), "category": category,
         "tokens": rows["total_tokens"].fillna(0).astype("int64") if "total_tokens" in rows else 0})
-    twice = frame.duplicated(_KEY)
-    if twice.any():
-        env, task, index = frame.loc[twice, _KEY].iloc[0]
-        raise ValueError(f"{field} holds rollout ({env}, {task}, {index}) twice: pass one run's rows, read with "
-                         "read_rollouts (which keeps one row per rollout)")
     return frame
 
 
@@ -294,6 +289,13 @@ def _align(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
     tasks["category"] = pd.Series(first["category"].to_numpy(), index=first["task"].to_numpy(), dtype=object)
     columns = ["task", "rollout_index", "reward", "outcome", "tokens"]
     a, b = a.assign(task=code[:len(a)])[columns], b.assign(task=code[len(a):])[columns]
+    for field, rows in (("rows_a", a), ("rows_b", b)):
+        twice = rows.duplicated(["task", "rollout_index"]).to_numpy()
+        if twice.any():
+            (task, index), = rows.loc[twice, ["task", "rollout_index"]].head(1).itertuples(index=False, name=None)
+            env, task_id = tasks.loc[task, ["environment", "task_id"]]
+            raise ValueError(f"{field} holds rollout ({env}, {task_id}, {index}) twice: pass one run's rows, read "
+                             "with read_rollouts (which keeps one row per rollout)")
     merged = a.merge(b, on=["task", "rollout_index"], how="outer", suffixes=("_a", "_b"), sort=False)
     for side in ("a", "b"):
         merged[f"outcome_{side}"] = merged[f"outcome_{side}"].fillna(-1).astype("int8")

@@ -54,10 +54,10 @@ def bootstrap_interval(sums: np.ndarray, counts: np.ndarray, *, confidence: floa
         ``(low, high)``; both equal the mean when every task has the same mean difference.
     """
     tasks = len(sums)
-    kinds, share = np.unique(np.column_stack([sums, counts]), axis=0, return_counts=True)
+    kinds, share = np.unique(sums + 1j * counts, return_counts=True)   # (sum, count) pairs, sorted
     if len(kinds) * 4 <= tasks:
         drawn = rng.multinomial(tasks, share / tasks, size=resamples).astype(np.float64)
-        means = (drawn @ kinds[:, 0]) / (drawn @ kinds[:, 1])
+        means = (drawn @ kinds.real) / (drawn @ kinds.imag)
     else:
         means = np.empty(resamples)
         step = max(1, _BLOCK // tasks)
