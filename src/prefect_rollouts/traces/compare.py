@@ -18,6 +18,9 @@ Evaluations", arXiv:2411.00640, its sections on clustered standard errors and pa
   task McNemar's independent pairs do not hold, so the test is a task-level **sign-flip
   randomization test** (``test = "cluster_sign_flip"``). Non-binary rewards get no test
   (``p_value`` None); the interval is the inference then.
+- With few tasks (a few dozen or less) a percentile bootstrap interval is too narrow (it can
+  exclude 0 where McNemar's p is 0.25 with four tasks): read ``p_value`` too. From about 80 tasks
+  it covers 0 in 95% of comparisons of equal runs (``tests/traces/test_compare.py``).
 - ``flipped_to_fail`` lists the tasks whose paired rollouts pass (``reward >= pass_threshold``)
   fewer times in B than in A, ``flipped_to_pass`` the reverse; with one rollout per task, the
   tasks that passed in A and failed in B, and the other way.
