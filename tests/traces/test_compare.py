@@ -257,3 +257,13 @@ def test_cli_names_an_unknown_run_as_a_config_error(tmp_path):
     assert result.exit_code == 2
     assert " ".join(result.output.split()) == (
         f"config error: RUN_B = 'nightly-2': no rollouts of this run in the trace dataset at {tmp_path}. Runs in it: a")
+
+
+def test_cli_compares_two_runs_on_an_object_store(s3_dataset):
+    binary_run(s3_dataset, "a", [1, 1, 0])
+    binary_run(s3_dataset, "b", [1, 0, 0])
+    result = CliRunner().invoke(app, ["traces", "compare", s3_dataset, "a", "b", "--json"])
+    assert result.exit_code == 0, result.output
+    env, = json.loads(result.output)["environments"]
+    assert (env["n_paired"], env["flipped_to_fail"], env["model_calls_a"]) == (3, ["t1"], 3)
+    assert env["difference"] == pytest.approx(-1 / 3)
