@@ -264,6 +264,32 @@ def traces_show(
     typer.echo("\n\n".join(format_rollout(trace, index=i, max_chars=max_chars) for i, trace in traces))
 
 
+@traces_app.command("compare")
+def traces_compare(
+    path: Annotated[str, typer.Argument(help="Dataset root: a directory or a URI such as s3://bucket/prefix.")],
+    run_a: Annotated[str, typer.Argument(help="The baseline run.")],
+    run_b: Annotated[str, typer.Argument(help="The run compared with it (differences are B - A).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the comparison as JSON.")] = False,
+    pass_threshold: Annotated[float, typer.Option(help="Reward at which a rollout passes (flipped tasks).")] = 1.0,
+    resamples: Annotated[int, typer.Option(min=100, help="Bootstrap resamples of the tasks.")] = 10_000,
+    seed: Annotated[int, typer.Option(help="Seed of the bootstrap (the same seed gives the same interval).")] = 0,
+) -> None:
+    """Compare two runs rollout by rollout: per environment and category, the paired reward difference
+    with its 95% interval (bootstrap over tasks), McNemar's test, flipped tasks, tokens and latency."""
+    from prefect_rollouts.traces.compare import compare_runs
+    from prefect_rollouts.traces.compare_report import format_comparison
+
+    try:
+        result = compare_runs(path, run_a, run_b, pass_threshold=pass_threshold, resamples=resamples, seed=seed)
+    except ConfigError as exc:
+        _error("config error: ", exc)
+        raise typer.Exit(2) from None
+    except TraceStoreError as exc:
+        _error("", exc)
+        raise typer.Exit(1) from None
+    typer.echo(result.model_dump_json(indent=2) if as_json else format_comparison(result))
+
+
 @traces_app.command("compact")
 def traces_compact(
     path: Annotated[str, typer.Argument(help="Dataset root: a directory or a URI such as s3://bucket/prefix.")],

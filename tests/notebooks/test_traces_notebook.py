@@ -62,16 +62,19 @@ plt.show = _recording_show
 """
 
 
-def run_notebook(traces: Path, tmp: Path, run_id: str | None = None) -> nbformat.NotebookNode:
+def run_notebook(traces: Path, tmp: Path, run_id: str | None = None, **variables: str) -> nbformat.NotebookNode:
     """Execute the notebook (cwd = notebooks/) against ``traces``, recording its figures
-    (``figures``); returns it with outputs."""
+    (``figures``); ``variables`` are more ``PREFECT_ROLLOUTS_*`` settings (``RUN_A="..."``).
+    Returns it with outputs."""
     nb = nbformat.read(NOTEBOOK, as_version=4)
     setup = [cell.id for cell in nb.cells].index("setup")
     record, report = nbformat.v4.new_code_cell(RECORD_FIGURES), nbformat.v4.new_code_cell('print("FIGURES", _json.dumps(FIGURES))')
     record.id, report.id = "record-figures", "report-figures"
     nb.cells[setup + 1:setup + 1] = [record]
     nb.cells.append(report)
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_ROLLOUTS_RUN_ID"}
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_ROLLOUTS_RUN_ID", "PREFECT_ROLLOUTS_RUN_A",
+                                                               "PREFECT_ROLLOUTS_RUN_B")}
+    env.update({f"PREFECT_ROLLOUTS_{name}": value for name, value in variables.items()})
     env.update(PREFECT_ROLLOUTS_TRACES=str(traces), IPYTHONDIR=str(tmp / "ipython"),
                JUPYTER_RUNTIME_DIR=str(tmp / "runtime"))
     if run_id is not None:
@@ -158,8 +161,39 @@ def two_models(tmp_path_factory) -> Path:
     return root
 
 
-def execute(traces: Path, tmp: Path, run_id: str | None = None) -> dict[str, nbformat.NotebookNode]:
-    return {cell.id: cell for cell in run_notebook(traces, tmp, run_id).cells}
+@pytest.fixture(scope="module")
+def nightlies(tmp_path_factory) -> Path:
+    """Two nightly runs of the same tasks (night-2 started a day after night-1).
+
+    bfcl simple_python s0-s3: night-1 passes all, night-2 only s3; bfcl multiple m0-m1: both pass
+    m0, night-2 also m1; arith a0-a2: equal rewards, a2 errored in night-2 (counted, not paired).
+    """
+    root = tmp_path_factory.mktemp("nightlies")
+    rewards = {"night-1": {"s0": 1, "s1": 1, "s2": 1, "s3": 1, "m0": 1, "m1": 0, "a0": 1, "a1": 0, "a2": 1},
+               "night-2": {"s0": 0, "s1": 0, "s2": 0, "s3": 1, "m0": 1, "m1": 1, "a0": 1, "a1": 0, "a2": None}}
+    for night, (run_id, by_task) in enumerate(rewards.items()):
+        writer = TraceWriter(root, run_id)
+        for task_id, reward in by_task.items():
+            category = {"s": "simple_python", "m": "multiple"}.get(task_id[0])
+            t = trace(task_id, None if reward is None else float(reward), [call(100.0 * (night + 1))],
+                      info=bfcl(category) if category else {"task": {}},
+                      stop="provider_error" if reward is None else "agent_completed")
+            if reward is None:
+                t.errors.append(ErrorRecord(type="ProviderError", message="down", stage="segment", status_code=503))
+            t.started_at = T0 + 86_400 * night
+            writer.add(t, rollout_index=0, environment="bfcl" if category else "arith", config_hash="h",
+                       elapsed_s=1.0)
+        writer.flush()
+    return root
+
+
+@pytest.fixture(scope="module")
+def executed_nightlies(nightlies, tmp_path_factory) -> dict[str, nbformat.NotebookNode]:
+    return execute(nightlies, tmp_path_factory.mktemp("kernel"))
+
+
+def execute(traces: Path, tmp: Path, run_id: str | None = None, **variables: str) -> dict[str, nbformat.NotebookNode]:
+    return {cell.id: cell for cell in run_notebook(traces, tmp, run_id, **variables).cells}
 
 
 @pytest.fixture(scope="module")
@@ -333,3 +367,39 @@ def test_worst_tasks_come_first_errored_ones_before_zero_rewards(executed):
     assert order == ["add-2", "add-1", "multiple_1", "simple_python_1", "add-0", "multiple_0", "simple_python_0"]
     assert re.search(r"add-2\s+run-b\s+1\s+1\s+NaN\s+provider_error\s+endpoint down after 3 attempts", table)
     assert re.search(r"simple_python_1\s+run-a\s+1\s+0\s+0\.25\s+max_turns", table)
+
+
+def compared_line(cell, label: str) -> list[str]:
+    """The fields after ``label`` on the line of the comparison table that starts with it."""
+    line = next(line for line in text(cell).splitlines() if line.startswith(label + " "))
+    return line.removeprefix(label).split()
+
+
+def test_compare_section_plots_each_environment_and_category_difference_with_its_interval(executed_nightlies):
+    cells = executed_nightlies
+    cell = cells["compare"]
+    assert "A = night-1, B = night-2: 5 of 5 lines have paired rollouts" in text(cell)
+    # n_paired, n_tasks, mean_a, mean_b, difference, ci_low, ci_high, p_value, only_in_a, only_in_b,
+    # errored_a, errored_b, skipped_a, skipped_b, test
+    simple = compared_line(cell, "bfcl / simple_python")
+    assert [float(v) for v in simple[:8]] == [4, 4, 1.0, 0.25, -0.75, -1.0, -0.25, 0.25]   # McNemar: 2 * 1/8
+    assert simple[-1] == "mcnemar_exact"
+    arith = compared_line(cell, "arith")
+    assert [float(v) for v in arith[:5]] == [2, 2, 0.5, 0.5, 0.0] and [float(v) for v in arith[8:14]] == [0, 0, 0, 1, 0, 0]
+    assert [float(v) for v in compared_line(cell, "bfcl")[:5]] == pytest.approx([6, 6, 5 / 6, 0.5, -1 / 3], abs=1e-4)
+    assert "bfcl: pass -> fail ['s0', 's1', 's2'], fail -> pass ['m1']" in text(cell)
+    figure = figures(cells)["Reward difference B − A with its 95% interval (A = night-1, B = night-2)"]
+    assert figure["bars"] == 4   # 5 lines; arith's difference is 0: a bar of no width
+    assert figure["legends"] == [["B worse (interval below 0)", "no clear difference", "B better (interval above 0)"]]
+    assert figure["covered"] == 0
+
+
+def test_compare_section_takes_the_runs_it_is_given(nightlies, tmp_path):
+    cells = execute(nightlies, tmp_path, RUN_A="night-2", RUN_B="night-1")
+    assert "A = night-2, B = night-1" in text(cells["compare"])
+    assert [float(v) for v in compared_line(cells["compare"], "bfcl / simple_python")[2:5]] == [0.25, 1.0, 0.75]
+
+
+def test_compare_section_explains_what_it_cannot_compare(executed, executed_two_models):
+    assert "No rollout of B has a scored counterpart in A" in text(executed["compare"])   # run-a: bfcl, run-b: arith
+    assert "Comparing needs two runs; the dataset holds run-c." in text(executed_two_models["compare"])

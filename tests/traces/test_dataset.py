@@ -77,6 +77,23 @@ def test_readers_filter_and_ignore_temporary_files_and_drop_orphan_calls(tmp_pat
         read_rollouts(tmp_path, colour="red")
 
 
+def test_model_calls_read_only_the_columns_asked_for_and_still_drop_orphans_and_duplicates(tmp_path):
+    writer = TraceWriter(tmp_path, "r1")
+    add(writer, make_trace("a", 1.0, calls=2))
+    writer.flush()
+    calls_dir = next((tmp_path / "model_calls").iterdir()) / "run_id=r1"
+    ghost = model_call_rows(make_trace("ghost", 1.0), rollout_index=0, environment="arith")   # no rollout row
+    write_table(tmp_path, f"model_calls/{calls_dir.parent.name}/run_id=r1/part-orphan.parquet",
+                pa.Table.from_pylist(ghost, schema=MODEL_CALLS))
+    again = pq.read_table(next(calls_dir.glob("part-*.parquet")))   # a compaction cut short: the same calls twice
+    write_table(tmp_path, f"model_calls/{calls_dir.parent.name}/run_id=r1/part-copy.parquet", again)
+
+    calls = read_model_calls(tmp_path, columns=["latency_ms"], run_id="r1")
+    assert list(calls.columns) == ["run_id", "rollout_id", "call_index", "latency_ms"]
+    assert sorted(calls["latency_ms"]) == [10.0, 20.0]
+    assert len(read_model_calls(tmp_path, run_id="r1").columns) == len(MODEL_CALLS) + 2   # + date, run_id
+
+
 def test_full_traces_come_back(tmp_path):
     writer = TraceWriter(tmp_path, "r1")
     trace = make_trace("a", 1.0, info={"k": "v"})

@@ -43,27 +43,44 @@ def read_rollouts(path: Root, *, columns: list[str] | None = None, **filters: An
         TraceStoreError: a filter names an unknown column, or a file cannot be read.
         ConfigError: ``path`` is a URI pyarrow cannot open, or holds credentials.
     """
-    if columns is not None:
-        columns = list(dict.fromkeys(["run_id", "task_id", "rollout_index", *columns]))
-    table = _read(dataset_root(path), "rollouts", ROLLOUTS, filters, columns=columns)
-    frame = table.to_pandas()
+    frame = scan_rollouts(path, columns=columns, **filters).to_pandas()
     return frame.drop_duplicates(["run_id", "task_id", "rollout_index"], keep="first").reset_index(drop=True)
 
 
-def read_model_calls(path: Root, **filters: Any) -> pd.DataFrame:
+def scan_rollouts(path: Root, *, columns: list[str] | None = None, **filters: Any) -> pa.Table:
+    """The matching ``rollouts`` rows as an Arrow table, in one scan of the dataset, NOT de-duplicated.
+
+    For readers that reduce a large column in Arrow before the rest becomes a DataFrame (as
+    ``traces.compare`` does with ``info``); same arguments and errors as ``read_rollouts``, which
+    is this plus ``to_pandas`` and dropping duplicates (keep the first of each run id, task id
+    and rollout index).
+    """
+    if columns is not None:
+        columns = list(dict.fromkeys(["run_id", "task_id", "rollout_index", *columns]))
+    return _read(dataset_root(path), "rollouts", ROLLOUTS, filters, columns=columns)
+
+
+def read_model_calls(path: Root, *, columns: list[str] | None = None, **filters: Any) -> pd.DataFrame:
     """The ``model_calls`` table as a DataFrame, one row per model call (same ``filters`` as ``read_rollouts``).
 
     Only calls of the rollouts ``read_rollouts`` returns are kept: calls of a rollout whose row is
     not durable (a crash between the two files of a batch) or was dropped as a duplicate are
-    left out, and a call stored twice (a compaction cut short) appears once.
+    left out, and a call stored twice (a compaction cut short) appears once (the first read).
+
+    Args:
+        columns: Only these columns (default: all); ``run_id``, ``rollout_id`` and ``call_index``
+            are always read.
     """
     root = dataset_root(path)
-    calls = _read(root, "model_calls", MODEL_CALLS, filters).to_pandas()
+    if columns is not None:
+        columns = list(dict.fromkeys(["run_id", "rollout_id", "call_index", *columns]))
+    calls = _read(root, "model_calls", MODEL_CALLS, filters, columns=columns)
     keep = {k: v for k, v in filters.items() if k in ("run_id", "date", "task_id", "model", "environment")}
     rollouts = _read(root, "rollouts", ROLLOUTS, keep, columns=["run_id", "task_id", "rollout_index", "rollout_id"])
     shown = rollouts.to_pandas().drop_duplicates(["run_id", "task_id", "rollout_index"], keep="first")
-    calls = calls[calls["rollout_id"].isin(set(shown["rollout_id"]))]
-    return calls.drop_duplicates(["rollout_id", "call_index"], keep="first").reset_index(drop=True)
+    # Arrow's is_in: pandas' isin on 400,000 string ids took about 1 s of the 1.4 s read
+    calls = calls.filter(pc.is_in(calls.column("rollout_id"), value_set=pa.array(shown["rollout_id"], pa.string())))
+    return calls.to_pandas().drop_duplicates(["rollout_id", "call_index"], keep="first").reset_index(drop=True)
 
 
 def read_traces(path: Root, **filters: Any) -> list[Trace]:
