@@ -126,6 +126,11 @@ def start(home: Path, *, port: int = 4200, pg_port: int = 5433, host: str = "127
         raise ConfigError(f"--host {host}: the server of {home} already runs on {running}. Stop it first "
                           f"(prefect-rollouts server stop --home {home})")
     if healthy(api_url):
+        if not _alive(home / "prefect-server.pid"):
+            raise RuntimeUnavailableError(f"port {port}: a Prefect API already answers there, and it is not the "
+                                          f"server of {home}. Choose another --port, or use that server "
+                                          f"(export PREFECT_API_URL={api_url})", retryable=False)
+        _start_postgres(home, pg_port)   # the API answers /health without its database: bring PostgreSQL back
         return api_url
     _start_postgres(home, pg_port)
     env = {**server_env(dict(os.environ)), "PREFECT_HOME": str(home / "prefect"),
@@ -171,10 +176,34 @@ def stop(home: Path) -> None:
             os.killpg(int(pid_file.read_text()), signal.SIGTERM)
         except (ProcessLookupError, ValueError, PermissionError):
             pass
+        deadline = time.monotonic() + 30   # gone before PostgreSQL stops, and before a start on its port
+        while _alive(pid_file) and time.monotonic() < deadline:
+            time.sleep(0.2)
         pid_file.unlink()
     (home / "prefect-server.host").unlink(missing_ok=True)
-    if (home / "pgdata" / "postmaster.pid").exists():
+    if (home / "pgdata" / "postmaster.pid").exists() and _postgres_running(home / "pgdata"):
         _as_postgres([str(postgres_bin() / "pg_ctl"), "-D", str(home / "pgdata"), "-m", "fast", "-w", "stop"])
+
+
+def _alive(pid_file: Path) -> bool:
+    """Whether the process group named in ``pid_file`` (a server this module started) still runs."""
+    try:
+        os.killpg(int(pid_file.read_text()), 0)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def _postgres_running(data: Path) -> bool:
+    """Whether the postmaster named in ``data/postmaster.pid`` runs. A killed PostgreSQL (``kill
+    -9``, OOM, power loss) leaves the file naming a dead process, or a zombie that nobody reaped
+    (which ``pg_ctl status`` counts as running, and ``pg_ctl stop`` then waits for in vain)."""
+    try:
+        pid = int((data / "postmaster.pid").read_text().splitlines()[0])
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, ValueError, IndexError):
+        return False
+    return state != "Z"
 
 
 def _start_postgres(home: Path, pg_port: int) -> None:
@@ -187,7 +216,9 @@ def _start_postgres(home: Path, pg_port: int) -> None:
                                           "traverse, e.g. /tmp/prefect-rollouts", retryable=False)
     if not (data / "PG_VERSION").exists():
         _as_postgres([str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "-E", "UTF8"])
-    if not (data / "postmaster.pid").exists():
+    if not _postgres_running(data):
+        for stale in (data / "postmaster.pid", home / f".s.PGSQL.{pg_port}.lock", home / f".s.PGSQL.{pg_port}"):
+            stale.unlink(missing_ok=True)   # PostgreSQL refuses lock files that name a zombie postmaster
         log = home / "postgres.log"
         started = _as_postgres([str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-o",
                                 f"-p {pg_port} -k {home} -c listen_addresses=127.0.0.1 -c max_connections=200",

@@ -170,22 +170,30 @@ async def ensure_shard_deployment(client: PrefectClient, settings: DispatchConfi
         description="A shard of a prefect-rollouts eval, submitted by the eval flow (flows/dispatch.py).")
 
 
+def crash_tag(settings: DispatchConfig) -> str:
+    """The tag of shard flow runs that count as crashed after ``crash_after_s`` without a heartbeat."""
+    return f"prefect-rollouts-crash-after:{settings.crash_after_s}"
+
+
 async def ensure_zombie_automation(client: PrefectClient, settings: DispatchConfig) -> None:
-    """Create the automation that sets a ``shard`` flow run to Crashed once no heartbeat (and no
-    final state) arrived for ``crash_after_s``, unless one of that name exists (Prefect's
-    documented zombie-flow detection, limited to shard flow runs)."""
-    if await client.read_automations_by_name(ZOMBIE_AUTOMATION):
+    """Create, unless it exists, the automation that sets a shard flow run tagged ``crash_tag``
+    to Crashed once no heartbeat (and no final state) arrived for ``crash_after_s`` (Prefect's
+    documented zombie-flow detection). One automation per window, each matching only the shard
+    flow runs of evals that asked for it: an eval with a longer window never has its live shards
+    crashed by another eval's shorter one."""
+    name = f"{ZOMBIE_AUTOMATION} ({settings.crash_after_s} s)"
+    if await client.read_automations_by_name(name):
         return
     trigger = EventTrigger(
         after={"prefect.flow-run.heartbeat"},
         expect={"prefect.flow-run.heartbeat", "prefect.flow-run.Completed", "prefect.flow-run.Failed",
                 "prefect.flow-run.Cancelled", "prefect.flow-run.Crashed"},
         match={"prefect.resource.id": ["prefect.flow-run.*"]},
-        match_related={"prefect.resource.role": "flow", "prefect.resource.name": shard_flow.name},
+        match_related={"prefect.resource.role": "tag", "prefect.resource.id": f"prefect.tag.{crash_tag(settings)}"},
         for_each={"prefect.resource.id"}, posture=Posture.Proactive, threshold=1,
         within=dt.timedelta(seconds=settings.crash_after_s))
     await client.create_automation(AutomationCore(
-        name=ZOMBIE_AUTOMATION, trigger=trigger,
+        name=name, trigger=trigger,
         description="A shard flow run whose process died (its worker killed, its machine lost) sends no more "
                     "heartbeats: mark it Crashed so the eval submits its rollouts again.",
         actions=[ChangeFlowRunState(state=StateType.CRASHED,
@@ -200,7 +208,9 @@ async def _submit(deployment_id: UUID, config: EvalConfig, root: DatasetRoot, ru
                                   "rollouts": [list(key_) for key_ in shard.rollouts], "shard_index": shard.index,
                                   "attempt": shard.attempt + 1}
     submitted = await arun_deployment(deployment_id, parameters=parameters, timeout=0, idempotency_key=key,
-                                      tags=[run_tag(run_id)],
+                                      tags=[run_tag(run_id), crash_tag(config.dispatch)],
+                                      job_variables={"env": {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY":
+                                                             str(config.dispatch.heartbeat_s)}},
                                       flow_run_name=f"{run_id} · shard {shard.index}"
                                                     + (f" · attempt {shard.attempt + 1}" if shard.attempt else ""))
     return submitted.id
