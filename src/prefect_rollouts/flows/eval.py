@@ -178,17 +178,16 @@ async def summary_key(config: EvalConfig) -> str:
     else ``eval-summary-<run_name or taskset id>`` (lowercase letters, digits and dashes).
 
     The deployment's name comes from ``PREFECT__DEPLOYMENT_NAME``, which Prefect's workers and
-    ``serve`` set for the flow runs they start; without it the deployment is read from the API
-    (one call per eval flow run).
+    ``serve`` set in the process of a deployment's flow run (so an eval run as a subflow of the
+    ``launch`` flow has it too); without it, an eval flow run of a deployment reads the deployment
+    from the API (one call per eval flow run).
     """
+    name = os.environ.get("PREFECT__DEPLOYMENT_NAME")
     context = FlowRunContext.get()
     deployment_id = context.flow_run.deployment_id if context and context.flow_run else None
-    name = None
-    if deployment_id is not None:
-        name = os.environ.get("PREFECT__DEPLOYMENT_NAME")
-        if not name:
-            async with get_client() as client:
-                name = (await client.read_deployment(deployment_id)).name
+    if not name and deployment_id is not None:
+        async with get_client() as client:
+            name = (await client.read_deployment(deployment_id)).name
     return artifact_key(name or config.run_name or config.env.taskset.id, "summary")
 
 
