@@ -116,9 +116,9 @@ async def dispatch(config: EvalConfig, root: DatasetRoot, run_id: str, todo: lis
                     shard.flow_run_id = await _submit(deployment_id, config, root, run_id, shard)
                     in_flight[shard.flow_run_id] = shard
                 await asyncio.sleep(POLL_S)
-                durable = durable_keys(root, run_id)
-                await on_progress(len(durable))
                 runs = await _read(client, list(in_flight))
+                durable = durable_keys(root, run_id)   # after the states: a Completed shard's rows are all here
+                await on_progress(len(durable))
                 await idle.check(client, runs, logger)
                 for run in runs:
                     if run.state_type not in FINAL:
