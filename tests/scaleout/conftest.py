@@ -121,6 +121,7 @@ def work_pool(pg_api: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
                    check=True, capture_output=True, timeout=120)
     logs = tmp_path_factory.mktemp("workers")
     workers = [Worker(pg_api, pool, f"worker-{i}", 2, logs / f"worker-{i}.log") for i in range(2)]
+    assert wait_until(lambda: online_workers(pg_api, pool) >= 2, timeout_s=180), "the workers did not start polling"
     try:
         yield pool, workers
     finally:
@@ -136,6 +137,15 @@ def raw_keys(traces: Path, run_id: str) -> list[tuple[str, int]]:
     table = ds.dataset(Path(traces) / "rollouts", format="parquet", partitioning="hive").to_table(
         columns=["task_id", "rollout_index"], filter=ds.field("run_id") == run_id)
     return list(zip(table["task_id"].to_pylist(), table["rollout_index"].to_pylist(), strict=True))
+
+
+def online_workers(api_url: str, pool: str) -> int:
+    """How many workers of ``pool`` the server sees polling (a worker takes seconds to start: a test
+    that submits before both poll may see one worker take every shard)."""
+    import httpx
+
+    response = httpx.post(f"{api_url}/work_pools/{pool}/workers/filter", json={}, timeout=30)
+    return sum(worker.get("status") == "ONLINE" for worker in response.json())
 
 
 def wait_until(predicate, timeout_s: float, interval_s: float = 0.5):
