@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
 
 import prefect_rollouts as vf
 from tests.fakes.openai_server import ScriptedOpenAIServer
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """Each test gets the process environment back as it found it. The CLI run in-process
+    (``CliRunner``) sets variables for its own process (``PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL``,
+    ``PREFECT_CLIENT_MAX_RETRIES``, ``PREFECT_API_URL``); left behind, they reached the workers a
+    later test started, whose INFO lines that test reads went missing."""
+    saved = dict(os.environ)
+    yield
+    for name in set(os.environ) - set(saved):
+        del os.environ[name]
+    os.environ.update(saved)
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ import asyncio
 import contextvars
 import hashlib
 import json
+import logging
 import math
 import os
 import socket
@@ -46,6 +47,8 @@ from prefect_rollouts.traces import DatasetRoot, TraceWriter, error_text
 #: Called as ``listener(durable, total)`` whenever more rollouts become durable (the CLI's progress bar).
 progress_listener: contextvars.ContextVar[Callable[[int, int], None] | None] = contextvars.ContextVar(
     "prefect_rollouts_progress_listener", default=None)
+
+log = logging.getLogger("prefect_rollouts.outage")
 
 FLUSH_INTERVAL_S = 2.0
 """Buffered rows are made durable at least this often."""
@@ -235,8 +238,10 @@ async def _run_one(run: _Run, task_: Task, index: int, granularity: str) -> Trac
 async def _run_flow_or_inline(run: _Run, rollout: Rollout) -> None:
     """A ``rollout_flow`` run while the Prefect API answers; inline stages while it does not.
 
-    A flow run that could not be created runs inline; one that ran but could not report its end
-    keeps its trace. Both are remembered, and ``ApiWatch.reconcile`` tells the server later.
+    A flow run whose creation fails while the API's health check passes is tried once more (a
+    passing error, not an outage). A flow run that could not be created runs inline; one that ran
+    but could not report its end keeps its trace. Both are remembered, and ``ApiWatch.reconcile``
+    tells the server later.
     """
     request = RolloutRequest.of(rollout)
     if not run.watch.is_up:
@@ -244,11 +249,19 @@ async def _run_flow_or_inline(run: _Run, rollout: Rollout) -> None:
         run.watch.unreported.append(_unreported(request, None, failure_message(rollout.trace)))
         return
     final, error = None, None
-    try:
-        final = await rollout_flow(request, return_state=True)
-    except (httpx.HTTPError, OSError) as exc:   # the API went away while creating or ending the flow run
-        run.watch.mark_down()
-        error = exc
+    for attempt in (1, 2):
+        try:
+            final = await rollout_flow(request, return_state=True)
+        except (httpx.HTTPError, OSError) as exc:   # the API went away while creating or ending the flow run
+            error = exc
+            if attempt == 1 and "flow_run_id" not in rollout.trace.info and await run.watch.check():
+                log.warning("creating the flow run of %s failed (%s: %s) while the API answers; trying once more",
+                            request.run_name(), type(exc).__name__, exc)
+                continue                          # a passing error before the rollout started: not an outage
+            run.watch.mark_down(f"rollout flow run: {type(exc).__name__}: {exc}")
+        else:
+            error = None
+        break
     trace = rollout.trace
     flow_run_id = trace.info.get("flow_run_id")   # set once the flow run's body starts
     finished = "teardown" in trace.timings

@@ -95,27 +95,31 @@ class ApiWatch:
         """Seconds since the outage began (0 when up)."""
         return 0.0 if self.down_since is None else time.monotonic() - self.down_since
 
-    def mark_down(self) -> None:
-        """Record a failed API call seen elsewhere (the next health check may clear it)."""
+    def mark_down(self, cause: str) -> None:
+        """Record a failed API call (``cause``: what failed, shown in the warning); the next health
+        check may clear it."""
         if self.api_url is None or not self.is_up:
             return
         self._up.clear()
         self.down_since = time.monotonic()
         self.had_outage = True
-        log.warning("Prefect API at %s is unreachable; rollouts continue and their Prefect states are sent when "
-                    "it returns (the run stops after %.0f s without it)", self.api_url, self.limit_s)
+        log.warning("Prefect API at %s is unreachable (%s); rollouts continue and their Prefect states are sent "
+                    "when it returns (the run stops after %.0f s without it)", self.api_url, cause, self.limit_s)
 
     async def check(self) -> bool:
         """One health check (2 s timeout); updates ``is_up`` and returns it."""
         if self.api_url is None:
             return True
+        cause = None
         try:
             async with httpx.AsyncClient(timeout=2.0, verify=_ssl_context()) as client:
-                healthy = (await client.get(f"{self.api_url}/health")).status_code == 200
-        except httpx.HTTPError:
-            healthy = False
-        if not healthy:
-            self.mark_down()
+                response = await client.get(f"{self.api_url}/health")
+            if response.status_code != 200:
+                cause = f"health check returned {response.status_code}"
+        except httpx.HTTPError as exc:
+            cause = f"health check: {type(exc).__name__}: {exc}"
+        if cause is not None:
+            self.mark_down(cause)
         elif not self.is_up:
             log.warning("Prefect API at %s is back after %.0f s; reconciling Prefect states", self.api_url, self.down_s)
             self.down_since = None
@@ -131,7 +135,7 @@ class ApiWatch:
                     await on_up()
                 except (httpx.TransportError, OSError) as exc:  # it went down meanwhile
                     log.debug("Prefect bookkeeping failed (%s); retrying when the API answers", exc)
-                    self.mark_down()
+                    self.mark_down(f"{type(exc).__name__}: {exc}")
             elif self.down_s > self.limit_s:
                 on_limit()
                 return
