@@ -15,13 +15,14 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.console import Console
 
-from prefect_rollouts.console import print_summary, progress_bar, set_console_log_level
+from prefect_rollouts.cli_traces import alerts_app, traces_app
+from prefect_rollouts.console import print_error, print_summary, progress_bar, set_console_log_level
 from prefect_rollouts.errors import ConfigError, TraceStoreError
 
 app = typer.Typer(help="Run and score LLM-agent rollouts with Prefect.", no_args_is_help=True,
                   pretty_exceptions_show_locals=False)
-traces_app = typer.Typer(help="Inspect Parquet trace datasets.", no_args_is_help=True)
 app.add_typer(traces_app, name="traces")
+app.add_typer(alerts_app, name="alerts")
 console = Console(width=None if sys.stdout.isatty() else 160)  # piped output keeps whole columns
 
 
@@ -215,103 +216,6 @@ def _durable_count(eval_config: Any, run_id: str) -> int | None:
         return None
 
 
-@traces_app.command("summary")
-def traces_summary(
-    path: Annotated[str, typer.Argument(help="Dataset root (holds rollouts/ and model_calls/): a directory or "
-                                             "a URI such as s3://bucket/prefix.")],
-    run_id: Annotated[str | None, typer.Option(
-        help="Only this run, followed by its full summary (pass@k, outcomes, tokens).")] = None,
-    pass_threshold: Annotated[float, typer.Option(help="Reward at which a rollout passes (pass@k).")] = 1.0,
-) -> None:
-    """Print one row per run: date, run id, model, environment, rollouts, mean reward, stderr, errors."""
-    from prefect_rollouts.traces import summarize_run
-    from prefect_rollouts.traces.report import format_runs, run_rows
-
-    try:
-        runs = [run for run in run_rows(path) if run_id in (None, run["run_id"])]
-        summary = summarize_run(path, run_id, pass_threshold=pass_threshold) if runs and run_id else None
-    except (ConfigError, TraceStoreError) as exc:
-        _error("", exc)
-        raise typer.Exit(1) from None
-    if not runs:
-        console.print(f"no rollouts in {path}" + (f" for run {run_id}" if run_id else ""))
-        raise typer.Exit(1)
-    typer.echo(format_runs(runs))
-    if summary is not None:
-        print_summary(console, summary)
-
-
-@traces_app.command("show")
-def traces_show(
-    path: Annotated[str, typer.Argument(help="Dataset root (holds rollouts/ and model_calls/): a directory or "
-                                             "a URI such as s3://bucket/prefix.")],
-    run_id: Annotated[str, typer.Argument(help="The run (see `traces summary`).")],
-    task_id: Annotated[str | None, typer.Argument(help="The task; without it, the run's rollouts are listed.")] = None,
-    index: Annotated[int | None, typer.Option(help="Only this rollout index of the task (default: each).")] = None,
-    max_chars: Annotated[int, typer.Option(help="Characters shown of each message; 0 shows all.")] = 2000,
-) -> None:
-    """Print a rollout's transcript, rewards and errors (or, without TASK_ID, list the run's rollouts)."""
-    from prefect_rollouts.traces.report import format_rollout, format_rollout_list, read_rollout_traces
-
-    try:
-        if task_id is None:
-            typer.echo(format_rollout_list(path, run_id))
-            return
-        traces = read_rollout_traces(path, run_id, task_id, index)
-    except (ConfigError, TraceStoreError) as exc:
-        _error("", exc)
-        raise typer.Exit(1) from None
-    typer.echo("\n\n".join(format_rollout(trace, index=i, max_chars=max_chars) for i, trace in traces))
-
-
-@traces_app.command("compare")
-def traces_compare(
-    path: Annotated[str, typer.Argument(help="Dataset root: a directory or a URI such as s3://bucket/prefix.")],
-    run_a: Annotated[str, typer.Argument(help="The baseline run.")],
-    run_b: Annotated[str, typer.Argument(help="The run compared with it (differences are B - A).")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print the comparison as JSON.")] = False,
-    pass_threshold: Annotated[float, typer.Option(help="Reward at which a rollout passes (flipped tasks).")] = 1.0,
-    resamples: Annotated[int, typer.Option(min=100, help="Bootstrap resamples of the tasks.")] = 10_000,
-    seed: Annotated[int, typer.Option(help="Seed of the bootstrap (the same seed gives the same interval).")] = 0,
-) -> None:
-    """Compare two runs rollout by rollout: per environment and category, the paired reward difference
-    with its 95% interval (bootstrap over tasks), McNemar's test, flipped tasks, tokens and latency."""
-    from prefect_rollouts.traces.compare import compare_runs
-    from prefect_rollouts.traces.compare_report import format_comparison
-
-    try:
-        result = compare_runs(path, run_a, run_b, pass_threshold=pass_threshold, resamples=resamples, seed=seed)
-    except ConfigError as exc:
-        _error("config error: ", exc)
-        raise typer.Exit(2) from None
-    except TraceStoreError as exc:
-        _error("", exc)
-        raise typer.Exit(1) from None
-    typer.echo(result.model_dump_json(indent=2) if as_json else format_comparison(result))
-
-
-@traces_app.command("compact")
-def traces_compact(
-    path: Annotated[str, typer.Argument(help="Dataset root: a directory or a URI such as s3://bucket/prefix.")],
-    run_id: Annotated[str, typer.Argument(help="The run whose files to rewrite.")],
-) -> None:
-    """Rewrite a run's Parquet files into one file per table and day (atomically, dropping duplicate rows)."""
-    from prefect_rollouts.traces.compact import compact_run
-
-    try:
-        result = compact_run(path, run_id)
-    except (ConfigError, TraceStoreError) as exc:
-        _error("", exc)
-        raise typer.Exit(1) from None
-    if not result.files_before["rollouts"]:
-        console.print(f"no rollouts of run {run_id} in {path}", markup=False)
-        raise typer.Exit(1)
-    for table in ("rollouts", "model_calls"):
-        console.print(f"{table}: {result.files_before[table]} -> {result.files_after[table]} files", markup=False)
-    if result.duplicates_dropped:
-        console.print(f"dropped {result.duplicates_dropped} duplicate rollout rows", markup=False)
-
-
 @app.command("serve")
 def serve_command(
     config: Annotated[Path, typer.Argument(help="Eval config TOML: the nightly eval and its form defaults.")] = Path(
@@ -399,8 +303,7 @@ def server_stop(
 
 
 def _error(prefix: str, exc: BaseException | str) -> None:
-    """Print an error in red; its text is not markup (``[env.agent] key`` must print as written)."""
-    console.print(f"{prefix}{exc}", style="red", markup=False, highlight=False)
+    print_error(console, prefix, exc)
 
 
 def _ui_url() -> str:

@@ -86,10 +86,16 @@ TOKEN_COLUMNS = ("total_tokens", "cached_tokens", "reasoning_tokens", "judge_tok
 artifact keeps them per environment), so the table fits 160 columns with a few reward components."""
 
 
+def print_error(console: Console, prefix: str, exc: BaseException | str) -> None:
+    """Print an error in red; its text is not markup (``[env.agent] key`` must print as written)."""
+    console.print(f"{prefix}{exc}", style="red", markup=False, highlight=False)
+
+
 def print_summary(console: Console, summary: EvalSummary) -> None:
     """``summary.table()`` as a table titled with the run id (None as ``—``; columns two spaces
     apart, headers never cut, long environment and model names wrap), then the wall time and the run's tokens, then
-    the top errors, one line each: ``  <type> x<count>, e.g.: <example>``."""
+    the top errors, one line each: ``  <type> x<count>, e.g.: <example>``, then the comparison with
+    the baseline, a line per environment."""
     rows = summary.table()
     if not rows:
         console.print("no rollouts")
@@ -115,3 +121,7 @@ def print_summary(console: Console, summary: EvalSummary) -> None:
     for error in summary.errors:
         console.print(f"  {error.type} x{error.count}, e.g.: {error.example}", markup=False, highlight=False,
                       soft_wrap=True)
+    if summary.baseline:
+        console.print(f"against baseline {summary.baseline}:", markup=False, highlight=False)
+    for line in summary.against_baseline:
+        console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)

@@ -204,6 +204,12 @@ class EvalConfig(_Config):
     a scoring error, ...) while the run still counts as a success: above it the eval flow run
     ends Failed and ``prefect-rollouts eval`` exits 1. Default 0: one errored rollout fails the
     run. Rollouts scored 0, truncated or skipped are not errors."""
+    baseline: str | None = None
+    """Run to compare with when the eval ends (``flows/baseline.py``): ``"last"``, the last Completed
+    run of the same series (deployment, else ``run_name``, else taskset id), kept in a Prefect
+    Variable that each Completed run updates; or a run id of the same trace dataset. The comparison
+    is published as an artifact, and an environment whose 95% interval lies below zero emits the
+    event ``prefect-rollouts.eval.regressed`` (above: ``...improved``). None: no comparison."""
     flush_each_rollout: bool = False
     """Make each rollout's row durable as soon as it finishes, not in batches of up to
     ``max_concurrent`` (at most 64) rollouts every 2 s. Then a kill loses only the rollouts in
@@ -218,6 +224,14 @@ class EvalConfig(_Config):
     dispatch: DispatchConfig = DispatchConfig()
     limits: LimitsConfig = LimitsConfig()
     env: EnvConfig
+
+    @field_validator("baseline")
+    @classmethod
+    def _baseline_named(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError('baseline = "": name a run id, or "last" for the last completed run of the series; '
+                             "remove the key for no comparison")
+        return value
 
     @model_validator(mode="after")
     def _one_orchestration_setting(self) -> EvalConfig:

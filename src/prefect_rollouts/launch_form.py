@@ -131,12 +131,17 @@ class AdvancedSettings(_Form):
                              description="Name of a TraceStore block; wins over the directory. Empty: none.")
     pass_threshold: float = Field(1.0, title="Pass threshold",
                                   description="A rollout passes (for pass@k) at this reward or more. Default 1.0.")
+    baseline: str = Field(
+        "", title="Baseline",
+        description='Run to compare with at the end: "last" = the last completed run of this deployment (it then '
+                    "becomes this run if this one completes), or a run id. A change whose 95% interval excludes 0 "
+                    "emits prefect-rollouts.eval.regressed or .improved. Empty: no comparison.")
     overrides: dict[str, Any] = Field(
         {}, title="Other config keys",
         description='Any other eval config key, dotted as in --set, with its value: e.g. {"env.agent.timeouts.agent": '
                     '300, "env.agent.sampling.top_p": 0.9}. Keys that have a field above are refused. Default {}.')
 
-    @field_validator("run_name", "api_key_env", "traces_path", "trace_store", mode="before")
+    @field_validator("run_name", "api_key_env", "traces_path", "trace_store", "baseline", mode="before")
     @classmethod
     def _none_is_default(cls, value: Any, info: ValidationInfo) -> Any:
         """A config's None (and a UI's null) is the field's default."""
@@ -243,6 +248,7 @@ _FIELDS = (
     ("advanced.request_timeout_s", "env.agent.client.timeout"),
     ("advanced.runtime", "env.agent.runtime.type"), ("advanced.traces_path", "traces.path"),
     ("advanced.trace_store", "traces.store"), ("advanced.pass_threshold", "pass_threshold"),
+    ("advanced.baseline", "baseline"),
 )
 
 

@@ -38,6 +38,7 @@ HOW_KEYS: tuple[str, ...] = (
     "dispatch",                            # in-process or on a work pool, shard sizes, crash detection
     "limits",                              # shared concurrency limits (requests, containers)
     "max_error_fraction",                  # when the run counts as failed, not what its rows hold
+    "baseline",                            # what the run is compared with at its end
 )
 
 _ABSENT = object()

@@ -5,56 +5,26 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.pg_api import pg_api_server
+
 REPO = Path(__file__).resolve().parents[2]
 PREFECT = str(Path(sys.executable).with_name("prefect"))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def pg_api() -> Iterator[str]:
     """A Prefect server on PostgreSQL (``pgserver``), for this module; yields its API URL and
     points this process's Prefect settings at it."""
-    from prefect.context import refresh_global_settings_context
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    from prefect_rollouts import pgserver
-
-    home = Path(tempfile.mkdtemp(prefix="prefect-rollouts-scaleout-"))
-    home.chmod(0o755)
-    api_url = pgserver.start(home, port=free_port(), pg_port=free_port())
-    previous = os.environ.get("PREFECT_API_URL")
-    os.environ["PREFECT_API_URL"] = api_url
-    refresh_global_settings_context()
-    try:
-        with temporary_settings(updates={PREFECT_API_URL: api_url}):
-            yield api_url
-    finally:
-        from prefect.events.worker import EventsWorker
-        from prefect.logging.handlers import APILogWorker
-
-        APILogWorker.drain_all(timeout=10)   # send what is queued while the server still answers
-        EventsWorker.drain_all(timeout=10)
-        if previous is None:
-            os.environ.pop("PREFECT_API_URL", None)
-        else:
-            os.environ["PREFECT_API_URL"] = previous
-        refresh_global_settings_context()
-        pgserver.stop(home)
+    with pg_api_server() as api_url:
+        yield api_url
 
 
 def prefect_env(api_url: str) -> dict[str, str]:

@@ -20,14 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import os
 import time
 import uuid
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import acreate_progress_artifact, acreate_table_artifact, aupdate_progress_artifact
-from prefect.client.orchestration import get_client
-from prefect.context import FlowRunContext
 from prefect.runtime import flow_run
 from prefect.states import Failed, State
 
@@ -35,6 +32,15 @@ from prefect_rollouts.blocks import resolve_trace_root
 from prefect_rollouts.environments import load_taskset
 from prefect_rollouts.errors import EvalFailedError, TraceStoreError
 from prefect_rollouts.eval_config import EvalConfig
+from prefect_rollouts.flows.baseline import (
+    LAST,
+    compare_with_baseline,
+    remember_baseline,
+    resolve_baseline,
+    series_name,
+    series_tag,
+    verdict_lines,
+)
 from prefect_rollouts.flows.dispatch import dispatch
 from prefect_rollouts.flows.execute import artifact_key, execute, progress_listener
 from prefect_rollouts.flows.ownership import tag_flow_run
@@ -89,6 +95,9 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
     root = await resolve_trace_root(config.traces.store) if config.traces.store else config.traces.dataset_root()
     run_id = resume or run_id or new_run_id(config)
     config = prepare_run(root, run_id, config, resume=resume is not None, force=force_config)   # stores it
+    series = await series_name(config)
+    await tag_flow_run(series_tag(series))   # with the owner tag, in one call
+    baseline = await resolve_baseline(config, root, series, run_id)   # a pinned run that is not there fails here
     tasks = load_taskset(config.env.taskset.id, config.env.taskset.options, config.num_tasks)
     plan = [(task_, index) for task_ in tasks for index in range(config.rollouts_per_task)]
     durable = durable_keys(root, run_id) if resume else set()
@@ -111,7 +120,12 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
     summary = summarize_run(root, run_id, rollouts_per_task=config.rollouts_per_task,
                             pass_threshold=config.pass_threshold, wall_time_s=round(time.perf_counter() - started, 3))
     summary.flow_run_id = str(flow_run.id)
-    key = await summary_key(config)
+    if baseline is not None:
+        outcome = await compare_with_baseline(root, baseline, run_id, series, config.pass_threshold)
+        summary.baseline, summary.against_baseline = baseline, verdict_lines(outcome.comparison, outcome.events)
+    elif config.baseline == LAST:
+        logger.info("run %s: series %r has no baseline yet; a Completed run becomes it", run_id, series)
+    key = artifact_key(series, "summary")
     models = ", ".join(sorted({env.model for env in summary.environments if env.model}))
     logger.info("%s\nsummary artifact: %s", summary.text(), key)
     await acreate_table_artifact(table=summary.table(), key=key, description=(
@@ -120,6 +134,8 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
         raise RuntimeError(f"{len(failures)} rollouts failed to run and have no row; "
                            f"resume with --resume {run_id}") from failures[0]
     failure = run_failure(summary, len(plan), config.max_error_fraction)
+    if failure is None and config.baseline == LAST:
+        await remember_baseline(series, run_id)   # the next run of the series compares with this one
     return summary if failure is None else Failed(message=failure, data=EvalFailedError(failure, summary))
 
 
@@ -173,22 +189,10 @@ async def _run_on_work_pool(config: EvalConfig, root: DatasetRoot, run_id: str, 
 
 
 async def summary_key(config: EvalConfig) -> str:
-    """Key of the summary artifact, the same for every run of a series, so Prefect keeps each run's
-    summary as that key's history: ``eval-summary-<deployment name>`` in a deployment's flow run,
-    else ``eval-summary-<run_name or taskset id>`` (lowercase letters, digits and dashes).
-
-    The deployment's name comes from ``PREFECT__DEPLOYMENT_NAME``, which Prefect's workers and
-    ``serve`` set in the process of a deployment's flow run (so an eval run as a subflow of the
-    ``launch`` flow has it too); without it, an eval flow run of a deployment reads the deployment
-    from the API (one call per eval flow run).
-    """
-    name = os.environ.get("PREFECT__DEPLOYMENT_NAME")
-    context = FlowRunContext.get()
-    deployment_id = context.flow_run.deployment_id if context and context.flow_run else None
-    if not name and deployment_id is not None:
-        async with get_client() as client:
-            name = (await client.read_deployment(deployment_id)).name
-    return artifact_key(name or config.run_name or config.env.taskset.id, "summary")
+    """Key of the summary artifact, the same for every run of a series (``flows.baseline.series_name``:
+    the deployment's name, else ``run_name``, else the taskset id), so Prefect keeps each run's
+    summary as that key's history: ``eval-summary-<series>`` (lowercase letters, digits and dashes)."""
+    return artifact_key(await series_name(config), "summary")
 
 
 def new_run_id(config: EvalConfig) -> str:

@@ -68,10 +68,14 @@ def untagged_tasks() -> Iterator[None]:
         yield
 
 
-async def tag_flow_run() -> None:
-    """Add the owner tag to the current flow run (one API call, none when it has the tag already).
-    Flow runs it then creates get the tag from ``owner_tags``; task runs never do."""
+async def tag_flow_run(*extra: str) -> None:
+    """Add the owner tag, and the ``extra`` tags, to the current flow run (one API call, none when it
+    has them already). Flow runs it then creates get the owner tag from ``owner_tags``; task runs never do."""
     context = FlowRunContext.get()
-    tag = owner_tag()
-    if context is not None and context.flow_run is not None and tag not in (context.flow_run.tags or []):
-        await context.client.update_flow_run(context.flow_run.id, tags=[*(context.flow_run.tags or []), tag])  # type: ignore[misc]  # async client: a coroutine
+    if context is None or context.flow_run is None:
+        return
+    current = list(context.flow_run.tags or [])
+    missing = [tag for tag in (owner_tag(), *extra) if tag not in current]
+    if missing:
+        await context.client.update_flow_run(context.flow_run.id, tags=[*current, *missing])  # type: ignore[misc]  # async client: a coroutine
+        context.flow_run.tags = [*current, *missing]

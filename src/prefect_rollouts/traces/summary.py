@@ -91,6 +91,10 @@ class EvalSummary(BaseModel):
     """The ``TOP_ERRORS`` most frequent error types of the errored rollouts, most frequent first."""
     flow_run_id: str | None = None
     """The eval flow run that produced this summary (``eval_flow`` sets it)."""
+    baseline: str | None = None
+    """The run this one was compared with (``EvalConfig.baseline``), if any."""
+    against_baseline: list[str] = []
+    """One line per environment: ``<environment>: regressed, difference -0.250 [-0.400, -0.100]``."""
 
     def table(self) -> list[dict[str, Any]]:
         """One flat dict per environment (for a Prefect table artifact or a terminal table).
@@ -138,6 +142,9 @@ class EvalSummary(BaseModel):
         if self.errors:
             lines.append("top errors:")
             lines += [f"  {error.type} x{error.count}, e.g.: {error.example}" for error in self.errors]
+        if self.baseline:
+            lines.append(f"against baseline {self.baseline}:")
+            lines += [f"  {line}" for line in self.against_baseline]
         return "\n".join(lines)
 
 

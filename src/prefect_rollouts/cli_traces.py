@@ -1,0 +1,168 @@
+"""``prefect-rollouts traces`` (inspect, compare and compact trace datasets; a series' baseline) and
+``prefect-rollouts alerts`` (a notification when an eval regresses)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import Iterator
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from prefect_rollouts.console import print_error, print_summary
+from prefect_rollouts.errors import ConfigError, TraceStoreError
+
+traces_app = typer.Typer(help="Inspect Parquet trace datasets.", no_args_is_help=True)
+baseline_app = typer.Typer(help="A series' baseline: the run its next eval compares with (baseline = \"last\").",
+                           no_args_is_help=True)
+traces_app.add_typer(baseline_app, name="baseline")
+alerts_app = typer.Typer(help="Prefect automations that notify when an eval regresses or improves.",
+                         no_args_is_help=True)
+console = Console(width=None if sys.stdout.isatty() else 160)  # piped output keeps whole columns
+
+
+def _error(prefix: str, exc: BaseException | str) -> None:
+    print_error(console, prefix, exc)
+
+
+@contextlib.contextmanager
+def _exits(config_code: int = 2) -> Iterator[None]:
+    """A ``ConfigError`` exits ``config_code`` ("config error: ..."), a ``TraceStoreError`` exits 1."""
+    try:
+        yield
+    except ConfigError as exc:
+        _error("config error: " if config_code == 2 else "", exc)
+        raise typer.Exit(config_code) from None
+    except TraceStoreError as exc:
+        _error("", exc)
+        raise typer.Exit(1) from None
+
+
+@traces_app.command("summary")
+def traces_summary(
+    path: Annotated[str, typer.Argument(help="Dataset root (holds rollouts/ and model_calls/): a directory or "
+                                             "a URI such as s3://bucket/prefix.")],
+    run_id: Annotated[str | None, typer.Option(
+        help="Only this run, followed by its full summary (pass@k, outcomes, tokens).")] = None,
+    pass_threshold: Annotated[float, typer.Option(help="Reward at which a rollout passes (pass@k).")] = 1.0,
+) -> None:
+    """Print one row per run: date, run id, model, environment, rollouts, mean reward, stderr, errors."""
+    from prefect_rollouts.traces import summarize_run
+    from prefect_rollouts.traces.report import format_runs, run_rows
+
+    with _exits(config_code=1):
+        runs = [run for run in run_rows(path) if run_id in (None, run["run_id"])]
+        summary = summarize_run(path, run_id, pass_threshold=pass_threshold) if runs and run_id else None
+    if not runs:
+        console.print(f"no rollouts in {path}" + (f" for run {run_id}" if run_id else ""))
+        raise typer.Exit(1)
+    typer.echo(format_runs(runs))
+    if summary is not None:
+        print_summary(console, summary)
+
+
+@traces_app.command("show")
+def traces_show(
+    path: Annotated[str, typer.Argument(help="Dataset root (holds rollouts/ and model_calls/): a directory or "
+                                             "a URI such as s3://bucket/prefix.")],
+    run_id: Annotated[str, typer.Argument(help="The run (see `traces summary`).")],
+    task_id: Annotated[str | None, typer.Argument(help="The task; without it, the run's rollouts are listed.")] = None,
+    index: Annotated[int | None, typer.Option(help="Only this rollout index of the task (default: each).")] = None,
+    max_chars: Annotated[int, typer.Option(help="Characters shown of each message; 0 shows all.")] = 2000,
+) -> None:
+    """Print a rollout's transcript, rewards and errors (or, without TASK_ID, list the run's rollouts)."""
+    from prefect_rollouts.traces.report import format_rollout, format_rollout_list, read_rollout_traces
+
+    with _exits(config_code=1):
+        if task_id is None:
+            typer.echo(format_rollout_list(path, run_id))
+            return
+        traces = read_rollout_traces(path, run_id, task_id, index)
+    typer.echo("\n\n".join(format_rollout(trace, index=i, max_chars=max_chars) for i, trace in traces))
+
+
+@traces_app.command("compare")
+def traces_compare(
+    path: Annotated[str, typer.Argument(help="Dataset root: a directory or a URI such as s3://bucket/prefix.")],
+    run_a: Annotated[str, typer.Argument(help="The baseline run.")],
+    run_b: Annotated[str, typer.Argument(help="The run compared with it (differences are B - A).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the comparison as JSON.")] = False,
+    pass_threshold: Annotated[float, typer.Option(help="Reward at which a rollout passes (flipped tasks).")] = 1.0,
+    resamples: Annotated[int, typer.Option(min=100, help="Bootstrap resamples of the tasks.")] = 10_000,
+    seed: Annotated[int, typer.Option(help="Seed of the bootstrap (the same seed gives the same interval).")] = 0,
+) -> None:
+    """Compare two runs rollout by rollout: per environment and category, the paired reward difference
+    with its 95% interval (bootstrap over tasks), McNemar's test, flipped tasks, tokens and latency."""
+    from prefect_rollouts.traces.compare import compare_runs
+    from prefect_rollouts.traces.compare_report import format_comparison
+
+    with _exits():
+        result = compare_runs(path, run_a, run_b, pass_threshold=pass_threshold, resamples=resamples, seed=seed)
+    typer.echo(result.model_dump_json(indent=2) if as_json else format_comparison(result))
+
+
+@traces_app.command("compact")
+def traces_compact(
+    path: Annotated[str, typer.Argument(help="Dataset root: a directory or a URI such as s3://bucket/prefix.")],
+    run_id: Annotated[str, typer.Argument(help="The run whose files to rewrite.")],
+) -> None:
+    """Rewrite a run's Parquet files into one file per table and day (atomically, dropping duplicate rows)."""
+    from prefect_rollouts.traces.compact import compact_run
+
+    with _exits(config_code=1):
+        result = compact_run(path, run_id)
+    if not result.files_before["rollouts"]:
+        console.print(f"no rollouts of run {run_id} in {path}", markup=False)
+        raise typer.Exit(1)
+    for table in ("rollouts", "model_calls"):
+        console.print(f"{table}: {result.files_before[table]} -> {result.files_after[table]} files", markup=False)
+    if result.duplicates_dropped:
+        console.print(f"dropped {result.duplicates_dropped} duplicate rollout rows", markup=False)
+
+
+@baseline_app.command("set")
+def baseline_set(
+    run_id: Annotated[str, typer.Argument(help="The run the series' next evals compare with.")],
+    series: Annotated[str | None, typer.Option(
+        help="The series: a deployment's name, else the run_name, else the taskset id (default: the series "
+             "of RUN's eval flow run on the Prefect server).")] = None,
+) -> None:
+    """Make RUN the baseline of its series: evals with baseline = "last" compare with it (a Prefect Variable)."""
+    from prefect_rollouts.flows.baseline import set_baseline, variable_name
+
+    with _exits():
+        series = asyncio.run(set_baseline(run_id, series))
+    console.print(f"baseline of series {series!r}: {run_id} (Prefect Variable {variable_name(series)})",
+                  markup=False, highlight=False)
+
+
+@baseline_app.command("show")
+def baseline_show() -> None:
+    """List every series' baseline on the Prefect server."""
+    from prefect_rollouts.flows.baseline import VARIABLE_PREFIX, baselines
+
+    found = asyncio.run(baselines())
+    if not found:
+        console.print("no baselines (an eval with baseline = \"last\" sets its series' baseline when it completes)",
+                      markup=False, highlight=False)
+    for name, run in found.items():
+        console.print(f"{name.removeprefix(VARIABLE_PREFIX)}  {run}", markup=False, highlight=False)
+
+
+@alerts_app.command("create")
+def alerts_create(
+    block: Annotated[str, typer.Option(help="Notification block to send to: <block type slug>/<block name>, e.g. "
+                                            "slack-webhook/evals (prefect block ls lists them).")],
+    on: Annotated[str, typer.Option(help="Which events: regressed, improved or both.")] = "regressed",
+    name: Annotated[str | None, typer.Option(help="The automation's name (default: from --on and --block).")] = None,
+) -> None:
+    """Create (or update) the Prefect automation that sends BLOCK a message when an eval's comparison
+    with its baseline emits prefect-rollouts.eval.regressed (or .improved)."""
+    from prefect_rollouts.flows.baseline import ensure_regression_automation
+
+    with _exits():
+        automation, created = asyncio.run(ensure_regression_automation(block, on, name))
+    console.print(f"{'created' if created else 'updated'} automation {automation!r}", markup=False, highlight=False)

@@ -1,0 +1,311 @@
+"""Baselines and regression events: an eval compares itself with a baseline run when it ends.
+
+A *series* is the runs that answer the same question night after night: the runs of one
+deployment (its name), else of one ``run_name``, else of one taskset id (``series_name``; the
+summary artifact's key uses it too). With ``baseline = "last"`` in the eval config the baseline is
+the series' last Completed run, kept in the Prefect Variable ``prefect-rollouts-baseline-<series>``
+(``variable_name``): the eval compares with it and, when it ends Completed itself, becomes it.
+``prefect-rollouts traces baseline set RUN`` points the Variable at another run (a known good
+one). ``baseline = "<run id>"`` pins a run instead and leaves the Variable alone.
+
+At its end the eval compares the baseline (run A) with itself (run B) with ``traces.compare_runs``
+(paired by task and rollout index, a bootstrap interval over tasks), publishes the comparison as a
+markdown artifact ``eval-comparison-<series>``, and for each environment whose interval lies below
+zero emits the Prefect event ``prefect-rollouts.eval.regressed`` (above zero:
+``prefect-rollouts.eval.improved``), its resource the environment, its payload the difference,
+the interval and both run ids (``comparison_events``). ``ensure_regression_automation`` makes the
+automation that sends a notification block a message on those events.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from prefect.automations import AutomationCore
+from prefect.client.orchestration import get_client
+from prefect.context import FlowRunContext
+from prefect.events import emit_event
+from prefect.events.actions import SendNotification
+from prefect.events.schemas.automations import EventTrigger, Posture
+from prefect.variables import Variable
+
+from prefect_rollouts.errors import ConfigError, TraceStoreError
+from prefect_rollouts.eval_config import EvalConfig
+from prefect_rollouts.traces import DatasetRoot, RunComparison, compare_runs, durable_keys
+from prefect_rollouts.traces.compare_report import format_comparison
+
+log = logging.getLogger("prefect_rollouts.baseline")
+
+REGRESSED = "prefect-rollouts.eval.regressed"
+IMPROVED = "prefect-rollouts.eval.improved"
+LAST = "last"
+"""``baseline = "last"``: the series' last Completed run (its Prefect Variable)."""
+VARIABLE_PREFIX = "prefect-rollouts-baseline-"
+SERIES_TAG = "prefect-rollouts-series:"
+"""Tag of an eval flow run naming its series, so ``traces baseline set RUN`` finds the Variable."""
+#: Flipped task ids carried in an event's payload (the artifact lists them all).
+EVENT_TASKS = 20
+
+
+def _safe(name: str) -> str:
+    """Lowercase ASCII letters and digits of ``name``, anything else a dash (what Prefect's artifact
+    keys allow; Variable names allow it too)."""
+    return "".join(c if c.isascii() and c.isalnum() else "-" for c in name.lower())
+
+
+async def series_name(config: EvalConfig) -> str:
+    """The series of the current eval: its deployment's name, else ``run_name``, else the taskset id.
+
+    The deployment's name comes from ``PREFECT__DEPLOYMENT_NAME``, which Prefect's workers and
+    ``serve`` set in the process of a deployment's flow run (so an eval run as a subflow of the
+    ``launch`` flow has it too); without it, an eval flow run of a deployment reads the deployment
+    from the API (one call).
+    """
+    name = os.environ.get("PREFECT__DEPLOYMENT_NAME")
+    context = FlowRunContext.get()
+    deployment_id = context.flow_run.deployment_id if context and context.flow_run else None
+    if not name and deployment_id is not None:
+        async with get_client() as client:
+            name = (await client.read_deployment(deployment_id)).name
+    return name or config.run_name or config.env.taskset.id
+
+
+def variable_name(series: str) -> str:
+    """``prefect-rollouts-baseline-<series>`` (at most 255 characters, Prefect's limit)."""
+    return f"{VARIABLE_PREFIX}{_safe(series)}"[:255]
+
+
+def series_tag(series: str) -> str:
+    return f"{SERIES_TAG}{series}"
+
+
+async def resolve_baseline(config: EvalConfig, root: DatasetRoot, series: str, run_id: str) -> str | None:
+    """The run this eval compares with, checked before any rollout runs; None for no comparison.
+
+    ``baseline = "last"``: the run in the series' Variable, None when it is unset (the first run of
+    a series) or names a run the dataset does not hold (a warning says so). Any other value is a run id.
+
+    Raises:
+        ConfigError: ``baseline`` names a run id that has no rollouts in the dataset at ``root``.
+    """
+    if config.baseline is None:
+        return None
+    if config.baseline == LAST:
+        baseline = await Variable.aget(variable_name(series))
+        if not isinstance(baseline, str) or not baseline or baseline == run_id:
+            return None
+        if not _has_rows(root, baseline):
+            _logger().warning("baseline %r (Prefect Variable %s) has no rollouts in the trace dataset at %s: "
+                              "no comparison", baseline, variable_name(series), root)
+            return None
+        return baseline
+    if config.baseline == run_id:
+        raise ConfigError(f"baseline = {config.baseline!r}: the run cannot be its own baseline. Name an earlier "
+                          'run, or "last" for the last completed run of the series')
+    if not _has_rows(root, config.baseline):
+        raise ConfigError(f"baseline = {config.baseline!r}: no rollouts of this run in the trace dataset at {root}. "
+                          'Name a run it holds (prefect-rollouts traces summary PATH lists them), or "last"')
+    return config.baseline
+
+
+def _logger() -> Any:
+    """The flow run's logger (its lines reach the UI), or this module's outside a flow run."""
+    from prefect import get_run_logger
+    from prefect.exceptions import MissingContextError
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return log
+
+
+def _has_rows(root: DatasetRoot, run_id: str) -> bool:
+    try:
+        return bool(durable_keys(root, run_id))
+    except TraceStoreError:
+        return False
+
+
+@dataclass
+class BaselineOutcome:
+    """What the comparison with the baseline found."""
+
+    comparison: RunComparison
+    events: list[dict[str, Any]]
+    """The events emitted: ``{"event": ..., "resource": ..., "payload": ...}`` each."""
+    markdown: str
+
+
+def comparison_events(result: RunComparison, series: str) -> list[dict[str, Any]]:
+    """An event per environment whose interval lies wholly below zero (``REGRESSED``) or above it
+    (``IMPROVED``); none where it covers 0 or there are no pairs. B is this run, A the baseline.
+
+    Note ``RunComparison``'s caveat: with a few dozen tasks or fewer a percentile bootstrap
+    interval is too narrow, so ``p_value`` (McNemar or the sign-flip test) is in the payload too.
+    """
+    events = []
+    for group in result.environments:
+        if group.ci_low is None or group.ci_high is None or group.ci_low <= 0.0 <= group.ci_high:
+            continue
+        events.append({
+            "event": REGRESSED if group.ci_high < 0.0 else IMPROVED,
+            "resource": {"prefect.resource.id": f"prefect-rollouts.environment.{group.environment}",
+                         "prefect.resource.name": group.environment, "prefect-rollouts.series": series},
+            "payload": {
+                "environment": group.environment, "series": series,
+                "run_id": result.run_b, "baseline_run_id": result.run_a,
+                "difference": group.difference, "ci_low": group.ci_low, "ci_high": group.ci_high,
+                "confidence": result.confidence, "p_value": group.p_value, "test": group.test,
+                "mean": group.mean_b, "baseline_mean": group.mean_a, "n_paired": group.n_paired,
+                "flipped_to_fail": group.flipped_to_fail[:EVENT_TASKS],
+                "flipped_to_pass": group.flipped_to_pass[:EVENT_TASKS]}})
+    return events
+
+
+def verdict_lines(result: RunComparison, events: list[dict[str, Any]]) -> list[str]:
+    """One line per environment: ``<environment>: regressed, difference -0.250 [-0.400, -0.100]``
+    (``improved``, ``no change shown`` where the interval covers 0, ``nothing to compare`` without pairs)."""
+    verdicts = {e["payload"]["environment"]: "regressed" if e["event"] == REGRESSED else "improved" for e in events}
+    lines = []
+    for group in result.environments:
+        verdict = verdicts.get(group.environment, "no change shown" if group.n_paired else "nothing to compare")
+        interval = "" if group.ci_low is None else f" [{group.ci_low:+.3f}, {group.ci_high:+.3f}]"
+        difference = "—" if group.difference is None else f"{group.difference:+.3f}"
+        lines.append(f"{group.environment}: {verdict}, difference {difference}{interval}")
+    return lines
+
+
+def comparison_markdown(result: RunComparison, events: list[dict[str, Any]], series: str) -> str:
+    """The comparison artifact: ``verdict_lines`` as a list, then ``format_comparison``'s tables."""
+    lines = [f"# Run {result.run_b} against baseline {result.run_a}", "",
+             f"Series `{series}`. Difference = mean of this run - mean of the baseline, paired by task and "
+             f"rollout; {result.confidence:.0%} {result.interval}.", ""]
+    lines += [f"- {line}" for line in verdict_lines(result, events)]
+    return "\n".join([*lines, "", "```text", format_comparison(result), "```"])
+
+
+async def compare_with_baseline(root: DatasetRoot, baseline: str, run_id: str, series: str,
+                                pass_threshold: float) -> BaselineOutcome:
+    """Compare ``run_id`` with ``baseline``, publish the markdown artifact ``eval-comparison-<series>``
+    and emit the regression and improvement events (``comparison_events``). Call inside the eval
+    flow run: the events then name it (and its deployment) among their related resources.
+
+    Raises:
+        ConfigError: either run has no rollouts in the dataset.
+        TraceStoreError: the dataset cannot be read.
+    """
+    from prefect.artifacts import acreate_markdown_artifact
+
+    result = compare_runs(root, baseline, run_id, pass_threshold=pass_threshold)
+    events = comparison_events(result, series)
+    for event in events:
+        emit_event(**event)
+    markdown = comparison_markdown(result, events, series)
+    await acreate_markdown_artifact(markdown=markdown, key=f"eval-comparison-{_safe(series)}"[:100],
+                                    description=f"Run {run_id} against baseline {baseline}")
+    return BaselineOutcome(result, events, markdown)
+
+
+async def remember_baseline(series: str, run_id: str) -> None:
+    """Make ``run_id`` the series' baseline (its Prefect Variable, created or overwritten)."""
+    await Variable.aset(variable_name(series), run_id, overwrite=True, tags=["prefect-rollouts", "baseline"])
+
+
+ALERT_EVENTS = {"regressed": {REGRESSED}, "improved": {IMPROVED}, "both": {REGRESSED, IMPROVED}}
+
+
+async def ensure_regression_automation(block: str, on: str = "regressed", name: str | None = None) -> tuple[str, bool]:
+    """Create or update the automation that sends the notification block ``block`` (``<block type
+    slug>/<block name>``, e.g. ``slack-webhook/evals``) a message for each ``on`` event
+    (``regressed``, ``improved`` or ``both``) an eval emits.
+
+    Returns:
+        ``(name, created)``: the automation's name, and False when one of that name was updated.
+
+    Raises:
+        ConfigError: ``block`` is not ``slug/name`` or names no saved block; ``on`` is unknown.
+    """
+    from prefect.exceptions import ObjectNotFound
+
+    if on not in ALERT_EVENTS:
+        raise ConfigError(f"--on {on!r}: expected one of {', '.join(ALERT_EVENTS)}")
+    slug, _, block_name = block.partition("/")
+    if not slug or not block_name:
+        raise ConfigError(f"--block {block!r}: expected <block type slug>/<block name>, e.g. slack-webhook/evals "
+                          "(prefect block ls lists the saved blocks)")
+    name = name or f"prefect-rollouts: eval {on} -> {block}"
+    async with get_client() as client:
+        try:
+            document = await client.read_block_document_by_name(block_name, slug)
+        except ObjectNotFound:
+            raise ConfigError(f"--block {block!r}: no saved block of type {slug!r} named {block_name!r} on this "
+                              "Prefect server (prefect block ls lists them)") from None
+        automation = AutomationCore(
+            name=name,
+            description="Sends a message when an eval's comparison with its baseline shows a change "
+                        "(prefect-rollouts, flows/baseline.py).",
+            trigger=EventTrigger(expect=ALERT_EVENTS[on], match={"prefect.resource.id": "prefect-rollouts.*"},
+                                 posture=Posture.Reactive, threshold=1),
+            actions=[SendNotification(block_document_id=document.id, subject=NOTIFICATION_SUBJECT,
+                                      body=NOTIFICATION_BODY)])
+        existing = await client.read_automations_by_name(name)
+        if existing:
+            await client.update_automation(existing[0].id, automation)
+            return name, False
+        await client.create_automation(automation)
+        return name, True
+
+
+NOTIFICATION_SUBJECT = ("prefect-rollouts: {{ event.payload.environment }} "
+                        "{{ event.event.split('.')[-1] }} in {{ event.payload.series }}")
+NOTIFICATION_BODY = (
+    "{{ event.payload.environment }} {{ event.event.split('.')[-1] }}: mean reward "
+    "{{ event.payload.baseline_mean }} -> {{ event.payload.mean }}, difference {{ event.payload.difference }} "
+    "({{ event.payload.confidence }} interval [{{ event.payload.ci_low }}, {{ event.payload.ci_high }}], "
+    "p = {{ event.payload.p_value }}, {{ event.payload.n_paired }} rollouts paired). "
+    "Run {{ event.payload.run_id }} against baseline {{ event.payload.baseline_run_id }}. "
+    "Tasks that went from pass to fail: {{ event.payload.flipped_to_fail | join(', ') }}.")
+
+
+async def series_of_run(run_id: str) -> str | None:
+    """The series of eval run ``run_id``, from the tag of its latest eval flow run on the Prefect
+    server (``SERIES_TAG``); None when the server has no such flow run."""
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterName
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    async with get_client() as client:
+        runs = await client.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=["eval"])),
+            flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[run_id])),
+            sort=FlowRunSort.START_TIME_DESC, limit=20)
+    for run in runs:
+        for tag in run.tags or []:
+            if tag.startswith(SERIES_TAG):
+                return tag[len(SERIES_TAG):]
+    return None
+
+
+async def set_baseline(run_id: str, series: str | None = None) -> str:
+    """Point the baseline Variable of ``series`` (default: the series of ``run_id``'s eval flow run,
+    ``series_of_run``) at ``run_id``; returns the series.
+
+    Raises:
+        ConfigError: no series given and the server knows no eval flow run named ``run_id``.
+    """
+    series = series or await series_of_run(run_id)
+    if series is None:
+        raise ConfigError(f"RUN = {run_id!r}: this Prefect server has no eval flow run of that name to take the "
+                          "series from. Check PREFECT_API_URL, or name the series: --series <deployment name, "
+                          "else run_name, else taskset id>")
+    await remember_baseline(series, run_id)
+    return series
+
+
+async def baselines() -> dict[str, str]:
+    """Every series' baseline on the server: ``{variable name: run id}``, by name."""
+    async with get_client() as client:
+        variables = await client.read_variables()
+    return dict(sorted((v.name, str(v.value)) for v in variables if v.name.startswith(VARIABLE_PREFIX)))

@@ -1,0 +1,184 @@
+"""Issue 14, part 2: an eval compared with its series' baseline at its end, on a real PostgreSQL-backed
+Prefect server: the comparison artifact, the ``prefect-rollouts.eval.regressed`` event on the server's
+event feed, and the automation made by ``prefect-rollouts alerts create`` sending it to a webhook
+block (a real HTTP server on loopback)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import pytest
+from prefect.blocks.notifications import CustomWebhookNotificationBlock
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+from prefect.variables import Variable
+from typer.testing import CliRunner
+
+from prefect_rollouts.cli import app
+from prefect_rollouts.eval_config import load_eval_config
+from prefect_rollouts.flows.baseline import IMPROVED, REGRESSED, variable_name
+from prefect_rollouts.flows.eval import eval_flow
+from tests.eval_toml import eval_toml
+from tests.fakes.openai_server import reply
+from tests.pg_api import pg_api_server
+
+pytestmark = pytest.mark.timeout(600)
+TASKS = 40
+
+
+@pytest.fixture(scope="module")
+def pg_api():
+    with pg_api_server() as api_url:
+        yield api_url
+
+
+@pytest.fixture
+def webhook():
+    """A loopback HTTP server that keeps the JSON bodies POSTed to it."""
+    received: list[dict[str, Any]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:   # noqa: N802 - http.server's name
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/hook", received
+    server.shutdown()
+
+
+def answers(wrong_every: int | None):
+    """Task i asks for i; with ``wrong_every`` the tasks divisible by it get a wrong answer."""
+    def step(request: Any) -> Any:
+        number = int(re.search(r"say (\d+)", request.messages[-1]["content"]).group(1))
+        wrong = wrong_every is not None and number % wrong_every == 0
+        return reply(str(number + 1 if wrong else number))
+    return step
+
+
+def run(tmp_path, openai_server, run_id: str, wrong_every: int | None, **top: Any):
+    openai_server.default = answers(wrong_every)
+    top = {"run_name": "regress", "baseline": "last", **top}
+    text = eval_toml(tmp_path / "traces", openai_server.base_url, rollout_granularity="batch",
+                     taskset={"id": "tests.prefect.tasksets:numbered", "count": TASKS}, **top)
+    return asyncio.run(eval_flow(load_eval_config(text), run_id=run_id))
+
+
+def events(api_url: str) -> list[dict[str, Any]]:
+    response = httpx.post(f"{api_url}/events/filter", json={
+        "filter": {"event": {"prefix": ["prefect-rollouts.eval."]}}, "limit": 50}, timeout=30)
+    response.raise_for_status()
+    return response.json()["events"]
+
+
+def wait_until(predicate, timeout_s: float = 90.0):
+    deadline = time.monotonic() + timeout_s
+    while not (value := predicate()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return value
+
+
+def test_a_worse_run_emits_regressed_the_automation_notifies_and_the_baseline_moves(pg_api, openai_server, tmp_path,
+                                                                                    webhook):
+    url, received = webhook
+    CustomWebhookNotificationBlock(name="regression-hook", url=url,
+                                   json_data={"subject": "{{subject}}", "body": "{{body}}"}).save("regression-hook")
+    created = CliRunner().invoke(app, ["alerts", "create", "--block", "custom-webhook/regression-hook"])
+    assert created.exit_code == 0, created.output
+    assert "created automation 'prefect-rollouts: eval regressed -> custom-webhook/regression-hook'" in created.output
+    again = CliRunner().invoke(app, ["alerts", "create", "--block", "custom-webhook/regression-hook"])
+    assert "updated automation" in again.output, "one automation per name"
+
+    first = run(tmp_path, openai_server, "regress-1", wrong_every=None)
+    assert first.baseline is None and first.environments[0].mean_reward == 1.0   # no baseline yet
+    assert asyncio.run(Variable.aget(variable_name("regress"))) == "regress-1", "a Completed run becomes it"
+
+    second = run(tmp_path, openai_server, "regress-2", wrong_every=3)             # 14 of 40 tasks now wrong
+    assert second.baseline == "regress-1"
+    (line,) = second.against_baseline
+    assert line.startswith("tests.prefect.tasksets:numbered: regressed, difference -0.350 [")
+    assert asyncio.run(Variable.aget(variable_name("regress"))) == "regress-2"
+
+    feed = wait_until(lambda: events(pg_api))
+    assert [e["event"] for e in feed] == [REGRESSED], "one environment, one event; nothing improved"
+    payload, resource = feed[0]["payload"], feed[0]["resource"]
+    assert (payload["run_id"], payload["baseline_run_id"]) == ("regress-2", "regress-1")
+    assert payload["difference"] == pytest.approx(-0.35) and payload["ci_high"] < 0 and payload["ci_low"] < -0.35
+    assert payload["p_value"] < 0.001 and payload["flipped_to_fail"][:3] == ["n0", "n12", "n15"]
+    assert resource["prefect.resource.name"] == "tests.prefect.tasksets:numbered"
+    assert any(r["prefect.resource.role"] == "flow-run" for r in feed[0]["related"]), "the eval flow run is named"
+
+    notified = wait_until(lambda: received)
+    assert notified, "the automation sent the webhook block a message"
+    assert "tests.prefect.tasksets:numbered regressed in regress" in notified[0]["subject"]
+    assert "Run regress-2 against baseline regress-1" in notified[0]["body"]
+    assert "difference -0.35" in notified[0]["body"]
+
+    async def artifact() -> Any:
+        async with get_client() as client:
+            return await client.read_artifacts(artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=["eval-comparison-regress"])))
+    (markdown,) = asyncio.run(artifact())
+    assert markdown.type == "markdown" and "# Run regress-2 against baseline regress-1" in markdown.data
+    assert "- tests.prefect.tasksets:numbered: regressed, difference -0.350" in markdown.data
+
+    third = run(tmp_path, openai_server, "regress-3", wrong_every=None)           # back to right: improved
+    assert third.baseline == "regress-2" and "improved" in third.against_baseline[0]
+    assert wait_until(lambda: IMPROVED in [e["event"] for e in events(pg_api)])
+    time.sleep(3)
+    assert len(received) == 1, "the automation is on regressions only"
+
+
+def test_the_baseline_command_finds_the_series_of_a_run_and_lists_baselines(pg_api, openai_server, tmp_path):
+    run(tmp_path, openai_server, "series-1", wrong_every=None, run_name="series-x")
+    run(tmp_path, openai_server, "series-2", wrong_every=None, run_name="series-x")
+    assert asyncio.run(Variable.aget(variable_name("series-x"))) == "series-2"
+    pinned = CliRunner().invoke(app, ["traces", "baseline", "set", "series-1"])
+    assert pinned.exit_code == 0, pinned.output
+    assert "baseline of series 'series-x': series-1" in pinned.output
+    assert asyncio.run(Variable.aget(variable_name("series-x"))) == "series-1"
+    shown = CliRunner().invoke(app, ["traces", "baseline", "show"])
+    assert "series-x  series-1" in shown.output
+    unknown = CliRunner().invoke(app, ["traces", "baseline", "set", "no-such-run"])
+    assert unknown.exit_code == 2 and "RUN = 'no-such-run': this Prefect server has no eval flow run" in unknown.output
+
+
+def test_a_pinned_baseline_that_the_dataset_lacks_is_a_config_error_before_any_rollout(openai_server, tmp_path):
+    toml = tmp_path / "eval.toml"
+    toml.write_text(eval_toml(tmp_path / "traces", openai_server.base_url, baseline="nightly-0"))
+    result = CliRunner().invoke(app, ["eval", str(toml)])
+    assert result.exit_code == 2, result.output
+    assert "baseline = 'nightly-0': no rollouts of this run in the trace dataset" in result.output
+    assert openai_server.requests == []
+
+
+def test_events_only_where_the_interval_excludes_zero():
+    import pandas as pd
+
+    from prefect_rollouts.flows.baseline import comparison_events
+    from prefect_rollouts.traces.compare import compare
+
+    def rows(rewards: list[float], env: str = "e") -> pd.DataFrame:
+        return pd.DataFrame({"environment": env, "task_id": [f"t{i}" for i in range(len(rewards))],
+                             "rollout_index": 0, "reward": rewards, "is_error": False, "scoring_skipped": None})
+    same = [1.0, 0.0] * 20
+    assert comparison_events(compare(rows(same), rows(same), run_a="a", run_b="b"), "s") == []
+    worse = compare(rows([1.0] * 40), rows([1.0] * 20 + [0.0] * 20), run_a="a", run_b="b")
+    better = compare(rows([1.0] * 20 + [0.0] * 20), rows([1.0] * 40), run_a="a", run_b="b")
+    (regressed,), (improved,) = comparison_events(worse, "s"), comparison_events(better, "s")
+    assert (regressed["event"], improved["event"]) == (REGRESSED, IMPROVED)
+    assert regressed["payload"]["difference"] == -0.5 and regressed["payload"]["baseline_run_id"] == "a"
+    assert regressed["resource"] == {"prefect.resource.id": "prefect-rollouts.environment.e",
+                                     "prefect.resource.name": "e", "prefect-rollouts.series": "s"}
+    assert len(regressed["payload"]["flipped_to_fail"]) == 20
