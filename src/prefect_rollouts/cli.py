@@ -57,15 +57,14 @@ def eval_command(
     ``max_error_fraction`` of the rollouts errored prints its summary and top errors, and exits 1.
     A resume whose config differs from the run's stored config in a key that defines the run exits 2.
     """
-    from prefect_rollouts.environments import load_taskset
+    from prefect_rollouts.plan import plan_rollouts
     from prefect_rollouts.run_identity import check_run_config
 
     set_ = [*(set_ or []), *([f"dispatch.work_pool={json.dumps(work_pool)}"] if work_pool else []),
             *([f"dispatch.shard_size={shard_size}"] if shard_size is not None else [])]
     try:
         eval_config = check_run_config(config, set_, resume=resume, run_id=run_id, force=force_config)
-        taskset = eval_config.env.taskset   # a bad taskset option or traces path fails here, before Prefect starts
-        total = len(load_taskset(taskset.id, taskset.options, eval_config.num_tasks)) * eval_config.rollouts_per_task
+        total = len(plan_rollouts(eval_config))   # a bad taskset option or traces path fails here, before Prefect
         eval_config.traces.check_writable()
     except (ConfigError, TraceStoreError) as exc:
         _error("config error: ", exc)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import tempfile
 import tomllib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -51,11 +52,68 @@ class TasksetConfig(BaseModel):
         return dict(self.model_extra or {})
 
 
-class EnvConfig(_Config):
-    """``[env]``: the taskset and the agent."""
+class SuiteTasksetConfig(TasksetConfig):
+    """One ``[[env.tasksets]]`` entry of a suite: a taskset with its options, the name of its
+    environment and its number of tasks."""
 
-    taskset: TasksetConfig
+    name: str | None = None
+    """The environment's name in rows, the summary and comparisons; default the taskset id. Two
+    entries of one taskset need different names."""
+    num_tasks: int | None = Field(None, ge=1)
+    """How many tasks from the start of this taskset; default the top-level ``num_tasks`` (all when unset)."""
+    agent: dict[str, Any] = Field(default_factory=dict)
+    """``[env.agent]`` keys that differ for this environment, e.g. ``{ harness = "tools", max_turns = 4 }``
+    (merged over ``[env.agent]``, tables key by key). ``client`` is refused: a suite has one model
+    endpoint, which ``[limits]`` and the secrets check cover."""
+
+    @property
+    def environment(self) -> str:
+        return self.name or self.id
+
+    @field_validator("agent")
+    @classmethod
+    def _one_endpoint(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if "client" in value:
+            raise ValueError("agent.client: a suite's environments share [env.agent.client] (one model endpoint); "
+                             "remove it here")
+        return value
+
+
+@dataclass(frozen=True)
+class EnvironmentSpec:
+    """One environment of an eval: its name (the rows' ``environment``), taskset id, options and task count."""
+
+    name: str
+    taskset: str
+    options: dict[str, Any]
+    num_tasks: int | None
     agent: AgentConfig
+    """``[env.agent]``, with the entry's ``agent`` keys merged over it in a suite."""
+
+
+class EnvConfig(_Config):
+    """``[env]``: the taskset (``[env.taskset]``) or a suite of them (``[[env.tasksets]]``), and the agent."""
+
+    taskset: TasksetConfig | None = None
+    """The one taskset of the eval; its environment is named after its id."""
+    tasksets: list[SuiteTasksetConfig] | None = None
+    """A suite: several tasksets in one run, each its own environment (``SuiteTasksetConfig``)."""
+    agent: AgentConfig
+
+    @model_validator(mode="after")
+    def _one_way_to_name_tasksets(self) -> EnvConfig:
+        if (self.taskset is None) == (self.tasksets is None):
+            raise ValueError("give exactly one of [env.taskset] (one taskset) and [[env.tasksets]] (a suite); "
+                             + ("both are set" if self.taskset is not None else "neither is set"))
+        if self.tasksets is not None:
+            if not self.tasksets:
+                raise ValueError("[[env.tasksets]] is empty: list at least one taskset, or use [env.taskset]")
+            names = [entry.environment for entry in self.tasksets]
+            twice = sorted({name for name in names if names.count(name) > 1})
+            if twice:
+                raise ValueError(f"[[env.tasksets]] name: {', '.join(twice)} names two environments. Give each entry "
+                                 'of the same taskset its own name = "..."')
+        return self
 
 
 class TracesConfig(_Config):
@@ -225,6 +283,24 @@ class EvalConfig(_Config):
     limits: LimitsConfig = LimitsConfig()
     env: EnvConfig
 
+    def environments(self) -> list[EnvironmentSpec]:
+        """The eval's environments in config order: ``[env.taskset]`` alone (named after its id, with
+        ``num_tasks``), or each ``[[env.tasksets]]`` entry (its ``num_tasks``, else the top-level one)."""
+        agent = self.env.agent
+        if self.env.tasksets is None:
+            assert self.env.taskset is not None   # the validator makes sure
+            return [EnvironmentSpec(self.env.taskset.id, self.env.taskset.id, self.env.taskset.options,
+                                    self.num_tasks, agent)]
+        return [EnvironmentSpec(entry.environment, entry.id, entry.options, entry.num_tasks or self.num_tasks,
+                                _merged_agent(agent, entry.agent, f"env.tasksets[{i}].agent"))
+                for i, entry in enumerate(self.env.tasksets)]
+
+    @property
+    def default_name(self) -> str:
+        """``run_name``, else the taskset id, else the suite's environment names joined by ``+``
+        (the run id's prefix and the series' name outside a deployment)."""
+        return self.run_name or "+".join(env.name for env in self.environments())
+
     @field_validator("baseline")
     @classmethod
     def _baseline_named(cls, value: str | None) -> str | None:
@@ -234,6 +310,11 @@ class EvalConfig(_Config):
         return value
 
     @model_validator(mode="after")
+    def _suite_agents(self) -> EvalConfig:
+        self.environments()   # a suite entry's agent keys are checked now, not when the eval runs
+        return self
+
+    @model_validator(mode="after")
     def _one_orchestration_setting(self) -> EvalConfig:
         if self.env.agent.orchestrator != "prefect":
             raise ValueError(f'[env.agent] orchestrator = "{self.env.agent.orchestrator}": an eval always runs as a '
@@ -241,6 +322,25 @@ class EvalConfig(_Config):
                              "task, or batch: inline stages inside a shard's task run). Remove the key, and set "
                              'rollout_granularity = "batch" for the cheapest orchestration')
         return self
+
+
+def _merged_agent(base: AgentConfig, changes: dict[str, Any], section: str) -> AgentConfig:
+    """``base`` with ``changes`` merged over it, tables key by key.
+
+    Raises:
+        ConfigError: the result is not a valid agent config (the message names ``section`` and the key).
+    """
+    if not changes:
+        return base
+
+    def merge(into: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+        for key, value in more.items():
+            into[key] = merge(dict(into[key]), value) if isinstance(value, dict) and isinstance(into.get(key),
+                                                                                                dict) else value
+        return into
+    data = merge(base.model_dump(exclude_unset=True), changes)
+    data["client"] = base.client   # refused in changes: the suite's one endpoint, secrets kept as they are
+    return validate_config(AgentConfig, data, section)
 
 
 def load_eval_config(source: str | Path, overrides: list[str] | None = None) -> EvalConfig:

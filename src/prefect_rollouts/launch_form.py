@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from prefect_rollouts.config import validate_config
 from prefect_rollouts.errors import ConfigError
-from prefect_rollouts.eval_config import EvalConfig
+from prefect_rollouts.eval_config import EvalConfig, TasksetConfig
 
 
 def _number_fields(schema: dict[str, Any]) -> None:
@@ -56,12 +56,18 @@ class BfclTaskset(_Form):
                       "multi_turn_base"] = Field("simple_python", title="Category",
                                                  description="BFCL category. Default simple_python.")
     count: int | None = Field(None, ge=1, title="Items",
-                              description="How many items from the start of the category. Empty: all.")
+                              description="How many items from the start of the category (of each category). "
+                                          "Empty: all.")
     force_tool_choice: bool | None = Field(
         None, title="Force tool choice",
         description="Single-turn categories: on forces a call of the task's function (small models call no tool "
                     "otherwise); off leaves tool_choice to the model. Empty: on, except for irrelevance and "
                     "multi_turn_base (which refuses on).")
+    categories: list[Literal["simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance",
+                             "multi_turn_base"]] | None = Field(
+        None, title="Categories",
+        description="Several categories in one taskset, each reported on its own line (instead of Category). "
+                    "Empty: the category above.")
 
 
 class HumanEvalTaskset(_Form):
@@ -90,6 +96,34 @@ Taskset = ArithmeticTaskset | BfclTaskset | HumanEvalTaskset | CustomTaskset
 """One form per taskset. A plain union (``anyOf`` in the schema): Prefect's form shows it as a
 switch of the four titles with the chosen taskset's own fields; a discriminated union
 (``oneOf``) is shown as a bare JSON editor. Pydantic still picks the one whose ``id`` matches."""
+
+
+class SuiteEntry(_Form):
+    """One more taskset of a suite: its own environment in the summary and comparisons."""
+
+    model_config = ConfigDict(title="Suite taskset")
+    taskset: Taskset = Field(ArithmeticTaskset(), title="Taskset",
+                             description="A built-in taskset with its options, or your own by import path.")
+    name: str = Field("", title="Environment name",
+                      description="Its name in the summary and comparisons. Empty: the taskset's name.")
+    num_tasks: int | None = Field(None, ge=1, title="Number of tasks",
+                                  description="Tasks from the start of this taskset. Empty: the form's Number of "
+                                              "tasks.")
+    agent: dict[str, Any] = Field(
+        {}, title="Agent keys",
+        description='[env.agent] keys that differ for this taskset, as a JSON object, e.g. {"harness": {"id": '
+                    '"tools"}, "max_turns": 4}. Default {}.')
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _none_is_empty(cls, value: Any) -> Any:
+        return "" if value is None else value
+
+    def entry(self) -> dict[str, Any]:
+        """The ``[[env.tasksets]]`` entry."""
+        return {**_taskset_entry(self.taskset), **({"name": self.name} if self.name else {}),
+                **({"num_tasks": self.num_tasks} if self.num_tasks else {}),
+                **({"agent": self.agent} if self.agent else {})}
 
 
 class AdvancedSettings(_Form):
@@ -169,6 +203,10 @@ class LaunchForm(_Form):
                                    description="Rollouts of each task; pass@k is reported up to this. Default 1.")
     max_concurrent: int = Field(16, ge=1, title="Concurrency",
                                 description="Rollouts in flight at once. Default 16.")
+    more_tasksets: list[SuiteEntry] = Field(
+        [], title="More tasksets (a suite)",
+        description="Tasksets run in the same eval after the one above, each its own environment with its own "
+                    "options and number of tasks. Default [].")
     advanced: AdvancedSettings = Field(AdvancedSettings(), title="Advanced",
                                        description="Rarer settings, and any other config key by its dotted name.")
 
@@ -186,9 +224,11 @@ class LaunchForm(_Form):
                 refuses; the message names the form field or the override's key.
         """
         data: dict[str, Any] = {}
-        taskset = self.taskset
-        _put(data, "env.taskset", {"id": taskset.loader, **taskset.options} if isinstance(taskset, CustomTaskset)
-             else taskset.model_dump(exclude_none=True))
+        first = _taskset_entry(self.taskset)
+        if self.more_tasksets:
+            _put(data, "env.tasksets", [first, *(entry.entry() for entry in self.more_tasksets)])
+        else:
+            _put(data, "env.taskset", first)
         for field, key in _FIELDS:
             value = _get(self, field)
             _put(data, key, None if value == "" else value)
@@ -219,10 +259,19 @@ class LaunchForm(_Form):
         form: dict[str, Any] = {"advanced": {}}
         for field, key in _FIELDS:
             _put(form, field, _get(config, key))
-        taskset_id, options = config.env.taskset.id, config.env.taskset.options
-        builtin = BUILTIN_TASKSETS.get(taskset_id)
-        form["taskset"] = (validate_config(builtin, {"id": taskset_id, **options}, "env.taskset") if builtin
-                           else CustomTaskset(loader=taskset_id, options=options))
+        first: TasksetConfig
+        if config.env.tasksets:
+            first, *more = config.env.tasksets
+            if first.name not in (None, first.id) or first.num_tasks or first.agent:
+                raise ConfigError("[[env.tasksets]] first entry: a launch form names the first environment after "
+                                  "its taskset, with the form's Number of tasks and agent. Remove its name, "
+                                  "num_tasks and agent keys, or list another entry first")
+            form["more_tasksets"] = [SuiteEntry(taskset=_taskset_form(entry.id, entry.options), name=entry.name or "",
+                                                num_tasks=entry.num_tasks, agent=entry.agent) for entry in more]
+        else:
+            assert config.env.taskset is not None   # EnvConfig's validator
+            first = config.env.taskset
+        form["taskset"] = _taskset_form(first.id, first.options)
         form["endpoint"] = client.endpoint or (client.base_url if "base_url" in client.model_fields_set else "")
         values = _flatten(config.model_dump(mode="json"))   # whole values: a judge's id is a default, yet needed
         changed = _flatten(config.model_dump(mode="json", exclude_defaults=True))
@@ -252,6 +301,24 @@ _FIELDS = (
 )
 
 
+def _taskset_entry(taskset: Taskset) -> dict[str, Any]:
+    """A taskset form as a config table: ``id`` and options."""
+    if isinstance(taskset, CustomTaskset):
+        return {"id": taskset.loader, **taskset.options}
+    return taskset.model_dump(exclude_none=True)
+
+
+def _taskset_form(taskset_id: str, options: dict[str, Any]) -> Any:
+    """The form of taskset ``taskset_id`` with ``options``: its own for a built-in one, else ``CustomTaskset``.
+
+    Raises:
+        ConfigError: a built-in taskset has an option its form does not know.
+    """
+    builtin = BUILTIN_TASKSETS.get(taskset_id)
+    return (validate_config(builtin, {"id": taskset_id, **options}, "env.taskset") if builtin
+            else CustomTaskset(loader=taskset_id, options=options))
+
+
 def _endpoint_key(endpoint: str) -> str:
     """The config key the Endpoint field sets: ``base_url`` for a URL, ``endpoint`` for a block name.
 
@@ -270,7 +337,8 @@ def _endpoint_key(endpoint: str) -> str:
 def _field_of(key: str, endpoint: str) -> str | None:
     """The form field that sets config key ``key`` (or a key inside or around it), None if none does.
     ``base_url`` stays free beside an Endpoint that names a block (the block's URL is then overridden)."""
-    covered = {key_: field for field, key_ in _FIELDS} | {"env.taskset": "taskset", "env.agent.client.endpoint":
+    covered = {key_: field for field, key_ in _FIELDS} | {"env.taskset": "taskset", "env.tasksets": "more_tasksets",
+                                                         "env.agent.client.endpoint":
                                                          "endpoint", "env.agent.client.base_url": "endpoint"}
     if endpoint and "://" not in endpoint:
         covered.pop("env.agent.client.base_url")

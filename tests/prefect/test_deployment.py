@@ -65,6 +65,7 @@ def test_the_nightly_deployment_deploys_from_prefect_yaml_and_its_defaults_run_a
 
     parameters = deployment["parameters"]
     assert (parameters["eval"]["model"], parameters["eval"]["taskset"]["id"]) == ("local/smollm2", "arithmetic")
+    assert [entry["taskset"]["id"] for entry in parameters["eval"]["more_tasksets"]] == ["bfcl"]   # a suite
     parameters["eval"]["advanced"]["traces_path"] = str(tmp_path / "traces")   # the one change: not in the checkout
     flow_run = api.post(f"/deployments/{deployment['id']}/create_flow_run", json={"parameters": parameters}).json()
     prefect("worker", "start", "--pool", "local", "--run-once", env=env, timeout=600)
@@ -72,7 +73,7 @@ def test_the_nightly_deployment_deploys_from_prefect_yaml_and_its_defaults_run_a
     state = api.get(f"/flow_runs/{flow_run['id']}").json()["state"]
     assert state["type"] == "COMPLETED", json.dumps(state)
     rows = read_rollouts(tmp_path / "traces")
-    assert len(rows) == parameters["eval"]["num_tasks"] == 20
+    assert rows.groupby("environment").size().to_dict() == {"arithmetic": 20, "bfcl": 5}
     assert set(rows["model"]) == {"local/smollm2"} and not rows["is_error"].any(), rows["error_message"].tolist()
     artifacts = api.post("/artifacts/filter", json={"artifacts": {"key": {"any_": ["eval-summary-nightly-eval"]}}})
     run_id = rows["run_id"].iloc[0]   # a stable key per deployment: Prefect keeps the nightly history

@@ -36,7 +36,7 @@ def test_flush_writes_one_file_per_table_per_batch_atomically(tmp_path):
     writer = TraceWriter(tmp_path, "r1", batch_size=10)
     for name in "abc":
         add(writer, make_trace(name, 1.0, calls=2))
-    assert writer.flush() == 3 and writer.durable == {("a", 0), ("b", 0), ("c", 0)}
+    assert writer.flush() == 3 and writer.durable == {("arith", "a", 0), ("arith", "b", 0), ("arith", "c", 0)}
     files = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.parquet"))
     assert len(files) == 2
     assert files[0].startswith("model_calls/date=") and "/run_id=r1/part-" in files[0]
@@ -49,7 +49,7 @@ async def test_add_says_when_the_batch_is_full_and_aflush_makes_it_durable(tmp_p
     writer = TraceWriter(tmp_path, "r1", batch_size=2)
     assert add(writer, make_trace("a", 1.0)) is False and writer.pending == 1
     assert add(writer, make_trace("b", 1.0)) is True
-    assert await writer.aflush() == 2 and writer.pending == 0 and writer.durable == {("a", 0), ("b", 0)}
+    assert await writer.aflush() == 2 and writer.pending == 0 and writer.durable == {("arith", "a", 0), ("arith", "b", 0)}
     assert len(read_rollouts(tmp_path, run_id="r1")) == 2
 
 
@@ -72,7 +72,7 @@ def test_readers_filter_and_ignore_temporary_files_and_drop_orphan_calls(tmp_pat
     assert set(read_rollouts(tmp_path)["run_id"]) == {"r1", "r2"}
     calls = read_model_calls(tmp_path, run_id="r1")
     assert list(calls["call_index"]) == [0, 1] and set(calls["rollout_id"]) == {rows["rollout_id"][0]}
-    assert durable_keys(tmp_path, "r1") == {("a", 0)}
+    assert durable_keys(tmp_path, "r1") == {("arith", "a", 0)}
     with pytest.raises(vf.errors.TraceStoreError, match="no such column"):
         read_rollouts(tmp_path, colour="red")
 

@@ -45,8 +45,9 @@ def test_each_reward_component_has_its_mean_so_a_lenient_judge_cannot_hide_a_fai
     assert list(table[0])[:9] == ["environment", "model", "rollouts", "scored", "mean_reward", "stderr",
                                   "reward.exact", "reward.correct", "reward.judge"]
     assert [(row["environment"], row["reward.exact"], row["reward.correct"], row["reward.judge"]) for row in table] == [
-        ("math", 1.0, None, None), ("qa", None, 0.25, 0.75)]
-    assert [(row["pass@1"], row["pass@2"]) for row in table] == [(1.0, None), (0.6667, 1.0)]   # math has no pass@2
+        ("math", 1.0, None, None), ("qa", None, 0.25, 0.75), ("all", None, None, None)]   # all: two environments
+    assert [(row["pass@1"], row["pass@2"]) for row in table] == [(1.0, None), (0.6667, 1.0), (0.75, 1.0)]
+    assert (summary.overall.rollouts, summary.overall.scored, summary.overall.errored) == (6, 5, 1)
 
     lines = summary.text().splitlines()
     assert lines[0] == "run r1: 6 rollouts, 1 errored"
@@ -79,3 +80,21 @@ def test_the_outcome_line_gives_reward_components_stop_condition_skip_and_first_
                       ErrorRecord(type="RuntimeError", message="later", stage="teardown")]
     line = outcome_line(failed)
     assert line == f"reward — (correct 1, judge —) · stop scoring_error · error JudgeError: {'x' * 300}..."
+
+
+def test_an_environment_with_several_task_categories_has_a_line_per_category(tmp_path):
+    def bfcl(task_id: str, category: str, reward: float) -> vf.Trace:
+        return vf.Trace(task_id=task_id, model="m", reward=reward, stop_condition="agent_completed",
+                        info={"task": {"category": category}})
+    writer = TraceWriter(tmp_path, "r1")
+    for trace in [bfcl("simple_0", "simple_python", 1.0), bfcl("simple_1", "simple_python", 0.0),
+                  bfcl("multiple_0", "multiple", 1.0)]:
+        writer.add(trace, rollout_index=0, environment="bfcl", config_hash="h", elapsed_s=0.1)
+    writer.add(bfcl("one_0", "only", 1.0), rollout_index=0, environment="single", config_hash="h", elapsed_s=0.1)
+    writer.flush()
+
+    summary = summarize_run(tmp_path, "r1")
+    assert [(row["environment"], row["rollouts"], row["mean_reward"]) for row in summary.table()] == [
+        ("bfcl", 3, 0.6667), ("bfcl / multiple", 1, 1.0), ("bfcl / simple_python", 2, 0.5),
+        ("single", 1, 1.0), ("all", 4, 0.75)]   # one category is the environment itself: no line of its own
+    assert "bfcl / simple_python" in summary.text()

@@ -94,11 +94,13 @@ def test_the_launch_form_shows_the_taskset_with_its_options_first_and_the_rest_u
     _, deployment = deployed
     form = RunForm(browser, prefect_server.removesuffix("/api"), deployment["id"])
     labels = form.labels()
-    assert labels[:labels.index("Advanced") + 1] == [
+    assert labels[:labels.index("More tasksets (a suite)") + 1] == [
         "eval", "Taskset", "Name", "Questions", "Seed", "Largest operand", "Model", "Endpoint", "Number of tasks",
-        "Rollouts per task", "Concurrency", "Advanced"]
+        "Rollouts per task", "Concurrency", "More tasksets (a suite)"]
+    suite = labels[labels.index("More tasksets (a suite)") + 1:labels.index("Advanced")]   # the nightly's bfcl entry
+    assert suite[:2] == ["Taskset", "Name"] and "Environment name" in suite and "Agent keys" in suite
     assert labels.count("Run id prefix") == 1 and labels.index("Run id prefix") > labels.index("Advanced")
-    assert len(labels) <= 30      # the EvalConfig form had 86 fields
+    assert len(labels) - len(suite) <= 30      # the EvalConfig form had 86 fields
     form.choose("bfcl")           # another taskset brings its own options
     assert form.labels()[2:6] == ["Name", "Category", "Items", "Force tool choice"]
     assert [option.text for option in Select(form.control("Category")).options] == list(CATEGORIES)
@@ -126,13 +128,19 @@ def test_a_run_launched_from_the_form_runs_on_a_worker_with_the_values_typed_in(
                             ).json()
     assert evaluation["state"]["type"] == "COMPLETED"
     config = evaluation["parameters"]["config"]      # the eval flow run shows the whole config that ran
-    assert config["env"]["taskset"] == {"id": "arithmetic", "count": 5, "seed": 7, "max_value": 9}
+    arithmetic, bfcl = config["env"]["tasksets"]      # the nightly is a suite: the form's taskset comes first
+    assert {key: arithmetic[key] for key in ("id", "count", "seed", "max_value")} == {
+        "id": "arithmetic", "count": 5, "seed": 7, "max_value": 9}
+    assert (bfcl["id"], bfcl["category"], bfcl["count"]) == ("bfcl", "simple_python", 5)
     assert (config["env"]["agent"]["model"], config["num_tasks"]) == ("scripted-model", 3)
 
     rows = read_rollouts(tmp_path / "traces", run_id=evaluation["name"])
-    assert sorted(rows["task_id"]) == ["add-7-0", "add-7-1", "add-7-2"]
+    assert sorted(rows.loc[rows["environment"] == "arithmetic", "task_id"]) == ["add-7-0", "add-7-1", "add-7-2"]
+    assert (rows["environment"] == "bfcl").sum() == 3, "Number of tasks applies to each taskset of the suite"
     assert set(rows["model"]) == {"scripted-model"} and not rows["is_error"].any()
-    prompts = [request.messages[-1]["content"] for request in openai_server.requests]
-    assert len(prompts) == 3 and all(request.body["model"] == "scripted-model" for request in openai_server.requests)
+    assert all(request.body["model"] == "scripted-model" for request in openai_server.requests)
+    prompts = [request.messages[-1]["content"] for request in openai_server.requests
+               if request.messages[-1]["content"].startswith("What is")]
+    assert len(prompts) == 3
     operands = [int(n) for prompt in prompts for n in re.findall(r"\d+", prompt.split("?")[0])]
     assert len(operands) == 6 and max(operands) <= 9      # Largest operand reached the taskset

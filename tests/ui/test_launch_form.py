@@ -48,7 +48,7 @@ def test_the_form_shows_the_common_fields_first_and_the_rest_under_advanced():
     titles = [field.get("title") or definitions[field["$ref"].rsplit("/", 1)[1]]["title"]
               for field in fields]   # a $ref field shows its model's title
     assert titles == ["Taskset", "Model", "Endpoint", "Number of tasks", "Rollouts per task", "Concurrency",
-                      "Advanced"]
+                      "More tasksets (a suite)", "Advanced"]
     assert "run_name" not in form["properties"]     # Prefect's own "Run Name" is the only one up there
     advanced = definitions["AdvancedSettings"]["properties"]
     assert advanced["run_name"]["title"] == "Run id prefix"
@@ -139,10 +139,12 @@ def test_an_override_of_a_field_in_the_form_or_of_no_config_key_is_refused(key, 
 def test_every_example_config_launches_as_itself_from_its_form(example):
     config = load_eval_config(REPO / "examples" / example)
     again = LaunchForm.from_eval_config(config).to_eval_config()
-    assert again.model_dump(exclude={"env": {"taskset"}}) == config.model_dump(exclude={"env": {"taskset"}})
-    assert again.env.taskset.id == config.env.taskset.id
-    options = again.env.taskset.options   # the form spells out the loader's defaults
-    assert {key: options[key] for key in config.env.taskset.options} == config.env.taskset.options
+    tasksets = {"env": {"taskset", "tasksets"}}
+    assert again.model_dump(exclude=tasksets) == config.model_dump(exclude=tasksets)
+    for mine, theirs in zip(again.environments(), config.environments(), strict=True):   # a suite: each entry
+        assert (mine.name, mine.taskset, mine.num_tasks, mine.agent) == (
+            theirs.name, theirs.taskset, theirs.num_tasks, theirs.agent)
+        assert {key: mine.options[key] for key in theirs.options} == theirs.options   # + the loader's defaults
 
 
 def test_a_config_with_header_values_cannot_become_a_form():

@@ -12,7 +12,8 @@ stateful tools (bfcl-eval's tool classes, which import only the standard library
 dependencies are heavy); nothing else of it is imported.
 
 Options: ``category`` (``simple_python``, ``multiple``, ``parallel``, ``parallel_multiple``,
-``irrelevance``, ``multi_turn_base``), ``count`` (first N items), ``force_tool_choice``
+``irrelevance``, ``multi_turn_base``) or ``categories`` (a list of them, one taskset),
+``count`` (first N items of each category), ``force_tool_choice``
 (single-turn only, default on: force a call of the task's function when it has exactly one,
 and ``"required"`` otherwise; models such as SmolLM2-135M make no tool calls unless forced; off
 for ``irrelevance``. Multi-turn never forces: the model decides when a turn is done, so
@@ -74,13 +75,17 @@ class BfclTask(Task):
 
 
 def load(category: str = "simple_python", count: int | None = None,
-         force_tool_choice: bool | None = None) -> list[Task]:
-    """The first ``count`` items (all when None) of a BFCL category as tasks.
+         force_tool_choice: bool | None = None, categories: list[str] | None = None) -> list[Task]:
+    """The first ``count`` items (all when None) of a BFCL category, or of each of several, as tasks.
 
     Args:
-        category: One of ``CATEGORIES``; ``multi_turn_base`` gives ``BfclMultiTurnTask``s
-            (``bfcl_multi_turn.load``), the others ``BfclTask``s.
-        count: How many items, from the first; None for all.
+        category: One of ``CATEGORIES``; ``multi_turn_base`` gives
+            ``BfclMultiTurnTask``s (``bfcl_multi_turn.load``), the others ``BfclTask``s.
+        count: How many items of each category, from the first; None for all.
+        categories: Several categories in one taskset, in this order (instead of ``category``,
+            which must then be left at its default);
+            each task's ``info["category"]`` says which, so the summary and ``traces compare``
+            report each category.
         force_tool_choice: Single-turn only: None (default) or True forces the call (see the
             module docstring), False leaves ``tool_choice`` to the agent's sampling config.
 
@@ -88,6 +93,14 @@ def load(category: str = "simple_python", count: int | None = None,
         ConfigError: unknown category, ``force_tool_choice = true`` with a multi-turn
             category, or bfcl-eval not installed.
     """
+    if categories is not None:
+        if category != "simple_python":
+            raise ConfigError(f"[env.taskset] category = {category!r} and categories = {categories!r}: give one. "
+                              "Remove category, or put it in the list")
+        if not categories or len(set(categories)) != len(categories):
+            raise ConfigError(f"[env.taskset] categories = {categories!r}: list each category once, at least one "
+                              f"(of {', '.join(CATEGORIES)})")
+        return [task for name in categories for task in load(name, count, force_tool_choice)]
     if category not in CATEGORIES:
         raise ConfigError(f"[env.taskset] category = {category!r}: not supported. Use one of {', '.join(CATEGORIES)}")
     if category in MULTI_TURN_CATEGORIES:

@@ -57,7 +57,8 @@ def _safe(name: str) -> str:
 
 
 async def series_name(config: EvalConfig) -> str:
-    """The series of the current eval: its deployment's name, else ``run_name``, else the taskset id.
+    """The series of the current eval: its deployment's name, else ``EvalConfig.default_name``
+    (``run_name``, else the taskset id, else the suite's environments joined by ``+``).
 
     The deployment's name comes from ``PREFECT__DEPLOYMENT_NAME``, which Prefect's workers and
     ``serve`` set in the process of a deployment's flow run (so an eval run as a subflow of the
@@ -70,7 +71,7 @@ async def series_name(config: EvalConfig) -> str:
     if not name and deployment_id is not None:
         async with get_client() as client:
             name = (await client.read_deployment(deployment_id)).name
-    return name or config.run_name or config.env.taskset.id
+    return name or config.default_name
 
 
 def variable_name(series: str) -> str:

@@ -35,7 +35,8 @@ def build_deployments(config: str | Path, *, cron: str = "0 2 * * *", timezone: 
     form = LaunchForm.from_eval_config(eval_config)
     nightly = launch_flow.to_deployment(
         name=NIGHTLY, schedule=Cron(cron, timezone=timezone), parameters={"eval": form.model_dump(mode="json")},
-        description=f"Nightly eval of {eval_config.env.agent.model} on {eval_config.env.taskset.id} "
+        description=f"Nightly eval of {eval_config.env.agent.model} on "
+                    f"{', '.join(env.name for env in eval_config.environments())} "
                     f"(config {config}); Run > Custom run launches any eval from a form.",
         tags=["prefect-rollouts", "eval"])
     janitor = janitor_flow.to_deployment(name=JANITOR, interval=3600, tags=["prefect-rollouts", "janitor"],

@@ -42,6 +42,7 @@ from pydantic import ValidationError
 from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.eval_config import DispatchConfig, EvalConfig
 from prefect_rollouts.flows.shard import ENTRYPOINT, shard_flow
+from prefect_rollouts.plan import RolloutKey
 from prefect_rollouts.rollout import RolloutSpec
 from prefect_rollouts.traces import DatasetRoot, durable_keys
 
@@ -56,7 +57,7 @@ class Shard:
     """A shard of the plan: its rollouts, and the flow run of its current submission."""
 
     index: int
-    rollouts: list[tuple[str, int]]
+    rollouts: list[RolloutKey]
     attempt: int = 0
     flow_run_id: UUID | None = None
     states: list[str] = field(default_factory=list)
@@ -70,11 +71,11 @@ class DispatchReport:
 
     shards: list[Shard]
     failed: list[Shard]
-    missing: list[tuple[str, int]]
-    """``(task id, rollout index)`` of planned rollouts without a durable row."""
+    missing: list[RolloutKey]
+    """``(environment, task id, rollout index)`` of planned rollouts without a durable row."""
 
 
-async def dispatch(config: EvalConfig, root: DatasetRoot, run_id: str, todo: list[tuple[str, int]], *,
+async def dispatch(config: EvalConfig, root: DatasetRoot, run_id: str, todo: list[RolloutKey], *,
                    on_progress: Callable[[int], Awaitable[None]]) -> DispatchReport:
     """Run ``todo`` as shard flow runs on ``config.dispatch.work_pool`` and wait for all of them.
 
@@ -82,7 +83,7 @@ async def dispatch(config: EvalConfig, root: DatasetRoot, run_id: str, todo: lis
         root: The dataset root; workers must see it at the same place (a shared path mounted at
             the same absolute path, or an object store). A ``[traces] store`` block is resolved
             again by each shard.
-        todo: ``(task id, rollout index)`` of the rollouts to run, in plan order.
+        todo: ``(environment, task id, rollout index)`` of the rollouts to run, in plan order.
         on_progress: Called with the number of durable rows of the run after every poll.
 
     Returns:
@@ -303,7 +304,7 @@ async def _cancel(client: PrefectClient, ids: list[UUID]) -> None:
 
 def _refuse_secrets(config: EvalConfig) -> None:
     try:
-        RolloutSpec(agent=config.env.agent, taskset=config.env.taskset.id, task_id="-")
+        RolloutSpec(agent=config.env.agent, taskset=config.environments()[0].taskset, task_id="-")
     except ValidationError as exc:
         reason = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
         raise ConfigError(f"[dispatch] work_pool: the eval config travels to workers as flow run parameters, "

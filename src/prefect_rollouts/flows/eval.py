@@ -29,7 +29,6 @@ from prefect.runtime import flow_run
 from prefect.states import Failed, State
 
 from prefect_rollouts.blocks import resolve_trace_root
-from prefect_rollouts.environments import load_taskset
 from prefect_rollouts.errors import EvalFailedError, TraceStoreError
 from prefect_rollouts.eval_config import EvalConfig
 from prefect_rollouts.flows.baseline import (
@@ -44,6 +43,7 @@ from prefect_rollouts.flows.baseline import (
 from prefect_rollouts.flows.dispatch import dispatch
 from prefect_rollouts.flows.execute import artifact_key, execute, progress_listener
 from prefect_rollouts.flows.ownership import tag_flow_run
+from prefect_rollouts.plan import RolloutKey, plan_rollouts
 from prefect_rollouts.run_identity import prepare_run
 from prefect_rollouts.traces import DatasetRoot, EvalSummary, compact_run, durable_keys, run_failure, summarize_run
 
@@ -60,9 +60,8 @@ whose flushes were full (up to 64 rows) pays nothing at its end."""
 def _flow_run_name() -> str:
     parameters = flow_run.parameters
     config = parameters.get("config")
-    run_name = getattr(config, "run_name", None) or (config.get("run_name") if isinstance(config, dict) else None)
-    taskset = getattr(getattr(getattr(config, "env", None), "taskset", None), "id", None)
-    return parameters.get("resume") or parameters.get("run_id") or run_name or taskset or "eval"
+    name = config.default_name if isinstance(config, EvalConfig) else None
+    return parameters.get("resume") or parameters.get("run_id") or name or "eval"
 
 
 @flow(name="eval", flow_run_name=_flow_run_name, persist_result=False, log_prints=False)
@@ -98,14 +97,16 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
     series = await series_name(config)
     await tag_flow_run(series_tag(series))   # with the owner tag, in one call
     baseline = await resolve_baseline(config, root, series, run_id)   # a pinned run that is not there fails here
-    tasks = load_taskset(config.env.taskset.id, config.env.taskset.options, config.num_tasks)
-    plan = [(task_, index) for task_ in tasks for index in range(config.rollouts_per_task)]
+    plan = plan_rollouts(config)
     durable = durable_keys(root, run_id) if resume else set()
-    todo = [(task_, index) for task_, index in plan if (task_.id, index) not in durable]
-    logger.info("run %s: %d rollouts (%d tasks x %d), %d to run, traces in %s", run_id, len(plan), len(tasks),
-                config.rollouts_per_task, len(todo), root)
+    todo = [planned for planned in plan if planned.key not in durable]
+    tasks = len(plan) // config.rollouts_per_task
+    environments = config.environments()
+    logger.info("run %s: %d rollouts (%d tasks x %d%s), %d to run, traces in %s", run_id, len(plan), tasks,
+                config.rollouts_per_task, f" in {len(environments)} environments" if len(environments) > 1 else "",
+                len(todo), root)
     if config.dispatch.work_pool:
-        failures = await _run_on_work_pool(config, root, run_id, [(t.id, i) for t, i in todo], total=len(plan))
+        failures = await _run_on_work_pool(config, root, run_id, [planned.key for planned in todo], total=len(plan))
     else:
         failures = await execute(config, root, run_id, todo, total=len(plan), durable=durable,
                                  progress_key=artifact_key(run_id, "progress"))
@@ -163,7 +164,7 @@ async def run_eval(config: EvalConfig, resume: str | None = None, run_id: str | 
     return result, None
 
 
-async def _run_on_work_pool(config: EvalConfig, root: DatasetRoot, run_id: str, todo: list[tuple[str, int]], *,
+async def _run_on_work_pool(config: EvalConfig, root: DatasetRoot, run_id: str, todo: list[RolloutKey], *,
                             total: int) -> list[BaseException]:
     """``todo`` as shard flow runs on ``[dispatch] work_pool`` (``flows/dispatch.py``); progress from
     durable rows. Returns one error per rollout left without a row."""
@@ -196,7 +197,7 @@ async def summary_key(config: EvalConfig) -> str:
 
 
 def new_run_id(config: EvalConfig) -> str:
-    """``<run_name or taskset id>-<UTC time>-<4 hex>``."""
+    """``<run_name, else the taskset id or the suite's environments joined by +>-<UTC time>-<4 hex>``."""
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
-    return f"{config.run_name or config.env.taskset.id}-{stamp}-{uuid.uuid4().hex[:4]}"
+    return f"{config.default_name}-{stamp}-{uuid.uuid4().hex[:4]}"
 

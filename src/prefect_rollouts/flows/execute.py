@@ -13,6 +13,7 @@ a ``batch`` task run is Failed when any of its rollouts errored. Their rows are 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import hashlib
 import json
@@ -21,7 +22,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,8 +40,8 @@ from prefect_rollouts.flows.limits import eval_limits
 from prefect_rollouts.flows.outage import ApiOutageError, ApiWatch, QuietWhileDown, Unreported, close_orphans
 from prefect_rollouts.flows.ownership import owner_tags, sandbox_labels, tag_flow_run
 from prefect_rollouts.flows.rollout import RolloutRequest, failure_message, rollout_flow, rollout_outcome, trace_of
+from prefect_rollouts.plan import Planned, RolloutKey
 from prefect_rollouts.rollout import Rollout
-from prefect_rollouts.task import Task
 from prefect_rollouts.trace import Trace
 from prefect_rollouts.traces import DatasetRoot, TraceWriter, error_text
 
@@ -58,11 +59,10 @@ FLUSH_INTERVAL_S = 2.0
 class _Run:
     """What every rollout of one eval run shares."""
 
-    agent: Agent
+    agents: dict[str, tuple[Agent, str]]
+    """Per environment: its agent and ``config_hash`` (environments with the same agent config share one)."""
     writer: TraceWriter
     run_id: str
-    environment: str
-    config_hash: str
     total: int
     gate: asyncio.Semaphore
     watch: ApiWatch
@@ -77,16 +77,16 @@ class _Run:
     reported: int = -1
     failures: list[BaseException] = field(default_factory=list)
 
-    def rollout(self, task_: Task, index: int) -> Rollout:
-        labels = {"run_id": self.run_id, "rollout_index": str(index), **sandbox_labels()}
-        return self.agent.rollout(task_, labels)
+    def rollout(self, planned: Planned) -> Rollout:
+        labels = {"run_id": self.run_id, "rollout_index": str(planned.index), **sandbox_labels()}
+        return self.agents[planned.environment.name][0].rollout(planned.task, labels)
 
-    async def record(self, rollout: Rollout, index: int, elapsed_s: float) -> None:
+    async def record(self, rollout: Rollout, planned: Planned, elapsed_s: float) -> None:
         """Buffer the finished rollout's row; flush when the batch is full, or at once when every
         rollout must be durable as it finishes (``flush_each``, or a task whose rewards have side effects)."""
         rollout.trace.info["worker"] = self.worker
-        full = self.writer.add(rollout.trace, rollout_index=index, environment=self.environment,
-                               config_hash=self.config_hash, elapsed_s=elapsed_s)
+        full = self.writer.add(rollout.trace, rollout_index=planned.index, environment=planned.environment.name,
+                               config_hash=self.agents[planned.environment.name][1], elapsed_s=elapsed_s)
         if full or self.flush_each or getattr(rollout.task, "rewards_have_side_effects", False):
             await self.flush()
 
@@ -100,10 +100,11 @@ class _Run:
             listener(len(self.writer.durable), self.total)
 
 
-async def execute(config: EvalConfig, root: str | DatasetRoot, run_id: str, todo: list[tuple[Task, int]], *,
-                  total: int, durable: set[tuple[str, int]], progress_key: str | None,
+async def execute(config: EvalConfig, root: str | DatasetRoot, run_id: str, todo: list[Planned], *,
+                  total: int, durable: set[RolloutKey], progress_key: str | None,
                   shard_flow_run_id: str | None = None) -> list[BaseException]:
-    """Run ``todo`` (tasks with their rollout index) in this process and make every row durable.
+    """Run ``todo`` (rollouts of the plan: environment, task, rollout index) in this process and make
+    every row durable.
 
     Opens the agent (``config.env.agent``) and a ``TraceWriter`` for ``run_id`` under ``root``,
     tags the current flow run with its owner (the janitor's evidence), runs the rollouts at
@@ -115,7 +116,7 @@ async def execute(config: EvalConfig, root: str | DatasetRoot, run_id: str, todo
 
     Args:
         total: Rollouts of the whole run (the progress bar's denominator).
-        durable: Keys ``(task id, rollout index)`` already durable (resume); never written again.
+        durable: Keys ``(environment, task id, rollout index)`` already durable (resume); never written again.
         progress_key: Key of the progress artifact to keep current, or None for none.
         shard_flow_run_id: The shard flow run running these rollouts on a worker, if any.
 
@@ -131,9 +132,8 @@ async def execute(config: EvalConfig, root: str | DatasetRoot, run_id: str, todo
     quiet.install()
     try:
         await tag_flow_run()   # the janitor's evidence (flows/janitor.py); rollout flow runs get it in _run_one
-        async with eval_limits(config), make_agent(config.env.agent) as agent:   # [limits] for its rollouts
-            run = _Run(agent=agent, writer=writer, run_id=run_id, environment=config.env.taskset.id,
-                       config_hash=config_hash(agent.info), total=total,
+        async with eval_limits(config), _open_agents(config, todo) as agents:   # [limits] for its rollouts
+            run = _Run(agents=agents, writer=writer, run_id=run_id, total=total,
                        gate=asyncio.Semaphore(config.max_concurrent), watch=watch, progress_key=progress_key,
                        worker={"host": socket.gethostname(), "pid": os.getpid(),
                                "shard_flow_run_id": shard_flow_run_id},
@@ -151,12 +151,32 @@ async def execute(config: EvalConfig, root: str | DatasetRoot, run_id: str, todo
     return run.failures
 
 
+@contextlib.asynccontextmanager
+async def _open_agents(config: EvalConfig, todo: list[Planned]) -> AsyncIterator[dict[str, tuple[Agent, str]]]:
+    """An open agent per distinct agent config of the environments in ``todo`` (a suite's entries may
+    change ``[env.agent]`` keys), with its ``config_hash``; closed on exit. Each agent of a
+    ``local/...`` model starts its own embedded server."""
+    needed = {planned.environment.name: planned.environment.agent for planned in todo}
+    async with contextlib.AsyncExitStack() as stack:
+        opened: dict[str, tuple[Agent, str]] = {}
+        by_config: dict[str, tuple[Agent, str]] = {}
+        for name, agent_config in needed.items():
+            key = agent_config.model_dump_json()
+            if key not in by_config:
+                agent = await stack.enter_async_context(make_agent(agent_config))
+                by_config[key] = (agent, config_hash(agent.info))
+            opened[name] = by_config[key]
+        if not opened:   # nothing to run: still check that the agent opens (a bad endpoint block says so)
+            await stack.enter_async_context(make_agent(config.env.agent))
+        yield opened
+
+
 def config_hash(agent_info: dict[str, Any]) -> str:
     """First 12 hex digits of the SHA-256 of the agent's config (``Agent.info``) as sorted JSON."""
     return hashlib.sha256(json.dumps(agent_info, sort_keys=True).encode()).hexdigest()[:12]
 
 
-async def _run_through_outages(run: _Run, todo: list[tuple[Task, int]], config: EvalConfig) -> None:
+async def _run_through_outages(run: _Run, todo: list[Planned], config: EvalConfig) -> None:
     """Run the rollouts at the configured granularity while ``run.watch`` keeps Prefect informed;
     stop them once the API has been away for ``api_outage_limit_s``.
 
@@ -205,12 +225,12 @@ async def _flush_periodically(run: _Run) -> None:
         await run.flush()
 
 
-async def _run_each(run: _Run, todo: list[tuple[Task, int]], config: EvalConfig) -> None:
+async def _run_each(run: _Run, todo: list[Planned], config: EvalConfig) -> None:
     """Every rollout of ``todo`` on its own (``flow`` and ``task`` granularity), ``max_concurrent`` at once."""
-    await asyncio.gather(*(_run_one(run, task_, index, config.rollout_granularity) for task_, index in todo))
+    await asyncio.gather(*(_run_one(run, planned, config.rollout_granularity) for planned in todo))
 
 
-async def _run_one(run: _Run, task_: Task, index: int, granularity: str) -> Trace:
+async def _run_one(run: _Run, planned: Planned, granularity: str) -> Trace:
     """One rollout at the eval's ``granularity``; its row is recorded whatever happened to it.
 
     ``flow``: a ``rollout_flow`` subflow (a task run per stage), inline while the API is away.
@@ -221,17 +241,17 @@ async def _run_one(run: _Run, task_: Task, index: int, granularity: str) -> Trac
         The rollout's trace (its row is buffered or durable).
     """
     async with run.gate:
-        rollout, started = run.rollout(task_, index), time.perf_counter()
+        rollout, started = run.rollout(planned), time.perf_counter()
         if granularity == "flow":
             with owner_tags():
                 await _run_flow_or_inline(run, rollout)
         elif granularity == "task":
-            final = await rollout_task(quote(rollout), task_.id, index, return_state=True)  # type: ignore[misc]
+            final = await rollout_task(quote(rollout), planned.task.id, planned.index, return_state=True)  # type: ignore[misc]
             if await trace_of(final) is None:                 # crashed, not just errored
                 _record_crash(rollout, final)
         else:
             await rollout.run()
-        await run.record(rollout, index, time.perf_counter() - started)
+        await run.record(rollout, planned, time.perf_counter() - started)
         return rollout.trace
 
 
@@ -299,7 +319,7 @@ def _crashed(task_: Any, task_run: Any, state: State[Any]) -> bool:
 
 @task(name="batch", task_run_name="batch-{shard_index}", retries=1, retry_condition_fn=_crashed,
       persist_result=False, cache_policy=NO_CACHE)
-async def shard_task(run: _Run, shard: list[tuple[Task, int]], shard_index: int) -> int | State[int]:
+async def shard_task(run: _Run, shard: list[Planned], shard_index: int) -> int | State[int]:
     """A batch of rollouts run by the inline engine. A retry runs only the rollouts with no durable row.
 
     A batch is a task run of many rollouts, so it cannot be a rollout's state: it is Failed when
@@ -311,9 +331,9 @@ async def shard_task(run: _Run, shard: list[tuple[Task, int]], shard_index: int)
         How many rollouts this attempt ran; in a Failed state when some of them errored.
     """
     await run.flush()  # rows of a failed attempt become durable first, so they are not run twice
-    pending = [(task_, index) for task_, index in shard if (task_.id, index) not in run.writer.durable]
+    pending = [planned for planned in shard if planned.key not in run.writer.durable]
 
-    results = await asyncio.gather(*(_run_one(run, task_, index, "batch") for task_, index in pending),
+    results = await asyncio.gather(*(_run_one(run, planned, "batch") for planned in pending),
                                    return_exceptions=True)
     errors = [r for r in results if isinstance(r, BaseException)]
     if errors:
@@ -325,12 +345,12 @@ async def shard_task(run: _Run, shard: list[tuple[Task, int]], shard_index: int)
     return Failed(message=f"{len(errored)} of {len(pending)} rollouts errored ({first})", data=len(pending))
 
 
-async def _run_batches(run: _Run, todo: list[tuple[Task, int]], config: EvalConfig) -> None:
+async def _run_batches(run: _Run, todo: list[Planned], config: EvalConfig) -> None:
     """Shards of ``batch_size`` rollouts, one task run each, as many at once as keep ``max_concurrent`` busy."""
     shards = [todo[i:i + config.batch_size] for i in range(0, len(todo), config.batch_size)]
     shard_gate = asyncio.Semaphore(math.ceil(config.max_concurrent / config.batch_size) + 1)
 
-    async def one(shard: list[tuple[Task, int]], shard_index: int) -> None:
+    async def one(shard: list[Planned], shard_index: int) -> None:
         async with shard_gate:
             final = await shard_task(quote(run), quote(shard), shard_index, return_state=True)  # type: ignore[misc]
             ran = await final.aresult(raise_on_failure=False)   # an int, also when rollouts errored

@@ -37,7 +37,8 @@ async def launch_flow(eval: LaunchForm) -> EvalSummary | State[EvalSummary]:
     """
     config = eval.to_eval_config()
     run_id = new_run_id(config)
-    get_run_logger().info("run %s: %s on %s, traces in %s", run_id, config.env.agent.model,
-                          config.env.taskset.id, config.traces.store or config.traces.path)
+    environments = ", ".join(env.name for env in config.environments())
+    get_run_logger().info("run %s: %s on %s, traces in %s", run_id, config.env.agent.model, environments,
+                          config.traces.store or config.traces.path)
     summary, failure = await run_eval(config, run_id=run_id)
     return summary if failure is None else Failed(message=failure, data=EvalFailedError(failure, summary))

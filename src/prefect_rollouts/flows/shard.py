@@ -3,8 +3,8 @@
 The eval flow (``flows/dispatch.py``) submits each shard as a flow run of the ``shard`` deployment
 on a work pool. Its parameters are plain data: the run id, the eval config (no secrets: keys come
 from environment variables or blocks where the shard runs), the dataset root and the shard's
-``(task id, rollout index)`` pairs. The worker's process rebuilds the agent and the tasks from
-them (``find_task`` refuses a task id the taskset lacks on this machine), runs the rollouts that
+``(environment, task id, rollout index)`` keys. The worker's process rebuilds the agent and the tasks from
+them (``plan.rebuild`` refuses a task id the taskset lacks on this machine), runs the rollouts that
 have no durable row at the eval's granularity (with ``flow``, each rollout is a ``rollout``
 subflow of the shard's flow run) and writes its own files into the run's dataset.
 """
@@ -18,9 +18,9 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from prefect_rollouts.blocks import resolve_trace_root
-from prefect_rollouts.environments import find_task
 from prefect_rollouts.eval_config import EvalConfig
 from prefect_rollouts.flows.execute import execute
+from prefect_rollouts.plan import rebuild
 from prefect_rollouts.traces import dataset_root, durable_keys
 
 ENTRYPOINT = "prefect_rollouts.flows.shard:shard_flow"
@@ -35,17 +35,17 @@ def _shard_run_name() -> str:
 
 
 @flow(name="shard", flow_run_name=_shard_run_name, persist_result=False, log_prints=False)
-async def shard_flow(run_id: str, config: EvalConfig, root: str, rollouts: list[tuple[str, int]],
+async def shard_flow(run_id: str, config: EvalConfig, root: str, rollouts: list[tuple[str, str, int]],
                      shard_index: int = 0, attempt: int = 1) -> int:
     """Run one shard of eval ``run_id``: the rollouts of ``rollouts`` that have no durable row.
 
     Args:
         run_id: The eval run (a partition of the dataset).
-        config: The eval's config; its ``env.agent`` and ``env.taskset`` rebuild the rollouts here.
+        config: The eval's config; its agent and tasksets rebuild the rollouts here.
         root: The dataset root every shard writes to: a path all workers share, or an object
             store URI (credentials from the worker's environment). With ``[traces] store`` the
             shard resolves that ``TraceStore`` block itself (its credentials stay in the block).
-        rollouts: ``[task id, rollout index]`` pairs of this shard.
+        rollouts: ``[environment, task id, rollout index]`` of each rollout of this shard.
         shard_index: Position of the shard in the eval's plan (names the flow run).
         attempt: Which submission of this shard's rollouts this is, from 1 (names the flow run).
 
@@ -59,9 +59,8 @@ async def shard_flow(run_id: str, config: EvalConfig, root: str, rollouts: list[
     """
     dataset = await resolve_trace_root(config.traces.store) if config.traces.store else dataset_root(root)
     durable = durable_keys(dataset, run_id)
-    options = config.env.taskset.options
-    todo = [(find_task(config.env.taskset.id, options, task_id), index)
-            for task_id, index in rollouts if (task_id, index) not in durable]
+    todo = rebuild(config, [(env, task_id, index) for env, task_id, index in rollouts
+                            if (env, task_id, index) not in durable])
     get_run_logger().info("shard %d of run %s on %s (pid %d): %d rollouts, %d to run", shard_index, run_id,
                           socket.gethostname(), os.getpid(), len(rollouts), len(todo))
     failures = await execute(config, dataset, run_id, todo, total=len(rollouts), durable=durable, progress_key=None,

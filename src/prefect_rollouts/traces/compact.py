@@ -100,7 +100,8 @@ def _read_all(store: DatasetRoot, names: list[str], schema: pa.Schema) -> pa.Tab
 
 
 def _first_per_rollout(rollouts: pa.Table) -> pa.Table:
-    """The first row of each ``(task_id, rollout_index)``, in file order (the readers' rule)."""
+    """The first row of each ``(environment, task_id, rollout_index)``, in file order (the readers' rule)."""
     indexed = rollouts.append_column("_row", pa.array(range(rollouts.num_rows), pa.int64()))
-    first = indexed.group_by(["task_id", "rollout_index"], use_threads=False).aggregate([("_row", "min")])
+    first = indexed.group_by(["environment", "task_id", "rollout_index"], use_threads=False) \
+        .aggregate([("_row", "min")])
     return rollouts.take(pa.array(sorted(first["_row_min"].to_pylist()), pa.int64()))

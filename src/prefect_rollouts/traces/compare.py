@@ -34,15 +34,12 @@ Depends on pandas and numpy; must not import Prefect.
 
 from __future__ import annotations
 
-import json
 import zlib
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
 from pydantic import BaseModel
 
 from prefect_rollouts.errors import ConfigError
@@ -52,7 +49,7 @@ from prefect_rollouts.traces.paired_stats import (
     mcnemar_exact,
     sign_flip_pvalue,
 )
-from prefect_rollouts.traces.read import read_model_calls, read_rollouts, scan_rollouts
+from prefect_rollouts.traces.read import category_of, read_model_calls, read_rollouts, scan_rollouts, task_categories
 from prefect_rollouts.traces.store import DatasetRoot
 
 #: Columns ``compare`` needs of each run's rows (``category``, or ``info`` to derive it, optional).
@@ -204,7 +201,7 @@ def compare_runs(root: str | Path | DatasetRoot, run_a: str, run_b: str, **optio
         TraceStoreError: the dataset cannot be read.
     """
     table = scan_rollouts(root, columns=[*ROLLOUT_COLUMNS, "info"], run_id=[run_a, run_b])
-    table = table.append_column("category", _task_categories(table)).drop_columns(["info"])
+    table = table.append_column("category", task_categories(table)).drop_columns(["info"])
     rows = table.to_pandas().drop_duplicates(["run_id", *_KEY], keep="first")
     missing = [(field, run) for field, run in (("RUN_A", run_a), ("RUN_B", run_b)) if not (rows["run_id"] == run).any()]
     if missing:
@@ -216,31 +213,6 @@ def compare_runs(root: str | Path | DatasetRoot, run_a: str, run_b: str, **optio
     return compare(rows[rows["run_id"] == run_a], rows[rows["run_id"] == run_b],
                    calls_a=calls[calls["run_id"] == run_a], calls_b=calls[calls["run_id"] == run_b],
                    run_a=run_a, run_b=run_b, **options)
-
-
-def _task_categories(table: pa.Table) -> pa.Array:
-    """``info["task"]["category"]`` on the first row of each (environment, task id) of ``table``, None on
-    the others (``compare`` gives every rollout of a task its category) and where there is none.
-
-    Parses only those ``info`` values, and of them only the ones that mention ``"category"``.
-    """
-    first = pd.DataFrame({"environment": table.column("environment").to_pandas(),
-                          "task_id": table.column("task_id").to_pandas()}).duplicated().to_numpy()
-    rows = np.flatnonzero(~first)
-    infos = table.column("info").take(pa.array(rows))
-    mentions = pc.fill_null(pc.match_substring(infos, '"category"'), False).to_numpy()
-    categories = np.full(table.num_rows, None, dtype=object)
-    categories[rows[mentions]] = [_category(info) for info in infos.filter(pa.array(mentions)).to_pylist()]
-    return pa.array(categories, pa.string(), from_pandas=True)
-
-
-def _category(info: str | None) -> str | None:
-    try:
-        task = json.loads(info).get("task") if info else None
-    except (ValueError, AttributeError):
-        return None
-    category = task.get("category") if isinstance(task, dict) else None
-    return None if category is None else str(category)
 
 
 def _run_name(rows: pd.DataFrame, given: str | None, default: str, field: str) -> str:
@@ -263,7 +235,7 @@ def _prepared(rows: pd.DataFrame, field: str) -> pd.DataFrame:
     if "category" in rows:
         category = rows["category"]
     elif "info" in rows:
-        category = rows["info"].map(_category)
+        category = rows["info"].map(category_of)
     else:
         category = pd.Series(None, index=rows.index, dtype=object)
     errored = rows["is_error"].fillna(False).astype(bool) | (rows["reward"].isna() & rows["scoring_skipped"].isna())

@@ -6,9 +6,11 @@ Every reader takes the dataset root as a path, an object-store URI (``s3://bucke
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -21,6 +23,8 @@ from prefect_rollouts.traces.store import DatasetRoot, dataset_root
 
 Root = str | Path | DatasetRoot
 """A dataset root: a path, an object-store URI, or a resolved ``DatasetRoot``."""
+ROLLOUT_KEY = ["run_id", "environment", "task_id", "rollout_index"]
+"""What identifies a rollout in the dataset: a row written twice with the same key is read once (the first)."""
 
 
 def read_rollouts(path: Root, *, columns: list[str] | None = None, **filters: Any) -> pd.DataFrame:
@@ -29,22 +33,22 @@ def read_rollouts(path: Root, *, columns: list[str] | None = None, **filters: An
     Args:
         path: Dataset root (holding ``rollouts/`` and ``model_calls/``): a directory, a URI such as
             ``s3://bucket/prefix``, or a ``DatasetRoot``.
-        columns: Only these columns (default: all); ``run_id``, ``task_id`` and
-            ``rollout_index`` are always read.
+        columns: Only these columns (default: all); ``ROLLOUT_KEY`` (run id, environment, task
+            id, rollout index) is always read.
         **filters: Column equality filters, e.g. ``run_id="nightly-2026-11-29"``,
             ``model="m"``; a list or tuple value means "any of".
 
     Returns:
         Columns of ``traces.schema.ROLLOUTS`` plus ``date`` and ``run_id``; empty (with
         those columns) when nothing is written yet. A rollout written twice (same run,
-        task and rollout index) appears once.
+        environment, task and rollout index) appears once.
 
     Raises:
         TraceStoreError: a filter names an unknown column, or a file cannot be read.
         ConfigError: ``path`` is a URI pyarrow cannot open, or holds credentials.
     """
     frame = scan_rollouts(path, columns=columns, **filters).to_pandas()
-    return frame.drop_duplicates(["run_id", "task_id", "rollout_index"], keep="first").reset_index(drop=True)
+    return frame.drop_duplicates(ROLLOUT_KEY, keep="first").reset_index(drop=True)
 
 
 def scan_rollouts(path: Root, *, columns: list[str] | None = None, **filters: Any) -> pa.Table:
@@ -52,11 +56,10 @@ def scan_rollouts(path: Root, *, columns: list[str] | None = None, **filters: An
 
     For readers that reduce a large column in Arrow before the rest becomes a DataFrame (as
     ``traces.compare`` does with ``info``); same arguments and errors as ``read_rollouts``, which
-    is this plus ``to_pandas`` and dropping duplicates (keep the first of each run id, task id
-    and rollout index).
+    is this plus ``to_pandas`` and dropping duplicates (keep the first of each ``ROLLOUT_KEY``).
     """
     if columns is not None:
-        columns = list(dict.fromkeys(["run_id", "task_id", "rollout_index", *columns]))
+        columns = list(dict.fromkeys([*ROLLOUT_KEY, *columns]))
     return _read(dataset_root(path), "rollouts", ROLLOUTS, filters, columns=columns)
 
 
@@ -76,8 +79,8 @@ def read_model_calls(path: Root, *, columns: list[str] | None = None, **filters:
         columns = list(dict.fromkeys(["run_id", "rollout_id", "call_index", *columns]))
     calls = _read(root, "model_calls", MODEL_CALLS, filters, columns=columns)
     keep = {k: v for k, v in filters.items() if k in ("run_id", "date", "task_id", "model", "environment")}
-    rollouts = _read(root, "rollouts", ROLLOUTS, keep, columns=["run_id", "task_id", "rollout_index", "rollout_id"])
-    shown = rollouts.to_pandas().drop_duplicates(["run_id", "task_id", "rollout_index"], keep="first")
+    rollouts = _read(root, "rollouts", ROLLOUTS, keep, columns=[*ROLLOUT_KEY, "rollout_id"])
+    shown = rollouts.to_pandas().drop_duplicates(ROLLOUT_KEY, keep="first")
     # Arrow's is_in: pandas' isin on 400,000 string ids took about 1 s of the 1.4 s read
     calls = calls.filter(pc.is_in(calls.column("rollout_id"), value_set=pa.array(shown["rollout_id"], pa.string())))
     return calls.to_pandas().drop_duplicates(["rollout_id", "call_index"], keep="first").reset_index(drop=True)
@@ -88,15 +91,15 @@ def read_traces(path: Root, **filters: Any) -> list[Trace]:
     return [Trace.model_validate_json(text) for text in read_rollouts(path, **filters)["trace"]]
 
 
-def durable_keys(path: Root, run_id: str) -> set[tuple[str, int]]:
-    """``(task_id, rollout_index)`` of every rollout of ``run_id`` with a durable row, written by any
-    process on any machine (what ``--resume`` skips).
+def durable_keys(path: Root, run_id: str) -> set[tuple[str, str, int]]:
+    """``(environment, task_id, rollout_index)`` of every rollout of ``run_id`` with a durable row,
+    written by any process on any machine (what ``--resume`` skips).
 
     Raises:
         TraceStoreError: the dataset cannot be read.
     """
-    table = _read(dataset_root(path), "rollouts", ROLLOUTS, {"run_id": run_id}, columns=["task_id", "rollout_index"])
-    return set(zip(table.column("task_id").to_pylist(), table.column("rollout_index").to_pylist(), strict=True))
+    table = _read(dataset_root(path), "rollouts", ROLLOUTS, {"run_id": run_id}, columns=ROLLOUT_KEY[1:])
+    return set(zip(*(table.column(name).to_pylist() for name in ROLLOUT_KEY[1:]), strict=True))
 
 
 def _read(root: DatasetRoot, name: str, schema: pa.Schema, filters: dict[str, Any],
@@ -118,3 +121,28 @@ def _read(root: DatasetRoot, name: str, schema: pa.Schema, filters: dict[str, An
         return dataset.to_table(filter=expression, columns=columns)
     except (OSError, pa.ArrowInvalid) as exc:
         raise TraceStoreError(f"trace dataset {root.uri}: cannot read {name}/ ({exc})") from exc
+
+
+def task_categories(table: pa.Table) -> pa.Array:
+    """``info["task"]["category"]`` on the first row of each (environment, task id) of ``table``, None on
+    the others (``compare`` gives every rollout of a task its category) and where there is none.
+
+    Parses only those ``info`` values, and of them only the ones that mention ``"category"``.
+    """
+    first = pd.DataFrame({"environment": table.column("environment").to_pandas(),
+                          "task_id": table.column("task_id").to_pandas()}).duplicated().to_numpy()
+    rows = np.flatnonzero(~first)
+    infos = table.column("info").take(pa.array(rows))
+    mentions = pc.fill_null(pc.match_substring(infos, '"category"'), False).to_numpy()
+    categories = np.full(table.num_rows, None, dtype=object)
+    categories[rows[mentions]] = [category_of(info) for info in infos.filter(pa.array(mentions)).to_pylist()]
+    return pa.array(categories, pa.string(), from_pandas=True)
+
+
+def category_of(info: str | None) -> str | None:
+    try:
+        task = json.loads(info).get("task") if info else None
+    except (ValueError, AttributeError):
+        return None
+    category = task.get("category") if isinstance(task, dict) else None
+    return None if category is None else str(category)

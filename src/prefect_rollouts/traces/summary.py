@@ -39,9 +39,12 @@ class ErrorCount(BaseModel):
 
 
 class EnvironmentSummary(BaseModel):
-    """Figures of one environment (taskset) of a run."""
+    """Figures of one environment (taskset) of a run, of one task category of it, or of the whole run."""
 
     environment: str
+    """The environment; ``"all"`` on the overall line of a suite."""
+    category: str | None = None
+    """The task category (``info["task"]["category"]``, e.g. BFCL's) on a category's line."""
     model: str | None = None
     """The model of its rollouts (comma-joined, sorted, when they used several); None in rows without one."""
     rollouts: int
@@ -89,6 +92,11 @@ class EvalSummary(BaseModel):
     wall_time_s: float | None = None
     errors: list[ErrorCount] = []
     """The ``TOP_ERRORS`` most frequent error types of the errored rollouts, most frequent first."""
+    categories: list[EnvironmentSummary] = []
+    """One per task category of each environment whose tasks have two or more categories."""
+    overall: EnvironmentSummary | None = None
+    """All environments together (a suite; its reward components are left out: each environment
+    has its own); None with one environment."""
     flow_run_id: str | None = None
     """The eval flow run that produced this summary (``eval_flow`` sets it)."""
     baseline: str | None = None
@@ -96,8 +104,17 @@ class EvalSummary(BaseModel):
     against_baseline: list[str] = []
     """One line per environment: ``<environment>: regressed, difference -0.250 [-0.400, -0.100]``."""
 
+    def lines(self) -> list[EnvironmentSummary]:
+        """Each environment followed by its categories, then the overall line (a suite)."""
+        ordered: list[EnvironmentSummary] = []
+        for env in self.environments:
+            ordered += [env, *(c for c in self.categories if c.environment == env.environment)]
+        return [*ordered, *([self.overall] if self.overall else [])]
+
     def table(self) -> list[dict[str, Any]]:
-        """One flat dict per environment (for a Prefect table artifact or a terminal table).
+        """One flat dict per line of ``lines()`` (for a Prefect table artifact or a terminal table):
+        each environment, its categories (``environment`` is ``"<environment> / <category>"``)
+        and, for a suite, ``"all"``.
 
         Keys, in order: ``environment``, ``model``, ``rollouts``, ``scored``, ``mean_reward``,
         ``stderr``, ``reward.<name>`` per reward component of any environment (its mean; None
@@ -111,9 +128,10 @@ class EvalSummary(BaseModel):
         components = list(dict.fromkeys(name for env in self.environments for name in env.reward_components))
         ks = sorted({k for env in self.environments for k in env.pass_at_k})
         rows = []
-        for env in self.environments:
+        for env in self.lines():
+            label = f"{env.environment} / {env.category}" if env.category else env.environment
             row: dict[str, Any] = {
-                "environment": env.environment, "model": env.model, "rollouts": env.rollouts, "scored": env.scored,
+                "environment": label, "model": env.model, "rollouts": env.rollouts, "scored": env.scored,
                 "mean_reward": _round(env.mean_reward), "stderr": _round(env.stderr)}
             row.update({f"reward.{name}": _round(env.reward_components.get(name)) for name in components})
             row.update({f"pass@{k}": _round(env.pass_at_k.get(k)) for k in ks})
@@ -181,34 +199,49 @@ def summarize(rows: pd.DataFrame, *, run_id: str, rollouts_per_task: int | None 
         pass_threshold: A rollout passes when ``reward >= pass_threshold``.
         wall_time_s: Wall time of the run, recorded as is.
     """
-    environments = []
+    def of(group: pd.DataFrame, environment: str, category: str | None = None) -> EnvironmentSummary:
+        return _summary(group, environment, category, rollouts_per_task, pass_threshold)
+
+    environments, categories = [], []
     for name, group in rows.groupby("environment", sort=True):
-        scored = group[group["reward"].notna()]
-        rewards = scored["reward"].astype(float)
-        per_task = (scored.assign(passed=rewards >= pass_threshold).groupby("task_id")  # vectorised: no call per task
-                    .agg(n=("reward", "count"), c=("passed", "sum")))
-        top = rollouts_per_task or (int(per_task["n"].max()) if len(per_task) else 0)
-        passes = {}
-        for k in range(1, top + 1):
-            eligible = per_task[per_task["n"] >= k]
-            if len(eligible):
-                pairs = zip(eligible["n"], eligible["c"], strict=True)
-                passes[k] = float(sum(pass_at_k(int(n), int(c), k) for n, c in pairs) / len(eligible))
-        environments.append(EnvironmentSummary(
-            environment=str(name), model=_models(group), rollouts=len(group), scored=len(scored),
-            mean_reward=float(rewards.mean()) if len(rewards) else None,
-            stderr=float(rewards.std(ddof=1) / math.sqrt(len(rewards))) if len(rewards) > 1 else None,
-            reward_components=_component_means(scored), pass_at_k=passes,
-            truncated=int(group["is_truncated"].sum()), timed_out=int(group["is_timeout"].sum()),
-            skipped=int(group["scoring_skipped"].notna().sum()), errored=int(group["is_error"].sum()),
-            total_tokens=int(group["total_tokens"].sum()), cached_tokens=_reported(group, "cached_tokens"),
-            reasoning_tokens=_reported(group, "reasoning_tokens"), judge_tokens=_judge_tokens(group)))
-    return EvalSummary(run_id=run_id, environments=environments, rollouts=len(rows),
+        environments.append(of(group, str(name)))
+        named = group["category"].dropna() if "category" in group else pd.Series(dtype=object)
+        if named.nunique() > 1:    # one category is the environment itself
+            categories += [of(part, str(name), str(category))
+                           for category, part in group.groupby("category", sort=True)]
+    overall = of(rows, "all").model_copy(update={"reward_components": {}}) if len(environments) > 1 else None
+    return EvalSummary(run_id=run_id, environments=environments, categories=categories, overall=overall,
+                       rollouts=len(rows),
                        errored=int(rows["is_error"].sum()) if len(rows) else 0,
                        total_tokens=int(rows["total_tokens"].sum()) if len(rows) else 0,
                        cached_tokens=_reported(rows, "cached_tokens"),
                        reasoning_tokens=_reported(rows, "reasoning_tokens"),
                        judge_tokens=_judge_tokens(rows), wall_time_s=wall_time_s, errors=_top_errors(rows))
+
+
+def _summary(group: pd.DataFrame, environment: str, category: str | None, rollouts_per_task: int | None,
+             pass_threshold: float) -> EnvironmentSummary:
+    """The figures of ``group``: one environment, one category of it, or the whole run (``"all"``)."""
+    scored = group[group["reward"].notna()]
+    rewards = scored["reward"].astype(float)
+    per_task = (scored.assign(passed=rewards >= pass_threshold).groupby(["environment", "task_id"])  # no call per task
+                .agg(n=("reward", "count"), c=("passed", "sum")))
+    top = rollouts_per_task or (int(per_task["n"].max()) if len(per_task) else 0)
+    passes = {}
+    for k in range(1, top + 1):
+        eligible = per_task[per_task["n"] >= k]
+        if len(eligible):
+            pairs = zip(eligible["n"], eligible["c"], strict=True)
+            passes[k] = float(sum(pass_at_k(int(n), int(c), k) for n, c in pairs) / len(eligible))
+    return EnvironmentSummary(
+        environment=environment, category=category, model=_models(group), rollouts=len(group), scored=len(scored),
+        mean_reward=float(rewards.mean()) if len(rewards) else None,
+        stderr=float(rewards.std(ddof=1) / math.sqrt(len(rewards))) if len(rewards) > 1 else None,
+        reward_components=_component_means(scored), pass_at_k=passes,
+        truncated=int(group["is_truncated"].sum()), timed_out=int(group["is_timeout"].sum()),
+        skipped=int(group["scoring_skipped"].notna().sum()), errored=int(group["is_error"].sum()),
+        total_tokens=int(group["total_tokens"].sum()), cached_tokens=_reported(group, "cached_tokens"),
+        reasoning_tokens=_reported(group, "reasoning_tokens"), judge_tokens=_judge_tokens(group))
 
 
 def _models(rows: pd.DataFrame) -> str | None:
@@ -331,8 +364,10 @@ def summarize_run(root: str | Path | DatasetRoot, run_id: str, *, rollouts_per_t
     Raises:
         TraceStoreError: the dataset cannot be read.
     """
-    from prefect_rollouts.traces.read import read_rollouts
+    from prefect_rollouts.traces.read import ROLLOUT_KEY, scan_rollouts, task_categories
 
-    rows = read_rollouts(root, run_id=run_id, columns=SUMMARY_COLUMNS)
+    table = scan_rollouts(root, run_id=run_id, columns=[*SUMMARY_COLUMNS, "info"])
+    table = table.append_column("category", task_categories(table)).drop_columns(["info"])
+    rows = table.to_pandas().drop_duplicates(ROLLOUT_KEY, keep="first").reset_index(drop=True)
     return summarize(rows, run_id=run_id, rollouts_per_task=rollouts_per_task, pass_threshold=pass_threshold,
                      wall_time_s=wall_time_s)

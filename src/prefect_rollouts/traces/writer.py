@@ -41,7 +41,7 @@ class TraceWriter:
     """
 
     def __init__(self, root: str | Path | DatasetRoot, run_id: str, *, batch_size: int = 64,
-                 durable: set[tuple[str, int]] | None = None) -> None:
+                 durable: set[tuple[str, str, int]] | None = None) -> None:
         self.root = dataset_root(root)
         self.run_id = run_id
         self.batch_size = batch_size
@@ -49,8 +49,8 @@ class TraceWriter:
         self._calls: list[dict[str, Any]] = []
         self.written = 0
         self._lock = asyncio.Lock()
-        self.durable: set[tuple[str, int]] = set(durable or ())
-        """``(task_id, rollout_index)`` of every durable rollout of the run (resume keys included)."""
+        self.durable: set[tuple[str, str, int]] = set(durable or ())
+        """``(environment, task_id, rollout_index)`` of every durable rollout of the run (resume keys included)."""
 
     @property
     def pending(self) -> int:
@@ -94,7 +94,7 @@ class TraceWriter:
         if calls:
             write_table(self.root, f"model_calls/{partition}", pa.Table.from_pylist(calls, schema=MODEL_CALLS))
         write_table(self.root, f"rollouts/{partition}", pa.Table.from_pylist(rollouts, schema=ROLLOUTS))
-        self.durable.update((row["task_id"], row["rollout_index"]) for row in rollouts)
+        self.durable.update((row["environment"], row["task_id"], row["rollout_index"]) for row in rollouts)
         self.written += len(rollouts)
         return len(rollouts)
 

@@ -1,0 +1,60 @@
+"""An eval's plan: every rollout it runs, as (environment, task, rollout index). Must not import Prefect.
+
+A rollout is identified across processes and machines by its key ``(environment, task id, rollout
+index)``: the rows' ``environment``, ``task_id`` and ``rollout_index``. An eval of one taskset has
+one environment, named after the taskset id; a suite (``[[env.tasksets]]``) has one per entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prefect_rollouts.environments import find_task, load_taskset
+from prefect_rollouts.errors import ConfigError
+from prefect_rollouts.eval_config import EnvironmentSpec, EvalConfig
+from prefect_rollouts.task import Task
+
+RolloutKey = tuple[str, str, int]
+"""``(environment, task id, rollout index)``: a rollout of a run, wherever it ran."""
+
+
+@dataclass(frozen=True, eq=False)
+class Planned:
+    """One rollout of the plan: its environment, task and rollout index."""
+
+    environment: EnvironmentSpec
+    task: Task
+    index: int
+
+    @property
+    def key(self) -> RolloutKey:
+        return (self.environment.name, self.task.id, self.index)
+
+
+def plan_rollouts(config: EvalConfig) -> list[Planned]:
+    """Every rollout of ``config``: per environment in config order, its first ``num_tasks`` tasks,
+    each ``rollouts_per_task`` times (task-major).
+
+    Raises:
+        ConfigError: a taskset fails to load (``load_taskset``).
+    """
+    return [Planned(env, task, index) for env in config.environments()
+            for task in load_taskset(env.taskset, env.options, env.num_tasks)
+            for index in range(config.rollouts_per_task)]
+
+
+def rebuild(config: EvalConfig, keys: list[RolloutKey]) -> list[Planned]:
+    """The rollouts of ``keys`` rebuilt from ``config`` in this process (a shard on a worker).
+
+    Raises:
+        ConfigError: a key names an environment the config lacks, or a task its taskset does not
+            have here (the taskset differs on this machine: no wrong row is written).
+    """
+    environments = {env.name: env for env in config.environments()}
+    planned = []
+    for name, task_id, index in keys:
+        env = environments.get(name)
+        if env is None:
+            raise ConfigError(f"environment {name!r}: not in this eval's config ({', '.join(environments)})")
+        planned.append(Planned(env, find_task(env.taskset, env.options, task_id), index))
+    return planned
