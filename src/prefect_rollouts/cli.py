@@ -44,6 +44,9 @@ def eval_command(
         help="Run the rollouts as shard flow runs on this Prefect work pool (\\[dispatch] work_pool).")] = None,
     shard_size: Annotated[int | None, typer.Option(
         help="Rollouts per shard flow run (\\[dispatch] shard_size).")] = None,
+    fail_on_regression: Annotated[bool, typer.Option(
+        "--fail-on-regression", help="Exit 3 when the comparison with the baseline (baseline = ...) shows an "
+                                     "environment regressed.")] = False,
     verbose: Annotated[bool, typer.Option(
         "--verbose", "-v", help="Print Prefect's INFO lines (each flow and task run) too; by default only its "
                                 "warnings and errors. The Prefect UI has every line either way.")] = False,
@@ -56,9 +59,10 @@ def eval_command(
     ``--resume`` command, and exits 1 (130 on Ctrl-C). A run where more than
     ``max_error_fraction`` of the rollouts errored prints its summary and top errors, and exits 1.
     A resume whose config differs from the run's stored config in a key that defines the run exits 2.
+    With ``--fail-on-regression``, a run that regressed against its baseline exits 3.
     """
     from prefect_rollouts.plan import plan_rollouts
-    from prefect_rollouts.run_identity import check_run_config
+    from prefect_rollouts.run_identity import check_pinned_baseline, check_run_config
 
     set_ = [*(set_ or []), *([f"dispatch.work_pool={json.dumps(work_pool)}"] if work_pool else []),
             *([f"dispatch.shard_size={shard_size}"] if shard_size is not None else [])]
@@ -66,6 +70,8 @@ def eval_command(
         eval_config = check_run_config(config, set_, resume=resume, run_id=run_id, force=force_config)
         total = len(plan_rollouts(eval_config))   # a bad taskset option or traces path fails here, before Prefect
         eval_config.traces.check_writable()
+        if eval_config.baseline not in (None, "last") and not eval_config.traces.store:
+            check_pinned_baseline(eval_config.baseline, eval_config.traces.dataset_root(), run_id)
     except (ConfigError, TraceStoreError) as exc:
         _error("config error: ", exc)
         raise typer.Exit(2) from None
@@ -119,6 +125,9 @@ def eval_command(
     if failure is not None:
         _error("eval failed: ", failure)
         raise typer.Exit(1)
+    if fail_on_regression and summary.regressed:
+        _error("regressed: ", f"{', '.join(summary.regressed)} against baseline {summary.baseline}")
+        raise typer.Exit(3)
 
 
 @contextlib.contextmanager

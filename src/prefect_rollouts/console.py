@@ -125,3 +125,5 @@ def print_summary(console: Console, summary: EvalSummary) -> None:
         console.print(f"against baseline {summary.baseline}:", markup=False, highlight=False)
     for line in summary.against_baseline:
         console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
+    if summary.baseline_note:
+        console.print(f"baseline: {summary.baseline_note}", markup=False, highlight=False, soft_wrap=True)

@@ -139,6 +139,8 @@ def start(home: Path, *, port: int = 4200, pg_port: int = 5433, host: str = "127
            # the UI's API URL is derived from these settings, not from --host/--port (PREFECT_UI_API_URL
            # wins when set): without them the UI of a server on another port called port 4200
            "PREFECT_SERVER_API_HOST": host, "PREFECT_SERVER_API_PORT": str(port)}
+    # links in automations' notifications (Jinja's ui_url) need the UI's address; a value the user set wins
+    env.setdefault("PREFECT_UI_URL", f"http://{socket.getfqdn() if host in ('0.0.0.0', '::') else host}:{port}")
     env.pop("PREFECT_API_URL", None)
     log = open(home / "prefect-server.log", "ab")
     process = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", host,

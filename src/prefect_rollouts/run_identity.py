@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from prefect_rollouts.agent import redacted_config
-from prefect_rollouts.errors import ConfigError
+from prefect_rollouts.errors import ConfigError, TraceStoreError
 from prefect_rollouts.eval_config import EvalConfig, TracesConfig, apply_overrides, load_eval_config
+from prefect_rollouts.traces.read import durable_keys
 from prefect_rollouts.traces.run_config import StoredRunConfig, read_run_config, run_config_path, write_run_config
 from prefect_rollouts.traces.store import DatasetRoot
 
@@ -227,3 +228,21 @@ def _render(key: tuple[Any, ...]) -> str:
 
 def _show(value: Any) -> str:
     return "unset" if value is None else json.dumps(value)
+
+
+def check_pinned_baseline(baseline: str, root: DatasetRoot, run_id: str | None = None) -> None:
+    """Refuse a ``baseline = "<run id>"`` that is this run or has no rollouts in the dataset at ``root``.
+
+    Raises:
+        ConfigError: naming ``baseline`` and the fix.
+    """
+    if baseline == run_id:
+        raise ConfigError(f"baseline = {baseline!r}: the run cannot be its own baseline. Name an earlier "
+                          'run, or "last" for the last completed run of the series')
+    try:
+        held = bool(durable_keys(root, baseline))
+    except TraceStoreError:
+        held = False
+    if not held:
+        raise ConfigError(f"baseline = {baseline!r}: no rollouts of this run in the trace dataset at {root}. "
+                          'Name a run it holds (prefect-rollouts traces summary PATH lists them), or "last"')

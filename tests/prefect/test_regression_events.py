@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from prefect.blocks.notifications import CustomWebhookNotificationBlock
+from prefect.blocks.system import Secret
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 from prefect.variables import Variable
@@ -96,18 +97,24 @@ def test_a_worse_run_emits_regressed_the_automation_notifies_and_the_baseline_mo
                                    json_data={"subject": "{{subject}}", "body": "{{body}}"}).save("regression-hook")
     created = CliRunner().invoke(app, ["alerts", "create", "--block", "custom-webhook/regression-hook"])
     assert created.exit_code == 0, created.output
-    assert "created automation 'prefect-rollouts: eval regressed -> custom-webhook/regression-hook'" in created.output
-    again = CliRunner().invoke(app, ["alerts", "create", "--block", "custom-webhook/regression-hook"])
-    assert "updated automation" in again.output, "one automation per name"
+    assert "created automation 'prefect-rollouts: eval alerts -> custom-webhook/regression-hook'" in created.output
+    again = CliRunner().invoke(app, ["alerts", "create", "--block", "custom-webhook/regression-hook", "--on", "both"])
+    assert "updated automation" in again.output, "one automation per block: --on changes it"
+    CliRunner().invoke(app, ["alerts", "create", "--block", "custom-webhook/regression-hook"])   # back to regressed
+    Secret(value="not a notifier").save("not-a-notifier")
+    refused = CliRunner().invoke(app, ["alerts", "create", "--block", "secret/not-a-notifier"])
+    assert refused.exit_code == 2 and "a secret block cannot send notifications" in refused.output
 
     first = run(tmp_path, openai_server, "regress-1", wrong_every=None)
-    assert first.baseline is None and first.environments[0].mean_reward == 1.0   # no baseline yet
+    assert first.baseline is None and first.environments[0].mean_reward == 1.0
+    assert first.baseline_note == "no baseline yet for series 'regress': this run becomes it if it completes"
     assert asyncio.run(Variable.aget(variable_name("regress"))) == "regress-1", "a Completed run becomes it"
 
     second = run(tmp_path, openai_server, "regress-2", wrong_every=3)             # 14 of 40 tasks now wrong
     assert second.baseline == "regress-1"
     (line,) = second.against_baseline
     assert line.startswith("tests.prefect.tasksets:numbered: regressed, difference -0.350 [")
+    assert second.regressed == ["tests.prefect.tasksets:numbered"]
     assert asyncio.run(Variable.aget(variable_name("regress"))) == "regress-2"
 
     feed = wait_until(lambda: events(pg_api))
@@ -118,12 +125,15 @@ def test_a_worse_run_emits_regressed_the_automation_notifies_and_the_baseline_mo
     assert payload["p_value"] < 0.001 and payload["flipped_to_fail"][:3] == ["n0", "n12", "n15"]
     assert resource["prefect.resource.name"] == "tests.prefect.tasksets:numbered"
     assert any(r["prefect.resource.role"] == "flow-run" for r in feed[0]["related"]), "the eval flow run is named"
+    assert payload["n_flipped_to_fail"] == 14 and len(payload["flipped_to_fail"]) == 14
 
     notified = wait_until(lambda: received)
     assert notified, "the automation sent the webhook block a message"
     assert "tests.prefect.tasksets:numbered regressed in regress" in notified[0]["subject"]
-    assert "Run regress-2 against baseline regress-1" in notified[0]["body"]
-    assert "difference -0.35" in notified[0]["body"]
+    body = notified[0]["body"]
+    assert "mean reward 1.000 -> 0.650, difference -0.350 (95% interval [" in body, body
+    assert "Run regress-2 against baseline regress-1." in body and "Pass -> fail (14): n0, n12, n15" in body
+    assert "Fail -> pass" not in body and "/runs/flow-run/" in body, "a link to the eval flow run"
 
     async def artifact() -> Any:
         async with get_client() as client:
@@ -138,6 +148,20 @@ def test_a_worse_run_emits_regressed_the_automation_notifies_and_the_baseline_mo
     assert wait_until(lambda: IMPROVED in [e["event"] for e in events(pg_api)])
     time.sleep(3)
     assert len(received) == 1, "the automation is on regressions only"
+
+    toml = tmp_path / "eval.toml"                                                 # the CLI, for a cron job
+    openai_server.default = answers(2)
+    toml.write_text(eval_toml(tmp_path / "traces", openai_server.base_url, run_name="regress", baseline="last",
+                              rollout_granularity="batch", taskset={"id": "tests.prefect.tasksets:numbered",
+                                                                    "count": TASKS}))
+    cli = CliRunner().invoke(app, ["eval", str(toml), "--run-id", "regress-4", "--fail-on-regression"])
+    assert cli.exit_code == 3, cli.output
+    assert "regressed, difference -0.500" in cli.output and "regressed: tests.prefect.tasksets:numbered" in cli.output
+
+    small = run(tmp_path, openai_server, "regress-5", wrong_every=None, num_tasks=3)   # a quick run
+    assert "(3 rollouts paired; 0 only in this run, 37 only in the baseline)" in small.against_baseline[0]
+    assert small.baseline_note.startswith("the baseline stays regress-4: this run lacks some of its rollouts")
+    assert asyncio.run(Variable.aget(variable_name("regress"))) == "regress-4", "a smaller run does not replace it"
 
 
 def test_the_baseline_command_finds_the_series_of_a_run_and_lists_baselines(pg_api, openai_server, tmp_path):

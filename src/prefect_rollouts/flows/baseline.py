@@ -34,6 +34,7 @@ from prefect.variables import Variable
 
 from prefect_rollouts.errors import ConfigError, TraceStoreError
 from prefect_rollouts.eval_config import EvalConfig
+from prefect_rollouts.run_identity import check_pinned_baseline
 from prefect_rollouts.traces import DatasetRoot, RunComparison, compare_runs, durable_keys
 from prefect_rollouts.traces.compare_report import format_comparison
 
@@ -74,6 +75,11 @@ async def series_name(config: EvalConfig) -> str:
     return name or config.default_name
 
 
+def comparison_key(series: str) -> str:
+    """Key of the comparison artifact: ``eval-comparison-<series>`` (at most 100 characters)."""
+    return f"eval-comparison-{_safe(series)}"[:100]
+
+
 def variable_name(series: str) -> str:
     """``prefect-rollouts-baseline-<series>`` (at most 255 characters, Prefect's limit)."""
     return f"{VARIABLE_PREFIX}{_safe(series)}"[:255]
@@ -83,33 +89,47 @@ def series_tag(series: str) -> str:
     return f"{SERIES_TAG}{series}"
 
 
-async def resolve_baseline(config: EvalConfig, root: DatasetRoot, series: str, run_id: str) -> str | None:
-    """The run this eval compares with, checked before any rollout runs; None for no comparison.
+@dataclass
+class Baseline:
+    """What an eval compares with: ``run_id`` (None: no comparison) and, when there is none or it
+    is not used, ``note``, a line for the summary saying why."""
 
-    ``baseline = "last"``: the run in the series' Variable, None when it is unset (the first run of
-    a series) or names a run the dataset does not hold (a warning says so). Any other value is a run id.
+    run_id: str | None
+    note: str | None = None
+
+
+async def resolve_baseline(config: EvalConfig, root: DatasetRoot, series: str, run_id: str) -> Baseline:
+    """The run this eval compares with, checked before any rollout runs.
+
+    ``baseline = "last"``: the run in the series' Variable; none when it is unset (the first run of
+    a series) or names a run the dataset does not hold (the note and a warning say so). Any other
+    value is a run id.
 
     Raises:
         ConfigError: ``baseline`` names a run id that has no rollouts in the dataset at ``root``.
     """
     if config.baseline is None:
-        return None
+        return Baseline(None)
     if config.baseline == LAST:
         baseline = await Variable.aget(variable_name(series))
         if not isinstance(baseline, str) or not baseline or baseline == run_id:
-            return None
+            return Baseline(None, f"no baseline yet for series {series!r}: this run becomes it if it completes")
         if not _has_rows(root, baseline):
-            _logger().warning("baseline %r (Prefect Variable %s) has no rollouts in the trace dataset at %s: "
-                              "no comparison", baseline, variable_name(series), root)
-            return None
-        return baseline
-    if config.baseline == run_id:
-        raise ConfigError(f"baseline = {config.baseline!r}: the run cannot be its own baseline. Name an earlier "
-                          'run, or "last" for the last completed run of the series')
-    if not _has_rows(root, config.baseline):
-        raise ConfigError(f"baseline = {config.baseline!r}: no rollouts of this run in the trace dataset at {root}. "
-                          'Name a run it holds (prefect-rollouts traces summary PATH lists them), or "last"')
-    return config.baseline
+            note = (f"no comparison: the baseline {baseline!r} (Prefect Variable {variable_name(series)}) has no "
+                    f"rollouts in the trace dataset at {root}; set another with prefect-rollouts traces baseline "
+                    "set RUN")
+            _logger().warning(note)
+            return Baseline(None, note)
+        return Baseline(baseline)
+    check_pinned_baseline(config.baseline, root, run_id)
+    return Baseline(config.baseline)
+
+
+def replaces_baseline(comparison: RunComparison) -> bool:
+    """Whether a Completed run compared with the series' baseline may become the baseline: only
+    when it has every rollout of the baseline (a quick run of 3 tasks, or one of another seed,
+    must not replace a baseline of 50 and hide the next night's drop)."""
+    return all(group.only_in_a == 0 for group in comparison.environments)
 
 
 def _logger() -> Any:
@@ -162,7 +182,9 @@ def comparison_events(result: RunComparison, series: str) -> list[dict[str, Any]
                 "confidence": result.confidence, "p_value": group.p_value, "test": group.test,
                 "mean": group.mean_b, "baseline_mean": group.mean_a, "n_paired": group.n_paired,
                 "flipped_to_fail": group.flipped_to_fail[:EVENT_TASKS],
-                "flipped_to_pass": group.flipped_to_pass[:EVENT_TASKS]}})
+                "flipped_to_pass": group.flipped_to_pass[:EVENT_TASKS],
+                "n_flipped_to_fail": len(group.flipped_to_fail), "n_flipped_to_pass": len(group.flipped_to_pass),
+                "only_in_run": group.only_in_b, "only_in_baseline": group.only_in_a}})
     return events
 
 
@@ -175,7 +197,11 @@ def verdict_lines(result: RunComparison, events: list[dict[str, Any]]) -> list[s
         verdict = verdicts.get(group.environment, "no change shown" if group.n_paired else "nothing to compare")
         interval = "" if group.ci_low is None else f" [{group.ci_low:+.3f}, {group.ci_high:+.3f}]"
         difference = "—" if group.difference is None else f"{group.difference:+.3f}"
-        lines.append(f"{group.environment}: {verdict}, difference {difference}{interval}")
+        paired = ""
+        if group.only_in_a or group.only_in_b:
+            paired = (f" ({group.n_paired} rollouts paired; {group.only_in_b} only in this run, {group.only_in_a} "
+                      "only in the baseline)")
+        lines.append(f"{group.environment}: {verdict}, difference {difference}{interval}{paired}")
     return lines
 
 
@@ -202,12 +228,34 @@ async def compare_with_baseline(root: DatasetRoot, baseline: str, run_id: str, s
 
     result = compare_runs(root, baseline, run_id, pass_threshold=pass_threshold)
     events = comparison_events(result, series)
+    related = await _deployment_related() if events else []
     for event in events:
-        emit_event(**event)
+        emit_event(**event, related=related)
     markdown = comparison_markdown(result, events, series)
-    await acreate_markdown_artifact(markdown=markdown, key=f"eval-comparison-{_safe(series)}"[:100],
+    await acreate_markdown_artifact(markdown=markdown, key=comparison_key(series),
                                     description=f"Run {run_id} against baseline {baseline}")
     return BaselineOutcome(result, events, markdown)
+
+
+async def _deployment_related() -> list[dict[str, str]]:
+    """The deployment of this eval as a related resource of its events (Prefect adds the flow run,
+    flow and tags itself): the eval flow run's own deployment, else, for an eval run as a subflow
+    (the ``launch`` flow's), that of the process's flow run (``PREFECT__FLOW_RUN_ID``, which
+    Prefect's workers set). Empty outside a deployment."""
+    context = FlowRunContext.get()
+    deployment_id = context.flow_run.deployment_id if context and context.flow_run else None
+    try:
+        async with get_client() as client:
+            if deployment_id is None and (top := os.environ.get("PREFECT__FLOW_RUN_ID")):
+                deployment_id = (await client.read_flow_run(top)).deployment_id   # type: ignore[arg-type]
+            if deployment_id is None:
+                return []
+            name = (await client.read_deployment(deployment_id)).name
+    except Exception as exc:   # the events go out without it
+        _logger().warning("could not find this eval's deployment for its events: %s", exc)
+        return []
+    return [{"prefect.resource.id": f"prefect.deployment.{deployment_id}", "prefect.resource.role": "deployment",
+             "prefect.resource.name": name}]
 
 
 async def remember_baseline(series: str, run_id: str) -> None:
@@ -237,17 +285,21 @@ async def ensure_regression_automation(block: str, on: str = "regressed", name: 
     if not slug or not block_name:
         raise ConfigError(f"--block {block!r}: expected <block type slug>/<block name>, e.g. slack-webhook/evals "
                           "(prefect block ls lists the saved blocks)")
-    name = name or f"prefect-rollouts: eval {on} -> {block}"
+    name = name or f"prefect-rollouts: eval alerts -> {block}"
     async with get_client() as client:
         try:
             document = await client.read_block_document_by_name(block_name, slug)
         except ObjectNotFound:
             raise ConfigError(f"--block {block!r}: no saved block of type {slug!r} named {block_name!r} on this "
                               "Prefect server (prefect block ls lists them)") from None
+        capabilities = document.block_schema.capabilities if document.block_schema else []
+        if "notify" not in capabilities:
+            raise ConfigError(f"--block {block!r}: a {slug} block cannot send notifications. Name a notification "
+                              "block (Slack Webhook, Custom Webhook, Email, Microsoft Teams, ...)")
         automation = AutomationCore(
             name=name,
-            description="Sends a message when an eval's comparison with its baseline shows a change "
-                        "(prefect-rollouts, flows/baseline.py).",
+            description=f"Sends {block} a message when an eval's comparison with its baseline shows a "
+                        f"change ({on}; prefect-rollouts alerts create).",
             trigger=EventTrigger(expect=ALERT_EVENTS[on], match={"prefect.resource.id": "prefect-rollouts.*"},
                                  posture=Posture.Reactive, threshold=1),
             actions=[SendNotification(block_document_id=document.id, subject=NOTIFICATION_SUBJECT,
@@ -262,13 +314,26 @@ async def ensure_regression_automation(block: str, on: str = "regressed", name: 
 
 NOTIFICATION_SUBJECT = ("prefect-rollouts: {{ event.payload.environment }} "
                         "{{ event.event.split('.')[-1] }} in {{ event.payload.series }}")
-NOTIFICATION_BODY = (
-    "{{ event.payload.environment }} {{ event.event.split('.')[-1] }}: mean reward "
-    "{{ event.payload.baseline_mean }} -> {{ event.payload.mean }}, difference {{ event.payload.difference }} "
-    "({{ event.payload.confidence }} interval [{{ event.payload.ci_low }}, {{ event.payload.ci_high }}], "
-    "p = {{ event.payload.p_value }}, {{ event.payload.n_paired }} rollouts paired). "
-    "Run {{ event.payload.run_id }} against baseline {{ event.payload.baseline_run_id }}. "
-    "Tasks that went from pass to fail: {{ event.payload.flipped_to_fail | join(', ') }}.")
+NOTIFICATION_BODY = """\
+{%- set p = event.payload -%}
+{{ p.environment }} {{ event.event.split('.')[-1] }}: mean reward {{ '%.3f' | format(p.baseline_mean) }} -> \
+{{ '%.3f' | format(p.mean) }}, difference {{ '%+.3f' | format(p.difference) }} \
+({{ '%.0f' | format(p.confidence * 100) }}% interval \
+[{{ '%+.3f' | format(p.ci_low) }}, {{ '%+.3f' | format(p.ci_high) }}]\
+{%- if p.p_value is not none %}, p = {{ '%.2g' | format(p.p_value) }}{% endif %}, {{ p.n_paired }} rollouts paired).
+Run {{ p.run_id }} against baseline {{ p.baseline_run_id }}.
+{%- if p.n_flipped_to_fail %}
+Pass -> fail ({{ p.n_flipped_to_fail }}): {{ p.flipped_to_fail | join(', ') }}\
+{%- if p.n_flipped_to_fail > p.flipped_to_fail | length %}, ...{% endif %}
+{%- endif %}
+{%- if p.n_flipped_to_pass %}
+Fail -> pass ({{ p.n_flipped_to_pass }}): {{ p.flipped_to_pass | join(', ') }}\
+{%- if p.n_flipped_to_pass > p.flipped_to_pass | length %}, ...{% endif %}
+{%- endif %}
+{%- set url = flow_run | ui_url if flow_run else none %}
+{%- if url %}
+{{ url }}
+{%- endif %}"""
 
 
 async def series_of_run(run_id: str) -> str | None:

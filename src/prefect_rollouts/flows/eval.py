@@ -33,8 +33,11 @@ from prefect_rollouts.errors import EvalFailedError, TraceStoreError
 from prefect_rollouts.eval_config import EvalConfig
 from prefect_rollouts.flows.baseline import (
     LAST,
+    REGRESSED,
     compare_with_baseline,
+    comparison_key,
     remember_baseline,
+    replaces_baseline,
     resolve_baseline,
     series_name,
     series_tag,
@@ -121,22 +124,33 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
     summary = summarize_run(root, run_id, rollouts_per_task=config.rollouts_per_task,
                             pass_threshold=config.pass_threshold, wall_time_s=round(time.perf_counter() - started, 3))
     summary.flow_run_id = str(flow_run.id)
-    if baseline is not None:
-        outcome = await compare_with_baseline(root, baseline, run_id, series, config.pass_threshold)
-        summary.baseline, summary.against_baseline = baseline, verdict_lines(outcome.comparison, outcome.events)
-    elif config.baseline == LAST:
-        logger.info("run %s: series %r has no baseline yet; a Completed run becomes it", run_id, series)
-    key = artifact_key(series, "summary")
+    failure = run_failure(summary, len(plan), config.max_error_fraction) if not failures else "rollouts without a row"
+    artifacts = [artifact_key(series, "summary")]
+    replaces = True
+    if baseline.run_id is not None:
+        outcome = await compare_with_baseline(root, baseline.run_id, run_id, series, config.pass_threshold)
+        summary.baseline = baseline.run_id
+        summary.against_baseline = verdict_lines(outcome.comparison, outcome.events)
+        summary.regressed = [e["payload"]["environment"] for e in outcome.events if e["event"] == REGRESSED]
+        replaces = replaces_baseline(outcome.comparison)
+        artifacts.append(comparison_key(series))
+        if summary.regressed:
+            logger.warning("run %s regressed against baseline %s in %s", run_id, baseline.run_id,
+                           ", ".join(summary.regressed))
+    summary.baseline_note = baseline.note
+    if failure is None and config.baseline == LAST:
+        if replaces:
+            await remember_baseline(series, run_id)   # the next run of the series compares with this one
+        else:
+            summary.baseline_note = (f"the baseline stays {baseline.run_id}: this run lacks some of its rollouts (a "
+                                     "smaller or other run must not replace it)")
     models = ", ".join(sorted({env.model for env in summary.environments if env.model}))
-    logger.info("%s\nsummary artifact: %s", summary.text(), key)
-    await acreate_table_artifact(table=summary.table(), key=key, description=(
+    logger.info("%s\nsummary artifact: %s", summary.text(), "; comparison artifact: ".join(artifacts))
+    await acreate_table_artifact(table=summary.table(), key=artifacts[0], description=(
         f"Summary of run {run_id} ({summary.rollouts} rollouts of {models or 'no model'}, traces in {root})"))
     if failures:
         raise RuntimeError(f"{len(failures)} rollouts failed to run and have no row; "
                            f"resume with --resume {run_id}") from failures[0]
-    failure = run_failure(summary, len(plan), config.max_error_fraction)
-    if failure is None and config.baseline == LAST:
-        await remember_baseline(series, run_id)   # the next run of the series compares with this one
     return summary if failure is None else Failed(message=failure, data=EvalFailedError(failure, summary))
 
 

@@ -103,6 +103,10 @@ class EvalSummary(BaseModel):
     """The run this one was compared with (``EvalConfig.baseline``), if any."""
     against_baseline: list[str] = []
     """One line per environment: ``<environment>: regressed, difference -0.250 [-0.400, -0.100]``."""
+    regressed: list[str] = []
+    """Environments whose interval against the baseline lies below 0."""
+    baseline_note: str | None = None
+    """Why there is no comparison, or why the run did not become the baseline."""
 
     def lines(self) -> list[EnvironmentSummary]:
         """Each environment followed by its categories, then the overall line (a suite)."""
@@ -163,6 +167,8 @@ class EvalSummary(BaseModel):
         if self.baseline:
             lines.append(f"against baseline {self.baseline}:")
             lines += [f"  {line}" for line in self.against_baseline]
+        if self.baseline_note:
+            lines.append(f"baseline: {self.baseline_note}")
         return "\n".join(lines)
 
 
