@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +50,9 @@ from prefect_rollouts.traces import DatasetRoot, durable_keys
 ZOMBIE_AUTOMATION = "prefect-rollouts: crash shard flow runs without heartbeats"
 FINAL = {StateType.COMPLETED, StateType.FAILED, StateType.CRASHED, StateType.CANCELLED}
 POLL_S = 2.0
+PROGRESS_S = 10.0
+"""How often the durable rows are read for progress while no shard ends (each read lists and opens
+the run's row files, a cost on an object store); a shard's end reads them at once."""
 """How often (seconds) the eval reads its shard flow runs' states and the durable rows."""
 
 
@@ -110,6 +114,7 @@ async def dispatch(config: EvalConfig, root: DatasetRoot, run_id: str, todo: lis
         logger.info("run %s: %d rollouts in %d shards for work pool %r", run_id, len(todo), len(shards),
                     settings.work_pool)
         idle = _IdlePool(settings.work_pool)
+        progress_read = time.monotonic()
         try:
             while queue or in_flight:
                 while queue and len(in_flight) < settings.max_shards_in_flight:
@@ -118,8 +123,11 @@ async def dispatch(config: EvalConfig, root: DatasetRoot, run_id: str, todo: lis
                     in_flight[shard.flow_run_id] = shard
                 await asyncio.sleep(POLL_S)
                 runs = await _read(client, list(in_flight))
-                durable = durable_keys(root, run_id)   # after the states: a Completed shard's rows are all here
-                await on_progress(len(durable))
+                ended = any(run.state_type in FINAL for run in runs)
+                if ended or time.monotonic() - progress_read >= PROGRESS_S:
+                    durable = durable_keys(root, run_id)   # after the states: a Completed shard's rows are all here
+                    progress_read = time.monotonic()
+                    await on_progress(len(durable))
                 await idle.check(client, runs, logger)
                 for run in runs:
                     if run.state_type not in FINAL:
