@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterator
 from typing import Annotated
 
+import httpx
 import typer
 from rich.console import Console
 
@@ -30,7 +31,8 @@ def _error(prefix: str, exc: BaseException | str) -> None:
 
 @contextlib.contextmanager
 def _exits(config_code: int = 2) -> Iterator[None]:
-    """A ``ConfigError`` exits ``config_code`` ("config error: ..."), a ``TraceStoreError`` exits 1."""
+    """A ``ConfigError`` exits ``config_code`` ("config error: ..."); a ``TraceStoreError``, or a
+    Prefect API that does not answer, exits 1."""
     try:
         yield
     except ConfigError as exc:
@@ -38,6 +40,13 @@ def _exits(config_code: int = 2) -> Iterator[None]:
         raise typer.Exit(config_code) from None
     except TraceStoreError as exc:
         _error("", exc)
+        raise typer.Exit(1) from None
+    except (httpx.HTTPError, OSError) as exc:
+        from prefect.settings import PREFECT_API_URL
+
+        _error("", f"the Prefect API at {PREFECT_API_URL.value() or '(PREFECT_API_URL is not set)'} did not "
+                   f"answer: {type(exc).__name__}: {exc}. Start it (prefect-rollouts server start) or set "
+                   "PREFECT_API_URL")
         raise typer.Exit(1) from None
 
 
@@ -144,7 +153,8 @@ def baseline_show() -> None:
     """List every series' baseline on the Prefect server."""
     from prefect_rollouts.flows.baseline import VARIABLE_PREFIX, baselines
 
-    found = asyncio.run(baselines())
+    with _exits():
+        found = asyncio.run(baselines())
     if not found:
         console.print("no baselines (an eval with baseline = \"last\" sets its series' baseline when it completes)",
                       markup=False, highlight=False)

@@ -72,6 +72,9 @@ def test_the_nightly_deployment_deploys_from_prefect_yaml_and_its_defaults_run_a
 
     state = api.get(f"/flow_runs/{flow_run['id']}").json()["state"]
     assert state["type"] == "COMPLETED", json.dumps(state)
+    logs = api.post("/logs/filter", json={"logs": {"flow_run_id": {"any_": [flow_run["id"]]}}}).json()
+    assert any(log["message"].startswith("a custom run of this deployment: no comparison") for log in logs), \
+        "values other than the deployment's (traces_path): the nightly baseline stays out of it"
     rows = read_rollouts(tmp_path / "traces")
     assert rows.groupby("environment").size().to_dict() == {"arithmetic": 20, "bfcl": 5}
     assert set(rows["model"]) == {"local/smollm2"} and not rows["is_error"].any(), rows["error_message"].tolist()

@@ -160,7 +160,7 @@ def test_a_worse_run_emits_regressed_the_automation_notifies_and_the_baseline_mo
 
     small = run(tmp_path, openai_server, "regress-5", wrong_every=None, num_tasks=3)   # a quick run
     assert "(3 rollouts paired; 0 only in this run, 37 only in the baseline)" in small.against_baseline[0]
-    assert small.baseline_note.startswith("the baseline stays regress-4: this run lacks some of its rollouts")
+    assert small.baseline_note.startswith("the baseline stays regress-4: this run did not score every rollout")
     assert asyncio.run(Variable.aget(variable_name("regress"))) == "regress-4", "a smaller run does not replace it"
 
 
@@ -206,3 +206,50 @@ def test_events_only_where_the_interval_excludes_zero():
     assert regressed["resource"] == {"prefect.resource.id": "prefect-rollouts.environment.e",
                                      "prefect.resource.name": "e", "prefect-rollouts.series": "s"}
     assert len(regressed["payload"]["flipped_to_fail"]) == 20
+
+
+def test_series_names_map_to_distinct_valid_variable_and_artifact_names():
+    from prefect.client.schemas.actions import VariableCreate
+    from prefect.types.names import ArtifactKey
+    from pydantic import TypeAdapter
+
+    from prefect_rollouts.flows.baseline import comparison_key
+
+    names = ["nightly-eval", "Nightly Eval", "nightly/eval", "中文", "日本", "L" * 300, "L" * 300 + "-other"]
+    variables = [variable_name(name) for name in names]
+    keys = [comparison_key(name) for name in names]
+    assert len(set(variables)) == len(set(keys)) == len(names), "no two series share a Variable or an artifact"
+    assert variables[0] == "prefect-rollouts-baseline-nightly-eval", "a name that is valid as it is stays readable"
+    for variable, key in zip(variables, keys, strict=True):
+        VariableCreate(name=variable, value="r")
+        TypeAdapter(ArtifactKey).validate_python(key)
+        assert len(variable) <= 255 and len(key) <= 100
+
+
+def test_a_run_that_did_not_score_every_rollout_of_the_baseline_does_not_replace_it():
+    import pandas as pd
+
+    from prefect_rollouts.flows.baseline import replaces_baseline
+    from prefect_rollouts.traces.compare import compare
+
+    def rows(rewards: list[float | None]) -> pd.DataFrame:
+        return pd.DataFrame({"environment": "e", "task_id": [f"t{i}" for i in range(len(rewards))],
+                             "rollout_index": 0, "reward": rewards,
+                             "is_error": [r is None for r in rewards], "scoring_skipped": None})
+    baseline = rows([1.0] * 10)
+    assert replaces_baseline(compare(baseline, rows([0.0] * 10 + [1.0] * 2)))        # all of it, and more
+    assert not replaces_baseline(compare(baseline, rows([1.0] * 3)))                 # a quick run
+    assert not replaces_baseline(compare(baseline, rows([None] * 10)))               # every rollout errored
+    assert not replaces_baseline(compare(baseline, rows([1.0] * 9 + [None])))        # one errored
+
+
+async def test_a_comparison_that_fails_is_a_note_not_the_run_s_failure(tmp_path):
+    from prefect_rollouts.flows.baseline import Baseline, finish_with_baseline
+    from prefect_rollouts.traces import EvalSummary, dataset_root
+
+    config = load_eval_config(eval_toml(tmp_path, "http://127.0.0.1:9/v1", baseline="last"))
+    summary = EvalSummary(run_id="r2", environments=[], rollouts=0, errored=0, total_tokens=0)
+    key = await finish_with_baseline(summary, Baseline("gone"), config, dataset_root(tmp_path), "s",
+                                     completed=True, ran=True)
+    assert key is None and summary.baseline is None
+    assert summary.baseline_note.startswith("no comparison with gone: ")

@@ -31,23 +31,12 @@ from prefect.states import Failed, State
 from prefect_rollouts.blocks import resolve_trace_root
 from prefect_rollouts.errors import EvalFailedError, TraceStoreError
 from prefect_rollouts.eval_config import EvalConfig
-from prefect_rollouts.flows.baseline import (
-    LAST,
-    REGRESSED,
-    compare_with_baseline,
-    comparison_key,
-    remember_baseline,
-    replaces_baseline,
-    resolve_baseline,
-    series_name,
-    series_tag,
-    verdict_lines,
-)
+from prefect_rollouts.flows.baseline import LAST, finish_with_baseline, resolve_baseline, series_name, series_tag
 from prefect_rollouts.flows.dispatch import dispatch
 from prefect_rollouts.flows.execute import artifact_key, execute, progress_listener
 from prefect_rollouts.flows.ownership import tag_flow_run
 from prefect_rollouts.plan import RolloutKey, plan_rollouts
-from prefect_rollouts.run_identity import prepare_run
+from prefect_rollouts.run_identity import check_pinned_baseline, prepare_run
 from prefect_rollouts.traces import DatasetRoot, EvalSummary, compact_run, durable_keys, run_failure, summarize_run
 
 __all__ = ["eval_flow", "new_run_id", "progress_listener", "run_eval", "summary_key"]
@@ -95,11 +84,14 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
     logger = get_run_logger()
     started = time.perf_counter()
     root = await resolve_trace_root(config.traces.store) if config.traces.store else config.traces.dataset_root()
-    run_id = resume or run_id or new_run_id(config)
+    named = resume or run_id
+    run_id = named or new_run_id(config)
+    if config.baseline not in (None, LAST):   # before the run's config is stored: a fixed baseline keeps the id free
+        check_pinned_baseline(config.baseline, root, run_id)
     config = prepare_run(root, run_id, config, resume=resume is not None, force=force_config)   # stores it
     series = await series_name(config)
-    await tag_flow_run(series_tag(series))   # with the owner tag, in one call
-    baseline = await resolve_baseline(config, root, series, run_id)   # a pinned run that is not there fails here
+    await tag_flow_run(series_tag(series), name=None if named else run_id)   # one call: tags, the generated id
+    baseline = await resolve_baseline(config, root, series, run_id)
     plan = plan_rollouts(config)
     durable = durable_keys(root, run_id) if resume else set()
     todo = [planned for planned in plan if planned.key not in durable]
@@ -126,24 +118,9 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
     summary.flow_run_id = str(flow_run.id)
     failure = run_failure(summary, len(plan), config.max_error_fraction) if not failures else "rollouts without a row"
     artifacts = [artifact_key(series, "summary")]
-    replaces = True
-    if baseline.run_id is not None:
-        outcome = await compare_with_baseline(root, baseline.run_id, run_id, series, config.pass_threshold)
-        summary.baseline = baseline.run_id
-        summary.against_baseline = verdict_lines(outcome.comparison, outcome.events)
-        summary.regressed = [e["payload"]["environment"] for e in outcome.events if e["event"] == REGRESSED]
-        replaces = replaces_baseline(outcome.comparison)
-        artifacts.append(comparison_key(series))
-        if summary.regressed:
-            logger.warning("run %s regressed against baseline %s in %s", run_id, baseline.run_id,
-                           ", ".join(summary.regressed))
-    summary.baseline_note = baseline.note
-    if failure is None and config.baseline == LAST:
-        if replaces:
-            await remember_baseline(series, run_id)   # the next run of the series compares with this one
-        else:
-            summary.baseline_note = (f"the baseline stays {baseline.run_id}: this run lacks some of its rollouts (a "
-                                     "smaller or other run must not replace it)")
+    compared = await finish_with_baseline(summary, baseline, config, root, series,
+                                          completed=failure is None, ran=bool(todo))
+    artifacts += [compared] if compared else []
     models = ", ".join(sorted({env.model for env in summary.environments if env.model}))
     logger.info("%s\nsummary artifact: %s", summary.text(), "; comparison artifact: ".join(artifacts))
     await acreate_table_artifact(table=summary.table(), key=artifacts[0], description=(

@@ -12,9 +12,12 @@ The launch flow run keeps the name Prefect's form gives it ("Run Name").
 from __future__ import annotations
 
 from prefect import State, flow, get_run_logger
+from prefect.client.orchestration import get_client
+from prefect.context import FlowRunContext
 from prefect.states import Failed
 
 from prefect_rollouts.errors import EvalFailedError
+from prefect_rollouts.flows.baseline import LAST
 from prefect_rollouts.flows.eval import new_run_id, run_eval
 from prefect_rollouts.launch_form import LaunchForm
 from prefect_rollouts.traces import EvalSummary
@@ -36,9 +39,26 @@ async def launch_flow(eval: LaunchForm) -> EvalSummary | State[EvalSummary]:
         ConfigError: the form does not make a valid eval config (the message names the field).
     """
     config = eval.to_eval_config()
+    if config.baseline == LAST and await _custom_run(eval):
+        get_run_logger().info('a custom run of this deployment: no comparison with its baseline (the deployment\'s '
+                              'own runs keep it); set Advanced > Baseline to a run id to compare with that run')
+        config = config.model_copy(update={"baseline": None})
     run_id = new_run_id(config)
     environments = ", ".join(env.name for env in config.environments())
     get_run_logger().info("run %s: %s on %s, traces in %s", run_id, config.env.agent.model, environments,
                           config.traces.store or config.traces.path)
     summary, failure = await run_eval(config, run_id=run_id)
     return summary if failure is None else Failed(message=failure, data=EvalFailedError(failure, summary))
+
+
+async def _custom_run(form: LaunchForm) -> bool:
+    """Whether this launch is a deployment's run with other values than its defaults (a "Custom run"
+    from the UI): such a run must not join the deployment's baseline series, where it would raise a
+    false alert and become the next night's baseline."""
+    context = FlowRunContext.get()
+    deployment_id = context.flow_run.deployment_id if context and context.flow_run else None
+    if deployment_id is None:
+        return False
+    async with get_client() as client:
+        defaults = (await client.read_deployment(deployment_id)).parameters.get("eval")
+    return defaults is None or LaunchForm.model_validate(defaults) != form

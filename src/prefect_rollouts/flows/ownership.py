@@ -68,14 +68,16 @@ def untagged_tasks() -> Iterator[None]:
         yield
 
 
-async def tag_flow_run(*extra: str) -> None:
-    """Add the owner tag, and the ``extra`` tags, to the current flow run (one API call, none when it
-    has them already). Flow runs it then creates get the owner tag from ``owner_tags``; task runs never do."""
+async def tag_flow_run(*extra: str, name: str | None = None) -> None:
+    """Add the owner tag, and the ``extra`` tags, to the current flow run, and rename it to ``name``
+    if given (one API call, none when it has them already). Flow runs it then creates get the
+    owner tag from ``owner_tags``; task runs never do."""
     context = FlowRunContext.get()
     if context is None or context.flow_run is None:
         return
     current = list(context.flow_run.tags or [])
     missing = [tag for tag in (owner_tag(), *extra) if tag not in current]
-    if missing:
-        await context.client.update_flow_run(context.flow_run.id, tags=[*current, *missing])  # type: ignore[misc]  # async client: a coroutine
+    if missing or (name and name != context.flow_run.name):
+        await context.client.update_flow_run(context.flow_run.id, tags=[*current, *missing],  # type: ignore[misc]
+                                             name=name)   # None leaves the name as it is
         context.flow_run.tags = [*current, *missing]
