@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,12 +29,13 @@ from typer.testing import CliRunner
 from prefect_rollouts.cli import app
 from prefect_rollouts.eval_config import load_eval_config
 from prefect_rollouts.flows.baseline import IMPROVED, REGRESSED, variable_name
-from prefect_rollouts.flows.eval import eval_flow
+from prefect_rollouts.traces import EvalSummary
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import reply
 from tests.pg_api import pg_api_server
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = pytest.mark.timeout(900)
+REPO = Path(__file__).resolve().parents[2]
 TASKS = 40
 
 
@@ -68,12 +73,26 @@ def answers(wrong_every: int | None):
     return step
 
 
-def run(tmp_path, openai_server, run_id: str, wrong_every: int | None, **top: Any):
+EVAL = """import asyncio, sys
+from prefect_rollouts.eval_config import load_eval_config
+from prefect_rollouts.flows.eval import run_eval
+summary, _ = asyncio.run(run_eval(load_eval_config(sys.argv[1]), run_id=sys.argv[2]))
+print(summary.model_dump_json())"""
+
+
+def run(tmp_path, openai_server, run_id: str, wrong_every: int | None, **top: Any) -> EvalSummary:
+    """``eval_flow`` in a process of its own, as a nightly job runs it: a process whose Prefect client
+    first served the session's other server keeps that server in its event loop thread, and the
+    events it sends then fail."""
     openai_server.default = answers(wrong_every)
     top = {"run_name": "regress", "baseline": "last", **top}
-    text = eval_toml(tmp_path / "traces", openai_server.base_url, rollout_granularity="batch",
-                     taskset={"id": "tests.prefect.tasksets:numbered", "count": TASKS}, **top)
-    return asyncio.run(eval_flow(load_eval_config(text), run_id=run_id))
+    toml = tmp_path / f"{run_id}.toml"
+    toml.write_text(eval_toml(tmp_path / "traces", openai_server.base_url, rollout_granularity="batch",
+                              taskset={"id": "tests.prefect.tasksets:numbered", "count": TASKS}, **top))
+    done = subprocess.run([sys.executable, "-c", EVAL, str(toml), run_id], capture_output=True, text=True,
+                          timeout=300, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return EvalSummary.model_validate_json(done.stdout.strip().splitlines()[-1])
 
 
 def events(api_url: str) -> list[dict[str, Any]]:
