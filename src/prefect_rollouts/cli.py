@@ -62,7 +62,7 @@ def eval_command(
     With ``--fail-on-regression``, a run that regressed against its baseline exits 3.
     """
     from prefect_rollouts.plan import plan_rollouts
-    from prefect_rollouts.run_identity import check_pinned_baseline, check_run_config
+    from prefect_rollouts.run_identity import check_pinned_baseline, check_run_config, check_run_id
 
     set_ = [*(set_ or []), *([f"dispatch.work_pool={json.dumps(work_pool)}"] if work_pool else []),
             *([f"dispatch.shard_size={shard_size}"] if shard_size is not None else [])]
@@ -70,6 +70,8 @@ def eval_command(
         eval_config = check_run_config(config, set_, resume=resume, run_id=run_id, force=force_config)
         total = len(plan_rollouts(eval_config))   # a bad taskset option or traces path fails here, before Prefect
         eval_config.traces.check_writable()
+        if resume or run_id:
+            check_run_id(resume or run_id or "")
         if eval_config.baseline not in (None, "last") and not eval_config.traces.store:
             check_pinned_baseline(eval_config.baseline, eval_config.traces.dataset_root(), run_id)
     except (ConfigError, TraceStoreError) as exc:

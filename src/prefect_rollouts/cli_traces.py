@@ -81,6 +81,8 @@ def traces_show(
     task_id: Annotated[str | None, typer.Argument(help="The task; without it, the run's rollouts are listed.")] = None,
     index: Annotated[int | None, typer.Option(help="Only this rollout index of the task (default: each).")] = None,
     max_chars: Annotated[int, typer.Option(help="Characters shown of each message; 0 shows all.")] = 2000,
+    environment: Annotated[str | None, typer.Option(
+        help="Only this environment's rollout (a suite's environments may share task ids).")] = None,
 ) -> None:
     """Print a rollout's transcript, rewards and errors (or, without TASK_ID, list the run's rollouts)."""
     from prefect_rollouts.traces.report import format_rollout, format_rollout_list, read_rollout_traces
@@ -89,8 +91,10 @@ def traces_show(
         if task_id is None:
             typer.echo(format_rollout_list(path, run_id))
             return
-        traces = read_rollout_traces(path, run_id, task_id, index)
-    typer.echo("\n\n".join(format_rollout(trace, index=i, max_chars=max_chars) for i, trace in traces))
+        traces = read_rollout_traces(path, run_id, task_id, index, environment)
+    several = len({env for env, _, _ in traces}) > 1
+    typer.echo("\n\n".join(format_rollout(trace, index=i, environment=env if several or environment else None,
+                                          max_chars=max_chars) for env, i, trace in traces))
 
 
 @traces_app.command("compare")

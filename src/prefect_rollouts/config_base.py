@@ -110,4 +110,5 @@ def _explain(err: Any, section: str) -> str:
         return str(err["ctx"]["error"])   # a whole-config rule whose message names its own keys
     value = err.get("input")
     shown = "" if isinstance(value, dict) else f" = {value!r}"
-    return f"{where}{shown}: {err['msg']}. Fix the value"
+    message = str(err["msg"]).removeprefix("Value error, ")   # a validator's own message names the fix
+    return f"{where}{shown}: {message}" if message != err["msg"] else f"{where}{shown}: {message}. Fix the value"

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from prefect_rollouts.config import AgentConfig, _Config, _read_toml, config_dir, validate_config
 from prefect_rollouts.errors import ConfigError, TraceStoreError
+from prefect_rollouts.scoring.env import is_template
 from prefect_rollouts.traces.store import DatasetRoot, dataset_root
 
 
@@ -63,19 +64,47 @@ class SuiteTasksetConfig(TasksetConfig):
     """How many tasks from the start of this taskset; default the top-level ``num_tasks`` (all when unset)."""
     agent: dict[str, Any] = Field(default_factory=dict)
     """``[env.agent]`` keys that differ for this environment, e.g. ``{ harness = "tools", max_turns = 4 }``
-    (merged over ``[env.agent]``, tables key by key). ``client`` is refused: a suite has one model
-    endpoint, which ``[limits]`` and the secrets check cover."""
+    (merged over ``[env.agent]``, tables key by key). Nothing that may hold a secret: no ``client``
+    (a suite has one model endpoint, and judges' clients belong in ``[env.agent]``, where ``[limits]``
+    and the secrets checks cover them) and only ``${VAR}`` templates as environment values; nor
+    ``orchestrator`` (``rollout_granularity`` decides)."""
 
     @property
     def environment(self) -> str:
         return self.name or self.id
 
+    @field_validator("name")
+    @classmethod
+    def _usable_name(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or value == "all" or any(c in value for c in '/\\=')):
+            raise ValueError("an environment's name names rows and run ids: no /, \\ or =, not empty, and not "
+                             '"all" (the summary\'s overall line)')
+        return value
+
     @field_validator("agent")
     @classmethod
-    def _one_endpoint(cls, value: dict[str, Any]) -> dict[str, Any]:
-        if "client" in value:
-            raise ValueError("agent.client: a suite's environments share [env.agent.client] (one model endpoint); "
-                             "remove it here")
+    def _nothing_secret(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if "orchestrator" in value:
+            raise ValueError("agent.orchestrator: an eval's rollout_granularity decides how rollouts run; remove it")
+
+        def walk(node: Any, path: str) -> None:
+            if isinstance(node, list):
+                for i, item in enumerate(node):
+                    walk(item, f"{path}[{i}]")
+            if not isinstance(node, dict):
+                return
+            for key, item in node.items():
+                where = f"{path}.{key}"
+                if key == "client":
+                    raise ValueError(f"{where}: a suite's environments share [env.agent.client] and the judges' "
+                                     "clients (they may hold keys); set them in [env.agent] and remove them here")
+                if key == "env" and isinstance(item, dict):
+                    literal = [name for name, text in item.items() if not is_template(str(text))]
+                    if literal:
+                        raise ValueError(f"{where}: {', '.join(literal)} must be ${{VAR}} templates here (a suite "
+                                         "entry is stored with the run and sent to workers as it is)")
+                walk(item, where)
+        walk(value, "agent")
         return value
 
 
@@ -300,6 +329,14 @@ class EvalConfig(_Config):
         """``run_name``, else the taskset id, else the suite's environment names joined by ``+``
         (the run id's prefix and the series' name outside a deployment)."""
         return self.run_name or "+".join(env.name for env in self.environments())
+
+    @field_validator("run_name")
+    @classmethod
+    def _run_name_in_paths(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or any(c in value for c in "/\\=")):
+            raise ValueError("the run id's prefix names a directory of the dataset (run_id=<id>): no /, \\ or =, "
+                             "not empty")
+        return value
 
     @field_validator("baseline")
     @classmethod

@@ -305,7 +305,10 @@ def _taskset_entry(taskset: Taskset) -> dict[str, Any]:
     """A taskset form as a config table: ``id`` and options."""
     if isinstance(taskset, CustomTaskset):
         return {"id": taskset.loader, **taskset.options}
-    return taskset.model_dump(exclude_none=True)
+    entry = taskset.model_dump(exclude_none=True)
+    if isinstance(taskset, BfclTaskset) and taskset.categories and taskset.category == "simple_python":
+        entry.pop("category")   # the default, which categories replaces: the config then reads as it was written
+    return entry
 
 
 def _taskset_form(taskset_id: str, options: dict[str, Any]) -> Any:

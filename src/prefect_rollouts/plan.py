@@ -36,11 +36,20 @@ def plan_rollouts(config: EvalConfig) -> list[Planned]:
     each ``rollouts_per_task`` times (task-major).
 
     Raises:
-        ConfigError: a taskset fails to load (``load_taskset``).
+        ConfigError: a taskset fails to load (``load_taskset``); in a suite the message names the entry.
     """
-    return [Planned(env, task, index) for env in config.environments()
-            for task in load_taskset(env.taskset, env.options, env.num_tasks)
-            for index in range(config.rollouts_per_task)]
+    suite = config.env.tasksets is not None
+    planned = []
+    for i, env in enumerate(config.environments()):
+        try:
+            tasks = load_taskset(env.taskset, env.options, env.num_tasks)
+        except ConfigError as exc:
+            if not suite:
+                raise
+            raise ConfigError(f"[[env.tasksets]] entry {i} ({env.name}): "
+                              + str(exc).replace("[env.taskset] ", "", 1)) from None
+        planned += [Planned(env, task, index) for task in tasks for index in range(config.rollouts_per_task)]
+    return planned
 
 
 def rebuild(config: EvalConfig, keys: list[RolloutKey]) -> list[Planned]:

@@ -35,6 +35,7 @@ HOW_KEYS: tuple[str, ...] = (
     "env.agent.client",                    # where and how the model is reached: base_url, key, headers,
                                            # endpoint block, request timeout, HTTP retries, pool size
     "env.agent.retries",                   # stage retries after infrastructure errors
+    "env.tasksets.*.agent.retries",        # the same, for a suite's environment
     "env.agent.scoring.judges.*.client",   # a judge's endpoint (its model and prompt stay fixed)
     "dispatch",                            # in-process or on a work pool, shard sizes, crash detection
     "limits",                              # shared concurrency limits (requests, containers)
@@ -228,6 +229,17 @@ def _render(key: tuple[Any, ...]) -> str:
 
 def _show(value: Any) -> str:
     return "unset" if value is None else json.dumps(value)
+
+
+def check_run_id(run_id: str) -> None:
+    """Refuse a run id that cannot name the dataset's ``run_id=<id>`` directory.
+
+    Raises:
+        ConfigError: the id is empty or holds ``/``, ``\\`` or ``=``.
+    """
+    if not run_id.strip() or any(c in run_id for c in "/\\="):
+        raise ConfigError(f"run id {run_id!r}: it names the dataset's run_id=<id> directory: no /, \\ or =, not "
+                          "empty. Choose another --run-id or run_name")
 
 
 def check_pinned_baseline(baseline: str, root: DatasetRoot, run_id: str | None = None) -> None:

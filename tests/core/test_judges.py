@@ -359,7 +359,7 @@ def test_judge_secrets_are_redacted_from_the_trace_config(judged):
 
 
 @pytest.mark.parametrize("entry, message", [
-    ('id = "rubrik"\nmodel = "j"\nrubric = "r.toml"', "judges[0]: Value error, id = 'rubrik': use \"reference\""),
+    ('id = "rubrik"\nmodel = "j"\nrubric = "r.toml"', "judges[0]: id = 'rubrik': use \"reference\""),
     ('id = "referense"\nmodel = "j"\ncriteria = []', "id = 'referense'"),
     ('id = "reference"\nmodel = "j"\nrubric = "r.toml"', "[env.agent.scoring.judges[0]] rubric: unknown key"),
 ])

@@ -101,3 +101,52 @@ def test_a_suite_config_is_checked_entry_by_entry(tmp_path):
                                              "[env.agent]", 1)
     with pytest.raises(ConfigError, match=r"env.tasksets\[0\].agent\] max_turns"):
         load_eval_config(bad_agent)
+
+
+def test_a_suite_entry_holds_no_secret_and_names_no_path(tmp_path):
+    suite = eval_toml(tmp_path, "http://127.0.0.1:9/v1").replace(
+        '[env.taskset]\nid = "tests.prefect.tasksets:numbered"\ncount = 10\n', "")
+
+    def entry(text: str):
+        return load_eval_config(suite.replace("[env.agent]", f'[[env.tasksets]]\nid = "arithmetic"\n{text}\n'
+                                                             "[env.agent]", 1))
+    with pytest.raises(ConfigError, match=r"agent.runtime.env: T must be \$\{VAR\} templates"):
+        entry('agent = { runtime = { env = { T = "sk-literal" } } }')
+    assert entry('agent = { runtime = { env = { T = "${T}" } } }').environments()[0].agent.runtime.env == {"T": "${T}"}
+    with pytest.raises(ConfigError, match=r"agent.scoring.judges\[0\].client: a suite's environments share"):
+        entry('agent = { scoring = { judges = [{ id = "reference", model = "j", client = { headers = '
+              '{ Authorization = "Bearer s3cret" } } }] } }')
+    with pytest.raises(ConfigError, match="agent.orchestrator: an eval's rollout_granularity decides"):
+        entry('agent = { orchestrator = "inline" }')
+    for name in ("a/b", "all", "x=y"):
+        with pytest.raises(ConfigError, match=r"\[env.tasksets\[0\]\] name = .*: an environment's name names rows"):
+            entry(f'name = "{name}"')
+
+
+def test_a_taskset_error_in_a_suite_names_the_entry(tmp_path):
+    from prefect_rollouts.plan import plan_rollouts
+
+    suite = eval_toml(tmp_path, "http://127.0.0.1:9/v1").replace(
+        '[env.taskset]\nid = "tests.prefect.tasksets:numbered"\ncount = 10\n', "")
+    config = load_eval_config(suite.replace("[env.agent]", '[[env.tasksets]]\nid = "arithmetic"\n[[env.tasksets]]\n'
+                                                           'id = "arithmetic"\nname = "b"\ncolour = "red"\n'
+                                                           "[env.agent]", 1))
+    with pytest.raises(ConfigError, match=r"^\[\[env.tasksets\]\] entry 1 \(b\): colour: unknown option"):
+        plan_rollouts(config)
+
+
+async def test_traces_show_tells_the_environments_of_one_task_id_apart(tmp_path, openai_server):
+    from typer.testing import CliRunner
+
+    from prefect_rollouts.cli import app
+
+    openai_server.default = right_for_easy_wrong_for_hard
+    await eval_flow(suite_config(tmp_path, openai_server.base_url, rollout_granularity="batch"), run_id="show-1")
+    traces = str(tmp_path / "traces")
+    listed = CliRunner().invoke(app, ["traces", "show", traces, "show-1"]).output
+    assert listed.splitlines()[1].split()[:3] == ["environment", "task_id", "index"]
+    assert "easy         n0" in listed and "hard         n0" in listed
+    both = CliRunner().invoke(app, ["traces", "show", traces, "show-1", "n0"]).output
+    assert "· environment easy · task n0" in both and "· environment hard · task n0" in both
+    one = CliRunner().invoke(app, ["traces", "show", traces, "show-1", "n0", "--environment", "hard"]).output
+    assert "environment hard" in one and "environment easy" not in one

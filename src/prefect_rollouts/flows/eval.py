@@ -36,7 +36,7 @@ from prefect_rollouts.flows.dispatch import dispatch
 from prefect_rollouts.flows.execute import artifact_key, execute, progress_listener
 from prefect_rollouts.flows.ownership import tag_flow_run
 from prefect_rollouts.plan import RolloutKey, plan_rollouts
-from prefect_rollouts.run_identity import check_pinned_baseline, prepare_run
+from prefect_rollouts.run_identity import check_pinned_baseline, check_run_id, prepare_run
 from prefect_rollouts.traces import DatasetRoot, EvalSummary, compact_run, durable_keys, run_failure, summarize_run
 
 __all__ = ["eval_flow", "new_run_id", "progress_listener", "run_eval", "summary_key"]
@@ -86,6 +86,7 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
     root = await resolve_trace_root(config.traces.store) if config.traces.store else config.traces.dataset_root()
     named = resume or run_id
     run_id = named or new_run_id(config)
+    check_run_id(run_id)
     if config.baseline not in (None, LAST):   # before the run's config is stored: a fixed baseline keeps the id free
         check_pinned_baseline(config.baseline, root, run_id)
     config = prepare_run(root, run_id, config, resume=resume is not None, force=force_config)   # stores it

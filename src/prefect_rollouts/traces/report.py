@@ -62,33 +62,44 @@ def format_runs(runs: list[dict[str, Any]]) -> str:
 
 def format_rollout_list(root: str | Path, run_id: str) -> str:
     """The rollouts of run ``run_id``: task id, rollout index, reward, stop condition and first
-    error, one line each in task order, then how to show one.
+    error, one line each in task order (first the environment, when the run has several: a suite),
+    then how to show one.
 
     Raises:
         TraceStoreError: the dataset cannot be read, or holds no rollout of ``run_id`` (the
             message lists the runs it holds).
     """
     rows = _rollouts_of(root, run_id, columns=_ROLLOUT_READ)
-    rows = rows.sort_values(["task_id", "rollout_index"])
-    listed = [{"task_id": row.task_id, "index": row.rollout_index, "reward": _fixed(row.reward),
+    rows = rows.sort_values(["environment", "task_id", "rollout_index"])
+    listed = [{"environment": row.environment, "task_id": row.task_id, "index": row.rollout_index,
+               "reward": _fixed(row.reward),
                "stop_condition": row.stop_condition or "",
                "error": f"{row.error_type}: {str(row.error_message)[:80]}" if isinstance(row.error_type, str) else ""}
               for row in rows.itertuples()]
-    table = _table(listed, ["task_id", "index", "reward", "stop_condition", "error"], right={"index", "reward"})
+    columns = ["task_id", "index", "reward", "stop_condition", "error"]
+    if rows["environment"].nunique() > 1:
+        columns.insert(0, "environment")
+    table = _table(listed, columns, right={"index", "reward"})
     return (f"run {run_id}: {len(rows)} rollouts\n{table}\n\n"
             f"show one with: prefect-rollouts traces show {root} {run_id} TASK_ID")
 
 
-def read_rollout_traces(root: str | Path, run_id: str, task_id: str,
-                        index: int | None = None) -> list[tuple[int, Trace]]:
-    """``(rollout index, trace)`` of each rollout of task ``task_id`` in run ``run_id`` (only
-    rollout ``index`` when given), in rollout-index order.
+def read_rollout_traces(root: str | Path, run_id: str, task_id: str, index: int | None = None,
+                        environment: str | None = None) -> list[tuple[str, int, Trace]]:
+    """``(environment, rollout index, trace)`` of each rollout of task ``task_id`` in run ``run_id``
+    (only rollout ``index``, and only ``environment``, when given), by environment and index. In a
+    suite two environments may hold the same task id.
 
     Raises:
         TraceStoreError: the dataset cannot be read, holds no rollout of ``run_id``, or none of
             ``task_id`` (and ``index``) in that run; the message lists what it does hold.
     """
     rows = _rollouts_of(root, run_id, columns=["trace"])
+    if environment is not None:
+        if not (rows["environment"] == environment).any():
+            raise TraceStoreError(f"run {run_id!r} has no environment {environment!r}. Its environments: "
+                                  + ", ".join(sorted(rows["environment"].unique())))
+        rows = rows[rows["environment"] == environment]
     of_task = rows[rows["task_id"] == task_id]
     if of_task.empty:
         tasks = sorted(rows["task_id"].unique())
@@ -98,12 +109,13 @@ def read_rollout_traces(root: str | Path, run_id: str, task_id: str,
     if chosen.empty:
         indices = ", ".join(str(i) for i in sorted(of_task["rollout_index"]))
         raise TraceStoreError(f"task {task_id!r} of run {run_id!r} has no rollout index {index}; it has {indices}")
-    chosen = chosen.sort_values("rollout_index")
-    return [(int(i), Trace.model_validate_json(text)) for i, text in zip(chosen["rollout_index"], chosen["trace"],
-                                                                           strict=True)]
+    chosen = chosen.sort_values(["environment", "rollout_index"])
+    return [(str(env), int(i), Trace.model_validate_json(text))
+            for env, i, text in zip(chosen["environment"], chosen["rollout_index"], chosen["trace"], strict=True)]
 
 
-def format_rollout(trace: Trace, *, index: int | None = None, max_chars: int = MAX_CHARS) -> str:
+def format_rollout(trace: Trace, *, index: int | None = None, environment: str | None = None,
+                   max_chars: int = MAX_CHARS) -> str:
     """One rollout for a terminal: a header (ids, model, timing, stop condition, tokens), its
     rewards and metrics, the transcript (each message under a ``── role ──`` rule, tool calls as
     ``→ name(arguments)``, judge verdicts), its errors and its ``info`` (``info["task"]``, the
@@ -112,6 +124,7 @@ def format_rollout(trace: Trace, *, index: int | None = None, max_chars: int = M
     Args:
         trace: A trace as read from the dataset (scrubbed of secrets when it was written).
         index: Its rollout index, shown in the header when given.
+        environment: Its environment, shown in the header when given.
         max_chars: Characters kept of each message, tool argument list and judge reply (the end
             is replaced by a note of how many were cut); 0 keeps everything.
     """
@@ -121,7 +134,8 @@ def format_rollout(trace: Trace, *, index: int | None = None, max_chars: int = M
     flags = [name for name, on in (("truncated", trace.is_truncated), ("timeout", trace.is_timeout)) if on]
     skipped = trace.info.get("scoring_skipped")
     lines = [
-        f"rollout {trace.id} · task {trace.task_id}" + (f" · index {index}" if index is not None else "")
+        f"rollout {trace.id} · " + (f"environment {environment} · " if environment else "") + f"task {trace.task_id}"
+        + (f" · index {index}" if index is not None else "")
         + f" · model {trace.model}",
         f"started {started}{elapsed} · stop {trace.stop_condition or '—'}"
         + "".join(f" · {flag}" for flag in flags) + (f" · scoring skipped ({skipped})" if skipped else ""),
