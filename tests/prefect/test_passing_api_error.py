@@ -50,3 +50,24 @@ async def test_a_failed_flow_run_creation_while_the_api_answers_is_tried_again(t
                for m in messages)
     assert not any("is unreachable" in m for m in messages), "not taken for an outage"
     assert summary.environments[0].rollouts == 3
+
+
+def test_prefect_s_log_of_a_lost_api_connection_marks_the_watch_down_instead_of_printing_a_traceback():
+    import sys
+
+    from prefect_rollouts.flows.outage import ApiWatch, QuietWhileDown
+
+    watch = ApiWatch("http://127.0.0.1:9/api", limit_s=60)
+    quiet = QuietWhileDown(watch)
+
+    def record(error: BaseException) -> logging.LogRecord:
+        try:
+            raise RuntimeError("Failed to set the flow run's state") from error
+        except RuntimeError:
+            return logging.LogRecord("prefect.flow_runs", logging.ERROR, __file__, 1, "Crash detected", None,
+                                     sys.exc_info())
+    model = httpx.ConnectError("refused", request=httpx.Request("POST", "http://127.0.0.1:8000/v1/chat/completions"))
+    assert quiet.filter(record(model)) and watch.is_up, "a model endpoint's error is not the API's"
+    api = httpx.ConnectError("All connection attempts failed",
+                             request=httpx.Request("POST", "http://127.0.0.1:9/api/flow_runs/"))
+    assert quiet.filter(record(api)) is False and not watch.is_up

@@ -235,12 +235,31 @@ class QuietWhileDown(logging.Filter):
         if record.exc_info and isinstance(record.exc_info[1], ApiOutageError):
             record.exc_info = None
             return True
+        lost = self._api_connection_error(record)
+        if lost is not None:   # Prefect saw the API go before the watch did: the watch's one warning says it
+            self.watch.mark_down(f"{type(lost).__name__}: {lost}")
+            return False
         if self.watch.is_up:
             return True
         message = str(record.msg)
         if message.startswith("Service %r failed to process item"):
             return record.args is None or record.args[0] != "EventsWorker"  # type: ignore[index]
         return not message.startswith("Unable to connect")
+
+    def _api_connection_error(self, record: logging.LogRecord) -> httpx.TransportError | None:
+        """The connection error to the Prefect API behind ``record`` (its exception or a cause), if any."""
+        error = record.exc_info[1] if record.exc_info else None
+        for _ in range(5):
+            if error is None:
+                return None
+            if isinstance(error, httpx.TransportError) and self.watch.api_url:
+                try:
+                    url = str(error.request.url)
+                except RuntimeError:   # raised without a request
+                    return None
+                return error if url.startswith(self.watch.api_url) else None
+            error = error.__cause__ or error.__context__
+        return None
 
     def install(self) -> None:
         for name in self._LOGGERS:
