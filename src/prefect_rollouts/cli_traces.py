@@ -175,7 +175,7 @@ def alerts_create(
 ) -> None:
     """Create (or update) the Prefect automation that sends BLOCK a message when an eval's comparison
     with its baseline emits prefect-rollouts.eval.regressed (or .improved)."""
-    from prefect_rollouts.flows.baseline import ensure_regression_automation
+    from prefect_rollouts.flows.alerts import ensure_regression_automation
 
     with _exits():
         automation, created = asyncio.run(ensure_regression_automation(block, on, name))

@@ -27,97 +27,15 @@ from __future__ import annotations
 import tempfile
 import tomllib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from prefect_rollouts.config import AgentConfig, _Config, _read_toml, config_dir, validate_config
 from prefect_rollouts.errors import ConfigError, TraceStoreError
-from prefect_rollouts.scoring.env import is_template
+from prefect_rollouts.taskset_config import EnvironmentSpec, SuiteTasksetConfig, TasksetConfig, merged_agent, path_safe
 from prefect_rollouts.traces.store import DatasetRoot, dataset_root
-
-
-class TasksetConfig(BaseModel):
-    """``[env.taskset]``: ``id`` plus the taskset's own options (any other keys)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    id: str
-    """A built-in taskset name, or ``pkg.module:function`` returning tasks."""
-
-    @property
-    def options(self) -> dict[str, Any]:
-        """The keys other than ``id``, passed to the taskset's loader."""
-        return dict(self.model_extra or {})
-
-
-class SuiteTasksetConfig(TasksetConfig):
-    """One ``[[env.tasksets]]`` entry of a suite: a taskset with its options, the name of its
-    environment and its number of tasks."""
-
-    name: str | None = None
-    """The environment's name in rows, the summary and comparisons; default the taskset id. Two
-    entries of one taskset need different names."""
-    num_tasks: int | None = Field(None, ge=1)
-    """How many tasks from the start of this taskset; default the top-level ``num_tasks`` (all when unset)."""
-    agent: dict[str, Any] = Field(default_factory=dict)
-    """``[env.agent]`` keys that differ for this environment, e.g. ``{ harness = "tools", max_turns = 4 }``
-    (merged over ``[env.agent]``, tables key by key). Nothing that may hold a secret: no ``client``
-    (a suite has one model endpoint, and judges' clients belong in ``[env.agent]``, where ``[limits]``
-    and the secrets checks cover them) and only ``${VAR}`` templates as environment values; nor
-    ``orchestrator`` (``rollout_granularity`` decides)."""
-
-    @property
-    def environment(self) -> str:
-        return self.name or self.id
-
-    @field_validator("name")
-    @classmethod
-    def _usable_name(cls, value: str | None) -> str | None:
-        if value is not None and (not value.strip() or value == "all" or any(c in value for c in '/\\=')):
-            raise ValueError("an environment's name names rows and run ids: no /, \\ or =, not empty, and not "
-                             '"all" (the summary\'s overall line)')
-        return value
-
-    @field_validator("agent")
-    @classmethod
-    def _nothing_secret(cls, value: dict[str, Any]) -> dict[str, Any]:
-        if "orchestrator" in value:
-            raise ValueError("agent.orchestrator: an eval's rollout_granularity decides how rollouts run; remove it")
-
-        def walk(node: Any, path: str) -> None:
-            if isinstance(node, list):
-                for i, item in enumerate(node):
-                    walk(item, f"{path}[{i}]")
-            if not isinstance(node, dict):
-                return
-            for key, item in node.items():
-                where = f"{path}.{key}"
-                if key == "client":
-                    raise ValueError(f"{where}: a suite's environments share [env.agent.client] and the judges' "
-                                     "clients (they may hold keys); set them in [env.agent] and remove them here")
-                if key == "env" and isinstance(item, dict):
-                    literal = [name for name, text in item.items() if not is_template(str(text))]
-                    if literal:
-                        raise ValueError(f"{where}: {', '.join(literal)} must be ${{VAR}} templates here (a suite "
-                                         "entry is stored with the run and sent to workers as it is)")
-                walk(item, where)
-        walk(value, "agent")
-        return value
-
-
-@dataclass(frozen=True)
-class EnvironmentSpec:
-    """One environment of an eval: its name (the rows' ``environment``), taskset id, options and task count."""
-
-    name: str
-    taskset: str
-    options: dict[str, Any]
-    num_tasks: int | None
-    agent: AgentConfig
-    """``[env.agent]``, with the entry's ``agent`` keys merged over it in a suite."""
 
 
 class EnvConfig(_Config):
@@ -321,7 +239,7 @@ class EvalConfig(_Config):
             return [EnvironmentSpec(self.env.taskset.id, self.env.taskset.id, self.env.taskset.options,
                                     self.num_tasks, agent)]
         return [EnvironmentSpec(entry.environment, entry.id, entry.options, entry.num_tasks or self.num_tasks,
-                                _merged_agent(agent, entry.agent, f"env.tasksets[{i}].agent"))
+                                merged_agent(agent, entry.agent, f"env.tasksets[{i}].agent"))
                 for i, entry in enumerate(self.env.tasksets)]
 
     @property
@@ -333,7 +251,7 @@ class EvalConfig(_Config):
     @field_validator("run_name")
     @classmethod
     def _run_name_in_paths(cls, value: str | None) -> str | None:
-        if value is not None and (not value.strip() or any(c in value for c in "/\\=")):
+        if value is not None and not path_safe(value):
             raise ValueError("the run id's prefix names a directory of the dataset (run_id=<id>): no /, \\ or =, "
                              "not empty")
         return value
@@ -359,25 +277,6 @@ class EvalConfig(_Config):
                              "task, or batch: inline stages inside a shard's task run). Remove the key, and set "
                              'rollout_granularity = "batch" for the cheapest orchestration')
         return self
-
-
-def _merged_agent(base: AgentConfig, changes: dict[str, Any], section: str) -> AgentConfig:
-    """``base`` with ``changes`` merged over it, tables key by key.
-
-    Raises:
-        ConfigError: the result is not a valid agent config (the message names ``section`` and the key).
-    """
-    if not changes:
-        return base
-
-    def merge(into: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
-        for key, value in more.items():
-            into[key] = merge(dict(into[key]), value) if isinstance(value, dict) and isinstance(into.get(key),
-                                                                                                dict) else value
-        return into
-    data = merge(base.model_dump(exclude_unset=True), changes)
-    data["client"] = base.client   # refused in changes: the suite's one endpoint, secrets kept as they are
-    return validate_config(AgentConfig, data, section)
 
 
 def load_eval_config(source: str | Path, overrides: list[str] | None = None) -> EvalConfig:

@@ -21,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from prefect_rollouts.config import validate_config
 from prefect_rollouts.errors import ConfigError
-from prefect_rollouts.eval_config import EvalConfig, TasksetConfig
+from prefect_rollouts.eval_config import EvalConfig
+from prefect_rollouts.taskset_config import TasksetConfig
 
 
 def _number_fields(schema: dict[str, Any]) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 from prefect_rollouts.agent import redacted_config
 from prefect_rollouts.errors import ConfigError, TraceStoreError
 from prefect_rollouts.eval_config import EvalConfig, TracesConfig, apply_overrides, load_eval_config
+from prefect_rollouts.taskset_config import path_safe
 from prefect_rollouts.traces.read import durable_keys
 from prefect_rollouts.traces.run_config import StoredRunConfig, read_run_config, run_config_path, write_run_config
 from prefect_rollouts.traces.store import DatasetRoot
@@ -237,9 +238,17 @@ def check_run_id(run_id: str) -> None:
     Raises:
         ConfigError: the id is empty or holds ``/``, ``\\`` or ``=``.
     """
-    if not run_id.strip() or any(c in run_id for c in "/\\="):
+    if not path_safe(run_id):
         raise ConfigError(f"run id {run_id!r}: it names the dataset's run_id=<id> directory: no /, \\ or =, not "
                           "empty. Choose another --run-id or run_name")
+
+
+def has_rows(root: DatasetRoot, run_id: str) -> bool:
+    """Whether the dataset at ``root`` holds rollouts of ``run_id`` (False when it cannot be read)."""
+    try:
+        return bool(durable_keys(root, run_id))
+    except TraceStoreError:
+        return False
 
 
 def check_pinned_baseline(baseline: str, root: DatasetRoot, run_id: str | None = None) -> None:
@@ -251,10 +260,6 @@ def check_pinned_baseline(baseline: str, root: DatasetRoot, run_id: str | None =
     if baseline == run_id:
         raise ConfigError(f"baseline = {baseline!r}: the run cannot be its own baseline. Name an earlier "
                           'run, or "last" for the last completed run of the series')
-    try:
-        held = bool(durable_keys(root, baseline))
-    except TraceStoreError:
-        held = False
-    if not held:
+    if not has_rows(root, baseline):
         raise ConfigError(f"baseline = {baseline!r}: no rollouts of this run in the trace dataset at {root}. "
                           'Name a run it holds (prefect-rollouts traces summary PATH lists them), or "last"')

@@ -13,8 +13,8 @@ At its end the eval compares the baseline (run A) with itself (run B) with ``tra
 markdown artifact ``eval-comparison-<series>``, and for each environment whose interval lies below
 zero emits the Prefect event ``prefect-rollouts.eval.regressed`` (above zero:
 ``prefect-rollouts.eval.improved``), its resource the environment, its payload the difference,
-the interval and both run ids (``comparison_events``). ``ensure_regression_automation`` makes the
-automation that sends a notification block a message on those events.
+the interval and both run ids (``comparison_events``). ``flows/alerts.py`` makes the automation
+that sends a notification block a message on those events.
 """
 
 from __future__ import annotations
@@ -25,18 +25,15 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from prefect.automations import AutomationCore
 from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
 from prefect.events import emit_event
-from prefect.events.actions import SendNotification
-from prefect.events.schemas.automations import EventTrigger, Posture
 from prefect.variables import Variable
 
 from prefect_rollouts.errors import ConfigError, TraceStoreError
 from prefect_rollouts.eval_config import EvalConfig
-from prefect_rollouts.run_identity import check_pinned_baseline
-from prefect_rollouts.traces import DatasetRoot, EvalSummary, RunComparison, compare_runs, durable_keys
+from prefect_rollouts.run_identity import has_rows
+from prefect_rollouts.traces import DatasetRoot, EvalSummary, RunComparison, compare_runs
 from prefect_rollouts.traces.compare_report import format_comparison
 
 log = logging.getLogger("prefect_rollouts.baseline")
@@ -104,14 +101,12 @@ class Baseline:
 
 
 async def resolve_baseline(config: EvalConfig, root: DatasetRoot, series: str, run_id: str) -> Baseline:
-    """The run this eval compares with, checked before any rollout runs.
+    """The run this eval compares with, found before any rollout runs.
 
     ``baseline = "last"``: the run in the series' Variable; none when it is unset (the first run of
     a series) or names a run the dataset does not hold (the note and a warning say so). Any other
-    value is a run id.
-
-    Raises:
-        ConfigError: ``baseline`` names a run id that has no rollouts in the dataset at ``root``.
+    value is a run id, which the caller checked with ``run_identity.check_pinned_baseline`` before
+    the run's config was stored (a bad one then keeps the run id free).
     """
     if config.baseline is None:
         return Baseline(None)
@@ -119,15 +114,14 @@ async def resolve_baseline(config: EvalConfig, root: DatasetRoot, series: str, r
         baseline = await Variable.aget(variable_name(series))
         if not isinstance(baseline, str) or not baseline or baseline == run_id:
             return Baseline(None, f"no baseline yet for series {series!r}: this run becomes it if it completes")
-        if not _has_rows(root, baseline):
+        if not has_rows(root, baseline):
             note = (f"no comparison: the baseline {baseline!r} (Prefect Variable {variable_name(series)}) has no "
                     f"rollouts in the trace dataset at {root}; set another with prefect-rollouts traces baseline "
                     "set RUN")
             _logger().warning(note)
             return Baseline(None, note)
         return Baseline(baseline)
-    check_pinned_baseline(config.baseline, root, run_id)
-    return Baseline(config.baseline)
+    return Baseline(config.baseline)   # checked before the run's config was stored (check_pinned_baseline)
 
 
 def replaces_baseline(comparison: RunComparison) -> bool:
@@ -147,13 +141,6 @@ def _logger() -> Any:
         return get_run_logger()
     except MissingContextError:
         return log
-
-
-def _has_rows(root: DatasetRoot, run_id: str) -> bool:
-    try:
-        return bool(durable_keys(root, run_id))
-    except TraceStoreError:
-        return False
 
 
 @dataclass
@@ -311,79 +298,6 @@ async def finish_with_baseline(summary: EvalSummary, baseline: Baseline, config:
 async def remember_baseline(series: str, run_id: str) -> None:
     """Make ``run_id`` the series' baseline (its Prefect Variable, created or overwritten)."""
     await Variable.aset(variable_name(series), run_id, overwrite=True, tags=["prefect-rollouts", "baseline"])
-
-
-ALERT_EVENTS = {"regressed": {REGRESSED}, "improved": {IMPROVED}, "both": {REGRESSED, IMPROVED}}
-
-
-async def ensure_regression_automation(block: str, on: str = "regressed", name: str | None = None) -> tuple[str, bool]:
-    """Create or update the automation that sends the notification block ``block`` (``<block type
-    slug>/<block name>``, e.g. ``slack-webhook/evals``) a message for each ``on`` event
-    (``regressed``, ``improved`` or ``both``) an eval emits.
-
-    Returns:
-        ``(name, created)``: the automation's name, and False when one of that name was updated.
-
-    Raises:
-        ConfigError: ``block`` is not ``slug/name`` or names no saved block; ``on`` is unknown.
-    """
-    from prefect.exceptions import ObjectNotFound
-
-    if on not in ALERT_EVENTS:
-        raise ConfigError(f"--on {on!r}: expected one of {', '.join(ALERT_EVENTS)}")
-    slug, _, block_name = block.partition("/")
-    if not slug or not block_name:
-        raise ConfigError(f"--block {block!r}: expected <block type slug>/<block name>, e.g. slack-webhook/evals "
-                          "(prefect block ls lists the saved blocks)")
-    name = name or f"prefect-rollouts: eval alerts -> {block}"
-    async with get_client() as client:
-        try:
-            document = await client.read_block_document_by_name(block_name, slug)
-        except ObjectNotFound:
-            raise ConfigError(f"--block {block!r}: no saved block of type {slug!r} named {block_name!r} on this "
-                              "Prefect server (prefect block ls lists them)") from None
-        capabilities = document.block_schema.capabilities if document.block_schema else []
-        if "notify" not in capabilities:
-            raise ConfigError(f"--block {block!r}: a {slug} block cannot send notifications. Name a notification "
-                              "block (Slack Webhook, Custom Webhook, Email, Microsoft Teams, ...)")
-        automation = AutomationCore(
-            name=name,
-            description=f"Sends {block} a message when an eval's comparison with its baseline shows a "
-                        f"change ({on}; prefect-rollouts alerts create).",
-            trigger=EventTrigger(expect=ALERT_EVENTS[on], match={"prefect.resource.id": "prefect-rollouts.*"},
-                                 posture=Posture.Reactive, threshold=1),
-            actions=[SendNotification(block_document_id=document.id, subject=NOTIFICATION_SUBJECT,
-                                      body=NOTIFICATION_BODY)])
-        existing = await client.read_automations_by_name(name)
-        if existing:
-            await client.update_automation(existing[0].id, automation)
-            return name, False
-        await client.create_automation(automation)
-        return name, True
-
-
-NOTIFICATION_SUBJECT = ("prefect-rollouts: {{ event.payload.environment }} "
-                        "{{ event.event.split('.')[-1] }} in {{ event.payload.series }}")
-NOTIFICATION_BODY = """\
-{%- set p = event.payload -%}
-{{ p.environment }} {{ event.event.split('.')[-1] }}: mean reward {{ '%.3f' | format(p.baseline_mean) }} -> \
-{{ '%.3f' | format(p.mean) }}, difference {{ '%+.3f' | format(p.difference) }} \
-({{ '%.0f' | format(p.confidence * 100) }}% interval \
-[{{ '%+.3f' | format(p.ci_low) }}, {{ '%+.3f' | format(p.ci_high) }}]\
-{%- if p.p_value is not none %}, p = {{ '%.2g' | format(p.p_value) }}{% endif %}, {{ p.n_paired }} rollouts paired).
-Run {{ p.run_id }} against baseline {{ p.baseline_run_id }}.
-{%- if p.n_flipped_to_fail %}
-Pass -> fail ({{ p.n_flipped_to_fail }}): {{ p.flipped_to_fail | join(', ') }}\
-{%- if p.n_flipped_to_fail > p.flipped_to_fail | length %}, ...{% endif %}
-{%- endif %}
-{%- if p.n_flipped_to_pass %}
-Fail -> pass ({{ p.n_flipped_to_pass }}): {{ p.flipped_to_pass | join(', ') }}\
-{%- if p.n_flipped_to_pass > p.flipped_to_pass | length %}, ...{% endif %}
-{%- endif %}
-{%- set url = flow_run | ui_url if flow_run else none %}
-{%- if url %}
-{{ url }}
-{%- endif %}"""
 
 
 async def series_of_run(run_id: str) -> str | None:

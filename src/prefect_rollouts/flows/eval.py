@@ -12,7 +12,7 @@ of them errored, else Failed with the reason (``traces.run_failure``), holding a
 is written all the same (``flows/execute.py``).
 
 The summary (``EvalSummary``) is logged in the eval flow run and published as a table artifact
-whose key is the same for every run of a deployment, or of a run name (``summary_key``), so the
+whose key is the same for every run of a series (``flows.baseline.series_name``), so the
 UI's Artifacts page keeps its history, night after night.
 """
 
@@ -39,7 +39,7 @@ from prefect_rollouts.plan import RolloutKey, plan_rollouts
 from prefect_rollouts.run_identity import check_pinned_baseline, check_run_id, prepare_run
 from prefect_rollouts.traces import DatasetRoot, EvalSummary, compact_run, durable_keys, run_failure, summarize_run
 
-__all__ = ["eval_flow", "new_run_id", "progress_listener", "run_eval", "summary_key"]
+__all__ = ["eval_flow", "new_run_id", "progress_listener", "run_eval"]
 
 COMPACT_MIN_FILES = 16
 COMPACT_ROWS_PER_FILE = 16
@@ -76,7 +76,7 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
         every k up to ``rollouts_per_task``, counts of truncated, timed-out, skipped and
         errored rollouts, total tokens, the model and each reward component's mean; the most
         frequent errors; and the wall time. Also logged in this flow run and published as a
-        table artifact keyed per series (``summary_key``). When more than ``config.max_error_fraction`` of the
+        table artifact ``eval-summary-<series>``. When more than ``config.max_error_fraction`` of the
         rollouts errored (or some have no row), a Failed state whose message says so, e.g.
         ``6 of 6 rollouts errored (ProviderError: ...)``, holding an ``EvalFailedError`` with
         the summary: awaiting the flow without ``return_state=True`` raises it.
@@ -117,10 +117,10 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
     summary = summarize_run(root, run_id, rollouts_per_task=config.rollouts_per_task,
                             pass_threshold=config.pass_threshold, wall_time_s=round(time.perf_counter() - started, 3))
     summary.flow_run_id = str(flow_run.id)
-    failure = run_failure(summary, len(plan), config.max_error_fraction) if not failures else "rollouts without a row"
+    failure = run_failure(summary, len(plan), config.max_error_fraction)
     artifacts = [artifact_key(series, "summary")]
     compared = await finish_with_baseline(summary, baseline, config, root, series,
-                                          completed=failure is None, ran=bool(todo))
+                                          completed=failure is None and not failures, ran=bool(todo))
     artifacts += [compared] if compared else []
     models = ", ".join(sorted({env.model for env in summary.environments if env.model}))
     logger.info("%s\nsummary artifact: %s", summary.text(), "; comparison artifact: ".join(artifacts))
@@ -179,13 +179,6 @@ async def _run_on_work_pool(config: EvalConfig, root: DatasetRoot, run_id: str, 
     error = RuntimeError(f"shards {[s.index for s in report.failed]} ended "
                          f"{[s.states for s in report.failed]} after {config.dispatch.shard_attempts} attempts")
     return [error] * len(report.missing)
-
-
-async def summary_key(config: EvalConfig) -> str:
-    """Key of the summary artifact, the same for every run of a series (``flows.baseline.series_name``:
-    the deployment's name, else ``run_name``, else the taskset id), so Prefect keeps each run's
-    summary as that key's history: ``eval-summary-<series>`` (lowercase letters, digits and dashes)."""
-    return artifact_key(await series_name(config), "summary")
 
 
 def new_run_id(config: EvalConfig) -> str:
