@@ -155,14 +155,14 @@ async def measure(mode: str, rollouts: int, concurrency: int, base_url: str, api
     else:
         import httpx
 
-        from prefect_rollouts.flows.eval import eval_flow
+        from prefect_rollouts.flows.eval import run_eval
 
         async with httpx.AsyncClient(base_url=api_url) as client:
             final = {"state": {"type": {"any_": ["COMPLETED", "FAILED", "CRASHED", "CANCELLED"]}}}
             flows0 = (await client.post("/flow_runs/count", json={"flow_runs": final})).json()
             tasks0 = (await client.post("/task_runs/count", json={"task_runs": final})).json()
-        summary = await eval_flow(eval_config(mode, rollouts, concurrency, base_url, traces))
-        assert summary.rollouts == rollouts and summary.environments[0].mean_reward == 1.0, summary
+        summary, failure = await run_eval(eval_config(mode, rollouts, concurrency, base_url, traces))  # as the CLI
+        assert failure is None and summary.rollouts == rollouts and summary.environments[0].mean_reward == 1.0, summary
         returned = time.perf_counter()
         flows = 1 + (rollouts if mode == "flow" else 0)
         # stage task runs per rollout flow: segment, finalize, skip-check, scoring (tasks/stages.py IN_FLOW_BODY)
@@ -177,7 +177,7 @@ def cold_start(modes: list[str], base_url: str, api_url: str, sessions: set[int]
     """Import the Prefect layer and run each Prefect mode once (2 rollouts); print what the first
     eval of a process costs over the same eval run warm."""
     wall, cpu = time.perf_counter(), time.process_time()
-    from prefect_rollouts.flows.eval import eval_flow  # noqa: F401
+    from prefect_rollouts.flows.eval import run_eval  # noqa: F401
     print(f"cold start: importing the Prefect layer {time.perf_counter() - wall:.2f} s wall, "
           f"{time.process_time() - cpu:.2f} s CPU")
     for mode in [m for m in modes if m != "inline"]:

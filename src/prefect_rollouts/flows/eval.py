@@ -25,6 +25,7 @@ import uuid
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import acreate_progress_artifact, acreate_table_artifact, aupdate_progress_artifact
+from prefect.context import SyncClientContext
 from prefect.runtime import flow_run
 from prefect.states import Failed, State
 
@@ -144,8 +145,9 @@ async def run_eval(config: EvalConfig, resume: str | None = None, run_id: str | 
         Exception: what stopped the eval flow run before it could summarise (an API outage past
             its limit, an unwritable dataset, rollouts without a row).
     """
-    final = await eval_flow(config, resume=resume, run_id=run_id, force_config=force_config,
-                            return_state=True)
+    with SyncClientContext.get_or_create():   # one sync API client for the engine's calls, not one per call
+        final = await eval_flow(config, resume=resume, run_id=run_id, force_config=force_config,
+                                return_state=True)
     result = await final.aresult(raise_on_failure=False)
     if isinstance(result, EvalFailedError):
         return result.summary, str(result)
