@@ -98,3 +98,17 @@ def test_an_environment_with_several_task_categories_has_a_line_per_category(tmp
         ("bfcl", 3, 0.6667), ("bfcl / multiple", 1, 1.0), ("bfcl / simple_python", 2, 0.5),
         ("single", 1, 1.0), ("all", 4, 0.75)]   # one category is the environment itself: no line of its own
     assert "bfcl / simple_python" in summary.text()
+
+
+def test_a_category_line_counts_every_rollout_of_its_tasks(tmp_path):
+    writer = TraceWriter(tmp_path, "r2")
+    for task_id, category in [("s0", "simple"), ("s1", "simple"), ("m0", "multiple")]:
+        for index, reward in [(0, 1.0), (1, 0.0)]:   # the category is read from a task's first row only
+            writer.add(vf.Trace(task_id=task_id, model="m", reward=reward, stop_condition="agent_completed",
+                                info={"task": {"category": category}}),
+                       rollout_index=index, environment="bfcl", config_hash="h", elapsed_s=0.1)
+    writer.flush()
+
+    rows = {row["environment"]: row for row in summarize_run(tmp_path, "r2", rollouts_per_task=2).table()}
+    assert [(name, row["rollouts"], row["mean_reward"], row["pass@2"]) for name, row in rows.items()] == [
+        ("bfcl", 6, 0.5, 1.0), ("bfcl / multiple", 2, 0.5, 1.0), ("bfcl / simple", 4, 0.5, 1.0)]

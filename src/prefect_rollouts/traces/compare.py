@@ -49,7 +49,7 @@ from prefect_rollouts.traces.paired_stats import (
     mcnemar_exact,
     sign_flip_pvalue,
 )
-from prefect_rollouts.traces.read import category_of, read_model_calls, read_rollouts, scan_rollouts, task_categories
+from prefect_rollouts.traces.read import category_of, read_model_calls, read_rollouts, read_rollouts_with_categories
 from prefect_rollouts.traces.store import DatasetRoot
 
 #: Columns ``compare`` needs of each run's rows (``category``, or ``info`` to derive it, optional).
@@ -58,7 +58,6 @@ REQUIRED_COLUMNS = ["environment", "task_id", "rollout_index", "reward", "is_err
 ROLLOUT_COLUMNS = [*REQUIRED_COLUMNS, "total_tokens"]
 #: What ``compare_runs`` reads of the ``model_calls`` table.
 CALL_COLUMNS = ["environment", "task_id", "latency_ms"]
-_KEY = ["environment", "task_id", "rollout_index"]
 #: A rollout's outcome in the aligned rows (-1: the run lacks it).
 SCORED, ERRORED, SKIPPED = 0, 1, 2
 
@@ -200,9 +199,7 @@ def compare_runs(root: str | Path | DatasetRoot, run_a: str, run_b: str, **optio
         ConfigError: a run has no rollouts in the dataset; the message lists the runs it holds.
         TraceStoreError: the dataset cannot be read.
     """
-    table = scan_rollouts(root, columns=[*ROLLOUT_COLUMNS, "info"], run_id=[run_a, run_b])
-    table = table.append_column("category", task_categories(table)).drop_columns(["info"])
-    rows = table.to_pandas().drop_duplicates(["run_id", *_KEY], keep="first")
+    rows = read_rollouts_with_categories(root, columns=ROLLOUT_COLUMNS, run_id=[run_a, run_b])
     missing = [(field, run) for field, run in (("RUN_A", run_a), ("RUN_B", run_b)) if not (rows["run_id"] == run).any()]
     if missing:
         runs = sorted(read_rollouts(root, columns=["run_id"])["run_id"].unique())

@@ -123,23 +123,33 @@ def _read(root: DatasetRoot, name: str, schema: pa.Schema, filters: dict[str, An
         raise TraceStoreError(f"trace dataset {root.uri}: cannot read {name}/ ({exc})") from exc
 
 
-def task_categories(table: pa.Table) -> pa.Array:
-    """``info["task"]["category"]`` on the first row of each (environment, task id) of ``table``, None on
-    the others (``compare`` gives every rollout of a task its category) and where there is none.
+def read_rollouts_with_categories(path: Root, *, columns: list[str], **filters: Any) -> pd.DataFrame:
+    """``read_rollouts`` of ``columns`` plus ``category``: each rollout's task category
+    (``task_categories``), without reading the large ``info`` column into pandas."""
+    table = scan_rollouts(path, columns=[*columns, "info"], **filters)
+    table = table.append_column("category", task_categories(table)).drop_columns(["info"])
+    return table.to_pandas().drop_duplicates(ROLLOUT_KEY, keep="first").reset_index(drop=True)
 
-    Parses only those ``info`` values, and of them only the ones that mention ``"category"``.
+
+def task_categories(table: pa.Table) -> pa.Array:
+    """``info["task"]["category"]`` of each row's task (environment, task id), taken from the task's
+    first row; None where it has none.
+
+    Parses only those first rows' ``info`` values, and of them only the ones that mention ``"category"``.
     """
-    first = pd.DataFrame({"environment": table.column("environment").to_pandas(),
-                          "task_id": table.column("task_id").to_pandas()}).duplicated().to_numpy()
-    rows = np.flatnonzero(~first)
+    keys = pd.DataFrame({"environment": table.column("environment").to_pandas(),
+                         "task_id": table.column("task_id").to_pandas()})
+    rows = np.flatnonzero(~keys.duplicated().to_numpy())   # each task's first row, in order of appearance
     infos = table.column("info").take(pa.array(rows))
     mentions = pc.fill_null(pc.match_substring(infos, '"category"'), False).to_numpy()
-    categories = np.full(table.num_rows, None, dtype=object)
-    categories[rows[mentions]] = [category_of(info) for info in infos.filter(pa.array(mentions)).to_pylist()]
-    return pa.array(categories, pa.string(), from_pandas=True)
+    of_task = np.full(len(rows), None, dtype=object)
+    of_task[mentions] = [category_of(info) for info in infos.filter(pa.array(mentions)).to_pylist()]
+    task = keys.groupby(["environment", "task_id"], sort=False).ngroup().to_numpy()   # numbered as they appear
+    return pa.array(of_task[task], pa.string(), from_pandas=True)
 
 
 def category_of(info: str | None) -> str | None:
+    """``info["task"]["category"]`` of one row's ``info`` JSON, as a string; None when it has none."""
     try:
         task = json.loads(info).get("task") if info else None
     except (ValueError, AttributeError):

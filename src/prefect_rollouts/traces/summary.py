@@ -370,10 +370,8 @@ def summarize_run(root: str | Path | DatasetRoot, run_id: str, *, rollouts_per_t
     Raises:
         TraceStoreError: the dataset cannot be read.
     """
-    from prefect_rollouts.traces.read import ROLLOUT_KEY, scan_rollouts, task_categories
+    from prefect_rollouts.traces.read import read_rollouts_with_categories
 
-    table = scan_rollouts(root, run_id=run_id, columns=[*SUMMARY_COLUMNS, "info"])
-    table = table.append_column("category", task_categories(table)).drop_columns(["info"])
-    rows = table.to_pandas().drop_duplicates(ROLLOUT_KEY, keep="first").reset_index(drop=True)
+    rows = read_rollouts_with_categories(root, columns=SUMMARY_COLUMNS, run_id=run_id)
     return summarize(rows, run_id=run_id, rollouts_per_task=rollouts_per_task, pass_threshold=pass_threshold,
                      wall_time_s=wall_time_s)
