@@ -50,10 +50,10 @@ from prefect_rollouts.traces import DatasetRoot, durable_keys
 ZOMBIE_AUTOMATION = "prefect-rollouts: crash shard flow runs without heartbeats"
 FINAL = {StateType.COMPLETED, StateType.FAILED, StateType.CRASHED, StateType.CANCELLED}
 POLL_S = 2.0
+"""How often (seconds) the eval reads its shard flow runs' states."""
 PROGRESS_S = 10.0
-"""How often the durable rows are read for progress while no shard ends (each read lists and opens
-the run's row files, a cost on an object store); a shard's end reads them at once."""
-"""How often (seconds) the eval reads its shard flow runs' states and the durable rows."""
+"""How often (seconds) the durable rows are read for progress while no shard ends (each read lists
+and opens the run's row files, a cost on an object store); a shard's end reads them at once."""
 
 
 @dataclass
