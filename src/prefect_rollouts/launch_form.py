@@ -48,14 +48,17 @@ class ArithmeticTaskset(_Form):
                            description="Operands are drawn uniformly from 0 to this. Default 100.")
 
 
+BfclCategory = Literal["simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance", "multi_turn_base"]
+"""The BFCL categories the taskset supports (``environments.bfcl.CATEGORIES``)."""
+
+
 class BfclTaskset(_Form):
     """Berkeley Function Calling Leaderboard items (needs bfcl-eval: see the README's Install)."""
 
     model_config = ConfigDict(title="bfcl")
     id: Literal["bfcl"] = Field("bfcl", title="Name")
-    category: Literal["simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance",
-                      "multi_turn_base"] = Field("simple_python", title="Category",
-                                                 description="BFCL category. Default simple_python.")
+    category: BfclCategory = Field("simple_python", title="Category",
+                                   description="BFCL category. Default simple_python.")
     count: int | None = Field(None, ge=1, title="Items",
                               description="How many items from the start of the category (of each category). "
                                           "Empty: all.")
@@ -64,8 +67,7 @@ class BfclTaskset(_Form):
         description="Single-turn categories: on forces a call of the task's function (small models call no tool "
                     "otherwise); off leaves tool_choice to the model. Empty: on, except for irrelevance and "
                     "multi_turn_base (which refuses on).")
-    categories: list[Literal["simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance",
-                             "multi_turn_base"]] | None = Field(
+    categories: list[BfclCategory] | None = Field(
         None, title="Categories",
         description="Several categories in one taskset, each reported on its own line (instead of Category). "
                     "Empty: the category above.")

@@ -12,11 +12,13 @@ import yaml
 from pydantic import BaseModel
 
 from prefect_rollouts.environments import BUILTIN
+from prefect_rollouts.environments.bfcl import CATEGORIES
 from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.eval_config import load_eval_config
 from prefect_rollouts.launch_form import (
     BUILTIN_TASKSETS,
     AdvancedSettings,
+    BfclCategory,
     BfclTaskset,
     CustomTaskset,
     LaunchForm,
@@ -160,3 +162,7 @@ def test_the_nightly_deployment_launches_examples_nightly_toml():
     form = LaunchForm.model_validate(deployment["parameters"]["eval"])
     assert form == LaunchForm.from_eval_config(load_eval_config(REPO / "examples" / "nightly.toml"))
     assert (form.model, form.endpoint, form.taskset.id) == ("local/smollm2", "", "arithmetic")   # runs as it is
+
+
+def test_the_form_offers_exactly_the_bfcl_categories_the_taskset_supports():
+    assert typing.get_args(BfclCategory) == CATEGORIES
