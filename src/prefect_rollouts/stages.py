@@ -9,7 +9,10 @@ A stage raises what went wrong. Before raising, it undoes what a retry must not 
 (setup stops the runtime it started, isolated scoring drops partial rewards); a segment keeps
 what it did, and the next call resumes it (see ``run_segment``). A stage deadline that expires
 is recorded on the trace and raised as ``StageTimeoutError``, so an orchestrator can show the
-stage as timed out; a ``TimeoutError`` from user code is an ordinary error.
+stage as timed out; a ``TimeoutError`` from user code is an ordinary error. Sync task code (hooks,
+rewards, metrics, judges' parsers) runs in a worker thread, so a deadline holds for it too; a
+call still running at the deadline is abandoned and named in ``trace.info["abandoned_threads"]``
+(``threads.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from prefect_rollouts.model.local import is_local
 from prefect_rollouts.runtimes import Runtime, make_runtime
 from prefect_rollouts.scoring.placement import score_isolated, score_shared
 from prefect_rollouts.task import Task, call_injected
+from prefect_rollouts.threads import note_in
 from prefect_rollouts.trace import SegmentRecord, SendRecord, Trace, last_assistant_text
 
 if TYPE_CHECKING:
@@ -186,7 +190,8 @@ async def setup(state: RolloutState) -> None:
             await state.runtime.start()
             for path, content in state.task.data.files.items():
                 await state.runtime.write_file(path, content)
-            await call_injected(state.task.setup, {"runtime": state.runtime, "trace": state.trace, "task": state.task})
+            await call_injected(state.task.setup, {"runtime": state.runtime, "trace": state.trace, "task": state.task},
+                                "setup hook", note_in(state.trace.info))
             await state.harness.open(state)
     except BaseException:
         await stop_runtime(state)
@@ -262,7 +267,7 @@ async def finalize(state: RolloutState) -> None:
     """
     async with _timed(state, "finalize", state.config.timeouts.finalize):
         available = {"trace": state.trace, "runtime": state.runtime, "task": state.task}
-        await call_injected(state.task.finalize, available)
+        await call_injected(state.task.finalize, available, "finalize hook", note_in(state.trace.info))
         if state.scoring.mode == "isolated" and state.runtime is not None:
             state.artifacts, missing = await state.runtime.collect_artifacts(list(state.task.data.artifacts))
             if missing:

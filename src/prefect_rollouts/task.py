@@ -8,11 +8,16 @@ Subclass ``Task`` for behaviour::
             return float(trace.last_reply == self.data.answer)
 
 Reward and metric methods, and the ``setup``/``finalize`` hooks, receive the parameters they
-name: ``trace``, ``runtime`` and ``task``. They may be sync or async.
+name: ``trace``, ``runtime`` and ``task``. They may be sync or async: an ``async def`` runs on the
+event loop that runs the other rollouts, a sync one in a worker thread (``threads.py``), so a
+blocking call (``time.sleep``, ``subprocess.run``) holds up only its own rollout and its stage
+deadline still holds. Objects that rollouts share (made in ``__init__``) must then be safe to use
+from several threads; a rollout's own sync rewards and metrics run one after another.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -23,6 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from prefect_rollouts.config import ScoringConfig
+from prefect_rollouts.threads import run_sync
 
 if TYPE_CHECKING:
     from prefect_rollouts.harnesses.schema import ToolSpec
@@ -156,8 +162,35 @@ def metric(fn: Callable[..., Any] | None = None) -> Any:
     return mark(fn) if fn is not None else mark
 
 
-async def call_injected(fn: Callable[..., Any], available: dict[str, Any]) -> Any:
+async def call_injected(fn: Callable[..., Any], available: dict[str, Any], what: str,
+                        on_abandon: Callable[[str], None] | None = None) -> Any:
     """Call ``fn`` with the parameters it names from ``available``; await it if it is async.
+
+    An ``async def`` runs on the event loop; any other callable runs in a worker thread
+    (``threads.run_sync``), so sync task code that blocks cannot stall the other rollouts, and a
+    stage deadline still fires; an awaitable it returns is then awaited on the loop.
+
+    Args:
+        fn: Task code (a hook, a reward, a metric).
+        available: Parameter values by name (``trace``, ``runtime``, ``task``).
+        what: What ``fn`` is, for the warning when its thread is abandoned (e.g. ``"finalize hook"``).
+        on_abandon: Receives that warning (see ``threads.run_sync``).
+
+    Raises:
+        TypeError: ``fn`` names a required parameter that is not available.
+        asyncio.CancelledError: the caller was cancelled (a sync ``fn`` still running is abandoned).
+    """
+    kwargs = injected_kwargs(fn, available)
+    if inspect.iscoroutinefunction(fn):
+        return await fn(**kwargs)
+    result = await run_sync(functools.partial(fn, **kwargs), f"{what} ({qualname(fn)})", on_abandon)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+def injected_kwargs(fn: Callable[..., Any], available: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments ``fn`` gets from ``available``: the parameters it names.
 
     Raises:
         TypeError: ``fn`` names a required parameter that is not available.
@@ -167,12 +200,13 @@ async def call_injected(fn: Callable[..., Any], available: dict[str, Any]) -> An
         if name in available:
             kwargs[name] = available[name]
         elif required:
-            raise TypeError(f"{getattr(fn, '__qualname__', fn)} asks for parameter {name!r}; "
-                            f"available are {sorted(available)}")
-    result = fn(**kwargs)
-    if inspect.isawaitable(result):
-        result = await result
-    return result
+            raise TypeError(f"{qualname(fn)} asks for parameter {name!r}; available are {sorted(available)}")
+    return kwargs
+
+
+def qualname(fn: Callable[..., Any]) -> str:
+    """``fn``'s qualified name (``Add.exact``), or its repr."""
+    return str(getattr(fn, "__qualname__", None) or fn)
 
 
 _PARAMETERS: dict[Any, tuple[tuple[str, bool], ...]] = {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import prefect_rollouts as vf
 
 
@@ -14,3 +16,20 @@ class Numbered(vf.Task):
 def numbered(count: int = 10) -> list[Numbered]:
     """Task i asks for the number i; the scripted server decides who answers right."""
     return [Numbered(vf.TaskData(id=f"n{i}", prompt=f"task {i}: say {i}", answer=str(i))) for i in range(count)]
+
+
+BLOCKING_RELEASE = threading.Event()
+"""Releases the blocked reward of the ``blocking`` taskset (a test sets it when it ends)."""
+
+
+class Blocking(Numbered):
+    @vf.reward
+    def correct(self, trace: vf.Trace) -> float:
+        if self.data.id == "n0":
+            BLOCKING_RELEASE.wait(120)   # like time.sleep(120): a sync reward that blocks
+        return float(trace.last_reply == self.data.answer)
+
+
+def blocking(count: int = 10) -> list[Blocking]:
+    """Like ``numbered``, but the reward of task ``n0`` blocks its thread for 120 s."""
+    return [Blocking(task.data) for task in numbered(count)]

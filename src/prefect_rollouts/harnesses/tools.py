@@ -10,10 +10,11 @@ is scrubbed of registered secrets (``errors.scrub``), then cut to ``tool_output_
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -22,6 +23,7 @@ from prefect_rollouts.config import HarnessConfig
 from prefect_rollouts.errors import scrub
 from prefect_rollouts.harnesses.base import SegmentContext, request_template, sample
 from prefect_rollouts.harnesses.schema import ToolSpec, tool_spec
+from prefect_rollouts.threads import note_in, run_sync
 from prefect_rollouts.trace import ToolCall
 
 if TYPE_CHECKING:
@@ -83,7 +85,7 @@ class ToolsHarness:
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self.config.tool_timeout_s):
-                output, is_error = await self._invoke(name, raw)
+                output, is_error = await self._invoke(name, raw, note_in(ctx.trace.info))
         except TimeoutError:
             output, is_error = (f"Error: {name} did not finish within {self.config.tool_timeout_s:g} s "
                                 "([env.agent.harness] tool_timeout_s)."), True
@@ -100,7 +102,7 @@ class ToolsHarness:
         spec = self.tools.get(str((call.get("function") or {}).get("name", "")))
         return spec is not None and spec.fn is None
 
-    async def _invoke(self, name: str, raw: str) -> tuple[str, bool]:
+    async def _invoke(self, name: str, raw: str, on_abandon: Callable[[str], None]) -> tuple[str, bool]:
         spec = self.tools.get(name)
         if spec is not None and spec.fn is None:
             return "recorded", False
@@ -122,8 +124,8 @@ class ToolsHarness:
         try:
             if inspect.iscoroutinefunction(spec.fn):
                 result = await spec.fn(**arguments)
-            else:  # a blocking tool must not stall the event loop (and the other rollouts)
-                result = await asyncio.to_thread(spec.fn, **arguments)
+            else:  # a blocking tool must not stall the event loop (and the other rollouts), nor the exit
+                result = await run_sync(functools.partial(spec.fn, **arguments), f"tool {name!r}", on_abandon)
                 if inspect.isawaitable(result):
                     result = await result
         except Exception as exc:

@@ -6,6 +6,8 @@ built-in ones. Both build on this module, which imports neither.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import re
 import time
@@ -15,7 +17,8 @@ from typing import Any
 from prefect_rollouts.errors import JudgeError, ProviderError, scrub, scrub_cut
 from prefect_rollouts.judge_config import JudgeConfig
 from prefect_rollouts.model.client import ModelClient
-from prefect_rollouts.task import Task
+from prefect_rollouts.task import Task, qualname
+from prefect_rollouts.threads import note_in, run_sync
 from prefect_rollouts.trace import AttemptRecord, JudgeCall, Trace, content_text
 
 REPLY_CAP_CHARS = 4_000
@@ -52,8 +55,10 @@ class Judge:
     async def ask(self, trace: Trace, prompt: str, parse: Callable[[str], Any]) -> Any:
         """Send ``prompt`` as one user message, record the call, return ``parse(reply)``.
 
-        ``parse`` raises (e.g. ``ValueError``) when the reply is not a verdict. The verdict is
-        stored on the ``JudgeCall`` as JSON data (other values as their ``repr``).
+        ``parse`` raises (e.g. ``ValueError``) when the reply is not a verdict; it runs in a worker
+        thread (``threads.py``), so a slow or blocking parser stalls neither the event loop nor the
+        other rollouts, and the scoring deadline still holds. The verdict is stored on the
+        ``JudgeCall`` as JSON data (other values as their ``repr``).
 
         Raises:
             JudgeError: the endpoint failed (after the client's retries) or ``parse`` raised;
@@ -88,8 +93,12 @@ class Judge:
                               completion.reasoning_tokens)
         reply = content_text(completion.message.get("content"))
         record.reply = scrub_cut(reply, REPLY_CAP_CHARS, note=False)
-        try:
-            verdict = parse(reply)
+        try:   # parsers are plugin code: off the loop, like sync rewards (threads.py)
+            verdict = await run_sync(functools.partial(parse, reply), f"the reply parser of judge {self.name!r} "
+                                     f"({qualname(parse)})", note_in(trace.info))
+        except asyncio.CancelledError:   # the scoring deadline
+            record.error = "cancelled"
+            raise
         except Exception as exc:
             record.error = cap_text(f"unparseable reply: {exc}")
             raise JudgeError(f"judge {self.name!r}: cannot parse the reply of {self.config.model!r} "

@@ -4,7 +4,9 @@ A judge runs in the scoring stage after the task's metrics and rewards, in the o
 process (it needs no runtime), for shared and isolated scoring alike; skip rules skip it too.
 Each request is a ``JudgeCall`` on the trace and its tokens go to ``trace.judge_usage``, even
 when the reply cannot be parsed. A judge that cannot reach its model or parse its reply raises
-``JudgeError``: the rollout's reward is None and the error is on the trace, never a 0.
+``JudgeError``: the rollout's reward is None and the error is on the trace, never a 0. Plugin
+code that is not async (a sync ``score``, every reply parser) runs in a worker thread
+(``threads.py``), so it cannot stall the other rollouts or outlast the scoring deadline.
 
 Plugins subclass ``Judge``: ``[[env.agent.scoring.judges]] id = "pkg.module:Class"``.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import importlib
 import inspect
@@ -34,7 +37,8 @@ from prefect_rollouts.scoring.judge_base import (  # noqa: F401  (Judge: plugins
 )
 from prefect_rollouts.scoring.judge_plugins import BUILTIN_JUDGES
 from prefect_rollouts.scoring.rewards import as_score, record_total
-from prefect_rollouts.task import Task
+from prefect_rollouts.task import Task, qualname
+from prefect_rollouts.threads import note_in, run_sync
 from prefect_rollouts.trace import Trace
 
 
@@ -207,9 +211,14 @@ async def _judge(config: JudgeConfig, task: Task, trace: Trace, clients: JudgeCl
     name = config.reward_name
     plugin, client = await _plugin_and_client(config, clients)
     try:
-        value: Any = plugin(config, client).score(task, trace)
-        if inspect.isawaitable(value):   # a plugin may define score() without async
-            value = await value
+        judge = plugin(config, client)
+        if inspect.iscoroutinefunction(judge.score):
+            value: Any = await judge.score(task, trace)
+        else:   # a plugin may define score() without async: off the loop, like a sync reward
+            value = await run_sync(functools.partial(judge.score, task, trace),
+                                   f"judge {name!r} ({qualname(judge.score)})", note_in(trace.info))
+            if inspect.isawaitable(value):
+                value = await value
     except (JudgeError, TaskError):
         raise
     except Exception as exc:
