@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -137,6 +138,16 @@ class _Worker(threading.Thread):
                 if job.abandoned:       # the call outlived its waiter: do not rejoin the pool
                     return
                 _idle.append(self)
+
+
+def _forget_workers() -> None:
+    """In a forked child: the parent's workers do not exist there."""
+    global _lock
+    _lock = threading.Lock()
+    _idle.clear()
+
+
+os.register_at_fork(after_in_child=_forget_workers)
 
 
 def _submit(job: _Job) -> None:
