@@ -5,6 +5,7 @@ neither the eval nor the interpreter's exit."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import subprocess
 import sys
 import textwrap
@@ -172,3 +173,40 @@ def test_an_abandoned_thread_does_not_hold_up_the_interpreters_exit(openai_serve
     assert (done.returncode, done.stdout.strip()) == (0, "scoring_timeout"), done.stderr
     assert "reward 'slow'" in done.stderr and "abandoned" in done.stderr   # the log line
     assert time.perf_counter() - started < 40
+
+
+class Recorded(vf.Task):
+    """Sync metrics and a reward that note where and when they ran."""
+
+    calls: list = []
+
+    def note(self, name):
+        started = time.perf_counter()
+        time.sleep(0.05)
+        self.calls.append((name, threading.get_ident(), started, time.perf_counter()))
+        return 1.0
+
+    @vf.metric
+    def first(self):
+        return self.note("first")
+
+    @vf.metric
+    def second(self):
+        return self.note("second")
+
+    @vf.reward
+    def third(self):
+        return self.note("third")
+
+
+@pytest.mark.timeout(30)
+async def test_a_rollouts_sync_scoring_functions_run_off_the_loop_one_after_another(openai_server, agent_config):
+    openai_server.default = reply("5")
+    Recorded.calls = []
+    async with vf.make_agent(agent_config()) as agent:
+        trace = await agent.run(Recorded(vf.TaskData(prompt="2+3?")))
+    assert (trace.reward, trace.metrics) == (1.0, {"first": 1.0, "second": 1.0})
+    assert [name for name, *_ in Recorded.calls] == ["first", "second", "third"]
+    assert threading.get_ident() not in {ident for _, ident, *_ in Recorded.calls}
+    spans = [(started, ended) for *_, started, ended in Recorded.calls]
+    assert all(ended <= next_started for (_, ended), (next_started, _) in itertools.pairwise(spans))

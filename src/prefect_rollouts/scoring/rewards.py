@@ -70,12 +70,13 @@ async def _call_group(group: str, chosen: list[tuple[str, Callable[..., Any]]], 
     on the loop, the sync ones one after another in one worker thread."""
     is_async = [inspect.iscoroutinefunction(fn) for _, fn in chosen]
     sync = [(name, fn) for (name, fn), coroutine in zip(chosen, is_async, strict=True) if not coroutine]
-    running = [""]
+    names = [f"{group} {name!r} ({qualname(fn)})" for name, fn in sync]
+    running = names[:1]   # which one a warning names if the thread is abandoned
 
     def call_sync() -> list[Any]:
         outcomes: list[Any] = []
-        for name, fn in sync:
-            running[0] = f"{group} {name!r} ({qualname(fn)})"
+        for (_, fn), described in zip(sync, names, strict=True):
+            running[0] = described
             try:
                 outcomes.append(fn(**injected_kwargs(fn, available)))
             except Exception as exc:
