@@ -162,7 +162,7 @@ def metric(fn: Callable[..., Any] | None = None) -> Any:
     return mark(fn) if fn is not None else mark
 
 
-async def call_injected(fn: Callable[..., Any], available: dict[str, Any], what: str,
+async def call_injected(fn: Callable[..., Any], available: dict[str, Any], what: str = "task code",
                         on_abandon: Callable[[str], None] | None = None) -> Any:
     """Call ``fn`` with the parameters it names from ``available``; await it if it is async.
 
