@@ -14,3 +14,20 @@ class Numbered(vf.Task):
 def numbered(count: int = 10) -> list[Numbered]:
     """Task i asks for the number i; the scripted server decides who answers right."""
     return [Numbered(vf.TaskData(id=f"n{i}", prompt=f"task {i}: say {i}", answer=str(i))) for i in range(count)]
+
+
+class EnvSeen(vf.Task):
+    """Its reward is 1 when the commands of scoring see ``$ROLLOUTS_TEST_EXPECTED`` (from the test's own
+    environment) as ``RUNTIME_TOKEN|SCORING_TOKEN|FROM_HOST``: the env tables reached the runtime."""
+
+    @vf.reward
+    async def saw_env(self, runtime) -> float:
+        import os
+
+        result = await runtime.exec('printf "%s|%s|%s" "$RUNTIME_TOKEN" "$SCORING_TOKEN" "$FROM_HOST"')
+        return float(result.stdout == os.environ["ROLLOUTS_TEST_EXPECTED"])
+
+
+def env_seen(count: int = 2) -> list[EnvSeen]:
+    """``count`` tasks ``e<i>`` scored by ``EnvSeen.saw_env``."""
+    return [EnvSeen(vf.TaskData(id=f"e{i}", prompt=f"task {i}: say {i}")) for i in range(count)]
