@@ -91,3 +91,46 @@ def test_resume_without_a_config_of_a_run_with_no_stored_config_is_a_config_erro
     result = CliRunner().invoke(app, ["eval", "--resume", "ghost", "--set", f"traces.path={tmp_path}"])
     assert_config_error_before_prefect(result, "--resume ghost: the run has no stored config",
                                        "prefect-rollouts eval CONFIG --resume ghost")
+
+
+def eval_with(tmp_path, agent_tables: str, *args: str):
+    """``eval`` of a two-task arithmetic config whose ``[env.agent]`` ends with ``agent_tables``."""
+    config = tmp_path / "eval.toml"
+    config.write_text(f'[traces]\npath = "{tmp_path / "traces"}"\n[env.taskset]\nid = "arithmetic"\ncount = 2\n'
+                      f'[env.agent]\nmodel = "m"\n{agent_tables}')
+    return CliRunner().invoke(app, ["eval", str(config), *args])
+
+
+def test_a_base_url_that_is_not_a_url_is_a_config_error_before_prefect_starts(tmp_path):
+    result = eval_with(tmp_path, '[env.agent.client]\nbase_url = "not a url"\n')
+    assert_config_error_before_prefect(result, "[env.agent.client] base_url = 'not a url': not an http(s) URL",
+                                       "http://127.0.0.1:8000/v1")
+
+
+def test_userinfo_in_a_base_url_is_a_config_error_that_does_not_show_the_password(tmp_path):
+    result = eval_with(tmp_path, '[env.agent.client]\nbase_url = "http://u:sk-Pw4Zq8Lm@127.0.0.1:9/v1"\n')
+    assert_config_error_before_prefect(result, "[env.agent.client] base_url = 'http://***@127.0.0.1:9/v1'",
+                                       "user name or password", "api_key_env", "ModelEndpoint block")
+    assert "sk-Pw4Zq8Lm" not in result.output and "u:" not in result.output
+
+
+def test_a_nul_in_run_name_is_a_config_error_before_prefect_starts(tmp_path):
+    result = eval_with(tmp_path, "", "--set", 'run_name="night\\u0000ly"')
+    assert_config_error_before_prefect(result, "run_name = 'night\\x00ly'", "no control character")
+
+
+def test_a_300_character_run_name_is_a_config_error_before_prefect_starts(tmp_path):
+    result = eval_with(tmp_path, "", "--set", f"run_name={'n' * 300}")
+    assert_config_error_before_prefect(result, "run_name = 'nnnn", "at most 120 bytes")
+
+
+def test_a_nul_in_run_id_is_a_config_error_before_prefect_starts(tmp_path):
+    result = eval_with(tmp_path, "", "--run-id", "night\x01ly")
+    assert_config_error_before_prefect(result, "run id 'night\\x01ly'", "no control character")
+
+
+def test_an_unset_variable_in_runtime_env_is_a_config_error_naming_the_key_before_prefect_starts(tmp_path, monkeypatch):
+    monkeypatch.delenv("ROLLOUTS_TEST_UNSET", raising=False)
+    result = eval_with(tmp_path, '[env.agent.runtime]\nenv = { TOKEN = "${ROLLOUTS_TEST_UNSET}" }\n')
+    assert_config_error_before_prefect(result, '[env.agent.runtime] env.TOKEN = "${ROLLOUTS_TEST_UNSET}": '
+                                       "ROLLOUTS_TEST_UNSET is not set", '"${ROLLOUTS_TEST_UNSET:-}"')

@@ -70,6 +70,8 @@ def eval_command(
         eval_config = check_run_config(config, set_, resume=resume, run_id=run_id, force=force_config)
         total = len(plan_rollouts(eval_config))   # a bad taskset option or traces path fails here, before Prefect
         eval_config.traces.check_writable()
+        if not eval_config.dispatch.work_pool:   # workers resolve ${VAR} in their own environment
+            eval_config.check_env()
         if resume or run_id:
             check_run_id(resume or run_id or "")
         if eval_config.baseline not in (None, "last") and not eval_config.traces.store:

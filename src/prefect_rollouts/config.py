@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from prefect_rollouts.config_base import (
     ClientConfig,
+    EnvTable,
     RetryConfig,
     SamplingConfig,
     _Config,
@@ -78,8 +79,10 @@ class RuntimeConfig(_Config):
     """stdout and stderr of a command are each cut to this many bytes."""
     artifact_max_bytes: int = Field(32 * 1024 * 1024, ge=1)
     """Cap of the collected artifacts archive (verifiers' 32 MiB default)."""
-    env: dict[str, str] = {}
-    """Environment variables set for commands (local: over a minimal PATH/HOME/LANG base)."""
+    env: EnvTable = {}
+    """Environment variables set for commands (local: over a minimal PATH/HOME/LANG base); values may
+    use ``${VAR}`` and ``${VAR:-default}``, resolved where the runtime starts. Literal values count
+    as secrets: ``"***"`` in every JSON dump (``config_base.EnvTable``)."""
     image: str = "prefect-rollouts-sandbox:latest"
     """docker: the container image (build the default with ``prefect-rollouts sandbox build``)."""
     workdir: str = "/workspace"
@@ -121,8 +124,9 @@ class ScoringConfig(_Config):
     """``shared``: score in the agent's workspace. ``isolated``: restore artifacts into a fresh runtime."""
     runtime: RuntimeConfig | None = None
     """Runtime of isolated scoring; None = the agent's runtime config."""
-    env: dict[str, str] = {}
-    """Environment of scoring commands; values may use ``${VAR}`` and ``${VAR:-default}``."""
+    env: EnvTable = {}
+    """Environment of scoring commands; values may use ``${VAR}`` and ``${VAR:-default}``, resolved
+    when scoring starts. Literal values count as secrets, as in ``RuntimeConfig.env``."""
     network: NetworkPolicy | None = None
     """Network policy while scoring runs; None = the runtime's."""
     retries: RetryConfig = RetryConfig(max_retries=2)

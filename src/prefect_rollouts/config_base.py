@@ -7,9 +7,59 @@ sampling) both build on it, so neither imports the other's internals.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, SecretStr, SerializationInfo, field_validator
+from pydantic_core import PydanticCustomError
+
+from prefect_rollouts.scoring.env import is_template
+
+MASK = "***"
+"""What a secret value reads as wherever a config is written out (JSON dumps, stored configs)."""
+
+REVEAL_SECRETS = {"reveal_secrets": True}
+"""Serialization context (``model_dump(mode="json", context=REVEAL_SECRETS)``) that keeps literal
+environment values: for code that compares configs in memory, never for anything stored or sent."""
+
+
+def _mask_literal_values(env: dict[str, str], info: SerializationInfo) -> dict[str, str]:
+    if info.mode_is_json() and not (info.context or {}).get("reveal_secrets"):
+        return {name: value if is_template(value) else MASK for name, value in env.items()}
+    return dict(env)
+
+
+EnvTable = Annotated[dict[str, str], PlainSerializer(_mask_literal_values)]
+"""An environment table (``[env.agent.runtime] env``, ``[env.agent.scoring] env``): values are
+literal or ``${VAR}`` / ``${VAR:-default}`` templates, resolved from the environment of the process
+that starts the runtime or scoring (``scoring.env.resolve_env``). A literal value may be a secret, so
+every JSON dump shows it as ``"***"`` (templates as written): that is what the Prefect server stores
+as a flow run's parameters. Where a config must travel as JSON (a work pool's shards, a deployment),
+literal values are refused."""
+
+
+def check_base_url(url: str) -> str:
+    """Return ``url`` when it is an ``http(s)://host[:port]/...`` URL without user name or password.
+
+    Raises:
+        PydanticCustomError: not such a URL; the message names the fix and never the password
+            (type ``"secret_in_url"`` for userinfo, ``"url"`` otherwise).
+    """
+    try:
+        parts = urlsplit(url)
+        _ = parts.port   # raises ValueError on a port out of range
+    except ValueError:
+        parts = None
+    if parts is not None and (parts.username is not None or parts.password is not None):
+        shown = parts._replace(netloc=f"{MASK}@{parts.netloc.rpartition('@')[2]}").geturl()
+        raise PydanticCustomError("secret_in_url", f"{shown!r}: holds a user name or password, which would be "
+                                  "sent as Basic auth and stored with the run's parameters. Remove it from the "
+                                  "URL: name the variable holding the key in api_key_env, or put the key in a "
+                                  'ModelEndpoint block and set endpoint = "<block name>"')
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise PydanticCustomError("url", 'not an http(s) URL. Give the endpoint root, e.g. '
+                                  '"http://127.0.0.1:8000/v1" or "https://api.openai.com/v1"')
+    return url
 
 
 class _Config(BaseModel):
@@ -40,7 +90,8 @@ class ClientConfig(_Config):
     """An OpenAI-compatible endpoint. The API key is read from ``api_key_env`` at request time."""
 
     base_url: str = "http://127.0.0.1:8000/v1"
-    """Endpoint root; requests go to ``{base_url}/chat/completions``. Usually ends in ``/v1``."""
+    """Endpoint root; requests go to ``{base_url}/chat/completions``. Usually ends in ``/v1``. An
+    ``http(s)`` URL without user name or password (a key goes in ``api_key_env`` or a block)."""
     api_key_env: str | None = Field("OPENAI_API_KEY", pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$")
     """Name of the environment variable holding the API key, read at each request. None or ``""``:
     a keyless server. A named variable that is unset sends no auth header and logs a warning once."""
@@ -61,6 +112,11 @@ class ClientConfig(_Config):
     """Retries on 429, 5xx, connect and read errors."""
     max_connections: int = Field(64, ge=1)
     """Size of the agent's connection pool; keep it near your rollout concurrency."""
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url_without_userinfo(cls, value: str) -> str:
+        return check_base_url(value)
 
 
 class SamplingConfig(_Config):
@@ -109,6 +165,9 @@ def _explain(err: Any, section: str) -> str:
     if err["type"] == "value_error" and not loc and section == "":
         return str(err["ctx"]["error"])   # a whole-config rule whose message names its own keys
     value = err.get("input")
+    if err["type"] == "secret_in_url":   # the message shows the value itself, its password masked
+        return f"{where} = {err['msg']}"
     shown = "" if isinstance(value, dict) else f" = {value!r}"
     message = str(err["msg"]).removeprefix("Value error, ")   # a validator's own message names the fix
-    return f"{where}{shown}: {message}" if message != err["msg"] else f"{where}{shown}: {message}. Fix the value"
+    own_fix = message != err["msg"] or err["type"] == "url"   # a validator's message that names its fix
+    return f"{where}{shown}: {message}" if own_fix else f"{where}{shown}: {message}. Fix the value"

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import tempfile
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,7 +34,15 @@ from pydantic import Field, field_validator, model_validator
 
 from prefect_rollouts.config import AgentConfig, _Config, _read_toml, config_dir, validate_config
 from prefect_rollouts.errors import ConfigError, TraceStoreError
-from prefect_rollouts.taskset_config import EnvironmentSpec, SuiteTasksetConfig, TasksetConfig, merged_agent, path_safe
+from prefect_rollouts.scoring.env import resolve_env
+from prefect_rollouts.taskset_config import (
+    NAME_MAX_BYTES,
+    EnvironmentSpec,
+    SuiteTasksetConfig,
+    TasksetConfig,
+    merged_agent,
+    path_safe,
+)
 from prefect_rollouts.traces.store import DatasetRoot, dataset_root
 
 
@@ -242,6 +250,23 @@ class EvalConfig(_Config):
                                 merged_agent(agent, entry.agent, f"env.tasksets[{i}].agent"))
                 for i, entry in enumerate(self.env.tasksets)]
 
+    def check_env(self, host: Mapping[str, str] | None = None) -> None:
+        """Resolve every env table of each environment's agent (``runtime.env``, ``scoring.env``,
+        ``scoring.runtime.env``) from ``host`` (default ``os.environ``), as the runtimes and scoring
+        will, so that an unset ``${VAR}`` is a config error before anything starts. For an eval
+        that runs here; a work pool's workers resolve them in their own environment.
+
+        Raises:
+            ScoringEnvError: a ``${VAR}`` without default is unset; the message names the key.
+        """
+        for spec in self.environments():
+            scoring = spec.agent.scoring
+            resolve_env(spec.agent.runtime.env, host, table="[env.agent.runtime] env", place="where the runtime starts")
+            resolve_env(scoring.env, host)
+            if scoring.runtime is not None:
+                resolve_env(scoring.runtime.env, host, table="[env.agent.scoring.runtime] env",
+                            place="where the runtime starts")
+
     @property
     def default_name(self) -> str:
         """``run_name``, else the taskset id, else the suite's environment names joined by ``+``
@@ -253,7 +278,8 @@ class EvalConfig(_Config):
     def _run_name_in_paths(cls, value: str | None) -> str | None:
         if value is not None and not path_safe(value):
             raise ValueError("the run id's prefix names a directory of the dataset (run_id=<id>): no /, \\ or =, "
-                             "not empty")
+                             f"no control character, not empty, at most {NAME_MAX_BYTES} bytes (UTF-8). Choose "
+                             "another name")
         return value
 
     @field_validator("baseline")
@@ -263,6 +289,14 @@ class EvalConfig(_Config):
             raise ValueError('baseline = "": name a run id, or "last" for the last completed run of the series; '
                              "remove the key for no comparison")
         return value
+
+    @model_validator(mode="after")
+    def _default_name_fits(self) -> EvalConfig:
+        if self.run_name is None and not path_safe(self.default_name):
+            raise ValueError(f"run_name: the run id's prefix defaults to {self.default_name!r} (the taskset id, or "
+                             "a suite's environment names joined by +), which cannot name the run_id=<id> directory "
+                             f"(no /, \\ or =, no control character, at most {NAME_MAX_BYTES} bytes). Set run_name")
+        return self
 
     @model_validator(mode="after")
     def _suite_agents(self) -> EvalConfig:

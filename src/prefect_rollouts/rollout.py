@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from prefect_rollouts import stages
 from prefect_rollouts.config import AgentConfig, ScoringConfig
 from prefect_rollouts.errors import InfrastructureError, ProviderError, RuntimeUnavailableError, StageTimeoutError
+from prefect_rollouts.scoring.env import is_template
 from prefect_rollouts.stages import RolloutState, Segment
 from prefect_rollouts.task import Task
 from prefect_rollouts.trace import SendRecord, Trace
@@ -311,4 +312,11 @@ class RolloutSpec(BaseModel):
             if client.headers:
                 raise ValueError(f"agent.{where}.headers: header values are secrets and cannot travel in a "
                                  "RolloutSpec. Name the key with api_key_env, or use a ModelEndpoint block")
+        scoring = self.agent.scoring
+        for where, env in (("runtime", self.agent.runtime.env), ("scoring", scoring.env),
+                           ("scoring.runtime", scoring.runtime.env if scoring.runtime else {})):
+            if literal := [name for name, value in env.items() if not is_template(value)]:
+                raise ValueError(f"agent.{where}.env: {', '.join(literal)} have literal values, which count as secrets "
+                                 "and cannot travel in a RolloutSpec. Set them where the rollout runs and write "
+                                 '"${NAME}" (or "${NAME:-value}" for a value that is no secret)')
         return self

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from prefect_rollouts.agent import redacted_config
+from prefect_rollouts.config_base import REVEAL_SECRETS
 from prefect_rollouts.errors import ConfigError, TraceStoreError
 from prefect_rollouts.eval_config import EvalConfig, TracesConfig, apply_overrides, load_eval_config
-from prefect_rollouts.taskset_config import path_safe
+from prefect_rollouts.taskset_config import RUN_ID_MAX_BYTES, path_safe
 from prefect_rollouts.traces.read import durable_keys
 from prefect_rollouts.traces.run_config import StoredRunConfig, read_run_config, run_config_path, write_run_config
 from prefect_rollouts.traces.store import DatasetRoot
@@ -54,10 +55,9 @@ def redact_eval_config(config: EvalConfig) -> tuple[dict[str, Any], list[str]]:
     Returns:
         ``(data, redacted)``: the JSON dict and the dotted keys whose values were replaced.
     """
-    full = config.model_dump(mode="json")
-    data = json.loads(json.dumps(full))
+    data = config.model_dump(mode="json")   # literal env values are "***" already (config_base.EnvTable)
     data["env"]["agent"] = redacted_config(config.env.agent)
-    plain = dict(_leaves(full))
+    plain = dict(_leaves(config.model_dump(mode="json", context=REVEAL_SECRETS)))
     redacted = [_render(key) for key, value in _leaves(data) if plain.get(key, _ABSENT) != value]
     return data, redacted
 
@@ -236,11 +236,13 @@ def check_run_id(run_id: str) -> None:
     """Refuse a run id that cannot name the dataset's ``run_id=<id>`` directory.
 
     Raises:
-        ConfigError: the id is empty or holds ``/``, ``\\`` or ``=``.
+        ConfigError: the id is empty, holds ``/``, ``\\``, ``=`` or a control character, or is longer
+            than ``RUN_ID_MAX_BYTES`` in UTF-8.
     """
-    if not path_safe(run_id):
-        raise ConfigError(f"run id {run_id!r}: it names the dataset's run_id=<id> directory: no /, \\ or =, not "
-                          "empty. Choose another --run-id or run_name")
+    if not path_safe(run_id, RUN_ID_MAX_BYTES):
+        raise ConfigError(f"run id {run_id!r}: it names the dataset's run_id=<id> directory: no /, \\ or =, no "
+                          f"control character, not empty, at most {RUN_ID_MAX_BYTES} bytes (UTF-8). Choose another "
+                          "--run-id or run_name")
 
 
 def has_rows(root: DatasetRoot, run_id: str) -> bool:

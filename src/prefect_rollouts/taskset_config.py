@@ -27,10 +27,20 @@ class TasksetConfig(BaseModel):
         return dict(self.model_extra or {})
 
 
-def path_safe(name: str) -> bool:
+NAME_MAX_BYTES = 120
+"""Longest ``run_name`` or environment name, in UTF-8 bytes: a run id (``<name>-<UTC time>-<4 hex>``,
+21 more) must fit ``RUN_ID_MAX_BYTES``."""
+RUN_ID_MAX_BYTES = 200
+"""Longest run id, in UTF-8 bytes: it names the ``run_id=<id>`` directory, and a file name holds at
+most 255 bytes."""
+
+
+def path_safe(name: str, max_bytes: int = NAME_MAX_BYTES) -> bool:
     """Whether ``name`` can be (part of) a run id: the dataset's ``run_id=<id>`` directory. Not empty,
-    and no ``/``, ``\\`` or ``=`` (a ``/`` made nested directories and lost the run's rows)."""
-    return bool(name.strip()) and not any(c in name for c in "/\\=")
+    no ``/``, ``\\`` or ``=`` (a ``/`` made nested directories and lost the run's rows), no control
+    character (a NUL is refused by the file system and the Prefect API), at most ``max_bytes`` in UTF-8."""
+    return (bool(name.strip()) and not any(c in "/\\=" or ord(c) < 32 or ord(c) == 127 for c in name)
+            and len(name.encode("utf-8", "surrogatepass")) <= max_bytes)
 
 
 class SuiteTasksetConfig(TasksetConfig):
@@ -57,8 +67,9 @@ class SuiteTasksetConfig(TasksetConfig):
     @classmethod
     def _usable_name(cls, value: str | None) -> str | None:
         if value is not None and (value == "all" or not path_safe(value)):
-            raise ValueError("an environment's name names rows and run ids: no /, \\ or =, not empty, and not "
-                             '"all" (the summary\'s overall line)')
+            raise ValueError("an environment's name names rows and run ids: no /, \\ or =, no control character, "
+                             f"not empty, at most {NAME_MAX_BYTES} bytes (UTF-8), and not \"all\" (the summary's "
+                             "overall line)")
         return value
 
     @field_validator("agent")

@@ -33,3 +33,20 @@ class Blocking(Numbered):
 def blocking(count: int = 10) -> list[Blocking]:
     """Like ``numbered``, but the reward of task ``n0`` blocks its thread for 120 s."""
     return [Blocking(task.data) for task in numbered(count)]
+
+
+class EnvSeen(vf.Task):
+    """Its reward is 1 when the commands of scoring see ``$ROLLOUTS_TEST_EXPECTED`` (from the test's own
+    environment) as ``RUNTIME_TOKEN|SCORING_TOKEN|FROM_HOST``: the env tables reached the runtime."""
+
+    @vf.reward
+    async def saw_env(self, runtime) -> float:
+        import os
+
+        result = await runtime.exec('printf "%s|%s|%s" "$RUNTIME_TOKEN" "$SCORING_TOKEN" "$FROM_HOST"')
+        return float(result.stdout == os.environ["ROLLOUTS_TEST_EXPECTED"])
+
+
+def env_seen(count: int = 2) -> list[EnvSeen]:
+    """``count`` tasks ``e<i>`` scored by ``EnvSeen.saw_env``."""
+    return [EnvSeen(vf.TaskData(id=f"e{i}", prompt=f"task {i}: say {i}")) for i in range(count)]

@@ -6,8 +6,10 @@ from typing import Any, cast
 
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr
+from pydantic_core import PydanticCustomError
 
 from prefect_rollouts.config import ClientConfig
+from prefect_rollouts.config_base import check_base_url
 from prefect_rollouts.errors import ConfigError
 
 
@@ -43,7 +45,8 @@ async def resolve_client(config: ClientConfig) -> tuple[ClientConfig, str | None
         explicitly on ``config`` win) and the key in plain text, for the client's memory only.
 
     Raises:
-        ConfigError: no such block.
+        ConfigError: no such block, or its ``base_url`` is not an http(s) URL or holds a user
+            name or password.
     """
     name = config.endpoint
     assert name is not None
@@ -54,7 +57,11 @@ async def resolve_client(config: ClientConfig) -> tuple[ClientConfig, str | None
                           f"({exc}). Create it with ModelEndpoint(...).save({name!r})") from None
     update: dict[str, Any] = {}
     if "base_url" not in config.model_fields_set:
-        update["base_url"] = block.base_url
+        try:   # userinfo would be sent as Basic auth (base64 of user:password), the key not as Bearer
+            update["base_url"] = check_base_url(block.base_url)
+        except PydanticCustomError as exc:
+            shown = "" if exc.type == "secret_in_url" else f"{block.base_url!r}: "   # the message masks a password
+            raise ConfigError(f"ModelEndpoint block {name!r}: base_url = {shown}{exc.message()}") from None
     update["headers"] = {**{key: SecretStr(value) for key, value in block.headers.items()}, **config.headers}
     key = block.api_key.get_secret_value() if block.api_key is not None else None
     return config.model_copy(update=update), key

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from prefect_rollouts.config import NetworkPolicy, RuntimeConfig
 from prefect_rollouts.runtimes.base import ExecResult, Runtime
+from prefect_rollouts.scoring.env import resolve_env
 
 __all__ = ["ExecResult", "Runtime", "make_runtime"]
 
@@ -17,8 +18,15 @@ def make_runtime(config: RuntimeConfig, *, network: NetworkPolicy | None = None,
     """Build an unstarted runtime from ``config``; ``network`` overrides ``config.network`` (scoring).
 
     ``source`` is the config table ``config`` came from, named in error messages (e.g.
-    ``[env.agent.scoring.runtime]`` for an isolated-scoring runtime of its own).
+    ``[env.agent.scoring.runtime]`` for an isolated-scoring runtime of its own). ``${VAR}``
+    templates in ``config.env`` are resolved here, from this process's environment.
+
+    Raises:
+        ScoringEnvError: a ``${VAR}`` in ``config.env`` is unset and has no default.
     """
+    if config.env:
+        config = config.model_copy(update={"env": resolve_env(config.env, table=f"{source} env",
+                                                              place="where the runtime starts")})
     if config.type == "docker":
         from prefect_rollouts.runtimes.docker import DockerRuntime  # the docker SDK loads only when used
 

@@ -1,4 +1,5 @@
-"""``${VAR}`` and ``${VAR:-default}`` templates in ``scoring.env``, resolved from the host environment."""
+"""``${VAR}`` and ``${VAR:-default}`` templates in every env table (``scoring.env``, ``runtime.env``),
+resolved from the host environment. The one resolver: the runtimes and scoring both call it."""
 
 from __future__ import annotations
 
@@ -11,15 +12,18 @@ from prefect_rollouts.errors import ScoringEnvError
 _TEMPLATE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
-def resolve_env(env: Mapping[str, str], host: Mapping[str, str] | None = None) -> dict[str, str]:
+def resolve_env(env: Mapping[str, str], host: Mapping[str, str] | None = None, *, table: str = "scoring.env",
+                place: str = "where scoring runs") -> dict[str, str]:
     """Resolve every ``${VAR}`` / ``${VAR:-default}`` in the values of ``env``.
 
     ``${VAR:-default}`` uses ``default`` when VAR is unset or empty (the shell's rule);
-    ``$$`` is not special. Called when scoring starts, so the value is the one scoring sees.
+    ``$$`` is not special. Called when scoring starts (or a runtime), so the value is the one it sees.
 
     Args:
         env: Variable name -> template, e.g. ``{"TOKEN": "${JUDGE_TOKEN}"}``.
         host: Environment to read; default ``os.environ``.
+        table: The config key of ``env``, named in the error (e.g. ``[env.agent.runtime] env``).
+        place: Where the variable must be set, named in the error (e.g. ``where the runtime starts``).
 
     Raises:
         ScoringEnvError: a ``${VAR}`` without default names a variable that is unset.
@@ -34,7 +38,7 @@ def resolve_env(env: Mapping[str, str], host: Mapping[str, str] | None = None) -
                 return value if value else default
             if value is None:
                 raise ScoringEnvError(
-                    f'scoring.env.{name} = "{template}": {var} is not set where scoring runs. '
+                    f'{table}.{name} = "{template}": {var} is not set {place}. '
                     f'Export it, or write "${{{var}:-}}" to allow an empty value')
             return value
         resolved[name] = _TEMPLATE.sub(substitute, template)
