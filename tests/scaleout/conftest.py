@@ -39,12 +39,13 @@ def prefect_env(api_url: str) -> dict[str, str]:
 class Worker:
     """A ``prefect worker start --pool POOL`` process (its own process group)."""
 
-    def __init__(self, api_url: str, pool: str, name: str, limit: int, log: Path) -> None:
+    def __init__(self, api_url: str, pool: str, name: str, limit: int, log: Path,
+                 env: dict[str, str] | None = None) -> None:
         self.name = name
         self.log = log
         self.process = subprocess.Popen(
             [PREFECT, "worker", "start", "--pool", pool, "--name", name, "--limit", str(limit)],
-            env=prefect_env(api_url), cwd=REPO, stdout=log.open("ab"), stderr=subprocess.STDOUT,
+            env={**prefect_env(api_url), **(env or {})}, cwd=REPO, stdout=log.open("ab"), stderr=subprocess.STDOUT,
             start_new_session=True)
 
     def kill(self) -> None:
