@@ -4,7 +4,8 @@ The tree::
 
     RolloutsError
     ├── ConfigError(ValueError)          bad TOML, arguments or config; raised before anything starts
-    │   └── ScoringEnvError              a ${VAR} in scoring.env is unset and has no default
+    │   ├── ScoringEnvError              a ${VAR} in scoring.env is unset and has no default
+    │   └── RunInUseError                another live eval is running the same run id
     ├── InfrastructureError              .retryable tells a stage whether to retry it
     │   ├── RuntimeUnavailableError      a runtime (workspace, engine, namespace) cannot start
     │   └── ProviderError                transport error or non-2xx from the model server; .status_code
@@ -90,6 +91,11 @@ class ConfigError(RolloutsError, ValueError):
 
 class ScoringEnvError(ConfigError):
     """``scoring.env`` references ``${VAR}`` that is unset where scoring runs and has no default."""
+
+
+class RunInUseError(ConfigError):
+    """Another eval flow run, not known to be dead, is running the same run id (``flows/run_lock.py``);
+    the message names it. The CLI exits 2."""
 
 
 class InfrastructureError(RolloutsError):

@@ -28,9 +28,10 @@ def pg_api() -> Iterator[str]:
 
 
 def prefect_env(api_url: str) -> dict[str, str]:
-    """Environment of a ``prefect`` CLI or worker process on this server: the tests' tasksets
-    importable, the worker polling every second (its default is 10 s)."""
-    return {**os.environ, "PREFECT_API_URL": api_url, "PYTHONPATH": str(REPO), "DO_NOT_TRACK": "1",
+    """Environment of a ``prefect`` CLI or worker process on this server: this checkout's package
+    (not another one's editable install) and the tests' tasksets importable, the worker polling
+    every second (its default is 10 s)."""
+    return {**os.environ, "PREFECT_API_URL": api_url, "PYTHONPATH": f"{REPO / 'src'}:{REPO}", "DO_NOT_TRACK": "1",
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_WORKER_QUERY_SECONDS": "1",
             "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "INFO",   # Worker.ran reads the INFO lines
             "PREFECT_WORKER_PREFETCH_SECONDS": "1"}
@@ -39,12 +40,13 @@ def prefect_env(api_url: str) -> dict[str, str]:
 class Worker:
     """A ``prefect worker start --pool POOL`` process (its own process group)."""
 
-    def __init__(self, api_url: str, pool: str, name: str, limit: int, log: Path) -> None:
+    def __init__(self, api_url: str, pool: str, name: str, limit: int, log: Path,
+                 env: dict[str, str] | None = None) -> None:
         self.name = name
         self.log = log
         self.process = subprocess.Popen(
             [PREFECT, "worker", "start", "--pool", pool, "--name", name, "--limit", str(limit)],
-            env=prefect_env(api_url), cwd=REPO, stdout=log.open("ab"), stderr=subprocess.STDOUT,
+            env={**prefect_env(api_url), **(env or {})}, cwd=REPO, stdout=log.open("ab"), stderr=subprocess.STDOUT,
             start_new_session=True)
 
     def kill(self) -> None:

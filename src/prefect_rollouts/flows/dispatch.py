@@ -123,6 +123,7 @@ async def dispatch(config: EvalConfig, root: DatasetRoot, run_id: str, todo: lis
                     in_flight[shard.flow_run_id] = shard
                 await asyncio.sleep(POLL_S)
                 runs = await _read(client, list(in_flight))
+                await _crash_stuck_pending(client, runs, settings)
                 ended = any(run.state_type in FINAL for run in runs)
                 if ended or time.monotonic() - progress_read >= PROGRESS_S:
                     durable = durable_keys(root, run_id)   # after the states: a Completed shard's rows are all here
@@ -184,30 +185,56 @@ def crash_tag(settings: DispatchConfig) -> str:
     return f"prefect-rollouts-crash-after:{settings.crash_after_s}"
 
 
-async def ensure_zombie_automation(client: PrefectClient, settings: DispatchConfig) -> None:
-    """Create, unless it exists, the automation that sets a shard flow run tagged ``crash_tag``
-    to Crashed once no heartbeat (and no final state) arrived for ``crash_after_s`` (Prefect's
-    documented zombie-flow detection). One automation per window, each matching only the shard
-    flow runs of evals that asked for it: an eval with a longer window never has its live shards
-    crashed by another eval's shorter one."""
-    name = f"{ZOMBIE_AUTOMATION} ({settings.crash_after_s} s)"
-    if await client.read_automations_by_name(name):
-        return
+ZOMBIE_AFTER = {"prefect.flow-run.Running", "prefect.flow-run.heartbeat"}
+"""Events that arm the zombie automation: a shard's process must then send a heartbeat (or reach a
+final state) within ``crash_after_s``. Running arms it too, so a process that dies before its first
+heartbeat (killed in the second it turned Running) is crashed like one that stops sending them.
+Pending does not: a busy machine took 53 s from Pending to Running here, too close to the window."""
+ZOMBIE_EXPECT = {"prefect.flow-run.heartbeat", "prefect.flow-run.Completed", "prefect.flow-run.Failed",
+                 "prefect.flow-run.Cancelled", "prefect.flow-run.Crashed"}
+
+
+def zombie_automation(settings: DispatchConfig) -> AutomationCore:
+    """The automation that sets a shard flow run tagged ``crash_tag`` to Crashed once it went
+    ``crash_after_s`` after turning Running, or after its last heartbeat, without a heartbeat or a
+    final state (Prefect's documented zombie-flow detection, armed by the state
+    changes as well). One automation per window, each matching only the shard flow runs of evals
+    that asked for it: an eval with a longer window never has its live shards crashed by another
+    eval's shorter one."""
     trigger = EventTrigger(
-        after={"prefect.flow-run.heartbeat"},
-        expect={"prefect.flow-run.heartbeat", "prefect.flow-run.Completed", "prefect.flow-run.Failed",
-                "prefect.flow-run.Cancelled", "prefect.flow-run.Crashed"},
+        after=ZOMBIE_AFTER, expect=ZOMBIE_EXPECT,
         match={"prefect.resource.id": ["prefect.flow-run.*"]},
         match_related={"prefect.resource.role": "tag", "prefect.resource.id": f"prefect.tag.{crash_tag(settings)}"},
         for_each={"prefect.resource.id"}, posture=Posture.Proactive, threshold=1,
         within=dt.timedelta(seconds=settings.crash_after_s))
-    await client.create_automation(AutomationCore(
-        name=name, trigger=trigger,
-        description="A shard flow run whose process died (its worker killed, its machine lost) sends no more "
-                    "heartbeats: mark it Crashed so the eval submits its rollouts again.",
+    return AutomationCore(
+        name=f"{ZOMBIE_AUTOMATION} ({settings.crash_after_s} s)", trigger=trigger,
+        description="A shard flow run whose process died (its worker killed, its machine lost, also before its "
+                    "first heartbeat) sends no more heartbeats: mark it Crashed so the eval submits its rollouts "
+                    "again.",
         actions=[ChangeFlowRunState(state=StateType.CRASHED,
                                     message=f"no heartbeat for {settings.crash_after_s} s: the process running "
-                                            "this shard is gone")]))
+                                            "this shard is gone")])
+
+
+async def ensure_zombie_automation(client: PrefectClient, settings: DispatchConfig) -> None:
+    """Create ``zombie_automation(settings)`` unless it exists; replace the definition of one of
+    its name that differs (an older version's, whose ``after`` held only the heartbeat, so a
+    shard that died before its first heartbeat stayed Running for ever)."""
+    wanted = zombie_automation(settings)
+    existing = await client.read_automations_by_name(wanted.name)
+    for automation in existing:
+        if _definition(automation) != _definition(wanted):
+            await client.update_automation(automation.id, wanted)
+    if not existing:
+        await client.create_automation(wanted)
+
+
+def _definition(automation: AutomationCore) -> dict[str, Any]:
+    """What an automation does (its trigger without the trigger's own id, its actions, enabled)."""
+    return {"trigger": automation.trigger.model_dump(mode="json", exclude={"id"}),
+            "actions": [action.model_dump(mode="json") for action in automation.actions],
+            "enabled": automation.enabled}
 
 
 async def _submit(deployment_id: UUID, config: EvalConfig, root: DatasetRoot, run_id: str, shard: Shard) -> UUID:
@@ -270,8 +297,10 @@ async def _end_leftovers(client: PrefectClient, run_id: str, timeout_s: float) -
     was killed, and is being resumed) and wait until they are final, so no rollout runs twice.
 
     Returns:
-        How many there were. After ``timeout_s`` the wait ends with a warning (a run whose worker
-        is gone is set Crashed by the zombie automation within ``crash_after_s``).
+        How many there were. A run whose process is gone is set Crashed by the zombie automation
+        within ``crash_after_s``; one still live after ``timeout_s`` (its process neither answered
+        the cancellation nor was crashed: e.g. it died before this version's automation armed on
+        its Running state) is set Crashed here, with a warning, so no dead shard is waited on.
     """
     live = FlowRunFilter(tags=FlowRunFilterTags(all_=[run_tag(run_id)]), state=FlowRunFilterState(
         type=FlowRunFilterStateType(any_=[StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING,
@@ -285,10 +314,38 @@ async def _end_leftovers(client: PrefectClient, run_id: str, timeout_s: float) -
     deadline = asyncio.get_running_loop().time() + timeout_s
     while await client.read_flow_runs(flow_run_filter=live):
         if asyncio.get_running_loop().time() > deadline:
-            get_run_logger().warning("run %s: shard flow runs still live after %.0f s; going on", run_id, timeout_s)
+            stuck = await client.read_flow_runs(flow_run_filter=live)
+            get_run_logger().warning("run %s: %d shard flow runs did not end %.0f s after their cancellation; "
+                                     "setting them Crashed and going on: %s", run_id, len(stuck), timeout_s,
+                                     ", ".join(f"{run.name} ({run.id})" for run in stuck))
+            for run in stuck:
+                await client.set_flow_run_state(run.id, Crashed(
+                    message=f"did not end {timeout_s:.0f} s after its eval was resumed and cancelled it: "
+                            "its process is gone"), force=True)
             break
         await asyncio.sleep(POLL_S)
     return len(leftovers)
+
+
+PENDING_LIMIT_FACTOR = 3
+"""A shard flow run Pending for this many ``crash_after_s`` is set Crashed by the eval
+(``_crash_stuck_pending``)."""
+
+
+async def _crash_stuck_pending(client: PrefectClient, runs: list[FlowRun], settings: DispatchConfig) -> None:
+    """Set Crashed the shard flow runs Pending for ``PENDING_LIMIT_FACTOR * crash_after_s``: their
+    worker took them and died before their process turned Running, so no heartbeat or state will
+    ever come (the zombie automation is armed by Running, not Pending: a busy machine took 53 s from
+    Pending to Running here). The next poll sees them Crashed and submits their rollouts again."""
+    limit_s = PENDING_LIMIT_FACTOR * settings.crash_after_s
+    now = dt.datetime.now(dt.UTC)
+    for run in runs:
+        since = run.state.timestamp if run.state_type == StateType.PENDING and run.state else None
+        if since is not None and (now - since).total_seconds() > limit_s:
+            get_run_logger().warning("shard flow run %s (%s) has been Pending for %.0f s: its worker is gone; "
+                                     "setting it Crashed", run.name, run.id, (now - since).total_seconds())
+            await client.set_flow_run_state(run.id, Crashed(
+                message=f"Pending for more than {limit_s} s: the worker that took it is gone"))
 
 
 async def _crash_subflows(client: PrefectClient, shard_flow_run_id: UUID) -> None:

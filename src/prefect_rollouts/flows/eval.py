@@ -36,6 +36,7 @@ from prefect_rollouts.flows.baseline import LAST, finish_with_baseline, resolve_
 from prefect_rollouts.flows.dispatch import dispatch
 from prefect_rollouts.flows.execute import artifact_key, execute, progress_listener
 from prefect_rollouts.flows.ownership import tag_flow_run
+from prefect_rollouts.flows.run_lock import hold_run
 from prefect_rollouts.plan import RolloutKey, plan_rollouts
 from prefect_rollouts.run_identity import check_pinned_baseline, check_run_id, prepare_run
 from prefect_rollouts.traces import DatasetRoot, EvalSummary, compact_run, durable_keys, run_failure, summarize_run
@@ -80,14 +81,21 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
         table artifact ``eval-summary-<series>``. When more than ``config.max_error_fraction`` of the
         rollouts errored (or some have no row), a Failed state whose message says so, e.g.
         ``6 of 6 rollouts errored (ProviderError: ...)``, holding an ``EvalFailedError`` with
-        the summary: awaiting the flow without ``return_state=True`` raises it.
+        the summary: awaiting the flow without ``return_state=True`` raises it. Another live eval of
+        the run fails this one with a ``RunInUseError`` naming it (``flows/run_lock.py``).
     """
-    logger = get_run_logger()
-    started = time.perf_counter()
-    root = await resolve_trace_root(config.traces.store) if config.traces.store else config.traces.dataset_root()
     named = resume or run_id
     run_id = named or new_run_id(config)
     check_run_id(run_id)
+    async with hold_run(run_id):   # one eval per run id at a time
+        return await _evaluate(config, resume, run_id, named, force_config)
+
+
+async def _evaluate(config: EvalConfig, resume: str | None, run_id: str, named: str | None,
+                    force_config: bool) -> EvalSummary | State[EvalSummary]:
+    logger = get_run_logger()
+    started = time.perf_counter()
+    root = await resolve_trace_root(config.traces.store) if config.traces.store else config.traces.dataset_root()
     if config.baseline not in (None, LAST):   # before the run's config is stored: a fixed baseline keeps the id free
         check_pinned_baseline(config.baseline, root, run_id)
     config = prepare_run(root, run_id, config, resume=resume is not None, force=force_config)   # stores it

@@ -1,0 +1,114 @@
+"""Issue 19, item 5(b): one eval per run id at a time, across processes (two CLI evals of one run
+against one Prefect server)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterTags
+from prefect.settings import PREFECT_API_URL
+
+from prefect_rollouts.flows.run_lock import lock_name
+from prefect_rollouts.traces import read_rollouts
+from tests.eval_toml import eval_toml
+from tests.fakes.openai_server import delayed, reply
+
+pytestmark = pytest.mark.timeout(600)
+
+REPO = Path(__file__).resolve().parents[2]
+ROLLOUTS = 16
+
+
+def start_cli(config: Path, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "DO_NOT_TRACK": "1",
+           "PYTHONPATH": f"{REPO / 'src'}:{REPO}"}
+    return subprocess.Popen([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(config), *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def eval_runs(run_id: str) -> list:
+    async def read() -> list:
+        async with get_client() as client:
+            return await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["eval"])),
+                                               flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(
+                                                   all_=[lock_name(run_id)])))
+    return asyncio.run(read())
+
+
+def wait_running(run_id: str, process: subprocess.Popen[str], timeout_s: float = 120) -> object:
+    """The eval flow run of ``run_id`` once it is Running with rows being written."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()[0]
+        running = [run for run in eval_runs(run_id) if run.state_type.value == "RUNNING"]
+        if running:
+            return running[0]
+        time.sleep(0.5)
+    raise AssertionError(f"no eval flow run of {run_id} turned Running")
+
+
+def config_file(tmp_path: Path, base_url: str) -> Path:
+    path = tmp_path / "eval.toml"
+    path.write_text(eval_toml(tmp_path / "traces", base_url, max_concurrent=1,
+                              taskset={"id": "tests.prefect.tasksets:numbered", "count": ROLLOUTS}))
+    return path
+
+
+def test_a_second_eval_of_a_live_run_is_refused_and_names_the_live_one(tmp_path, openai_server):
+    go_on = threading.Event()   # the model answers the first eval only once the second has ended
+
+    def answer(request: object) -> object:
+        go_on.wait(timeout=150)   # without the lock the second eval's requests wait here too
+        return reply("0")
+    openai_server.default = answer
+    config = config_file(tmp_path, openai_server.base_url)
+    first = start_cli(config, "--run-id", "held")
+    try:
+        holder = wait_running("held", first)
+        second = start_cli(config, "--resume", "held")
+        output = second.communicate(timeout=300)[0]
+        still_running = first.poll() is None
+    finally:
+        go_on.set()
+    first_output = first.communicate(timeout=300)[0]
+
+    assert second.returncode == 2, output
+    assert still_running, "the refusal came while the first eval ran"
+    assert "another eval is running this run" in output and str(holder.id) in output, output
+    assert f"prefect flow-run cancel {holder.id}" in output
+    assert first.returncode == 0, first_output
+    rows = read_rollouts(tmp_path / "traces", run_id="held")
+    assert len(rows) == ROLLOUTS and not rows.duplicated(["task_id", "rollout_index"]).any()
+    assert len(openai_server.requests) == ROLLOUTS, "every rollout ran once"
+    states = sorted(run.state_type.value for run in eval_runs("held"))
+    assert states == ["COMPLETED", "FAILED"]
+
+
+def test_a_resume_right_after_the_eval_was_killed_takes_the_run_over(tmp_path, openai_server):
+    """``kill -9`` of the eval on this machine, then ``--resume`` at once: the dead holder's process is
+    gone, so the resume does not wait for its lease to lapse; the dead eval flow run ends Crashed."""
+    openai_server.default = delayed(0.5, reply("0"))
+    config = config_file(tmp_path, openai_server.base_url)
+    first = start_cli(config, "--run-id", "taken-over")
+    dead = wait_running("taken-over", first)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    started = time.monotonic()
+    resumed = start_cli(config, "--resume", "taken-over")
+    output = resumed.communicate(timeout=300)[0]
+    assert resumed.returncode == 0, output
+    assert time.monotonic() - started < 60 + 15, "the resume waited for the dead eval's lease to lapse"
+    assert len(read_rollouts(tmp_path / "traces", run_id="taken-over")) == ROLLOUTS
+    runs = {run.id: run for run in eval_runs("taken-over")}
+    assert runs[dead.id].state_type.value == "CRASHED" and "its process is gone" in runs[dead.id].state.message
+    assert re.search(r"COMPLETED", " ".join(run.state_type.value for run in runs.values()))
