@@ -113,7 +113,10 @@ class EvalSummary(BaseModel):
     regressed: list[str] = []
     """Environments whose interval against the baseline lies below 0."""
     baseline_note: str | None = None
-    """Why there is no comparison, or why the run did not become the baseline."""
+    """Why there is no comparison, whether the run became the series' baseline and, if not, why."""
+    baseline_moved: bool = False
+    """The run became its series' baseline (``baseline = "last"``): it completed, did not regress
+    and scored every rollout the old baseline scored."""
 
     def lines(self) -> list[EnvironmentSummary]:
         """Each environment followed by its categories, then the overall line (a suite)."""
