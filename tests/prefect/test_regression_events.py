@@ -136,9 +136,9 @@ def test_a_worse_run_emits_regressed_the_automation_notifies_and_the_baseline_st
     (line,) = second.against_baseline
     assert line.startswith("tests.prefect.tasksets:numbered: regressed, difference -0.350 [")
     assert second.regressed == ["tests.prefect.tasksets:numbered"] and not second.baseline_moved
-    assert second.baseline_note == ("the baseline stays regress-1: this run regressed (tests.prefect.tasksets:numbered); "
-                                    "to compare the next runs with it all the same: prefect-rollouts traces baseline "
-                                    "set regress-2")
+    assert second.baseline_note == ("the baseline stays regress-1: this run regressed "
+                                    "(tests.prefect.tasksets:numbered); to compare the next runs with it all the "
+                                    "same: prefect-rollouts traces baseline set regress-2")
     assert asyncio.run(Variable.aget(variable_name("regress"))) == "regress-1", "a regressed run does not replace it"
 
     feed = wait_until(lambda: events(pg_api))
@@ -308,7 +308,8 @@ async def test_a_regressed_or_failed_run_does_not_replace_the_baseline_and_the_s
 
     failed = write("failed", [1.0] * 40)
     await finish_with_baseline(failed, Baseline("good"), config, root, series, completed=False, ran=True)
-    assert failed.baseline_moved is False and failed.baseline_note.startswith("the baseline stays good: this run failed")
+    assert failed.baseline_moved is False
+    assert failed.baseline_note.startswith("the baseline stays good: this run failed")
     assert await Variable.aget(variable_name(series)) == "good"
 
     better = write("better", [1.0] * 40)

@@ -59,7 +59,8 @@ def test_a_run_whose_every_rollout_hit_scoring_timeout_fails(tmp_path):
     write_timeouts(tmp_path, ["scoring_timeout"] * 6)
     summary = summarize_run(tmp_path, "r1")
     assert (summary.errored, summary.unscored) == (0, {"scoring_timeout": 6})
-    assert run_failure(summary, planned=6) == "6 of 6 rollouts errored or were not scored (not scored: scoring_timeout x6)"
+    assert run_failure(summary, planned=6) == (
+        "6 of 6 rollouts errored or were not scored (not scored: scoring_timeout x6)")
     assert "6 not scored (scoring_timeout x6)" in summary.text().splitlines()[0]
 
 
@@ -77,5 +78,7 @@ def test_rollouts_skipped_on_timeout_are_counted_as_not_scored_not_as_passing(tm
     write_timeouts(tmp_path, ["segment_timeout"] * 3 + [None], skip=True)
     summary = summarize_run(tmp_path, "r1")
     assert summary.unscored == {"skip_on_timeout": 3}
-    assert summary.environments[0].scored == 4 and summary.environments[0].mean_reward == 0.25  # reward 0, as the rule says
-    assert run_failure(summary, planned=4) == "3 of 4 rollouts errored or were not scored (not scored: skip_on_timeout x3)"
+    assert summary.environments[0].scored == 4
+    assert summary.environments[0].mean_reward == 0.25   # their reward 0 stays in the mean, as the rule says
+    assert run_failure(summary, planned=4) == (
+        "3 of 4 rollouts errored or were not scored (not scored: skip_on_timeout x3)")

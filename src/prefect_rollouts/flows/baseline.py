@@ -262,8 +262,9 @@ async def finish_with_baseline(summary: EvalSummary, baseline: Baseline, config:
     verdict lines, the regressed environments and any note on ``summary``, and, when the run
     ``completed`` with ``baseline = "last"`` and did not regress, make it the series' baseline if it
     may replace it (``replaces_baseline``; a resume that ``ran`` nothing never does: it would move the
-    baseline back in time). ``summary.baseline_moved`` and ``summary.baseline_note`` say whether it moved. A comparison that fails (the baseline's rows gone, the dataset unreadable) is
-    a note and a warning, never the run's failure.
+    baseline back in time). ``summary.baseline_moved`` and ``summary.baseline_note`` say whether it
+    moved. A comparison that fails (the baseline's rows gone, the dataset unreadable) is a note and
+    a warning, never the run's failure.
 
     Returns:
         The comparison artifact's key, or None when there was no comparison.

@@ -211,8 +211,9 @@ def summarize(rows: pd.DataFrame, *, run_id: str, rollouts_per_task: int | None 
 
     Errored rollouts (infrastructure or task-code failures, reward None) are counted apart and
     excluded from means and pass@k, never counted as reward 0; so are rollouts a deadline left
-    unscored (``EvalSummary.unscored``). Skipped rollouts (skip rules) have reward 0 and count. pass@k uses, per task, the scored rollouts; tasks with fewer than
-    k scored rollouts are left out of that k.
+    unscored (``EvalSummary.unscored``). Skipped rollouts (skip rules) have reward 0 and count.
+    pass@k uses, per task, the scored rollouts; tasks with fewer than k scored rollouts are left
+    out of that k.
 
     Args:
         rows: Rows of the ``rollouts`` table.
