@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pyarrow.parquet as pq
 import pytest
 from prefect.client.orchestration import PrefectClient
@@ -46,6 +47,11 @@ class Server:
 
     def kill_api(self) -> None:
         os.killpg(int((self.home / "prefect-server.pid").read_text()), signal.SIGKILL)
+
+    def stop_postgres(self) -> None:
+        """Stop the database under a live API: ``/health`` stays 200, every other call is a 500."""
+        pgserver._as_postgres([str(pgserver.postgres_bin() / "pg_ctl"), "-D", str(self.home / "pgdata"),
+                               "-m", "immediate", "-w", "stop"])
 
 
 @pytest.fixture(scope="module")
@@ -182,3 +188,39 @@ async def test_an_outage_at_the_end_with_every_row_durable_prints_the_summary_an
     assert durable_rows(tmp_path / "traces") == ROLLOUTS
     assert process.returncode == 0 and "Traceback" not in output, output[-3000:]
     assert "run done-offline" in output and "every rollout is durable, but Prefect could not be told" in output
+
+
+async def eval_state(api_url: str, run_id: str) -> list[str]:
+    async with PrefectClient(api_url) as client:
+        runs = await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["eval"])),
+                                           flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[run_id])))
+        return [r.state_name for r in runs]
+
+
+async def test_losing_postgresql_under_a_live_api_is_an_outage_and_every_state_is_put_right(
+        tmp_path, openai_server, api):
+    openai_server.default = delayed(0.4, reply("0"))
+    run_id = "database-lost"
+    process = start_eval(write_config(tmp_path, openai_server.base_url, "flow"), api.api_url, "--run-id", run_id)
+    try:
+        wait_for_rows(process, tmp_path / "traces", 4)
+        api.stop_postgres()
+        assert httpx.get(f"{api.api_url}/health", timeout=5).status_code == 200   # the API itself lives
+        at_outage = durable_rows(tmp_path / "traces")
+        time.sleep(12)
+        during = durable_rows(tmp_path / "traces") - at_outage
+        assert process.poll() is None, process.stdout.read().decode()[-3000:]
+        api.start()   # brings PostgreSQL back under the running API
+        output = process.communicate(timeout=180)[0].decode()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, output[-3000:]
+    assert "database" in output and "Traceback" not in output, output[-3000:]
+    assert during >= 4, f"only {during} rollouts became durable while the database was away"
+    assert durable_rows(tmp_path / "traces") == ROLLOUTS
+    states = await final_states(api.api_url, run_id, "flow")
+    others = [state for state in states if state != "Completed"]
+    assert states.count("Completed") == ROLLOUTS and set(others) <= {"Crashed"}, sorted(states)
+    assert await eval_state(api.api_url, run_id) == ["Completed"]
