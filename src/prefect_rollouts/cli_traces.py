@@ -143,7 +143,8 @@ def traces_reconcile(
     run_id: Annotated[str, typer.Argument(help="The eval run whose Prefect states to write.")],
 ) -> None:
     """Write the true final states of RUN's flow runs on the Prefect server from its rows: what an API or
-    database outage left Pending or Running (or never created). Final states are left alone."""
+    database outage left Pending or Running (or never created). Final states are left alone. Run it
+    only while no eval of RUN is live (its flow run is not final either)."""
     from prefect_rollouts.flows.reconcile import reconcile_run
 
     with _exits():

@@ -13,6 +13,7 @@ knows how each rollout ended, so ``reconcile_run`` puts the server right afterwa
   (``traces.run_failure`` over the rows and the stored config's plan): Completed or Failed.
 
 Idempotent: final states are never touched, so running it twice changes nothing the second time.
+Run it only while no eval of the run is live: a live eval's own flow run is not final either.
 """
 
 from __future__ import annotations
