@@ -193,9 +193,9 @@ def _reason(exc: BaseException) -> str:
 def _finish_stopped(stopped: BaseException, eval_config: Any, run_id: str, total: int,
                     resume_hint: str) -> NoReturn:
     """Report an eval that ended by an exception or Ctrl-C, and exit. With every row durable only
-    Prefect's bookkeeping failed: print the summary from the dataset, warn, exit 0 (1 when too
-    many rollouts errored). Otherwise say why, how many rows are durable and how to resume, exit 1
-    (130 on Ctrl-C)."""
+    Prefect's bookkeeping failed: print the summary from the dataset, say which states are missing
+    and the command that writes them (``traces reconcile``), exit 1. Otherwise say why, how many
+    rows are durable and how to resume, exit 1 (130 on Ctrl-C)."""
     durable = _durable_count(eval_config, run_id)
     if durable == total and not isinstance(stopped, KeyboardInterrupt):
         from prefect_rollouts.traces import run_failure, summarize_run
@@ -208,7 +208,11 @@ def _finish_stopped(stopped: BaseException, eval_config: Any, run_id: str, total
         failure = run_failure(summary, total, eval_config.max_error_fraction)
         if failure is not None:
             _error("eval failed: ", failure)
-        _exit_without_waiting_for_prefect(0 if failure is None else 1)
+        console.print("states not written to Prefect: this eval flow run's and any rollout flow run the outage left "
+                      "unfinished or uncreated; once the API and its database answer, write them with: "
+                      f"prefect-rollouts traces reconcile {shlex.quote(str(eval_config.traces.path))} {run_id}",
+                      markup=False, highlight=False, soft_wrap=True)
+        _exit_without_waiting_for_prefect(1)
     _error("eval stopped: ", _reason(stopped))
     console.print(f"{'an unknown number' if durable is None else durable} of {total} rollouts durable; "
                   f"resume with: {resume_hint}", markup=False, highlight=False, soft_wrap=True)

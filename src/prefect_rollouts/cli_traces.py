@@ -1,4 +1,5 @@
-"""``prefect-rollouts traces`` (inspect, compare and compact trace datasets; a series' baseline) and
+"""``prefect-rollouts traces`` (inspect, compare and compact trace datasets; a series' baseline; a run's
+Prefect states written from its rows after an outage) and
 ``prefect-rollouts alerts`` (a notification when an eval regresses)."""
 
 from __future__ import annotations
@@ -134,6 +135,25 @@ def traces_compact(
         console.print(f"{table}: {result.files_before[table]} -> {result.files_after[table]} files", markup=False)
     if result.duplicates_dropped:
         console.print(f"dropped {result.duplicates_dropped} duplicate rollout rows", markup=False)
+
+
+@traces_app.command("reconcile")
+def traces_reconcile(
+    path: Annotated[str, typer.Argument(help="Dataset root: a directory or a URI such as s3://bucket/prefix.")],
+    run_id: Annotated[str, typer.Argument(help="The eval run whose Prefect states to write.")],
+) -> None:
+    """Write the true final states of RUN's flow runs on the Prefect server from its rows: what an API or
+    database outage left Pending or Running (or never created). Final states are left alone. Run it
+    only while no eval of RUN is live (its flow run is not final either)."""
+    from prefect_rollouts.flows.reconcile import reconcile_run
+
+    with _exits():
+        report = asyncio.run(reconcile_run(path, run_id))
+    for label, names in (("rollout flow runs set", report.rollouts_set),
+                         ("rollout flow runs created", report.rollouts_created),
+                         ("eval flow runs set", report.evals_set)):
+        shown = f": {', '.join(names[:20])}{' ...' if len(names) > 20 else ''}" if names else ""
+        console.print(f"{label}: {len(names)}{shown}", markup=False, highlight=False, soft_wrap=True)
 
 
 @baseline_app.command("set")

@@ -94,7 +94,8 @@ def print_error(console: Console, prefix: str, exc: BaseException | str) -> None
 def print_summary(console: Console, summary: EvalSummary) -> None:
     """``summary.table()`` as a table titled with the run id (None as ``—``; columns two spaces
     apart, headers never cut, long environment and model names wrap), then the wall time and the run's tokens, then
-    the top errors, one line each: ``  <type> x<count>, e.g.: <example>``, then the comparison with
+    the top errors, one line each: ``  <type> x<count>, e.g.: <example>``, the rollouts not scored
+    (``not scored: scoring_timeout x6``), then the comparison with
     the baseline, a line per environment."""
     rows = summary.table()
     if not rows:
@@ -121,6 +122,9 @@ def print_summary(console: Console, summary: EvalSummary) -> None:
     for error in summary.errors:
         console.print(f"  {error.type} x{error.count}, e.g.: {error.example}", markup=False, highlight=False,
                       soft_wrap=True)
+    if summary.unscored:   # deadlines, skip_on_timeout: they count against max_error_fraction
+        console.print("not scored: " + ", ".join(f"{cause} x{count}" for cause, count in summary.unscored.items()),
+                      markup=False, highlight=False)
     if summary.baseline:
         console.print(f"against baseline {summary.baseline}:", markup=False, highlight=False)
     for line in summary.against_baseline:

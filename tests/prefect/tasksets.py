@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import prefect_rollouts as vf
@@ -50,3 +51,15 @@ class EnvSeen(vf.Task):
 def env_seen(count: int = 2) -> list[EnvSeen]:
     """``count`` tasks ``e<i>`` scored by ``EnvSeen.saw_env``."""
     return [EnvSeen(vf.TaskData(id=f"e{i}", prompt=f"task {i}: say {i}")) for i in range(count)]
+
+
+class SlowReward(Numbered):
+    @vf.reward
+    async def slow(self, trace: vf.Trace) -> float:
+        await asyncio.sleep(30)   # past any short scoring deadline
+        return 1.0
+
+
+def slow_reward(count: int = 3) -> list[SlowReward]:
+    """Tasks whose reward outlasts a short ``timeouts.scoring``: every rollout ends ``scoring_timeout``."""
+    return [SlowReward(vf.TaskData(id=f"s{i}", prompt=f"task {i}: say {i}", answer=str(i))) for i in range(count)]

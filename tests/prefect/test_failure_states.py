@@ -176,3 +176,14 @@ def test_ctrl_c_prints_how_many_rollouts_are_durable_and_the_resume_command(tmp_
     assert "eval stopped: interrupted (Ctrl-C)" in output and "Traceback" not in output
     assert 2 <= durable < 10
     assert f"{durable} of 10 rollouts durable; resume with: prefect-rollouts eval {config} --resume ctrl-c" in output
+
+
+def test_an_eval_whose_every_rollout_hit_scoring_timeout_fails_and_says_why(tmp_path, openai_server):
+    openai_server.default = lambda request: reply("0")
+    config = tmp_path / "eval.toml"
+    config.write_text(eval_toml(tmp_path / "traces", openai_server.base_url,
+                                taskset={"id": "tests.prefect.tasksets:slow_reward", "count": 3}))
+    result, output = run_cli(config, "--run-id", "all-timed-out", "--set", "env.agent.timeouts.scoring=0.5")
+    assert result.exit_code == 1, output[-3000:]
+    assert "eval failed: 3 of 3 rollouts errored or were not scored (not scored: scoring_timeout x3)" in output
+    assert "not scored: scoring_timeout x3" in output

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pyarrow.parquet as pq
 import pytest
 from prefect.client.orchestration import PrefectClient
@@ -46,6 +47,11 @@ class Server:
 
     def kill_api(self) -> None:
         os.killpg(int((self.home / "prefect-server.pid").read_text()), signal.SIGKILL)
+
+    def stop_postgres(self) -> None:
+        """Stop the database under a live API: ``/health`` stays 200, every other call is a 500."""
+        pgserver._as_postgres([str(pgserver.postgres_bin() / "pg_ctl"), "-D", str(self.home / "pgdata"),
+                               "-m", "immediate", "-w", "stop"])
 
 
 @pytest.fixture(scope="module")
@@ -165,14 +171,16 @@ async def test_an_outage_past_the_limit_stops_the_eval_with_the_resume_command(t
     assert durable_rows(tmp_path / "traces") == ROLLOUTS   # each rollout once
 
 
-async def test_an_outage_at_the_end_with_every_row_durable_prints_the_summary_and_exits_0(
-        tmp_path, openai_server, api):
+@pytest.mark.parametrize(("lost", "granularity"), [("api", "batch"), ("database", "flow")])
+async def test_an_outage_at_the_end_prints_the_summary_exits_1_and_names_the_command_that_writes_the_states(
+        tmp_path, openai_server, api, lost, granularity):
     openai_server.default = delayed(0.2, reply("0"))
-    config = write_config(tmp_path, openai_server.base_url, "batch")
-    process = start_eval(config, api.api_url, "--run-id", "done-offline", "--set", "api_outage_limit_s=4")
+    run_id = f"done-offline-{lost}"
+    config = write_config(tmp_path, openai_server.base_url, granularity)
+    process = start_eval(config, api.api_url, "--run-id", run_id, "--set", "api_outage_limit_s=4")
     try:
         wait_for_rows(process, tmp_path / "traces", 1)
-        api.kill_api()                      # the shards go on without the API; the end needs it
+        api.kill_api() if lost == "api" else api.stop_postgres()   # the rollouts go on; the end needs the API
         output = process.communicate(timeout=120)[0].decode()
     finally:
         if process.poll() is None:
@@ -180,5 +188,55 @@ async def test_an_outage_at_the_end_with_every_row_durable_prints_the_summary_an
             process.wait()
         api.start()
     assert durable_rows(tmp_path / "traces") == ROLLOUTS
-    assert process.returncode == 0 and "Traceback" not in output, output[-3000:]
-    assert "run done-offline" in output and "every rollout is durable, but Prefect could not be told" in output
+    assert process.returncode == 1 and "Traceback" not in output, output[-3000:]
+    assert f"run {run_id}" in output and "every rollout is durable, but Prefect could not be told" in output
+    command = f"prefect-rollouts traces reconcile {tmp_path / 'traces'} {run_id}"
+    assert command in " ".join(output.split()), output[-3000:]
+    assert await eval_state(api.api_url, run_id) == ["Running"]      # what the outage left
+    mended = subprocess.run([sys.executable, "-m", "prefect_rollouts.cli", *command.split()[1:]], capture_output=True,
+                            text=True, timeout=120, env={**os.environ, "PREFECT_API_URL": api.api_url})
+    assert mended.returncode == 0, mended.stdout + mended.stderr
+    assert f"eval flow runs set: 1: {run_id} (Completed)" in mended.stdout
+    assert await eval_state(api.api_url, run_id) == ["Completed"]
+    if granularity == "flow":   # every rollout has a final flow run: set, created from its row, or closed
+        states = await final_states(api.api_url, run_id, "flow")
+        others = [state for state in states if state != "Completed"]
+        assert states.count("Completed") == ROLLOUTS and set(others) <= {"Crashed"}, sorted(states)
+    again = subprocess.run([sys.executable, "-m", "prefect_rollouts.cli", *command.split()[1:]], capture_output=True,
+                           text=True, timeout=120, env={**os.environ, "PREFECT_API_URL": api.api_url})
+    assert "eval flow runs set: 0" in again.stdout and "rollout flow runs created: 0" in again.stdout
+
+async def eval_state(api_url: str, run_id: str) -> list[str]:
+    async with PrefectClient(api_url) as client:
+        runs = await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["eval"])),
+                                           flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[run_id])))
+        return [r.state_name for r in runs]
+
+
+async def test_losing_postgresql_under_a_live_api_is_an_outage_and_every_state_is_put_right(
+        tmp_path, openai_server, api):
+    openai_server.default = delayed(0.4, reply("0"))
+    run_id = "database-lost"
+    process = start_eval(write_config(tmp_path, openai_server.base_url, "flow"), api.api_url, "--run-id", run_id)
+    try:
+        wait_for_rows(process, tmp_path / "traces", 4)
+        api.stop_postgres()
+        assert httpx.get(f"{api.api_url}/health", timeout=5).status_code == 200   # the API itself lives
+        at_outage = durable_rows(tmp_path / "traces")
+        time.sleep(12)
+        during = durable_rows(tmp_path / "traces") - at_outage
+        assert process.poll() is None, process.stdout.read().decode()[-3000:]
+        api.start()   # brings PostgreSQL back under the running API
+        output = process.communicate(timeout=180)[0].decode()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, output[-3000:]
+    assert "database" in output and "Traceback" not in output, output[-3000:]
+    assert during >= 4, f"only {during} rollouts became durable while the database was away"
+    assert durable_rows(tmp_path / "traces") == ROLLOUTS
+    states = await final_states(api.api_url, run_id, "flow")
+    others = [state for state in states if state != "Completed"]
+    assert states.count("Completed") == ROLLOUTS and set(others) <= {"Crashed"}, sorted(states)
+    assert await eval_state(api.api_url, run_id) == ["Completed"]

@@ -26,6 +26,7 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 from prefect.variables import Variable
 from typer.testing import CliRunner
 
+import prefect_rollouts as vf
 from prefect_rollouts.cli import app
 from prefect_rollouts.eval_config import load_eval_config
 from prefect_rollouts.flows.baseline import IMPROVED, REGRESSED, variable_name
@@ -89,8 +90,9 @@ def run(tmp_path, openai_server, run_id: str, wrong_every: int | None, **top: An
     toml = tmp_path / f"{run_id}.toml"
     toml.write_text(eval_toml(tmp_path / "traces", openai_server.base_url, rollout_granularity="batch",
                               taskset={"id": "tests.prefect.tasksets:numbered", "count": TASKS}, **top))
+    path = os.pathsep.join([str(REPO / "src"), str(REPO)])   # this checkout's code, not the installed one
     done = subprocess.run([sys.executable, "-c", EVAL, str(toml), run_id], capture_output=True, text=True,
-                          timeout=300, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+                          timeout=300, cwd=REPO, env={**os.environ, "PYTHONPATH": path})
     assert done.returncode == 0, done.stderr[-3000:]
     return EvalSummary.model_validate_json(done.stdout.strip().splitlines()[-1])
 
@@ -109,7 +111,7 @@ def wait_until(predicate, timeout_s: float = 90.0):
     return value
 
 
-def test_a_worse_run_emits_regressed_the_automation_notifies_and_the_baseline_moves(pg_api, openai_server, tmp_path,
+def test_a_worse_run_emits_regressed_the_automation_notifies_and_the_baseline_stays(pg_api, openai_server, tmp_path,
                                                                                     webhook):
     url, received = webhook
     CustomWebhookNotificationBlock(name="regression-hook", url=url,
@@ -133,8 +135,11 @@ def test_a_worse_run_emits_regressed_the_automation_notifies_and_the_baseline_mo
     assert second.baseline == "regress-1"
     (line,) = second.against_baseline
     assert line.startswith("tests.prefect.tasksets:numbered: regressed, difference -0.350 [")
-    assert second.regressed == ["tests.prefect.tasksets:numbered"]
-    assert asyncio.run(Variable.aget(variable_name("regress"))) == "regress-2"
+    assert second.regressed == ["tests.prefect.tasksets:numbered"] and not second.baseline_moved
+    assert second.baseline_note == ("the baseline stays regress-1: this run regressed "
+                                    "(tests.prefect.tasksets:numbered); to compare the next runs with it all the "
+                                    "same: prefect-rollouts traces baseline set regress-2")
+    assert asyncio.run(Variable.aget(variable_name("regress"))) == "regress-1", "a regressed run does not replace it"
 
     feed = wait_until(lambda: events(pg_api))
     assert [e["event"] for e in feed] == [REGRESSED], "one environment, one event; nothing improved"
@@ -162,8 +167,11 @@ def test_a_worse_run_emits_regressed_the_automation_notifies_and_the_baseline_mo
     assert markdown.type == "markdown" and "# Run regress-2 against baseline regress-1" in markdown.data
     assert "- tests.prefect.tasksets:numbered: regressed, difference -0.350" in markdown.data
 
+    pinned = CliRunner().invoke(app, ["traces", "baseline", "set", "regress-2"])  # on purpose: the regressed one
+    assert pinned.exit_code == 0 and "baseline of series 'regress': regress-2" in pinned.output, pinned.output
     third = run(tmp_path, openai_server, "regress-3", wrong_every=None)           # back to right: improved
     assert third.baseline == "regress-2" and "improved" in third.against_baseline[0]
+    assert third.baseline_moved and third.baseline_note == "this run is now the baseline (it was regress-2)"
     assert wait_until(lambda: IMPROVED in [e["event"] for e in events(pg_api)])
     time.sleep(3)
     assert len(received) == 1, "the automation is on regressions only"
@@ -176,11 +184,12 @@ def test_a_worse_run_emits_regressed_the_automation_notifies_and_the_baseline_mo
     cli = CliRunner().invoke(app, ["eval", str(toml), "--run-id", "regress-4", "--fail-on-regression"])
     assert cli.exit_code == 3, cli.output
     assert "regressed, difference -0.500" in cli.output and "regressed: tests.prefect.tasksets:numbered" in cli.output
+    assert "baseline: the baseline stays regress-3: this run regressed" in cli.output
 
     small = run(tmp_path, openai_server, "regress-5", wrong_every=None, num_tasks=3)   # a quick run
     assert "(3 rollouts paired; 0 only in this run, 37 only in the baseline)" in small.against_baseline[0]
-    assert small.baseline_note.startswith("the baseline stays regress-4: this run did not score every rollout")
-    assert asyncio.run(Variable.aget(variable_name("regress"))) == "regress-4", "a smaller run does not replace it"
+    assert small.baseline_note.startswith("the baseline stays regress-3: this run did not score every rollout")
+    assert asyncio.run(Variable.aget(variable_name("regress"))) == "regress-3", "a smaller run does not replace it"
 
 
 def test_the_baseline_command_finds_the_series_of_a_run_and_lists_baselines(pg_api, openai_server, tmp_path):
@@ -272,3 +281,38 @@ async def test_a_comparison_that_fails_is_a_note_not_the_run_s_failure(tmp_path)
                                      completed=True, ran=True)
     assert key is None and summary.baseline is None
     assert summary.baseline_note.startswith("no comparison with gone: ")
+
+
+async def test_a_regressed_or_failed_run_does_not_replace_the_baseline_and_the_summary_says_so(tmp_path):
+    from prefect_rollouts.flows.baseline import Baseline, finish_with_baseline
+    from prefect_rollouts.traces import TraceWriter, dataset_root, summarize_run
+
+    def write(run_id: str, rewards: list[float]) -> EvalSummary:
+        writer = TraceWriter(tmp_path, run_id)
+        for i, reward in enumerate(rewards):
+            writer.add(vf.Trace(task_id=f"t{i}", model="m", reward=reward, stop_condition="agent_completed"),
+                       rollout_index=0, environment="e", config_hash="h", elapsed_s=0.1)
+        writer.flush()
+        return summarize_run(tmp_path, run_id)
+    config = load_eval_config(eval_toml(tmp_path, "http://127.0.0.1:9/v1", baseline="last"))
+    series, root = "moves-or-not", dataset_root(tmp_path)
+    await Variable.aset(variable_name(series), "good", overwrite=True)
+    write("good", [1.0] * 40)
+
+    bad = write("bad", [1.0] * 20 + [0.0] * 20)
+    await finish_with_baseline(bad, Baseline("good"), config, root, series, completed=True, ran=True)
+    assert bad.regressed == ["e"] and bad.baseline_moved is False
+    assert bad.baseline_note == ("the baseline stays good: this run regressed (e); to compare the next runs with "
+                                 "it all the same: prefect-rollouts traces baseline set bad")
+    assert await Variable.aget(variable_name(series)) == "good"
+
+    failed = write("failed", [1.0] * 40)
+    await finish_with_baseline(failed, Baseline("good"), config, root, series, completed=False, ran=True)
+    assert failed.baseline_moved is False
+    assert failed.baseline_note.startswith("the baseline stays good: this run failed")
+    assert await Variable.aget(variable_name(series)) == "good"
+
+    better = write("better", [1.0] * 40)
+    await finish_with_baseline(better, Baseline("good"), config, root, series, completed=True, ran=True)
+    assert better.baseline_moved is True and better.baseline_note == "this run is now the baseline (it was good)"
+    assert await Variable.aget(variable_name(series)) == "better"

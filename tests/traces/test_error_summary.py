@@ -38,3 +38,47 @@ def test_a_run_scored_zero_has_no_errors_and_a_run_with_missing_rows_fails(tmp_p
     summary = summarize_run(tmp_path, "r1")
     assert (summary.errored, summary.errors, run_failure(summary, planned=3)) == (0, [], None)
     assert run_failure(summary, planned=5, max_error_fraction=1.0) == "2 of 5 rollouts have no row"
+
+
+def write_timeouts(root, stops: list[str | None], skip: bool = False) -> None:
+    """A row per stop condition: ``None`` a rollout scored 1.0, else one whose deadline expired
+    before scoring finished (reward None), or, with ``skip``, one ``skip_on_timeout`` gave reward 0."""
+    writer = TraceWriter(root, "r1")
+    for i, stop in enumerate(stops):
+        trace = vf.Trace(task_id=f"t{i}", model="m", stop_condition=stop or "agent_completed", reward=1.0)
+        if stop is not None:
+            trace.record_timeout(stop.removesuffix("_timeout"))
+            trace.reward = 0.0 if skip else None
+            if skip:
+                trace.info["scoring_skipped"] = "timeout"
+        writer.add(trace, rollout_index=0, environment="env", config_hash="h", elapsed_s=0.1)
+    writer.flush()
+
+
+def test_a_run_whose_every_rollout_hit_scoring_timeout_fails(tmp_path):
+    write_timeouts(tmp_path, ["scoring_timeout"] * 6)
+    summary = summarize_run(tmp_path, "r1")
+    assert (summary.errored, summary.unscored) == (0, {"scoring_timeout": 6})
+    assert run_failure(summary, planned=6) == (
+        "6 of 6 rollouts errored or were not scored (not scored: scoring_timeout x6)")
+    assert "6 not scored (scoring_timeout x6)" in summary.text().splitlines()[0]
+
+
+def test_timeouts_before_scoring_count_against_max_error_fraction_with_the_errors(tmp_path):
+    write_timeouts(tmp_path, ["setup_timeout", "scoring_timeout", None, None])
+    summary = summarize_run(tmp_path, "r1")
+    assert summary.unscored == {"scoring_timeout": 1, "setup_timeout": 1}
+    assert run_failure(summary, planned=4, max_error_fraction=0.5) is None
+    assert run_failure(summary, planned=4, max_error_fraction=0.25) == (
+        "2 of 4 rollouts errored or were not scored, more than max_error_fraction = 0.25 allows "
+        "(not scored: scoring_timeout x1, setup_timeout x1)")
+
+
+def test_rollouts_skipped_on_timeout_are_counted_as_not_scored_not_as_passing(tmp_path):
+    write_timeouts(tmp_path, ["segment_timeout"] * 3 + [None], skip=True)
+    summary = summarize_run(tmp_path, "r1")
+    assert summary.unscored == {"skip_on_timeout": 3}
+    assert summary.environments[0].scored == 4
+    assert summary.environments[0].mean_reward == 0.25   # their reward 0 stays in the mean, as the rule says
+    assert run_failure(summary, planned=4) == (
+        "3 of 4 rollouts errored or were not scored (not scored: skip_on_timeout x3)")

@@ -3,10 +3,11 @@
 A *series* is the runs that answer the same question night after night: the runs of one
 deployment (its name), else of one ``run_name``, else of one taskset id (``series_name``; the
 summary artifact's key uses it too). With ``baseline = "last"`` in the eval config the baseline is
-the series' last Completed run, kept in the Prefect Variable ``prefect-rollouts-baseline-<series>``
-(``variable_name``): the eval compares with it and, when it ends Completed itself, becomes it.
+the series' last Completed run that did not regress, kept in the Prefect Variable
+``prefect-rollouts-baseline-<series>`` (``variable_name``): the eval compares with it and, when it
+ends Completed itself without a regression, becomes it (a failed or regressed run never does).
 ``prefect-rollouts traces baseline set RUN`` points the Variable at another run (a known good
-one). ``baseline = "<run id>"`` pins a run instead and leaves the Variable alone.
+one, or on purpose a regressed one). ``baseline = "<run id>"`` pins a run instead and leaves the Variable alone.
 
 At its end the eval compares the baseline (run A) with itself (run B) with ``traces.compare_runs``
 (paired by task and rollout index, a bootstrap interval over tasks), publishes the comparison as a
@@ -41,7 +42,7 @@ log = logging.getLogger("prefect_rollouts.baseline")
 REGRESSED = "prefect-rollouts.eval.regressed"
 IMPROVED = "prefect-rollouts.eval.improved"
 LAST = "last"
-"""``baseline = "last"``: the series' last Completed run (its Prefect Variable)."""
+"""``baseline = "last"``: the series' last Completed run that did not regress (its Prefect Variable)."""
 VARIABLE_PREFIX = "prefect-rollouts-baseline-"
 SERIES_TAG = "prefect-rollouts-series:"
 """Tag of an eval flow run naming its series, so ``traces baseline set RUN`` finds the Variable."""
@@ -259,10 +260,11 @@ async def finish_with_baseline(summary: EvalSummary, baseline: Baseline, config:
                                series: str, *, completed: bool, ran: bool) -> str | None:
     """The end of an eval with a baseline: compare with it (``compare_with_baseline``), put the
     verdict lines, the regressed environments and any note on ``summary``, and, when the run
-    ``completed`` with ``baseline = "last"``, make it the series' baseline if it may replace it
-    (``replaces_baseline``; a resume that ``ran`` nothing never does: it would move the baseline
-    back in time). A comparison that fails (the baseline's rows gone, the dataset unreadable) is
-    a note and a warning, never the run's failure.
+    ``completed`` with ``baseline = "last"`` and did not regress, make it the series' baseline if it
+    may replace it (``replaces_baseline``; a resume that ``ran`` nothing never does: it would move the
+    baseline back in time). ``summary.baseline_moved`` and ``summary.baseline_note`` say whether it
+    moved. A comparison that fails (the baseline's rows gone, the dataset unreadable) is a note and
+    a warning, never the run's failure.
 
     Returns:
         The comparison artifact's key, or None when there was no comparison.
@@ -284,15 +286,32 @@ async def finish_with_baseline(summary: EvalSummary, baseline: Baseline, config:
         if summary.regressed:
             logger.warning("run %s regressed against baseline %s in %s", run_id, baseline.run_id,
                            ", ".join(summary.regressed))
-    if completed and config.baseline == LAST:
-        if not ran:
-            summary.baseline_note = "the baseline stays as it is: this resume ran no rollout"
-        elif replaces:
-            await remember_baseline(series, run_id)   # the next run of the series compares with this one
-        else:
-            summary.baseline_note = (f"the baseline stays {baseline.run_id}: this run did not score every rollout "
-                                     "it scored (a smaller run, another seed, or errors)")
+    if config.baseline == LAST:
+        summary.baseline_note = await _move_baseline(summary, baseline, series, completed=completed, ran=ran,
+                                                     replaces=replaces) or summary.baseline_note
     return key
+
+
+async def _move_baseline(summary: EvalSummary, baseline: Baseline, series: str, *, completed: bool, ran: bool,
+                         replaces: bool) -> str | None:
+    """Make this run the series' baseline when it may be (``summary.baseline_moved``); return the
+    summary's note saying whether it moved and, if not, why (None: keep the note there is). A run
+    that failed or regressed never moves it: the next night would compare with the bad run and the
+    regression would vanish. ``traces baseline set RUN`` makes such a run the baseline on purpose."""
+    stays = f"the baseline stays {baseline.run_id}" if baseline.run_id else "the series keeps no baseline"
+    if not completed:
+        return f"{stays}: this run failed"
+    if summary.regressed:
+        return (f"{stays}: this run regressed ({', '.join(summary.regressed)}); to compare the next runs with it "
+                f"all the same: prefect-rollouts traces baseline set {summary.run_id}")
+    if not ran:
+        return "the baseline stays as it is: this resume ran no rollout"
+    if not replaces:
+        return (f"{stays}: this run did not score every rollout it scored (a smaller run, another seed, or "
+                "errors)")
+    await remember_baseline(series, summary.run_id)   # the next run of the series compares with this one
+    summary.baseline_moved = True
+    return f"this run is now the baseline (it was {baseline.run_id})" if baseline.run_id else None
 
 
 async def remember_baseline(series: str, run_id: str) -> None:

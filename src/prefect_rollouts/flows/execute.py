@@ -37,7 +37,14 @@ from prefect.utilities.annotations import quote
 from prefect_rollouts.agent import Agent, make_agent
 from prefect_rollouts.eval_config import EvalConfig
 from prefect_rollouts.flows.limits import eval_limits
-from prefect_rollouts.flows.outage import ApiOutageError, ApiWatch, QuietWhileDown, Unreported, close_orphans
+from prefect_rollouts.flows.outage import (
+    ApiOutageError,
+    ApiWatch,
+    QuietWhileDown,
+    Unreported,
+    close_orphans,
+    is_server_error,
+)
 from prefect_rollouts.flows.ownership import owner_tags, sandbox_labels, tag_flow_run
 from prefect_rollouts.flows.rollout import RolloutRequest, failure_message, rollout_flow, rollout_outcome, trace_of
 from prefect_rollouts.plan import Planned, RolloutKey
@@ -140,11 +147,7 @@ async def execute(config: EvalConfig, root: str | DatasetRoot, run_id: str, todo
                        flush_each=config.flush_each_rollout or config.rollouts_per_task > 1)
             with _no_heartbeats() if config.rollout_granularity == "flow" else contextlib.nullcontext():
                 await _run_through_outages(run, todo, config)
-        if not await watch.wait_up():   # the summary artifact and this flow run's end need the API
-            raise ApiOutageError(str(watch.api_url), run_id, watch.down_s, len(writer.durable), total)
-        await _inform_prefect(run)
-        if watch.had_outage and config.rollout_granularity == "flow" and not run.failures:
-            await close_orphans(run_id)   # every rollout has finished: a live rollout flow run is an orphan
+        await _settle(run, config)
     finally:
         if watch.is_up:   # else the run stops for the outage: keep Prefect's retries of it quiet
             quiet.remove()
@@ -210,6 +213,47 @@ async def _run_through_outages(run: _Run, todo: list[Planned], config: EvalConfi
             background.cancel()
         await run.flush()
         run.report()
+
+
+SETTLE_TRIES = 3
+"""Tries to write the states an outage left unwritten once the API answers again at the end."""
+
+
+async def _settle(run: _Run, config: EvalConfig) -> None:
+    """After the last rollout: wait for the API and its database (the summary artifact and this
+    flow run's end need them), then write what an outage left unwritten (``_inform_prefect``) and
+    close the rollout flow runs it left live (``close_orphans``).
+
+    Raises:
+        ApiOutageError: the API stayed away past the limit, or answered 5xx to ``SETTLE_TRIES``
+            tries; the states still unwritten are logged by name.
+        RuntimeError: the server refused some rollouts' states (named; ``traces reconcile`` mends them).
+    """
+    watch = run.watch
+    for _ in range(SETTLE_TRIES):
+        if not await watch.wait_up():
+            break
+        try:
+            await _inform_prefect(run)
+            if watch.had_outage and config.rollout_granularity == "flow" and not run.failures:
+                await close_orphans(run.run_id)   # every rollout has finished: a live rollout flow run is an orphan
+        except (httpx.TransportError, OSError) as exc:
+            watch.mark_down(f"{type(exc).__name__}: {exc}")
+        except httpx.HTTPStatusError as exc:
+            if not is_server_error(exc):
+                raise
+            watch.mark_down(f"the API answered {exc.response.status_code} ({exc.request.url.path})")
+        else:
+            if watch.refused:
+                raise RuntimeError(f"the Prefect server refused the states of {len(watch.refused)} rollouts "
+                                   f"({', '.join(watch.refused[:10])}); write them with: "
+                                   f"prefect-rollouts traces reconcile {run.writer.root.uri} {run.run_id}")
+            return
+    if watch.unreported:
+        log.warning("the states of %d rollouts were not written to Prefect: %s", len(watch.unreported),
+                    ", ".join(item.name for item in watch.unreported[:20]))
+    raise ApiOutageError(str(watch.api_url), run.run_id, max(watch.down_s, watch.limit_s), len(run.writer.durable),
+                         run.total)
 
 
 async def _inform_prefect(run: _Run) -> None:

@@ -14,6 +14,13 @@ Rollouts need the Prefect API only for bookkeeping, so an eval does not stop whe
 - The progress artifact is updated from here, never from a rollout's path, and only while the
   API answers.
 
+The watch asks the API's ``/ready``, which answers 200 only when the server reaches its database
+(Prefect 3.9's ``perform_readiness_check``): ``/health`` stays 200 while PostgreSQL is gone and
+every other call is a 500, so an API without its database is an outage too, and a 5xx answer to
+the bookkeeping is taken as one. A state the eval could not write by its end is named, with the
+command that writes it from the dataset (``prefect-rollouts traces reconcile RUN``,
+``flows/reconcile.py``).
+
 Past ``limit_s`` of continuous outage the eval stops: durable rows stay, ``ApiOutageError``
 names the run to resume. Prefect's client gives up on a request after ``PREFECT_CLIENT_MAX_RETRIES``
 (Prefect's default 5 is about 62 s of backoff; ``prefect-rollouts eval`` sets 2, about 6 s); those
@@ -35,7 +42,10 @@ import certifi
 import httpx
 
 HEALTH_INTERVAL_S = 2.0
-"""How often the API's ``/health`` is polled (seconds)."""
+"""How often the API's ``/ready`` is polled (seconds)."""
+
+READY_PATH = "/ready"
+"""The API's readiness probe: 200 when its database answers, 503 when not (unauthenticated, as ``/health``)."""
 
 log = logging.getLogger("prefect_rollouts.outage")
 
@@ -70,7 +80,7 @@ class Unreported:
 
 
 class ApiWatch:
-    """Polls the Prefect API's health while an eval runs; runs callbacks when it is up.
+    """Polls the Prefect API's readiness (its database included) while an eval runs; runs callbacks when it is up.
 
     Args:
         api_url: ``PREFECT_API_URL`` (ends in ``/api``); None disables the watch (always up).
@@ -82,6 +92,8 @@ class ApiWatch:
         self.down_since: float | None = None
         self.had_outage = False
         self.unreported: list[Unreported] = []
+        self.refused: list[str] = []
+        """Names of rollouts whose state the server refused (a 4xx: e.g. it lost the flow run)."""
         self._up = asyncio.Event()
         self._up.set()
 
@@ -107,17 +119,19 @@ class ApiWatch:
                     "when it returns (the run stops after %.0f s without it)", self.api_url, cause, self.limit_s)
 
     async def check(self) -> bool:
-        """One health check (2 s timeout); updates ``is_up`` and returns it."""
+        """One readiness check (``READY_PATH``, 2 s timeout); updates ``is_up`` and returns it."""
         if self.api_url is None:
             return True
         cause = None
         try:
             async with httpx.AsyncClient(timeout=2.0, verify=_ssl_context()) as client:
-                response = await client.get(f"{self.api_url}/health")
-            if response.status_code != 200:
-                cause = f"health check returned {response.status_code}"
+                response = await client.get(f"{self.api_url}{READY_PATH}")
+            if response.status_code == 503:
+                cause = "the API answers, but its database does not (/ready returned 503)"
+            elif response.status_code != 200:
+                cause = f"readiness check returned {response.status_code}"
         except httpx.HTTPError as exc:
-            cause = f"health check: {type(exc).__name__}: {exc}"
+            cause = f"readiness check: {type(exc).__name__}: {exc}"
         if cause is not None:
             self.mark_down(cause)
         elif not self.is_up:
@@ -136,6 +150,10 @@ class ApiWatch:
                 except (httpx.TransportError, OSError) as exc:  # it went down meanwhile
                     log.debug("Prefect bookkeeping failed (%s); retrying when the API answers", exc)
                     self.mark_down(f"{type(exc).__name__}: {exc}")
+                except httpx.HTTPStatusError as exc:
+                    if not is_server_error(exc):
+                        raise
+                    self.mark_down(f"the API answered {exc.response.status_code} ({exc.request.url.path})")
             elif self.down_s > self.limit_s:
                 on_limit()
                 return
@@ -154,6 +172,12 @@ class ApiWatch:
 
         A rollout that ran inline during the outage gets a flow run of ``rollout`` created in its
         final state (tag ``api-outage``); a flow run stuck before its end gets its final state (forced).
+        A rollout the server refuses (4xx) is dropped into ``refused``; a 5xx or a lost connection
+        leaves it, and the rest, in ``unreported`` for the next try.
+
+        Raises:
+            httpx.HTTPStatusError: the server answered 5xx (its database is away).
+            httpx.TransportError: the API went away.
         """
         if not self.unreported:
             return 0
@@ -176,9 +200,17 @@ class ApiWatch:
                         await client.set_flow_run_state(item.flow_run_id, state, force=True)
                     done += 1
                 except httpx.HTTPStatusError as exc:   # the server answered no (e.g. it lost the flow run)
+                    if is_server_error(exc):
+                        raise                           # not an answer: try again when it is ready
                     log.warning("could not record rollout %s on the Prefect server: %s", item.name, exc)
+                    self.refused.append(item.name)
                 self.unreported.pop(0)
         return done
+
+
+def is_server_error(exc: httpx.HTTPStatusError) -> bool:
+    """A 5xx: the server could not do it (e.g. its database is away), which is not a refusal."""
+    return exc.response.status_code >= 500
 
 
 async def close_orphans(run_id: str) -> int:

@@ -17,7 +17,8 @@ from prefect_rollouts.trace import Trace
 from prefect_rollouts.traces.store import DatasetRoot
 
 #: The ``rollouts`` columns ``summarize`` needs (readers can skip the large JSON columns).
-SUMMARY_COLUMNS = ["run_id", "task_id", "rollout_index", "environment", "model", "reward", "rewards", "is_truncated",
+SUMMARY_COLUMNS = ["run_id", "task_id", "rollout_index", "environment", "model", "reward", "rewards", "stop_condition",
+                   "is_truncated",
                    "is_timeout", "scoring_skipped", "is_error", "error_type", "error_message", "total_tokens",
                    "cached_tokens", "reasoning_tokens", "judge_prompt_tokens", "judge_completion_tokens"]
 
@@ -84,6 +85,12 @@ class EvalSummary(BaseModel):
     environments: list[EnvironmentSummary]
     rollouts: int
     errored: int
+    unscored: dict[str, int] = {}
+    """Rollouts without an error that were not scored for an infrastructure reason, by cause: a
+    deadline expired before scoring finished (reward None; the stop condition, e.g.
+    ``scoring_timeout`` or ``setup_timeout``), or ``skip_on_timeout`` (a deadline expired and the
+    skip rule gave reward 0, which the means keep, as the rule says). ``run_failure`` counts them
+    with the errored ones: a run none of whose rollouts was scored is not a success."""
     total_tokens: int
     cached_tokens: int | None = None
     """As ``EnvironmentSummary.cached_tokens``, over the whole run."""
@@ -106,7 +113,10 @@ class EvalSummary(BaseModel):
     regressed: list[str] = []
     """Environments whose interval against the baseline lies below 0."""
     baseline_note: str | None = None
-    """Why there is no comparison, or why the run did not become the baseline."""
+    """Why there is no comparison, whether the run became the series' baseline and, if not, why."""
+    baseline_moved: bool = False
+    """The run became its series' baseline (``baseline = "last"``): it completed, did not regress
+    and scored every rollout the old baseline scored."""
 
     def lines(self) -> list[EnvironmentSummary]:
         """Each environment followed by its categories, then the overall line (a suite)."""
@@ -151,7 +161,8 @@ class EvalSummary(BaseModel):
         aligned columns (None as ``—``), the wall time and tokens, then the top errors, one line
         each (``<type> x<count>, e.g.: <example>``)."""
         rows = self.table()
-        lines = [f"run {self.run_id}: {self.rollouts} rollouts, {self.errored} errored"]
+        lines = [f"run {self.run_id}: {self.rollouts} rollouts, {self.errored} errored"
+                 + (f", {sum(self.unscored.values())} not scored ({_counts(self.unscored)})" if self.unscored else "")]
         if rows:
             cells = [list(rows[0]), *([_cell(row[column]) for column in rows[0]] for row in rows)]
             widths = [max(len(line[i]) for line in cells) for i in range(len(cells[0]))]
@@ -170,6 +181,11 @@ class EvalSummary(BaseModel):
         if self.baseline_note:
             lines.append(f"baseline: {self.baseline_note}")
         return "\n".join(lines)
+
+
+def _counts(counts: dict[str, int]) -> str:
+    """``scoring_timeout x6, setup_timeout x1``."""
+    return ", ".join(f"{cause} x{count}" for cause, count in counts.items())
 
 
 def _cell(value: Any) -> str:
@@ -194,9 +210,10 @@ def summarize(rows: pd.DataFrame, *, run_id: str, rollouts_per_task: int | None 
     """Summarise ``read_rollouts`` rows of one run.
 
     Errored rollouts (infrastructure or task-code failures, reward None) are counted apart and
-    excluded from means and pass@k, never counted as reward 0. Skipped rollouts (skip rules)
-    have reward 0 and count. pass@k uses, per task, the scored rollouts; tasks with fewer than
-    k scored rollouts are left out of that k.
+    excluded from means and pass@k, never counted as reward 0; so are rollouts a deadline left
+    unscored (``EvalSummary.unscored``). Skipped rollouts (skip rules) have reward 0 and count.
+    pass@k uses, per task, the scored rollouts; tasks with fewer than k scored rollouts are left
+    out of that k.
 
     Args:
         rows: Rows of the ``rollouts`` table.
@@ -218,7 +235,7 @@ def summarize(rows: pd.DataFrame, *, run_id: str, rollouts_per_task: int | None 
     overall = of(rows, "all").model_copy(update={"reward_components": {}}) if len(environments) > 1 else None
     return EvalSummary(run_id=run_id, environments=environments, categories=categories, overall=overall,
                        rollouts=len(rows),
-                       errored=int(rows["is_error"].sum()) if len(rows) else 0,
+                       errored=int(rows["is_error"].sum()) if len(rows) else 0, unscored=_unscored(rows),
                        total_tokens=int(rows["total_tokens"].sum()) if len(rows) else 0,
                        cached_tokens=_reported(rows, "cached_tokens"),
                        reasoning_tokens=_reported(rows, "reasoning_tokens"),
@@ -275,6 +292,19 @@ def _component_means(scored: pd.DataFrame) -> dict[str, float | None]:
     return {name: (sum(got) / (len(got) + skipped) if got else None) for name, got in values.items()}
 
 
+def _unscored(rows: pd.DataFrame) -> dict[str, int]:
+    """``EvalSummary.unscored`` of ``rows``: causes sorted by name."""
+    if not len(rows):
+        return {}
+    fine = rows["is_error"].fillna(False).astype(bool)
+    skipped = rows["scoring_skipped"]
+    unscored = rows[~fine & rows["reward"].isna() & skipped.isna()]
+    causes = Counter(str(stop) if isinstance(stop, str) else "no reward"
+                     for stop in unscored.get("stop_condition", pd.Series([None] * len(unscored))))
+    causes["skip_on_timeout"] = int((~fine & (skipped == "timeout")).sum())
+    return {cause: count for cause, count in sorted(causes.items()) if count}
+
+
 def _top_errors(rows: pd.DataFrame) -> list[ErrorCount]:
     """The most frequent ``error_type`` values of the errored ``rows``, each with its first message."""
     if not len(rows) or "error_type" not in rows:
@@ -325,23 +355,30 @@ def _short(value: float | None) -> str:
 
 def run_failure(summary: EvalSummary, planned: int, max_error_fraction: float = 0.0) -> str | None:
     """Why a run failed, or None when it succeeded: every one of the ``planned`` rollouts has a
-    row, and at most ``max_error_fraction`` (0 to 1) of them errored.
+    row, and at most ``max_error_fraction`` (0 to 1) of them errored or were not scored for an
+    infrastructure reason (``EvalSummary.unscored``: a deadline expired before scoring finished,
+    ``skip_on_timeout`` included).
 
     The eval flow run's state message and the CLI's exit status both come from here, e.g.
-    ``"6 of 6 rollouts errored (ProviderError: ...)"``, ``"4 of 10 rollouts have no row"``.
+    ``"6 of 6 rollouts errored (ProviderError: ...)"``, ``"4 of 10 rollouts have no row"``,
+    ``"6 of 6 rollouts errored or were not scored (not scored: scoring_timeout x6)"``.
     """
     missing = planned - summary.rollouts
     if missing > 0:
         return f"{missing} of {planned} rollouts have no row"
-    if not summary.errored or summary.errored / max(planned, 1) <= max_error_fraction:
+    failed = summary.errored + sum(summary.unscored.values())
+    if not failed or failed / max(planned, 1) <= max_error_fraction:
         return None
     allowed = f", more than max_error_fraction = {max_error_fraction:g} allows" if max_error_fraction else ""
-    text = f"{summary.errored} of {planned} rollouts errored{allowed}"
+    text = f"{failed} of {planned} rollouts errored{' or were not scored' if summary.unscored else ''}{allowed}"
+    details = []
     if summary.errors:
         top, others = summary.errors[0], len(summary.errors) - 1
         more = f"; {others} other error type{'s' if others > 1 else ''}" if others else ""
-        text += f" ({error_text(top.type, top.example)}{more})"
-    return text
+        details.append(f"{error_text(top.type, top.example)}{more}")
+    if summary.unscored:
+        details.append(f"not scored: {_counts(summary.unscored)}")
+    return text + (f" ({'; '.join(details)})" if details else "")
 
 
 def _reported(rows: pd.DataFrame, column: str) -> int | None:
