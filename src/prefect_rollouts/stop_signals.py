@@ -48,8 +48,8 @@ def run_until_stopped(main: Coroutine[Any, Any, T]) -> T:
     """Run ``main`` to its end on a new event loop in a worker thread (this thread's context variables
     carried over), and return its result or raise its exception.
 
-    Must be called from the main thread. While it runs, SIGINT and SIGTERM cancel ``main``'s task;
-    the handlers in place before are restored at the end.
+    Called from the main thread, SIGINT and SIGTERM cancel ``main``'s task while it runs (the handlers
+    in place before are restored at the end); from another thread, signals are left as they are.
 
     Raises:
         StopSignal: a signal arrived and ``main`` ended by it (cancelled, or raising while it
@@ -81,7 +81,8 @@ def run_until_stopped(main: Coroutine[Any, Any, T]) -> T:
 
     context = contextvars.copy_context()
     worker = threading.Thread(target=target, name="prefect-rollouts-eval", daemon=True)
-    previous = {number: signal.signal(number, on_signal) for number in STOP_SIGNALS}
+    in_main = threading.current_thread() is threading.main_thread()   # only the main thread can set handlers
+    previous = {number: signal.signal(number, on_signal) for number in STOP_SIGNALS} if in_main else {}
     try:
         worker.start()
         worker.join()
