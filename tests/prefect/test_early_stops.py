@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections import Counter
 
 import pytest
@@ -19,6 +20,7 @@ from prefect.settings import PREFECT_API_URL
 from typer.testing import CliRunner
 
 from prefect_rollouts.cli import app
+from prefect_rollouts.runtimes.docker import LABEL
 from prefect_rollouts.traces import read_rollouts, store
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply
@@ -89,3 +91,30 @@ def test_sigterm_ends_an_eval_as_ctrl_c_does(tmp_path, openai_server, signal_num
     assert f"{durable} of 10 rollouts durable; resume with: prefect-rollouts eval {config} --resume {run_id}" in output
     (flow_run,) = asyncio.run(final_flow_runs(name=FlowRunFilterName(any_=[run_id])))
     assert flow_run.state.name == "Crashed", flow_run.state     # as Prefect marks a run whose process was stopped
+
+
+def test_sigterm_removes_the_containers_of_the_rollouts_in_flight(tmp_path, openai_server, docker_engine):
+    openai_server.default = delayed(60, reply("0"))
+    run_id = f"sigterm-docker-{uuid.uuid4().hex[:6]}"
+    config = tmp_path / "eval.toml"
+    config.write_text(eval_toml(tmp_path / "traces", openai_server.base_url, max_concurrent=3,
+                                rollout_granularity="flow") + '[env.agent.runtime]\ntype = "docker"\n')
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_LOGGING_LEVEL": "WARNING"}
+    process = subprocess.Popen([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(config), "--run-id", run_id],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def of_run() -> list:
+        return docker_engine.containers.list(all=True, filters={"label": f"{LABEL}.run_id={run_id}"})
+    try:
+        deadline = time.monotonic() + 90
+        while len(of_run()) < 3:
+            assert process.poll() is None and time.monotonic() < deadline, "the eval started no containers"
+            time.sleep(0.2)
+    finally:
+        process.send_signal(signal.SIGTERM)
+    output = " ".join(process.communicate(timeout=120)[0].split())
+    assert process.returncode == 143, output
+    assert "0 of 10 rollouts durable; resume with:" in output and "Traceback" not in output, output
+    assert of_run() == []                                  # torn down by the eval, not left for the janitor
+    (flow_run,) = asyncio.run(final_flow_runs(name=FlowRunFilterName(any_=[run_id])))
+    assert flow_run.state.name == "Crashed"
