@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -18,6 +17,7 @@ from rich.console import Console
 from prefect_rollouts.cli_traces import alerts_app, traces_app
 from prefect_rollouts.console import print_error, print_summary, progress_bar, set_console_log_level
 from prefect_rollouts.errors import ConfigError, TraceStoreError
+from prefect_rollouts.stop_signals import StopSignal, run_until_stopped
 
 app = typer.Typer(help="Run and score LLM-agent rollouts with Prefect.", no_args_is_help=True,
                   pretty_exceptions_show_locals=False)
@@ -56,7 +56,7 @@ def eval_command(
     Without ``PREFECT_API_URL`` the eval gets a temporary Prefect server that ends with it (also on
     ``kill -9``). A run that stops early (Ctrl-C, an API outage past ``api_outage_limit_s``, an
     unwritable dataset, rollouts without a row) prints how many rollouts are durable and the
-    ``--resume`` command, and exits 1 (130 on Ctrl-C). A run where more than
+    ``--resume`` command, and exits 1 (130 on Ctrl-C, 143 on SIGTERM, which ends it the same way). A run where more than
     ``max_error_fraction`` of the rollouts errored prints its summary and top errors, and exits 1.
     A resume whose config differs from the run's stored config in a key that defines the run exits 2.
     With ``--fail-on-regression``, a run that regressed against its baseline exits 3.
@@ -110,8 +110,8 @@ def eval_command(
                     console.print("PREFECT_API_URL is not set: starting a temporary Prefect server for this eval")
                     stack.enter_context(_api_url(stack.enter_context(temporary).api_url))
                     stack.callback(_drain_prefect_services)   # runs before the server stops
-                summary, failure = asyncio.run(run_eval(eval_config, resume=resume, run_id=run_id,
-                                                        force_config=force_config))
+                summary, failure = run_until_stopped(run_eval(eval_config, resume=resume, run_id=run_id,
+                                                              force_config=force_config))
         except ConfigError as exc:
             _error("config error: ", exc)
             raise typer.Exit(2) from None
@@ -178,6 +178,8 @@ def _reason(exc: BaseException) -> str:
     while failing the flow run on a dead API), else ``exc`` as ``Type: message``."""
     from prefect_rollouts.flows.outage import ApiOutageError
 
+    if isinstance(exc, StopSignal):
+        return exc.reason
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted (Ctrl-C)"
     seen, todo = set(), [exc]
@@ -195,7 +197,8 @@ def _finish_stopped(stopped: BaseException, eval_config: Any, run_id: str, total
     """Report an eval that ended by an exception or Ctrl-C, and exit. With every row durable only
     Prefect's bookkeeping failed: print the summary from the dataset, say which states are missing
     and the command that writes them (``traces reconcile``), exit 1. Otherwise say why, how many
-    rows are durable and how to resume, exit 1 (130 on Ctrl-C)."""
+    rows are durable and how to resume, exit 1 (130 on Ctrl-C, 143 on
+    SIGTERM)."""
     durable = _durable_count(eval_config, run_id)
     if durable == total and not isinstance(stopped, KeyboardInterrupt):
         from prefect_rollouts.traces import run_failure, summarize_run
@@ -216,7 +219,9 @@ def _finish_stopped(stopped: BaseException, eval_config: Any, run_id: str, total
     _error("eval stopped: ", _reason(stopped))
     console.print(f"{'an unknown number' if durable is None else durable} of {total} rollouts durable; "
                   f"resume with: {resume_hint}", markup=False, highlight=False, soft_wrap=True)
-    _exit_without_waiting_for_prefect(130 if isinstance(stopped, KeyboardInterrupt) else 1)
+    if isinstance(stopped, KeyboardInterrupt):
+        _exit_without_waiting_for_prefect(stopped.exit_code if isinstance(stopped, StopSignal) else 130)
+    _exit_without_waiting_for_prefect(1)
 
 
 def _durable_count(eval_config: Any, run_id: str) -> int | None:

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import errno
+
+import duckdb
+import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
 from prefect_rollouts.cli import app
 from prefect_rollouts.errors import TraceStoreError
-from prefect_rollouts.traces import TraceWriter, compact_run, read_model_calls, read_rollouts
+from prefect_rollouts.traces import TraceWriter, compact_run, read_model_calls, read_rollouts, store
 from prefect_rollouts.traces.store import DatasetRoot, dataset_root
+from prefect_rollouts.traces.writer import write_table
 from tests.traces.test_dataset import add, make_trace
 
 COLUMNS = ["task_id", "rollout_index", "reward", "is_error", "total_tokens", "trace"]
@@ -92,3 +97,54 @@ def test_traces_compact_prints_the_file_counts(tmp_path):
     assert "rollouts: 4 -> 1 files" in result.output and "model_calls: 4 -> 1 files" in result.output
     missing = CliRunner().invoke(app, ["traces", "compact", str(tmp_path), "nope"])
     assert missing.exit_code == 1 and "no rollouts of run nope" in missing.output
+
+
+README_QUERY = """select count(*) as calls, count(distinct (rollout_id, call_index)) as distinct_calls,
+  sum(c.prompt_tokens) as prompt_tokens
+  from read_parquet('{root}/rollouts/**/*.parquet', hive_partitioning = true) r
+  join read_parquet('{root}/model_calls/**/*.parquet', hive_partitioning = true) c using (rollout_id)"""
+
+
+def on_disk(root) -> tuple[int, int, int]:
+    """What the README's DuckDB query sees: call rows, distinct calls and prompt tokens, read from the files."""
+    return tuple(duckdb.sql(README_QUERY.format(root=root)).fetchall()[0])
+
+
+def full_disk_for(table: str, monkeypatch) -> None:
+    """Every write of a file of ``table`` fails with ENOSPC, below the store (the file system call)."""
+    real = store._write_local
+
+    def write(target, data):
+        if f"/{table}/" in target.as_posix():
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(target, data)
+    monkeypatch.setattr(store, "_write_local", write)
+
+
+def test_a_compaction_that_fails_on_its_second_table_leaves_the_files_as_they_were(tmp_path, monkeypatch):
+    write_one_file_per_rollout(tmp_path, "r1", 15)         # 30 model calls
+    files_before = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.parquet"))
+    assert on_disk(tmp_path) == (30, 30, 150)
+
+    full_disk_for("rollouts", monkeypatch)                  # the calls file is written, the rollouts file is not
+    with pytest.raises(TraceStoreError, match="No space left on device"):
+        compact_run(tmp_path, "r1")
+    monkeypatch.undo()
+
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.parquet")) == files_before
+    assert on_disk(tmp_path) == (30, 30, 150)
+    assert compact_run(tmp_path, "r1").files_after == {"rollouts": 1, "model_calls": 1}
+    assert on_disk(tmp_path) == (30, 30, 150) and len(calls(tmp_path, "r1")) == 30
+
+
+def test_compaction_leaves_each_model_call_once_on_disk(tmp_path):
+    write_one_file_per_rollout(tmp_path, "r1", 15)
+    # a compaction killed (kill -9) after its calls file was written: every call of the run stored twice
+    day = run_files(tmp_path, "model_calls", "r1")[0].split("/")[1]
+    doubled = pq.read_table(tmp_path / "model_calls" / day / "run_id=r1", partitioning=None)
+    write_table(tmp_path, f"model_calls/{day}/run_id=r1/part-0-killed.parquet", doubled)
+    assert on_disk(tmp_path) == (60, 30, 300) and len(calls(tmp_path, "r1")) == 30   # readers drop them already
+
+    compact_run(tmp_path, "r1")
+
+    assert on_disk(tmp_path) == (30, 30, 150) and len(calls(tmp_path, "r1")) == 30

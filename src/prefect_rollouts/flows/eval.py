@@ -136,7 +136,7 @@ async def _evaluate(config: EvalConfig, resume: str | None, run_id: str, named: 
     await acreate_table_artifact(table=summary.table(), key=artifacts[0], description=(
         f"Summary of run {run_id} ({summary.rollouts} rollouts of {models or 'no model'}, traces in {root})"))
     if failures:
-        raise RuntimeError(f"{len(failures)} rollouts failed to run and have no row; "
+        raise RuntimeError(f"{len(plan) - summary.rollouts} of {len(plan)} rollouts have no row ({failures[0]}); "
                            f"resume with --resume {run_id}") from failures[0]
     return summary if failure is None else Failed(message=failure, data=EvalFailedError(failure, summary))
 

@@ -35,6 +35,7 @@ from prefect.states import Failed, State
 from prefect.utilities.annotations import quote
 
 from prefect_rollouts.agent import Agent, make_agent
+from prefect_rollouts.errors import TraceStoreError
 from prefect_rollouts.eval_config import EvalConfig
 from prefect_rollouts.flows.limits import eval_limits
 from prefect_rollouts.flows.outage import (
@@ -83,6 +84,9 @@ class _Run:
     progress_id: Any = None
     reported: int = -1
     failures: list[BaseException] = field(default_factory=list)
+    store_error: TraceStoreError | None = None
+    """The first write of rows that failed: the eval stops (``stop``) instead of running rollouts it cannot keep."""
+    stop: Callable[[], None] | None = None
 
     def rollout(self, planned: Planned) -> Rollout:
         labels = {"run_id": self.run_id, "rollout_index": str(planned.index), **sandbox_labels()}
@@ -98,7 +102,16 @@ class _Run:
             await self.flush()
 
     async def flush(self) -> None:
-        if await self.writer.aflush():
+        """Make the buffered rows durable. A storage error (a full disk) stops the run at once: the
+        rows stay buffered (``TraceWriter``), so no rollout whose result is in memory runs again."""
+        try:
+            flushed = await self.writer.aflush()
+        except TraceStoreError as exc:
+            self.store_error = self.store_error or exc
+            if self.stop is not None:
+                self.stop()
+            return
+        if flushed:
             self.report()
 
     def report(self) -> None:
@@ -132,6 +145,8 @@ async def execute(config: EvalConfig, root: str | DatasetRoot, run_id: str, todo
 
     Raises:
         ApiOutageError: the API stayed away past the limit; rows made durable so far stay.
+        TraceStoreError: rows could not be written (e.g. ``No space left on device``): the rollouts
+            stopped at once; the message ends with how many rollouts of the run have no row.
     """
     writer = TraceWriter(root, run_id, batch_size=max(1, min(64, config.max_concurrent)), durable=durable)
     watch = ApiWatch(PREFECT_API_URL.value(), config.api_outage_limit_s)
@@ -147,6 +162,9 @@ async def execute(config: EvalConfig, root: str | DatasetRoot, run_id: str, todo
                        flush_each=config.flush_each_rollout or config.rollouts_per_task > 1)
             with _no_heartbeats() if config.rollout_granularity == "flow" else contextlib.nullcontext():
                 await _run_through_outages(run, todo, config)
+            if run.store_error is not None:
+                raise TraceStoreError(f"{run.store_error}; {total - len(writer.durable)} of {total} rollouts of "
+                                      f"run {run_id} have no row") from run.store_error
         await _settle(run, config)
     finally:
         if watch.is_up:   # else the run stops for the outage: keep Prefect's retries of it quiet
@@ -199,11 +217,14 @@ async def _run_through_outages(run: _Run, todo: list[Planned], config: EvalConfi
 
     def stop_runner() -> None:
         runner.cancel()
+    run.stop = stop_runner
     watcher = asyncio.create_task(run.watch.run(lambda: _inform_prefect(run), stop_runner))
     try:
         await asyncio.wait({runner, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if watcher.done() and not runner.done():   # the limit passed: on_limit cancelled the runner
             await asyncio.gather(runner, return_exceptions=True)
+        if run.store_error is not None:   # a write failed and stopped the runner: execute says so
+            return
         if runner.cancelled():
             watch = run.watch
             raise ApiOutageError(str(watch.api_url), run.run_id, watch.down_s, len(run.writer.durable), run.total)
@@ -364,8 +385,9 @@ async def rollout_task(rollout: Rollout, task_id: str, index: int) -> Trace | St
 
 
 def _crashed(task_: Any, task_run: Any, state: State[Any]) -> bool:
-    """Retry a batch that raised, not one that returned Failed because rollouts errored (they have rows)."""
-    return isinstance(state.data, BaseException)
+    """Retry a batch that raised, not one that returned Failed because rollouts errored (they have rows),
+    nor one whose rows could not be written (the eval stops: running its rollouts again costs twice)."""
+    return isinstance(state.data, BaseException) and not isinstance(state.data, TraceStoreError)
 
 
 @task(name="batch", task_run_name="batch-{shard_index}", retries=1, retry_condition_fn=_crashed,

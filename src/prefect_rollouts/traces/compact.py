@@ -4,11 +4,14 @@ Rows become durable in small batches while a run goes (a file per flush, or per 
 ``flush_each_rollout``), so a long run leaves many small files. Compaction reads every visible
 file of the run in a partition (``<table>/date=<day>/run_id=<run>/``), drops duplicate rows (a
 rollout written twice keeps its first row, as the readers do; model calls keep those of the kept
-rollouts), writes the result as one new file (atomically, as every write: ``traces.store``), and
-only then deletes the files it read. A crash at any point leaves every row durable: at worst some
-rows twice, which readers drop and a second compaction removes. Files written while it runs are
-left alone, and two compactions at once only ever delete files whose rows the other has rewritten
-too. Must not import Prefect.
+rollouts, each ``(rollout_id, call_index)`` once), writes the result as new files (atomically, as
+every write: ``traces.store``), and only once every new file of the run is written deletes the
+files it read. A write that fails (a full disk) removes the new files already written before the
+error is raised, so the run's files are as they were. A crash (``kill -9``) at any point leaves
+every row durable: at worst some rows twice, which readers drop and the next compaction removes;
+after a compaction that succeeded, each row of the files it read is on disk once. Files written
+while it runs are left alone, and two compactions at once only ever delete files whose rows the
+other has rewritten too. Must not import Prefect.
 """
 
 from __future__ import annotations
@@ -52,35 +55,64 @@ def compact_run(root: str | Path | DatasetRoot, run_id: str, *, min_files: int =
         and after, and how many duplicate rollout rows were dropped.
 
     Raises:
-        TraceStoreError: a file cannot be read, written or deleted; rows already rewritten stay
-            durable and the files not yet deleted are still read (duplicates are dropped).
+        TraceStoreError: a file cannot be read or written (the files written so far are removed
+            again: the run's files are as they were), or an old file cannot be deleted (every row
+            stays durable; the files not yet deleted repeat rows, which readers drop).
     """
     store = dataset_root(root)
     files = {table: [f for f in store.list_files(table) if f"/run_id={run_id}/" in f]
              for table in ("rollouts", "model_calls")}
     before = {table: len(names) for table, names in files.items()}
-    dropped = 0
-    for day in sorted({name.split("/")[1] for name in files["rollouts"]}):
-        rollout_files = [f for f in files["rollouts"] if f.split("/")[1] == day]
-        call_files = [f for f in files["model_calls"] if f.split("/")[1] == day]
-        if len(rollout_files) < min_files and len(call_files) < min_files:
-            continue
-        rollouts = _read_all(store, rollout_files, ROLLOUTS)
-        kept = _first_per_rollout(rollouts)
-        dropped += rollouts.num_rows - kept.num_rows
-        calls = _read_all(store, call_files, MODEL_CALLS)
-        calls = calls.filter(pc.is_in(calls["rollout_id"], value_set=kept["rollout_id"]))
-        name = new_part_name()
-        partition = f"{day}/run_id={run_id}/{name}"
-        if calls.num_rows:   # calls first, as the writer does: a durable rollout always has its calls
-            write_table(store, f"model_calls/{partition}", calls)
-        write_table(store, f"rollouts/{partition}", kept)
-        with ThreadPoolExecutor(_PARALLEL) as pool:   # rollouts first: their calls must outlive them
-            list(pool.map(store.delete_file, rollout_files))
-            list(pool.map(store.delete_file, call_files))
+    dropped, written = 0, []
+    replaced: dict[str, list[str]] = {"rollouts": [], "model_calls": []}
+    try:   # every new file first: the old ones go only once the whole run is rewritten
+        for day in sorted({name.split("/")[1] for name in files["rollouts"]}):
+            rollout_files = [f for f in files["rollouts"] if f.split("/")[1] == day]
+            call_files = [f for f in files["model_calls"] if f.split("/")[1] == day]
+            if len(rollout_files) < min_files and len(call_files) < min_files:
+                continue
+            rollouts = _read_all(store, rollout_files, ROLLOUTS)
+            kept = _first_of(rollouts, ["environment", "task_id", "rollout_index"])
+            dropped += rollouts.num_rows - kept.num_rows
+            calls = _read_all(store, call_files, MODEL_CALLS)
+            calls = _first_of(calls.filter(pc.is_in(calls["rollout_id"], value_set=kept["rollout_id"])),
+                              ["rollout_id", "call_index"])
+            partition = f"{day}/run_id={run_id}/{new_part_name()}"
+            if calls.num_rows:   # calls first, as the writer does: a durable rollout always has its calls
+                written.append(f"model_calls/{partition}")
+                write_table(store, written[-1], calls)
+            written.append(f"rollouts/{partition}")
+            write_table(store, written[-1], kept)
+            replaced["rollouts"] += rollout_files
+            replaced["model_calls"] += call_files
+    except TraceStoreError as exc:
+        _remove_written(store, written, exc)
+        raise
+    with ThreadPoolExecutor(_PARALLEL) as pool:   # rollouts first: their calls must outlive them
+        list(pool.map(store.delete_file, replaced["rollouts"]))
+        list(pool.map(store.delete_file, replaced["model_calls"]))
     after = {table: len([f for f in store.list_files(table) if f"/run_id={run_id}/" in f])
              for table in ("rollouts", "model_calls")}
     return CompactResult(files_before=before, files_after=after, duplicates_dropped=dropped)
+
+
+def _remove_written(store: DatasetRoot, written: list[str], cause: TraceStoreError) -> None:
+    """Undo a compaction cut short by ``cause``: remove the new files it wrote (also one whose write
+    failed, in case it landed), so no row is left twice; if that fails too, say which files hold
+    rows twice (readers drop them, the next compaction removes them).
+
+    Raises:
+        TraceStoreError: a new file could not be removed; ``cause`` is chained.
+    """
+    left = []
+    for name in written:
+        try:
+            store.delete_file(name)
+        except TraceStoreError:
+            left.append(name)
+    if left:
+        raise TraceStoreError(f"{cause}; removing the compacted files failed too, so {', '.join(left)} repeat "
+                              "rows of the run (readers drop them; the next compaction removes them)") from cause
 
 
 def _read_all(store: DatasetRoot, names: list[str], schema: pa.Schema) -> pa.Table:
@@ -99,9 +131,9 @@ def _read_all(store: DatasetRoot, names: list[str], schema: pa.Schema) -> pa.Tab
     return pa.concat_tables(tables) if tables else schema.empty_table()
 
 
-def _first_per_rollout(rollouts: pa.Table) -> pa.Table:
-    """The first row of each ``(environment, task_id, rollout_index)``, in file order (the readers' rule)."""
-    indexed = rollouts.append_column("_row", pa.array(range(rollouts.num_rows), pa.int64()))
-    first = indexed.group_by(["environment", "task_id", "rollout_index"], use_threads=False) \
-        .aggregate([("_row", "min")])
-    return rollouts.take(pa.array(sorted(first["_row_min"].to_pylist()), pa.int64()))
+def _first_of(table: pa.Table, key: list[str]) -> pa.Table:
+    """The first row of each ``key`` (rollouts: environment, task id, rollout index; model calls:
+    rollout id, call index), in file order (the readers' rule)."""
+    indexed = table.append_column("_row", pa.array(range(table.num_rows), pa.int64()))
+    first = indexed.group_by(key, use_threads=False).aggregate([("_row", "min")])
+    return table.take(pa.array(sorted(first["_row_min"].to_pylist()), pa.int64()))

@@ -11,6 +11,7 @@ or absent. ``flush`` returns only once the rows are durable.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import time
 import uuid
@@ -20,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from prefect_rollouts.errors import TraceStoreError
 from prefect_rollouts.trace import Trace
 from prefect_rollouts.traces.schema import MODEL_CALLS, ROLLOUTS, model_call_rows, rollout_row
 from prefect_rollouts.traces.store import DatasetRoot, dataset_root
@@ -70,15 +72,32 @@ class TraceWriter:
         return len(self._rollouts) >= self.batch_size
 
     def flush(self) -> int:
-        """Write the buffered rows (one file per table) and return how many rollouts became durable."""
-        return self._write(*self._take())
+        """Write the buffered rows (one file per table) and return how many rollouts became durable.
+
+        Raises:
+            TraceStoreError: a file cannot be written (a full disk); the rows stay buffered, so a
+                later flush writes them and no rollout has to run again for its row.
+        """
+        taken = self._take()
+        try:
+            return self._write(*taken)
+        except TraceStoreError:
+            self._put_back(*taken)
+            raise
 
     async def aflush(self) -> int:
         """``flush`` with the file writes and fsyncs in a worker thread, so the event loop keeps
-        running rollouts; concurrent calls write one after another."""
+        running rollouts; concurrent calls write one after another. Same errors as ``flush``."""
         async with self._lock:
-            rollouts, calls = self._take()
-            return await asyncio.to_thread(self._write, rollouts, calls)
+            taken = self._take()
+            try:
+                return await asyncio.to_thread(self._write, *taken)
+            except TraceStoreError:
+                self._put_back(*taken)
+                raise
+
+    def _put_back(self, rollouts: list[dict[str, Any]], calls: list[dict[str, Any]]) -> None:
+        self._rollouts[:0], self._calls[:0] = rollouts, calls
 
     def _take(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         taken = self._rollouts, self._calls
@@ -93,7 +112,13 @@ class TraceWriter:
         partition = f"date={day}/run_id={self.run_id}/{name}"
         if calls:
             write_table(self.root, f"model_calls/{partition}", pa.Table.from_pylist(calls, schema=MODEL_CALLS))
-        write_table(self.root, f"rollouts/{partition}", pa.Table.from_pylist(rollouts, schema=ROLLOUTS))
+        try:
+            write_table(self.root, f"rollouts/{partition}", pa.Table.from_pylist(rollouts, schema=ROLLOUTS))
+        except TraceStoreError:
+            if calls:   # the calls are written again with their rollouts; readers would drop this copy anyway
+                with contextlib.suppress(TraceStoreError):
+                    self.root.delete_file(f"model_calls/{partition}")
+            raise
         self.durable.update((row["environment"], row["task_id"], row["rollout_index"]) for row in rollouts)
         self.written += len(rollouts)
         return len(rollouts)
