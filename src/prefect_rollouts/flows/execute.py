@@ -233,8 +233,16 @@ async def _flush_periodically(run: _Run) -> None:
 
 
 async def _run_each(run: _Run, todo: list[Planned], config: EvalConfig) -> None:
-    """Every rollout of ``todo`` on its own (``flow`` and ``task`` granularity), ``max_concurrent`` at once."""
-    await asyncio.gather(*(_run_one(run, planned, config.rollout_granularity) for planned in todo))
+    """Every rollout of ``todo`` on its own (``flow`` and ``task`` granularity), ``max_concurrent`` at once.
+
+    ``max_concurrent`` workers take the rollouts in turn, so the coroutines alive at once are bounded
+    by the concurrency, not by the plan (an asyncio task per planned rollout, as before, held 1.5 KB or more each)."""
+    pending = iter(todo)
+
+    async def worker() -> None:
+        for planned in pending:
+            await _run_one(run, planned, config.rollout_granularity)
+    await asyncio.gather(*(worker() for _ in range(min(config.max_concurrent, len(todo)))))
 
 
 async def _run_one(run: _Run, planned: Planned, granularity: str) -> Trace:
