@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from typing import Any
 
 import pytest
@@ -22,6 +23,18 @@ def _environment_restored():
     for name in set(os.environ) - set(saved):
         del os.environ[name]
     os.environ.update(saved)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_server_home_left():
+    """At the session's end no PostgreSQL cluster of a test is left in /tmp (each was 49-95 MB):
+    every server home is made by ``tests.pg_api.server_home``, under a directory of this session."""
+    from tests.pg_api import SESSION_DIR
+
+    yield
+    left = sorted(path.name for path in SESSION_DIR.iterdir()) if SESSION_DIR.exists() else []
+    shutil.rmtree(SESSION_DIR, ignore_errors=True)
+    assert not left, f"server homes left in {SESSION_DIR}: {left}"
 
 
 @pytest.fixture(scope="session")

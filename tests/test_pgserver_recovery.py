@@ -5,15 +5,14 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import tempfile
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
 from prefect_rollouts import pgserver
 from prefect_rollouts.errors import RuntimeUnavailableError
+from tests.pg_api import server_home
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -25,24 +24,33 @@ def free_port() -> int:
 
 
 def test_a_killed_postgres_is_stopped_and_started_again_and_a_taken_port_is_refused():
-    home = Path(tempfile.mkdtemp(prefix="prefect-rollouts-recovery-"))
-    home.chmod(0o755)
-    port, pg_port = free_port(), free_port()
-    api = pgserver.start(home, port=port, pg_port=pg_port)
-    try:
+    with server_home("recovery-") as home, server_home("other-") as other:
+        port, pg_port = free_port(), free_port()
+        api = pgserver.start(home, port=port, pg_port=pg_port)
         postmaster = int((home / "pgdata" / "postmaster.pid").read_text().splitlines()[0])
         os.kill(postmaster, signal.SIGKILL)   # kill -9: its postmaster.pid stays
         time.sleep(1)
-        assert pgserver.start(home, port=port, pg_port=pg_port) == api   # the API answered; PostgreSQL is back
+        assert pgserver.start(home) == api   # the API answered; PostgreSQL is back, on the ports the home recorded
         assert httpx.post(f"{api}/flow_runs/count", json={}, timeout=30).status_code == 200
         os.kill(int((home / "pgdata" / "postmaster.pid").read_text().splitlines()[0]), signal.SIGKILL)
         time.sleep(1)
         pgserver.stop(home)                                               # no "could not send stop signal"
-        assert pgserver.start(home, port=port, pg_port=pg_port) == api
+        assert pgserver.start(home) == api                                # the recorded ports, still free
         assert httpx.post(f"{api}/flow_runs/count", json={}, timeout=30).status_code == 200
 
-        other = Path(tempfile.mkdtemp(prefix="prefect-rollouts-other-"))
         with pytest.raises(RuntimeUnavailableError, match=f"port {port}: a Prefect API already answers there"):
             pgserver.start(other, port=port, pg_port=free_port())
-    finally:
-        pgserver.stop(home)
+
+
+def test_without_ports_a_server_takes_the_recorded_one_else_the_default_else_a_free_one(tmp_path):
+    record = tmp_path / "prefect-server.port"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        busy = taken.getsockname()[1]
+        free = free_port()
+        assert pgserver._choose_port(record, free, "127.0.0.1", ours=False) == free        # nothing recorded
+        chosen = pgserver._choose_port(record, busy, "127.0.0.1", ours=False)              # 4200 taken by another
+        assert chosen not in (busy, 0)
+        record.write_text(str(busy))
+        assert pgserver._choose_port(record, free, "127.0.0.1", ours=True) == busy         # its own running server
+        assert pgserver._choose_port(record, free, "127.0.0.1", ours=False) == free        # another's now

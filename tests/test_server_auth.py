@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import base64
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -19,6 +16,7 @@ from typer.testing import CliRunner
 
 from prefect_rollouts import pgserver
 from prefect_rollouts.cli import app
+from tests.pg_api import server_home
 
 SECRET = "s3cret-auth-string-for-the-test-7f2c"
 
@@ -40,11 +38,8 @@ def outside_address() -> str:
 
 @pytest.fixture
 def home():
-    path = Path(tempfile.mkdtemp(prefix="prefect-rollouts-auth-"))   # PostgreSQL's user must reach it
-    path.chmod(0o755)
-    yield path
-    pgserver.stop(path)
-    shutil.rmtree(path, ignore_errors=True)
+    with server_home("auth-") as path:   # stopped and removed after, also on failure
+        yield path
 
 
 def test_a_server_beyond_loopback_without_an_auth_string_does_not_start(home, monkeypatch):

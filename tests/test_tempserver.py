@@ -113,3 +113,24 @@ def kill_all(process: subprocess.Popen[bytes], server: set[tuple[int, str]]) -> 
     if process.poll() is None:
         process.kill()
         process.wait()
+
+
+def test_the_temporary_server_takes_the_port_its_variable_names_and_refuses_a_taken_one(tmp_path, monkeypatch):
+    import pytest
+
+    from prefect_rollouts.errors import ConfigError, RuntimeUnavailableError
+    from prefect_rollouts.pgserver import healthy
+    from prefect_rollouts.tempserver import PORT_ENV, TemporaryServer
+    from tests.pg_api import free_port
+
+    port = free_port()
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect-home"))
+    monkeypatch.setenv(PORT_ENV, str(port))
+    with TemporaryServer(180) as server:
+        assert server.api_url == f"http://127.0.0.1:{port}/api" and healthy(server.api_url)
+        taken = f"port {port} on 127.0.0.1 is taken. Choose another {PORT_ENV}"
+        with pytest.raises(RuntimeUnavailableError, match=taken):
+            TemporaryServer(180).start()
+    monkeypatch.setenv(PORT_ENV, "http")
+    with pytest.raises(ConfigError, match=f"{PORT_ENV} = 'http': not a port number"):
+        TemporaryServer().start()

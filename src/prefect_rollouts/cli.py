@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
+from urllib.parse import urlsplit
 
 import typer
 from rich.console import Console
@@ -287,10 +288,14 @@ app.add_typer(server_app, name="server")
 
 @server_app.command("start")
 def server_start(
-    home: Annotated[Path, typer.Option(help="Directory for the database, the Prefect home and logs.")] = Path(
-        ".prefect-rollouts"),
-    port: Annotated[int, typer.Option(help="Prefect API port.")] = 4200,
-    pg_port: Annotated[int, typer.Option(help="PostgreSQL port on 127.0.0.1 (never another address).")] = 5433,
+    home: Annotated[Path, typer.Option(help="Directory for the database, the Prefect home and logs.",
+                                       envvar="PREFECT_ROLLOUTS_SERVER_HOME")] = Path(".prefect-rollouts"),
+    port: Annotated[int | None, typer.Option(
+        help="Prefect API port. Default: the one this home's server used, else 4200 when free, else a free port.",
+        envvar="PREFECT_ROLLOUTS_SERVER_PORT")] = None,
+    pg_port: Annotated[int | None, typer.Option(
+        help="PostgreSQL port on 127.0.0.1 (never another address). Default: the one this home used, else 5433 "
+             "when free, else a free port.", envvar="PREFECT_ROLLOUTS_PG_PORT")] = None,
     host: Annotated[str, typer.Option(help="Address the Prefect API listens on; beyond loopback (e.g. 0.0.0.0, "
                                            "for workers on other machines) PREFECT_SERVER_API_AUTH_STRING "
                                            "must be set.")] = "127.0.0.1",
@@ -308,13 +313,14 @@ def server_start(
         _error("", exc)
         raise typer.Exit(1) from None
     console.print(f"Prefect server on PostgreSQL is up. UI: {api_url.removesuffix('/api')}")
-    for line in pgserver.client_hints(api_url, host, port):
+    for line in pgserver.client_hints(api_url, host, urlsplit(api_url).port or 0):   # the port it chose
         console.print(line, markup=False, highlight=False)
 
 
 @server_app.command("stop")
 def server_stop(
-    home: Annotated[Path, typer.Option(help="The directory given to `server start`.")] = Path(".prefect-rollouts"),
+    home: Annotated[Path, typer.Option(help="The directory given to `server start`.",
+                                       envvar="PREFECT_ROLLOUTS_SERVER_HOME")] = Path(".prefect-rollouts"),
 ) -> None:
     """Stop the Prefect server and PostgreSQL started by `server start`."""
     from prefect_rollouts import pgserver

@@ -93,6 +93,14 @@ class RuntimeConfig(_Config):
     """docker: memory limit, in MiB."""
     pids_limit: int = Field(512, ge=16)
     """docker: most processes the container may hold."""
+    storage_mb: int = Field(1024, ge=0, le=1024 * 1024)
+    """docker: disk quota of the container, in MiB; 0 = none (it can fill the Docker engine's disk).
+    Where the storage driver can cap a container (overlay2 on xfs with ``pquota``, btrfs, zfs,
+    devicemapper) it caps everything the container writes. Elsewhere (overlay2 on ext4) the root
+    filesystem is read-only and the workspace, ``/tmp``, ``/var/tmp``, ``/run`` and HOME are tmpfs
+    of this size each, held in memory and counted against ``memory_mb`` (keep it below that);
+    ``runtimes/docker_storage.py`` has the details. A write past it fails with "No space left on
+    device" (a tool error the agent sees), and a rollout that filled it ends with an error."""
     docker_network: str = "bridge"
     """docker: the Docker network joined under ``network = "open"``."""
 

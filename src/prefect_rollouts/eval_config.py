@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from prefect_rollouts.bounds import MAX_BATCH, MAX_CONCURRENT, MAX_ROLLOUTS_PER_TASK, MAX_TASKS
 from prefect_rollouts.config import AgentConfig, _Config, _read_toml, config_dir, validate_config
 from prefect_rollouts.errors import ConfigError, TraceStoreError
 from prefect_rollouts.scoring.env import resolve_env
@@ -131,12 +132,13 @@ class DispatchConfig(_Config):
     work_pool: str | None = None
     """Name of a Prefect work pool (``prefect work-pool create NAME --type process``) with workers
     (``prefect worker start --pool NAME``) that have this package installed."""
-    shard_size: int = Field(25, ge=1)
+    shard_size: int = Field(25, ge=1, le=MAX_BATCH)
     """Rollouts per shard flow run. A shard pays a fixed dispatch cost (a flow run, a process, an
-    agent; see ``benchmarks/distributed.py``), so keep shards to many seconds of work each."""
-    max_shards_in_flight: int = Field(8, ge=1)
+    agent; see ``benchmarks/distributed.py``), so keep shards to many seconds of work each. At most
+    10,000 (``bounds.MAX_BATCH``: the shard's keys are a flow run parameter)."""
+    max_shards_in_flight: int = Field(8, ge=1, le=MAX_CONCURRENT)
     """Shard flow runs submitted and not yet final at once. Each runs up to ``max_concurrent``
-    rollouts, so up to ``max_shards_in_flight * max_concurrent`` rollouts are in flight."""
+    rollouts, so up to ``max_shards_in_flight * max_concurrent`` rollouts are in flight. At most 1,000."""
     shard_attempts: int = Field(3, ge=1)
     """Submissions of a shard in all: a shard that ends Crashed or Failed with rollouts still
     without a row is submitted again with just those rollouts."""
@@ -197,19 +199,23 @@ class EvalConfig(_Config):
 
     run_name: str | None = None
     """Prefix of the run id; default: the taskset id."""
-    num_tasks: int | None = Field(None, ge=1)
-    """How many tasks from the start of the taskset; None = all."""
-    rollouts_per_task: int = Field(1, ge=1)
-    """Rollouts of each task (pass@k is reported for every k up to this)."""
-    max_concurrent: int = Field(16, ge=1)
-    """Rollouts in flight at once (with ``[dispatch] work_pool``: in each shard flow run)."""
+    num_tasks: int | None = Field(None, ge=1, le=MAX_TASKS)
+    """How many tasks from the start of the taskset; None = all. At most 100,000
+    (``bounds.MAX_TASKS``: tasks are held in memory for the whole eval), also for all of a taskset."""
+    rollouts_per_task: int = Field(1, ge=1, le=MAX_ROLLOUTS_PER_TASK)
+    """Rollouts of each task (pass@k is reported for every k up to this). At most 1,000
+    (``bounds.MAX_ROLLOUTS_PER_TASK``), and an eval's rollouts in all at most 1,000,000
+    (``bounds.MAX_ROLLOUTS``)."""
+    max_concurrent: int = Field(16, ge=1, le=MAX_CONCURRENT)
+    """Rollouts in flight at once (with ``[dispatch] work_pool``: in each shard flow run). At most
+    1,000 (``bounds.MAX_CONCURRENT``: each holds open files and, with docker, a thread and a container)."""
     rollout_granularity: Literal["flow", "task", "batch"] = "flow"
     """``flow``: a flow run per rollout, a task run per stage (most visible). ``task``: a task run
     per rollout. ``batch``: a task run per shard of ``batch_size`` rollouts (fastest). In an eval
     this is the one setting of how rollouts run; ``[env.agent] orchestrator`` applies to
     ``Agent.run`` and interactions only, and ``"inline"`` there is refused (see the validator)."""
-    batch_size: int = Field(50, ge=1)
-    """Rollouts per shard with ``rollout_granularity = "batch"``."""
+    batch_size: int = Field(50, ge=1, le=MAX_BATCH)
+    """Rollouts per shard with ``rollout_granularity = "batch"``. At most 10,000 (``bounds.MAX_BATCH``)."""
     pass_threshold: float = 1.0
     """A rollout passes (for pass@k) when its reward is at least this."""
     max_error_fraction: float = Field(0.0, ge=0.0, le=1.0)

@@ -99,13 +99,22 @@ def check_host(host: str, environ: Mapping[str, str] | None = None) -> None:
                           "--host 127.0.0.1")
 
 
-def start(home: Path, *, port: int = 4200, pg_port: int = 5433, host: str = "127.0.0.1") -> str:
+DEFAULT_PORT = 4200
+"""Prefect's own default API port: ``start`` takes it when it is free and nothing else was asked."""
+DEFAULT_PG_PORT = 5433
+"""PostgreSQL port ``start`` takes when it is free (5432 is left to a system PostgreSQL)."""
+
+
+def start(home: Path, *, port: int | None = None, pg_port: int | None = None, host: str = "127.0.0.1") -> str:
     """Start PostgreSQL and a Prefect server using it (idempotent); return the API URL on this machine.
 
     Args:
         home: Directory for the database cluster, the Prefect home and the logs.
-        port: Prefect API port.
-        pg_port: PostgreSQL port on 127.0.0.1 (never another address).
+        port: Prefect API port. None: the port this home's server used last (``home/prefect-server.port``)
+            while it runs or is free, else ``DEFAULT_PORT`` when free, else a free port: on a shared
+            machine a second user's server does not collide with the first.
+        pg_port: PostgreSQL port on 127.0.0.1 (never another address); None: chosen the same way
+            (``home/postgres.port``, ``DEFAULT_PG_PORT``).
         host: Address the Prefect API listens on: loopback (default), ``0.0.0.0`` for every
             interface, or one address. Beyond loopback, ``PREFECT_SERVER_API_AUTH_STRING`` must
             be set; the server reads it from its environment (never a command line or a log).
@@ -118,6 +127,11 @@ def start(home: Path, *, port: int = 4200, pg_port: int = 5433, host: str = "127
     check_host(host)
     home = home.resolve()
     home.mkdir(parents=True, exist_ok=True)
+    asked = port is not None
+    port = port or _choose_port(home / "prefect-server.port", DEFAULT_PORT, host,
+                                ours=_alive(home / "prefect-server.pid"))
+    pg_port = pg_port or _choose_port(home / "postgres.port", DEFAULT_PG_PORT, "127.0.0.1",
+                                      ours=_postgres_running(home / "pgdata"))
     local = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     api_url = f"http://{f'[{local}]' if ':' in local else local}:{port}/api"
     host_file = home / "prefect-server.host"
@@ -127,12 +141,15 @@ def start(home: Path, *, port: int = 4200, pg_port: int = 5433, host: str = "127
                           f"(prefect-rollouts server stop --home {home})")
     if healthy(api_url):
         if not _alive(home / "prefect-server.pid"):
+            hint = "Choose another --port" if asked else "Stop it"
             raise RuntimeUnavailableError(f"port {port}: a Prefect API already answers there, and it is not the "
-                                          f"server of {home}. Choose another --port, or use that server "
+                                          f"server of {home}. {hint}, or use that server "
                                           f"(export PREFECT_API_URL={api_url})", retryable=False)
         _start_postgres(home, pg_port)   # the API answers /health without its database: bring PostgreSQL back
         return api_url
     _start_postgres(home, pg_port)
+    (home / "postgres.port").write_text(str(pg_port))
+    (home / "prefect-server.port").write_text(str(port))
     env = {**server_env(dict(os.environ)), "PREFECT_HOME": str(home / "prefect"),
            "PREFECT_API_DATABASE_CONNECTION_URL": f"postgresql+asyncpg://postgres@127.0.0.1:{pg_port}/prefect",
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1",
@@ -155,6 +172,35 @@ def start(home: Path, *, port: int = 4200, pg_port: int = 5433, host: str = "127
                                           retryable=False)
         time.sleep(0.5)
     return api_url
+
+
+def _choose_port(record: Path, default: int, host: str, *, ours: bool) -> int:
+    """The port recorded in ``record`` when its server (``ours``) runs or the port is free, else
+    ``default`` when free, else one the kernel picks."""
+    recorded = int(record.read_text()) if record.exists() and record.read_text().strip().isdigit() else None
+    if recorded is not None and (ours or _port_free(host, recorded)):
+        return recorded
+    if _port_free(host, default):
+        return default
+    with _probe(host) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _port_free(host: str, port: int) -> bool:
+    """Whether a server can listen on ``host:port`` (with ``SO_REUSEADDR``, as uvicorn and PostgreSQL do)."""
+    with _probe(host) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _probe(host: str) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    return sock
 
 
 def client_hints(api_url: str, host: str, port: int) -> list[str]:

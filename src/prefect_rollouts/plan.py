@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from prefect_rollouts.bounds import MAX_ROLLOUTS
 from prefect_rollouts.environments import find_task, load_taskset
 from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.eval_config import EvalConfig
@@ -19,7 +20,7 @@ RolloutKey = tuple[str, str, int]
 """``(environment, task id, rollout index)``: a rollout of a run, wherever it ran."""
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, slots=True)
 class Planned:
     """One rollout of the plan: its environment, task and rollout index."""
 
@@ -36,11 +37,16 @@ def plan_rollouts(config: EvalConfig) -> list[Planned]:
     """Every rollout of ``config``: per environment in config order, its first ``num_tasks`` tasks,
     each ``rollouts_per_task`` times (task-major).
 
+    The plan is a list (the flows count, filter and shard it), bounded: the tasks are counted
+    before their rollouts are made, and an eval of more than ``bounds.MAX_ROLLOUTS`` is refused
+    (~100 bytes per planned rollout besides its task).
+
     Raises:
-        ConfigError: a taskset fails to load (``load_taskset``); in a suite the message names the entry.
+        ConfigError: a taskset fails to load (``load_taskset``); in a suite the message names the
+            entry. Or the eval would have more than ``bounds.MAX_ROLLOUTS`` rollouts.
     """
     suite = config.env.tasksets is not None
-    planned = []
+    loaded = []
     for i, env in enumerate(config.environments()):
         try:
             tasks = load_taskset(env.taskset, env.options, env.num_tasks)
@@ -49,8 +55,16 @@ def plan_rollouts(config: EvalConfig) -> list[Planned]:
                 raise
             raise ConfigError(f"[[env.tasksets]] entry {i} ({env.name}): "
                               + str(exc).replace("[env.taskset] ", "", 1)) from None
-        planned += [Planned(env, task, index) for task in tasks for index in range(config.rollouts_per_task)]
-    return planned
+        loaded.append((env, tasks))
+    total = sum(len(tasks) for _, tasks in loaded) * config.rollouts_per_task
+    if total > MAX_ROLLOUTS:
+        counts = " + ".join(f"{len(tasks)}" for _, tasks in loaded)
+        raise ConfigError(f"rollouts_per_task = {config.rollouts_per_task}: ({counts} tasks) x "
+                          f"{config.rollouts_per_task} = {total:,} rollouts, more than one eval may run "
+                          f"({MAX_ROLLOUTS:,}). Lower num_tasks or rollouts_per_task, or split the work into "
+                          "several runs")
+    return [Planned(env, task, index) for env, tasks in loaded for task in tasks
+            for index in range(config.rollouts_per_task)]
 
 
 def rebuild(config: EvalConfig, keys: list[RolloutKey]) -> list[Planned]:

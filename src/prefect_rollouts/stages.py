@@ -259,15 +259,19 @@ def last_segment(state: RolloutState) -> Segment:
 
 async def finalize(state: RolloutState) -> None:
     """Run ``Task.finalize`` (deadline ``timeouts.finalize``, expiry -> ``finalize_timeout``,
-    scoring still runs); for isolated scoring, then collect ``TaskData.artifacts``.
+    scoring still runs), check the runtime's disk quota; for isolated scoring, then collect
+    ``TaskData.artifacts``.
 
     Raises:
         StageTimeoutError: the deadline expired (recorded on the trace).
+        TaskError: the rollout filled its runtime's disk quota (``Runtime.check_storage``).
         Exception: whatever ``Task.finalize`` or the artifact collection raised.
     """
     async with _timed(state, "finalize", state.config.timeouts.finalize):
         available = {"trace": state.trace, "runtime": state.runtime, "task": state.task}
         await call_injected(state.task.finalize, available, "finalize hook", note_in(state.trace.info))
+        if state.runtime is not None:
+            await state.runtime.check_storage()   # a filled disk quota is an error, not a score
         if state.scoring.mode == "isolated" and state.runtime is not None:
             state.artifacts, missing = await state.runtime.collect_artifacts(list(state.task.data.artifacts))
             if missing:

@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from prefect_rollouts.bounds import MAX_TASKS
 from prefect_rollouts.config import AgentConfig, validate_config
 from prefect_rollouts.scoring.env import is_template
 
@@ -50,8 +51,9 @@ class SuiteTasksetConfig(TasksetConfig):
     name: str | None = None
     """The environment's name in rows, the summary and comparisons; default the taskset id. Two
     entries of one taskset need different names."""
-    num_tasks: int | None = Field(None, ge=1)
-    """How many tasks from the start of this taskset; default the top-level ``num_tasks`` (all when unset)."""
+    num_tasks: int | None = Field(None, ge=1, le=MAX_TASKS)
+    """How many tasks from the start of this taskset; default the top-level ``num_tasks`` (all when unset).
+    At most 100,000 (``bounds.MAX_TASKS``)."""
     agent: dict[str, Any] = Field(default_factory=dict)
     """``[env.agent]`` keys that differ for this environment, e.g. ``{ harness = "tools", max_turns = 4 }``
     (merged over ``[env.agent]``, tables key by key). Nothing that may hold a secret: no ``client``

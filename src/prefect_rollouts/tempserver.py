@@ -26,8 +26,11 @@ import sys
 import time
 from types import TracebackType
 
-from prefect_rollouts.errors import RuntimeUnavailableError
+from prefect_rollouts.errors import ConfigError, RuntimeUnavailableError
 from prefect_rollouts.pgserver import healthy, server_env
+
+PORT_ENV = "PREFECT_ROLLOUTS_TEMP_SERVER_PORT"
+"""Environment variable with the temporary server's port; unset: a free port the kernel picks."""
 
 STOP_GRACE_S = 10.0
 """How long the supervisor waits after SIGTERM before it SIGKILLs the server's process group."""
@@ -38,19 +41,26 @@ class TemporaryServer:
 
     Args:
         startup_timeout_s: How long to wait for ``/api/health`` to answer.
+        port: The server's port on 127.0.0.1; None: ``PREFECT_ROLLOUTS_TEMP_SERVER_PORT``, else a free port.
 
     Raises:
-        RuntimeUnavailableError: (from ``start``) the server did not answer in time or exited.
+        ConfigError: (from ``start``) ``PREFECT_ROLLOUTS_TEMP_SERVER_PORT`` is not a port number.
+        RuntimeUnavailableError: (from ``start``) the chosen port is taken, or the server did not
+            answer in time or exited.
     """
 
-    def __init__(self, startup_timeout_s: float = 120.0) -> None:
+    def __init__(self, startup_timeout_s: float = 120.0, port: int | None = None) -> None:
         self.startup_timeout_s = startup_timeout_s
+        self.port = port
         self.api_url = ""
         self.supervisor: subprocess.Popen[bytes] | None = None
 
     def start(self) -> str:
         """Start the supervisor and its server; return the API URL (``http://127.0.0.1:<port>/api``)."""
-        port = _free_port()
+        port = self.port or _port_from_env() or _free_port()
+        if not _bindable(port):
+            raise RuntimeUnavailableError(f"temporary Prefect server: port {port} on 127.0.0.1 is taken. Choose "
+                                          f"another {PORT_ENV}, or unset it for a free port", retryable=False)
         self.api_url = f"http://127.0.0.1:{port}/api"
         self.supervisor = subprocess.Popen([sys.executable, "-m", "prefect_rollouts.tempserver", str(port)],
                                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
@@ -127,6 +137,25 @@ def _group_has_others() -> bool:
             if int(fields[2]) == group and fields[0] != "Z":
                 return True
     return False
+
+
+def _port_from_env() -> int | None:
+    raw = os.environ.get(PORT_ENV, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise ConfigError(f"{PORT_ENV} = {raw!r}: not a port number. Set 1 to 65535, or unset it for a free port")
+    return int(raw)
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _free_port() -> int:

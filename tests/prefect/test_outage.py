@@ -8,7 +8,6 @@ client give up after about 2 s, so a short outage shows what a long one does wit
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -25,6 +24,7 @@ from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFi
 from prefect_rollouts import pgserver
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply
+from tests.pg_api import server_home
 
 ROLLOUTS = 24
 
@@ -56,11 +56,10 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    server = Server(Path("/tmp") / f"outage-{os.getpid()}-{_free_port()}")   # postgres must be able to enter it
-    server.start()
-    yield server
-    pgserver.stop(server.home)
-    shutil.rmtree(server.home, ignore_errors=True)
+    with server_home("outage-") as home:   # stopped and removed after, also on failure
+        server = Server(home)
+        server.start()
+        yield server
 
 
 @pytest.fixture

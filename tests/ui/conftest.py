@@ -9,12 +9,11 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import tempfile
-from pathlib import Path
 
 import pytest
 
 from prefect_rollouts import pgserver
+from tests.pg_api import server_home
 
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -30,13 +29,8 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def prefect_server():
     """The API URL of a Prefect server started for this module; its UI is at the same address without ``/api``."""
-    home = Path(tempfile.mkdtemp(prefix="prefect-rollouts-ui-"))   # PostgreSQL's user must reach it
-    home.chmod(0o755)
-    try:
+    with server_home("ui-") as home:   # stopped and removed after, also on failure
         yield pgserver.start(home, port=_free_port(), pg_port=_free_port())
-    finally:
-        pgserver.stop(home)
-        shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from prefect_rollouts.bounds import MAX_TASKS
 from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.task import Task
 
@@ -38,7 +39,8 @@ def load_taskset(taskset_id: str, options: dict[str, Any] | None = None, limit: 
     Raises:
         ConfigError: unknown name, a path that does not import, an option of the wrong type or
             one the loader rejects (also while iterating a generator loader), something that is
-            not a ``Task``, two tasks with the same id, or no task at all.
+            not a ``Task``, two tasks with the same id, no task at all, or more than
+            ``bounds.MAX_TASKS`` of them.
     """
     loader = _resolve(taskset_id)
     options = _checked_options(taskset_id, loader, options or {})
@@ -48,6 +50,10 @@ def load_taskset(taskset_id: str, options: dict[str, Any] | None = None, limit: 
         for item in loader(**options):
             if limit is not None and len(tasks) >= limit:
                 break
+            if len(tasks) >= MAX_TASKS:
+                raise ConfigError(f"[env.taskset] id = {taskset_id!r}: yields more than {MAX_TASKS:,} tasks, more "
+                                  "than one eval holds (bounds.MAX_TASKS). Set num_tasks, or split the taskset "
+                                  "into several runs")
             if not isinstance(item, Task):
                 raise ConfigError(f"[env.taskset] id = {taskset_id!r}: produced {type(item).__name__}, not a Task")
             if item.id in seen:

@@ -298,8 +298,16 @@ async def _flush_periodically(run: _Run) -> None:
 
 
 async def _run_each(run: _Run, todo: list[Planned], config: EvalConfig) -> None:
-    """Every rollout of ``todo`` on its own (``flow`` and ``task`` granularity), ``max_concurrent`` at once."""
-    await asyncio.gather(*(_run_one(run, planned, config.rollout_granularity) for planned in todo))
+    """Every rollout of ``todo`` on its own (``flow`` and ``task`` granularity), ``max_concurrent`` at once.
+
+    ``max_concurrent`` workers take the rollouts in turn, so the coroutines alive at once are bounded
+    by the concurrency, not by the plan (an asyncio task per planned rollout, as before, held 1.5 KB or more each)."""
+    pending = iter(todo)
+
+    async def worker() -> None:
+        for planned in pending:
+            await _run_one(run, planned, config.rollout_granularity)
+    await asyncio.gather(*(worker() for _ in range(min(config.max_concurrent, len(todo)))))
 
 
 async def _run_one(run: _Run, planned: Planned, granularity: str) -> Trace:
@@ -420,16 +428,16 @@ async def shard_task(run: _Run, shard: list[Planned], shard_index: int) -> int |
 
 async def _run_batches(run: _Run, todo: list[Planned], config: EvalConfig) -> None:
     """Shards of ``batch_size`` rollouts, one task run each, as many at once as keep ``max_concurrent`` busy."""
-    shards = [todo[i:i + config.batch_size] for i in range(0, len(todo), config.batch_size)]
-    shard_gate = asyncio.Semaphore(math.ceil(config.max_concurrent / config.batch_size) + 1)
+    shards = enumerate(todo[i:i + config.batch_size] for i in range(0, len(todo), config.batch_size))
 
-    async def one(shard: list[Planned], shard_index: int) -> None:
-        async with shard_gate:
+    async def worker() -> None:   # as many as keep max_concurrent busy, not a coroutine per shard
+        for shard_index, shard in shards:
             final = await shard_task(quote(run), quote(shard), shard_index, return_state=True)  # type: ignore[misc]
             ran = await final.aresult(raise_on_failure=False)   # an int, also when rollouts errored
             if not isinstance(ran, int):
                 run.failures.append(ran if isinstance(ran, BaseException) else RuntimeError(str(final)))
-    await asyncio.gather(*(one(shard, i) for i, shard in enumerate(shards)))
+    workers = min(math.ceil(config.max_concurrent / config.batch_size) + 1, math.ceil(len(todo) / config.batch_size))
+    await asyncio.gather(*(worker() for _ in range(workers)))
 
 
 def _record_crash(rollout: Rollout, final: Any) -> None:

@@ -67,7 +67,7 @@ async def janitor_flow(max_age_minutes: float = 180.0, dry_run: bool = False,
                 logger.info("%s container %s (%s)", "would remove" if dry_run else "removing", container.short_id,
                             reason)
                 if not dry_run:
-                    await asyncio.to_thread(container.remove, force=True)
+                    await asyncio.to_thread(container.remove, force=True, v=True)   # and its tmpfs workspace volume
         for workspace in _workspaces(Path(workspace_dir or tempfile.gettempdir())):
             reason = _workspace_reason(workspace, max_age_minutes)
             if reason is not None:

@@ -99,6 +99,14 @@ class Runtime(Protocol):
     async def restore_artifacts(self, archive: bytes) -> None:
         """Unpack a ``collect_artifacts`` archive into the workspace (no path may leave it)."""
 
+    async def check_storage(self) -> None:
+        """Raise when the rollout filled the runtime's disk quota (``docker``'s ``storage_mb``); a
+        runtime without a quota (``local``) has nothing to check. Called when the rollout finalizes.
+
+        Raises:
+            TaskError: the quota was filled; the message names ``storage_mb`` and where.
+        """
+
     async def scoped(self, *, env: dict[str, str] | None = None, network: NetworkPolicy | None = None) -> Runtime:
         """A view of this started runtime (same workspace) whose commands get ``env`` and run
         under ``network``; for shared scoring. Stopping the view does nothing."""

@@ -4,7 +4,8 @@ Built on the Python ``docker`` SDK (a local daemon or ``DOCKER_HOST``). The cont
 ``sleep infinity`` under an init process with CPU, memory and pids limits, all capabilities
 dropped and ``no-new-privileges``, labelled with the run, rollout and flow run ids, the Prefect
 API and the owning process, so the janitor flow can find leftovers and tell whose owner is
-gone. ``network = "none"`` gives it only a loopback interface.
+gone. ``network = "none"`` gives it only a loopback interface. ``storage_mb`` is its disk quota,
+enforced as this engine allows (``docker_storage``); ``check_storage`` tells whether it was filled.
 The SDK is blocking, so every call runs in a thread of the runtime's own pool (``_in_thread``):
 an ``exec`` holds its thread for the whole command, and asyncio's default pool (``min(32,
 cores + 4)`` threads, 6 here) would queue concurrent commands behind each other. ``stop``
@@ -16,9 +17,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
+import errno
 import functools
 import io
 import posixpath
+import shlex
 import tarfile
 import time
 from collections.abc import Callable
@@ -30,6 +33,7 @@ import docker.errors
 from prefect_rollouts import limits
 from prefect_rollouts.config import NetworkPolicy, RuntimeConfig
 from prefect_rollouts.errors import InfrastructureError, RuntimeUnavailableError, TaskError
+from prefect_rollouts.runtimes import docker_storage as storage
 from prefect_rollouts.runtimes.base import SCRUB_SLACK_BYTES, ExecResult, output_text
 from prefect_rollouts.runtimes.owner import current_owner
 
@@ -89,6 +93,11 @@ def docker_client() -> docker.DockerClient:
                                       '[env.agent.runtime] type = "local"') from exc
 
 
+@functools.cache
+def _engine_info(client: docker.DockerClient) -> dict[str, Any]:
+    return dict(client.info())
+
+
 class DockerRuntime:
     """A container as workspace; commands run with ``bash -c`` in ``config.workdir``.
 
@@ -112,6 +121,9 @@ class DockerRuntime:
         self.container: Any = None
         self._owner = True
         self._slot: limits.HeldSlot | None = None
+        self._quota: dict[str, Any] = {}
+        """The quota's ``mode``, ``paths`` and ``enospc`` (a command or write saw "No space left on
+        device"); shared with ``scoped`` views, whose commands fill the same filesystems."""
 
     async def start(self) -> None:
         """Create and start the container.
@@ -142,7 +154,7 @@ class DockerRuntime:
         client = docker_client()
         config = self.config
         try:
-            client.images.get(config.image)
+            image = client.images.get(config.image)
         except docker.errors.ImageNotFound:
             raise RuntimeUnavailableError(
                 f'{self.source} image = "{config.image}": no such image on the Docker engine. Build the '
@@ -151,15 +163,48 @@ class DockerRuntime:
         labels = {LABEL: "1", f"{LABEL}.started_at": str(int(time.time())), f"{LABEL}.owner": str(current_owner()),
                   **{f"{LABEL}.{key}": value for key, value in self.labels.items()}}
         none = self.network.mode == "none"
+        mode, home = storage.quota_mode(_engine_info(client)), storage.image_home(image, config)
+        quota = storage.quota_options(config, mode, home)
         try:
-            return client.containers.run(
+            container = client.containers.run(
                 config.image, ["sleep", "infinity"], detach=True, init=True, working_dir=config.workdir,
                 labels=labels, network_mode="none" if none else config.docker_network,
                 nano_cpus=int(config.cpus * 1e9), mem_limit=f"{config.memory_mb}m", pids_limit=config.pids_limit,
-                cap_drop=["ALL"], security_opt=["no-new-privileges"], environment=dict(config.env))
+                cap_drop=["ALL"], security_opt=["no-new-privileges"], environment=dict(config.env), **quota)
         except docker.errors.APIError as exc:
+            if mode == "size" and storage.refuse_size(exc):
+                return self._create()   # overlay2 on xfs without pquota: the tmpfs quota instead
+            if quota and any(word in str(exc).lower() for word in ("tmpfs", "mount", "volume", "storage")):
+                raise RuntimeUnavailableError(
+                    f"{self.source} storage_mb = {config.storage_mb}: the Docker engine (storage driver "
+                    f"{_engine_info(client).get('Driver')}) cannot enforce the disk quota: {exc.explanation or exc}. "
+                    "Use an engine whose driver takes a size (overlay2 on xfs with pquota, btrfs, zfs), or set "
+                    "storage_mb = 0 for no quota", retryable=False) from exc
             raise RuntimeUnavailableError(f'runtime "docker": cannot start a container from {config.image} '
                                           f"({exc.explanation or exc})") from exc
+        if quota:
+            self._quota.update(mode=mode, paths=storage.quota_paths(config, mode, home), enospc=False)
+        try:
+            seed = storage.image_workdir(client, image.id, config.workdir) if quota and mode == "tmpfs" else None
+            if seed:   # the tmpfs workspace hides the image's own files there: copy them in
+                client.api.put_archive(container.id, config.workdir, seed)
+        except BaseException:
+            _remove(container)
+            raise
+        return container
+
+    async def check_storage(self) -> None:
+        """``Runtime.check_storage``: a command or write of the rollout met "No space left on device",
+        or a filesystem under the quota has less than 1 MiB free (``df``)."""
+        if not self._quota or self.container is None:
+            return
+        paths = self._quota["paths"]
+        usage = await self.exec("df -P -k " + " ".join(shlex.quote(path) for path in paths), timeout=30)
+        full = storage.full_places(usage.stdout)
+        if full or self._quota["enospc"]:
+            where = f"{', '.join(full)} full" if full else 'a command or write met "No space left on device"'
+            raise TaskError(f"{self.source} storage_mb = {self.config.storage_mb}: the rollout filled its disk "
+                            f"quota ({where}). Raise storage_mb, or have the task write less")
 
     async def stop(self) -> None:
         """Remove the container (force). Idempotent; a ``scoped`` view leaves it alone."""
@@ -218,6 +263,8 @@ class DockerRuntime:
         code, out, err = await _in_thread(self._exec, ["bash", "-c", _WRAPPER, "bash", cmd, f"{limit:.3f}"],
                                                  environment)
         timed_out = code == 137 and time.monotonic() - started >= limit
+        if self._quota and storage.ENOSPC_TEXT in err:
+            self._quota["enospc"] = True
         if code in (137, -1) and not timed_out:  # SIGKILL: of the command, or of the whole container?
             await _in_thread(self._check_alive)
         return ExecResult(-9 if timed_out else code, out, err, timed_out)
@@ -292,7 +339,7 @@ class DockerRuntime:
             tar.addfile(info, io.BytesIO(payload))
 
         def put() -> None:
-            docker_client().api.put_archive(self._container_id(), self.config.workdir, buffer.getvalue())
+            self._put_archive(buffer.getvalue(), path)
         await _in_thread(put)
 
     async def collect_artifacts(self, paths: list[str]) -> tuple[bytes, list[str]]:
@@ -339,8 +386,20 @@ class DockerRuntime:
     async def restore_artifacts(self, archive: bytes) -> None:
         """Unpack a ``collect_artifacts`` archive into the workdir."""
         def put() -> None:
-            docker_client().api.put_archive(self._container_id(), self.config.workdir, archive)
+            self._put_archive(archive, "the artifacts")
         await _in_thread(put)
+
+    def _put_archive(self, archive: bytes, what: str) -> None:
+        """Unpack ``archive`` into the workdir; a full quota is ``OSError(ENOSPC)`` naming ``what``."""
+        try:
+            docker_client().api.put_archive(self._container_id(), self.config.workdir, archive)
+        except docker.errors.APIError as exc:
+            if "no space left on device" not in str(exc).lower():
+                raise
+            if self._quota:
+                self._quota["enospc"] = True
+            raise OSError(errno.ENOSPC, f"No space left on device: writing {what} (the workspace is full; "
+                                        f"storage_mb = {self.config.storage_mb})") from None
 
     def _container_id(self) -> str:
         if self.container is None:
@@ -356,6 +415,6 @@ class DockerRuntime:
 
 def _remove(container: Any) -> None:
     try:
-        container.remove(force=True)
+        container.remove(force=True, v=True)   # v: the anonymous tmpfs volume of the workspace too
     except docker.errors.NotFound:
         pass

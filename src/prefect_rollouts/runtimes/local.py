@@ -153,6 +153,10 @@ class LocalRuntime:
         cap = self.config.output_cap_bytes
         return ExecResult(code, output_text(out, cap), output_text(err, cap), timed_out)
 
+    async def check_storage(self) -> None:
+        """``Runtime.check_storage``: the local workspace has no quota of its own (the host's disk
+        bounds it), so there is nothing to check."""
+
     async def read_file(self, path: str) -> bytes:
         """``Runtime.read_file``; a FIFO or device is refused (it would block)."""
         target = self._resolve(path)
