@@ -149,3 +149,14 @@ def test_the_run_rows_stderr_is_the_sample_standard_error(dataset):
 
     run_b = next(run for run in run_rows(dataset) if run["run_id"] == "run-b")
     assert run_b["mean"] == 0.5 and run_b["stderr"] == pytest.approx(math.sqrt(0.5) / math.sqrt(2))
+
+
+def test_show_lists_task_ids_in_natural_order(tmp_path):
+    ids = ["simple_python_10", "simple_python_2", "simple_python_1", "multiple_3"]
+    write(tmp_path, "r", "bfcl", [trace(task_id, 1.0) for task_id in ids])
+    result = CliRunner().invoke(app, ["traces", "show", str(tmp_path), "r"])
+    assert result.exit_code == 0, result.output
+    listed = [line.split()[0] for line in result.output.splitlines()[2:] if line.startswith(("simple", "multiple"))]
+    assert listed == ["multiple_3", "simple_python_1", "simple_python_2", "simple_python_10"]
+    missing = CliRunner().invoke(app, ["traces", "show", str(tmp_path), "r", "nope"])
+    assert "Its tasks: multiple_3, simple_python_1, simple_python_2, simple_python_10" in missing.output

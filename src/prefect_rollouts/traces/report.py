@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,7 @@ def format_rollout_list(root: str | Path, run_id: str) -> str:
             message lists the runs it holds).
     """
     rows = _rollouts_of(root, run_id, columns=_ROLLOUT_READ)
-    rows = rows.sort_values(["environment", "task_id", "rollout_index"])
+    rows = rows.sort_values(["environment", "task_id", "rollout_index"], key=_natural_order)
     listed = [{"environment": row.environment, "task_id": row.task_id, "index": row.rollout_index,
                "reward": _fixed(row.reward),
                "stop_condition": row.stop_condition or "",
@@ -102,7 +103,7 @@ def read_rollout_traces(root: str | Path, run_id: str, task_id: str, index: int 
         rows = rows[rows["environment"] == environment]
     of_task = rows[rows["task_id"] == task_id]
     if of_task.empty:
-        tasks = sorted(rows["task_id"].unique())
+        tasks = sorted(rows["task_id"].unique(), key=natural_key)
         listed = ", ".join(tasks[:10]) + (f", ... ({len(tasks)} in all)" if len(tasks) > 10 else "")
         raise TraceStoreError(f"run {run_id!r} has no task {task_id!r}. Its tasks: {listed}")
     chosen = of_task if index is None else of_task[of_task["rollout_index"] == index]
@@ -226,6 +227,17 @@ def _rollouts_of(root: str | Path, run_id: str, columns: list[str]) -> pd.DataFr
 
 def _minute(timestamp: Any) -> str:
     return "—" if pd.isna(timestamp) else pd.Timestamp(timestamp).tz_convert("UTC").strftime("%Y-%m-%d %H:%M")
+
+
+def natural_key(text: str) -> tuple[str | int, ...]:
+    """A sort key that orders the digit runs of ``text`` as numbers: ``simple_python_2`` before
+    ``simple_python_10`` (text parts and numbers alternate, so keys always compare)."""
+    return tuple(int(part) if i % 2 else part for i, part in enumerate(re.split(r"(\d+)", str(text))))
+
+
+def _natural_order(column: pd.Series) -> pd.Series:
+    """``sort_values``' key: text columns in ``natural_key`` order, others as they are."""
+    return column.map(natural_key) if column.dtype == object or pd.api.types.is_string_dtype(column) else column
 
 
 def _fixed(value: float | None) -> str:
