@@ -55,6 +55,38 @@ def run_rows(root: str | Path) -> list[dict[str, Any]]:
     return sorted(runs, key=lambda run: (run["date"], run["run_id"]))
 
 
+def comparable_runs(root: str | Path, run_a: str | None = None,
+                    run_b: str | None = None) -> tuple[str | None, str | None]:
+    """The runs to compare: the latest pair of runs of the dataset at ``root`` that share a rollout.
+
+    Two runs are comparable when they hold a rollout of the same (environment, task id, rollout
+    index), the pairs ``compare_runs`` aligns; the two latest runs of a dataset need not be (two
+    series on different tasksets). B is the latest run that has a comparable earlier run, A the
+    latest such earlier run; a run given as ``run_a`` or ``run_b`` stays fixed and the other is
+    chosen around it (for a fixed ``run_a``, B is the latest other run comparable with it).
+
+    Returns:
+        ``(run_a, run_b)``, ids in ``run_rows`` order (A older than B unless both were given);
+        ``(run_a, run_b)`` as given when both are; ``None`` for a run that cannot be chosen (no
+        comparable pair).
+
+    Raises:
+        TraceStoreError: the dataset cannot be read.
+    """
+    if run_a and run_b:
+        return run_a, run_b
+    order = [run["run_id"] for run in run_rows(root)]      # oldest first
+    rows = read_rollouts(root, columns=["environment", "task_id", "rollout_index"])
+    keys = {str(run): set(zip(group["environment"], group["task_id"], group["rollout_index"], strict=True))
+            for run, group in rows.groupby("run_id", sort=False)}
+    for b in [run_b] if run_b else reversed(order):
+        earlier = order[:order.index(b)] if b in order else order
+        for a in [run_a] if run_a else reversed(earlier):
+            if a != b and keys.get(a, set()) & keys.get(b, set()):
+                return a, b
+    return run_a, run_b
+
+
 def format_runs(runs: list[dict[str, Any]]) -> str:
     """``run_rows`` as an aligned text table, one line per run under a header line."""
     return _table([{**run, "mean": _fixed(run["mean"]), "stderr": _fixed(run["stderr"])} for run in runs],
