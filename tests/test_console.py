@@ -40,6 +40,10 @@ def log_through_a_console_handler(verbose: bool) -> tuple[str, list[logging.LogR
             logging.getLogger("prefect.task_runs").error(
                 "Task run failed with exception: %r", OSError("x"), extra={"flow_name": "rollout"})
             logging.getLogger("prefect.task_runs").error("Finished in state Failed()", extra={"flow_name": "eval"})
+            rollout_task = {"flow_name": "eval", "task_name": "rollout"}   # task granularity: one line, not two
+            logging.getLogger("prefect.task_runs").error("Task run failed with state: Failed(message='E: 1')",
+                                                         extra=rollout_task)
+            logging.getLogger("prefect.task_runs").error("Finished in state Failed('E: 2')", extra=rollout_task)
     finally:
         root.removeHandler(handler)
         logger.removeHandler(keep)
@@ -54,6 +58,7 @@ def test_a_run_whose_final_state_the_api_did_not_take_says_so_without_a_tracebac
     assert "ERROR | Encountered exception during execution" in text and "Traceback" not in text
     assert "Task run failed" not in text            # a rollout's stage: its flow run's line says it
     assert "ERROR | Finished in state Failed()" in text    # a task run of another flow is kept
+    assert "E: 1" not in text and "ERROR | Finished in state Failed('E: 2')" in text
     assert [record.exc_info is not None for record in seen] == [False, True]   # the API's handler gets it whole
 
 

@@ -89,14 +89,18 @@ the traceback of an exception a task run raised."""
 ROLLOUT_FLOW = "rollout"
 """The name of ``rollout_flow`` (``flows/rollout.py``): its stage task runs' failures are its own."""
 
+ROLLOUT_TASKS = frozenset({"rollout", "batch"})
+"""The task runs of a rollout (``task`` granularity) and of a batch of them (``flows/execute.py``)."""
+
 
 @contextlib.contextmanager
 def brief_failures(enabled: bool = True) -> Iterator[None]:
     """While the block runs, print Prefect's failure lines on the console in brief (unless not ``enabled``).
 
-    A failed rollout is one line, its flow run's ``Finished in state Failed('<type>: <message>')``:
-    its stage task runs' "Task run failed with exception" and "Finished in state Failed" records
-    (which repeat that message, with a traceback) are not printed. No record of Prefect's engines
+    A failed rollout is one line, its flow run's (or at ``task`` granularity its task run's)
+    ``Finished in state Failed('<type>: <message>')``: the records that repeat that message (its
+    stage task runs' "Task run failed with exception", with a traceback, and "Finished in state
+    Failed"; a rollout task run's "Task run failed with state") are not printed. No record of Prefect's engines
     prints a traceback; a run whose final state the API did not take (an outage) says so instead
     of ``Finished in state Running()``. Only the console changes: every record, traceback
     included, still reaches the Prefect API, and with ``--verbose`` (``enabled=False``) the
@@ -119,10 +123,15 @@ def brief_failures(enabled: bool = True) -> Iterator[None]:
 
 
 def _skip_stage_failures(record: logging.LogRecord) -> bool:
-    """False for a failure record of a ``rollout_flow`` run's stage task run (its flow run's line says it)."""
-    return not (record.name == "prefect.task_runs" and record.levelno >= logging.ERROR
-                and getattr(record, "flow_name", None) == ROLLOUT_FLOW
-                and str(record.msg).startswith(("Task run failed with exception", "Finished in state")))
+    """False for a failure record that repeats another line: of a ``rollout_flow`` run's stage task
+    run (its flow run's line says it), and the "Task run failed with" of a ``rollout`` or ``batch``
+    task run (its "Finished in state Failed" line says it)."""
+    if record.name != "prefect.task_runs" or record.levelno < logging.ERROR:
+        return True
+    text = str(record.msg)
+    if getattr(record, "flow_name", None) == ROLLOUT_FLOW:
+        return not text.startswith(("Task run failed with", "Finished in state"))
+    return not (getattr(record, "task_name", None) in ROLLOUT_TASKS and text.startswith("Task run failed with"))
 
 
 class _BriefFormatter(logging.Formatter):
