@@ -134,3 +134,17 @@ def test_the_temporary_server_takes_the_port_its_variable_names_and_refuses_a_ta
     monkeypatch.setenv(PORT_ENV, "http")
     with pytest.raises(ConfigError, match=f"{PORT_ENV} = 'http': not a port number"):
         TemporaryServer().start()
+
+
+def test_the_servers_output_goes_to_its_log_in_prefect_home_not_to_the_console(tmp_path):
+    home = tmp_path / "fresh-home"        # a fresh PREFECT_HOME: the server creates and migrates its database
+    env = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}
+    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_LOGGING_LEVEL="DEBUG", DO_NOT_TRACK="1",
+               PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    code = "from prefect_rollouts.tempserver import TemporaryServer\nwith TemporaryServer(120) as s: print(s.api_url)"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("http://127.0.0.1:") and done.stderr == ""
+    log = (home / "temporary-server.log").read_text()
+    assert log.startswith("--- ") and "temporary server on port" in log
+    assert "DEBUG" in log          # the server's own lines (here its debug logging) are in the log

@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 
 from prefect_rollouts.cli_traces import alerts_app, traces_app
-from prefect_rollouts.console import print_error, print_summary, progress_bar, set_console_log_level
+from prefect_rollouts.console import brief_failures, print_error, print_summary, progress_bar, set_console_log_level
 from prefect_rollouts.errors import ConfigError, TraceStoreError
 from prefect_rollouts.stop_signals import StopSignal, run_until_stopped
 
@@ -49,8 +49,9 @@ def eval_command(
         "--fail-on-regression", help="Exit 3 when the comparison with the baseline (baseline = ...) shows an "
                                      "environment regressed.")] = False,
     verbose: Annotated[bool, typer.Option(
-        "--verbose", "-v", help="Print Prefect's INFO lines (each flow and task run) too; by default only its "
-                                "warnings and errors. The Prefect UI has every line either way.")] = False,
+        "--verbose", "-v", help="Print Prefect's INFO lines (each flow and task run) and tracebacks too; by "
+                                "default only its warnings and errors, a line per failed rollout. The Prefect UI "
+                                "has every line either way.")] = False,
 ) -> None:
     """Run an evaluation as a Prefect flow and print its summary.
 
@@ -102,7 +103,7 @@ def eval_command(
             f"[dispatch] work_pool = {eval_config.dispatch.work_pool!r} needs the Prefect server its workers poll: "
             "set PREFECT_API_URL (e.g. to the URL .venv/bin/prefect-rollouts server start prints)"))
         raise typer.Exit(2)
-    with progress_bar(console) as update:
+    with progress_bar(console) as update, brief_failures(not verbose):
         progress_listener.set(update)
         stopped: BaseException | None = None
         try:

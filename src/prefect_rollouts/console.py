@@ -8,6 +8,7 @@ its own environment variable, and found as a logging handler that prints through
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -79,6 +80,79 @@ def _logs_through(console: Console) -> Iterator[None]:
     finally:
         for handler, own in zip(handlers, saved, strict=True):
             handler.console = own  # type: ignore[attr-defined]
+
+
+ENGINE_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
+"""Prefect's flow and task engines log through these: a run's "Finished in state ..." line, and
+the traceback of an exception a task run raised."""
+
+ROLLOUT_FLOW = "rollout"
+"""The name of ``rollout_flow`` (``flows/rollout.py``): its stage task runs' failures are its own."""
+
+ROLLOUT_TASKS = frozenset({"rollout", "batch"})
+"""The task runs of a rollout (``task`` granularity) and of a batch of them (``flows/execute.py``)."""
+
+
+@contextlib.contextmanager
+def brief_failures(enabled: bool = True) -> Iterator[None]:
+    """While the block runs, print Prefect's failure lines on the console in brief (unless not ``enabled``).
+
+    A failed rollout is one line, its flow run's (or at ``task`` granularity its task run's)
+    ``Finished in state Failed('<type>: <message>')``: the records that repeat that message (its
+    stage task runs' "Task run failed with exception", with a traceback, and "Finished in state
+    Failed"; a rollout task run's "Task run failed with state") are not printed. No record of Prefect's engines
+    prints a traceback; a run whose final state the API did not take (an outage) says so instead
+    of ``Finished in state Running()``. Only the console changes: every record, traceback
+    included, still reaches the Prefect API, and with ``--verbose`` (``enabled=False``) the
+    console prints them as Prefect does.
+    """
+    if not enabled:
+        yield
+        return
+    handlers = _console_handlers()
+    saved = [handler.formatter for handler in handlers]
+    for handler in handlers:
+        handler.addFilter(_skip_stage_failures)
+        handler.setFormatter(_BriefFormatter(handler.formatter or logging.Formatter()))
+    try:
+        yield
+    finally:
+        for handler, formatter in zip(handlers, saved, strict=True):
+            handler.removeFilter(_skip_stage_failures)
+            handler.setFormatter(formatter)
+
+
+def _skip_stage_failures(record: logging.LogRecord) -> bool:
+    """False for a failure record that repeats another line: of a ``rollout_flow`` run's stage task
+    run (its flow run's line says it), and the "Task run failed with" of a ``rollout`` or ``batch``
+    task run (its "Finished in state Failed" line says it)."""
+    if record.name != "prefect.task_runs" or record.levelno < logging.ERROR:
+        return True
+    text = str(record.msg)
+    if getattr(record, "flow_name", None) == ROLLOUT_FLOW:
+        return not text.startswith(("Task run failed with", "Finished in state"))
+    return not (getattr(record, "task_name", None) in ROLLOUT_TASKS and text.startswith("Task run failed with"))
+
+
+class _BriefFormatter(logging.Formatter):
+    """Formats as ``inner`` does, but a record of Prefect's engines without its traceback, and
+    ``Finished in state Running()`` as what it means. The record itself is left as it is (the
+    API's handler and others see it whole)."""
+
+    def __init__(self, inner: logging.Formatter) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.name not in ENGINE_LOGGERS:
+            return self.inner.format(record)
+        brief = copy.copy(record)
+        brief.exc_info, brief.exc_text, brief.stack_info = None, None, None
+        if record.getMessage() == "Finished in state Running()":
+            brief.msg, brief.args = ("Ended, but the Prefect API did not take its final state (the server still "
+                                     "shows it Running)"), ()
+            brief.levelno, brief.levelname = logging.WARNING, "WARNING"
+        return self.inner.format(brief)
 
 
 TOKEN_COLUMNS = ("total_tokens", "cached_tokens", "reasoning_tokens", "judge_tokens")

@@ -11,6 +11,9 @@ inheritable), so when the eval process ends, however it ends, the read returns E
 supervisor kills its whole process group: the server and anything the server started. It also
 exits when the server does. The server is the same app Prefect's ephemeral mode runs
 (``prefect.server.api.server:create_app`` under uvicorn, UI off, the same database).
+The server's own output (e.g. SQLite's "database is locked" while a fresh ``PREFECT_HOME``'s
+database is migrated, which the server retries) goes to ``LOG_NAME`` in ``PREFECT_HOME``, not to
+the eval's console; a server that does not start is reported with the end of that log.
 
 This module does not import Prefect in the eval process; the supervisor imports nothing of it either.
 """
@@ -24,6 +27,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import TracebackType
 
 from prefect_rollouts.errors import ConfigError, RuntimeUnavailableError
@@ -34,6 +38,9 @@ PORT_ENV = "PREFECT_ROLLOUTS_TEMP_SERVER_PORT"
 
 STOP_GRACE_S = 10.0
 """How long the supervisor waits after SIGTERM before it SIGKILLs the server's process group."""
+
+LOG_NAME = "temporary-server.log"
+"""The file in ``PREFECT_HOME`` (default ``~/.prefect``) that the temporary servers append their output to."""
 
 
 class TemporaryServer:
@@ -62,15 +69,21 @@ class TemporaryServer:
             raise RuntimeUnavailableError(f"temporary Prefect server: port {port} on 127.0.0.1 is taken. Choose "
                                           f"another {PORT_ENV}, or unset it for a free port", retryable=False)
         self.api_url = f"http://127.0.0.1:{port}/api"
-        self.supervisor = subprocess.Popen([sys.executable, "-m", "prefect_rollouts.tempserver", str(port)],
-                                           stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
+        log_path = server_log_path()
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("ab") as log:
+            log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} temporary server on port {port}\n".encode())
+            log.flush()
+            self.supervisor = subprocess.Popen([sys.executable, "-m", "prefect_rollouts.tempserver", str(port)],
+                                               stdin=subprocess.PIPE, stdout=log, stderr=log, start_new_session=True)
         deadline = time.monotonic() + self.startup_timeout_s
         while not healthy(self.api_url):
             if self.supervisor.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeUnavailableError(f"temporary Prefect server on port {port} did not start within "
-                                              f"{self.startup_timeout_s:.0f} s. Start one (prefect-rollouts server "
-                                              "start) and set PREFECT_API_URL", retryable=False)
+                                              f"{self.startup_timeout_s:.0f} s (its log, {log_path}, ends: "
+                                              f"{_tail(log_path)!r}). Start one (prefect-rollouts server start) "
+                                              "and set PREFECT_API_URL", retryable=False)
             time.sleep(0.2)
         return self.api_url
 
@@ -156,6 +169,19 @@ def _bindable(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def server_log_path() -> Path:
+    """``LOG_NAME`` in ``PREFECT_HOME`` (default ``~/.prefect``), the temporary servers' output."""
+    return Path(os.environ.get("PREFECT_HOME") or "~/.prefect").expanduser() / LOG_NAME
+
+
+def _tail(path: Path, chars: int = 300) -> str:
+    """The last ``chars`` characters of the file at ``path``, stripped ("" if unreadable)."""
+    try:
+        return path.read_text(errors="replace")[-chars:].strip()
+    except OSError:
+        return ""
 
 
 def _free_port() -> int:

@@ -195,3 +195,18 @@ async def test_each_failed_attempt_keeps_its_status_and_scrubbed_error(openai_se
     assert secret_fragments(completion.attempts[1]["error"], ECHOED_KEY) == []
     assert all(sorted(a) == ["error", "status_code"] for a in completion.attempts)
     assert [a["status_code"] for a in caught.value.attempts] == [429, 401] and caught.value.retries == 1
+
+
+async def test_an_unset_key_variable_is_warned_about_once_per_process_not_per_agent(openai_server, monkeypatch,
+                                                                                      caplog):
+    monkeypatch.delenv("PR_TEST_UNSET_KEY_ONCE", raising=False)
+    openai_server.play([reply("a"), reply("b"), reply("c")])
+    config = vf.AgentConfig(model="scripted", harness="chat", orchestrator="inline", client=vf.ClientConfig(
+        base_url=openai_server.base_url, api_key_env="PR_TEST_UNSET_KEY_ONCE"))
+    with caplog.at_level("WARNING", logger="prefect_rollouts.model"):
+        for _ in range(3):
+            async with vf.make_agent(config) as agent:
+                await agent.run(vf.Task(vf.TaskData(prompt="hi")))
+    warned = [r.getMessage() for r in caplog.records if "PR_TEST_UNSET_KEY_ONCE" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert warned[0].startswith("client.api_key_env = 'PR_TEST_UNSET_KEY_ONCE': the variable is not set")

@@ -401,5 +401,20 @@ def test_compare_section_takes_the_runs_it_is_given(nightlies, tmp_path):
 
 
 def test_compare_section_explains_what_it_cannot_compare(executed, executed_two_models):
-    assert "No rollout of B has a scored counterpart in A" in text(executed["compare"])   # run-a: bfcl, run-b: arith
-    assert "Comparing needs two runs; the dataset holds run-c." in text(executed_two_models["compare"])
+    assert ("Comparing needs two runs that share a rollout (environment, task, rollout index); the dataset holds "
+            "run-a, run-b.") in text(executed["compare"])   # run-a: bfcl, run-b: arith
+    assert "Comparing needs two runs that share a rollout" in text(executed_two_models["compare"])   # run-c only
+
+
+def test_compare_section_takes_the_latest_runs_that_share_rollouts(nightlies, tmp_path):
+    import shutil
+
+    root = tmp_path / "traces"
+    shutil.copytree(nightlies, root)
+    writer = TraceWriter(root, "other-series")      # the latest run, on tasks no other run has
+    late = trace("z0", 1.0, [call(50)], info={"task": {}})
+    late.started_at = T0 + 3 * 86_400
+    writer.add(late, rollout_index=0, environment="other", config_hash="h", elapsed_s=1.0)
+    writer.flush()
+    cell = execute(root, tmp_path / "kernel")["compare"]
+    assert "A = night-1, B = night-2: 5 of 5 lines have paired rollouts" in text(cell)

@@ -267,3 +267,16 @@ def test_cli_compares_two_runs_on_an_object_store(s3_dataset):
     env, = json.loads(result.output)["environments"]
     assert (env["n_paired"], env["flipped_to_fail"], env["model_calls_a"]) == (3, ["t1"], 3)
     assert env["difference"] == pytest.approx(-1 / 3)
+
+
+def test_the_table_writes_both_runs_numbers_of_a_measure_alike(tmp_path):
+    write(tmp_path, "a", [("arith", rollout("t0", 1.0, latencies=[24])), ("arith", rollout("t1", 1.0, latencies=[24]))])
+    write(tmp_path, "b", [("arith", rollout("t0", 1.0, latencies=[24])),
+                          ("arith", rollout("t1", 1.0, latencies=[24, 25]))])
+    result = CliRunner().invoke(app, ["traces", "compare", str(tmp_path), "a", "b"])
+    assert result.exit_code == 0, result.output
+    usage = result.output.split("tokens and model-call latency:\n", 1)[1].splitlines()
+    assert usage[0].split() == ["environment", "tokens/rollout", "A", "tokens/rollout", "B", "calls", "A", "calls",
+                                "B", "p50", "ms", "A", "p50", "ms", "B", "p95", "ms", "A", "p95", "ms", "B"]
+    # tokens per rollout 15 and 22.5, calls 2 and 3, p50 24 and 24, p95 24 and 24.9 (was "15  22.5 ... 24  24.9")
+    assert usage[1].split() == ["arith", "15.0", "22.5", "2", "3", "24", "24", "24.0", "24.9"]

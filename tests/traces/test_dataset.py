@@ -165,3 +165,34 @@ def test_a_trace_holding_objects_that_are_not_json_is_still_written(tmp_path):
     assert "<object object" in rows.loc["odd", "info"] and rows.loc["plain", "reward"] == 1.0
     (trace,) = read_traces(tmp_path, task_id="odd")
     assert trace.info["handle"].startswith("<object object")
+
+
+def test_a_reply_is_stored_once_in_its_row_and_read_back_as_last_reply(tmp_path):
+    import os
+
+    reply = os.urandom(2_500_000).hex()        # 5 MB that does not compress
+    trace = make_trace("big", 1.0, messages=[{"role": "user", "content": "hi"},
+                                             {"role": "assistant", "content": reply}])
+    writer = TraceWriter(tmp_path, "r1")
+    add(writer, trace)
+    writer.flush()
+    stored = read_rollouts(tmp_path, run_id="r1")["trace"][0]
+    assert stored.count(reply[:64]) == 1 and len(stored) < len(reply) + 10_000    # was twice: 10 MB
+    assert sum(p.stat().st_size for p in (tmp_path / "rollouts").rglob("*.parquet")) < 5_500_000
+    again, = read_traces(tmp_path, run_id="r1")
+    assert again.last_reply == reply and again.messages == trace.messages
+
+
+def test_a_row_of_schema_version_3_with_last_reply_in_its_trace_reads_as_before(tmp_path):
+    trace = make_trace("old", 1.0, messages=[{"role": "assistant", "content": "42"}])
+    writer = TraceWriter(tmp_path, "r1")
+    add(writer, trace)
+    writer.flush()
+    path, = (tmp_path / "rollouts").rglob("*.parquet")
+    table = pq.read_table(path, schema=pq.read_schema(path))
+    old = table.set_column(table.schema.get_field_index("trace"), "trace", pa.array([trace.model_dump_json()]))
+    old = old.set_column(old.schema.get_field_index("schema_version"), "schema_version", pa.array([3], pa.int16()))
+    pq.write_table(old, path)
+    again, = read_traces(tmp_path, run_id="r1")
+    assert '"last_reply":"42"' in trace.model_dump_json() and again.last_reply == "42"
+    assert read_rollouts(tmp_path, run_id="r1")["schema_version"].tolist() == [3]

@@ -149,3 +149,29 @@ def test_the_run_rows_stderr_is_the_sample_standard_error(dataset):
 
     run_b = next(run for run in run_rows(dataset) if run["run_id"] == "run-b")
     assert run_b["mean"] == 0.5 and run_b["stderr"] == pytest.approx(math.sqrt(0.5) / math.sqrt(2))
+
+
+def test_show_lists_task_ids_in_natural_order(tmp_path):
+    ids = ["simple_python_10", "simple_python_2", "simple_python_1", "multiple_3"]
+    write(tmp_path, "r", "bfcl", [trace(task_id, 1.0) for task_id in ids])
+    result = CliRunner().invoke(app, ["traces", "show", str(tmp_path), "r"])
+    assert result.exit_code == 0, result.output
+    listed = [line.split()[0] for line in result.output.splitlines()[2:] if line.startswith(("simple", "multiple"))]
+    assert listed == ["multiple_3", "simple_python_1", "simple_python_2", "simple_python_10"]
+    missing = CliRunner().invoke(app, ["traces", "show", str(tmp_path), "r", "nope"])
+    assert "Its tasks: multiple_3, simple_python_1, simple_python_2, simple_python_10" in missing.output
+
+
+def test_comparable_runs_are_the_latest_pair_sharing_a_rollout(tmp_path):
+    from prefect_rollouts.traces.report import comparable_runs
+
+    day = 86_400
+    write(tmp_path, "night-1", "arith", [trace("t0", 1.0, started_at=T0), trace("t1", 0.0, started_at=T0)])
+    write(tmp_path, "night-2", "arith", [trace("t1", 1.0, started_at=T0 + day)])
+    write(tmp_path, "bfcl-1", "bfcl", [trace("t0", 1.0, started_at=T0 + 2 * day)])    # same task id, other env
+    write(tmp_path, "bfcl-2", "bfcl", [trace("t0", 1.0, started_at=T0 + 3 * day)], indices=[1])   # other index
+    assert comparable_runs(tmp_path) == ("night-1", "night-2")          # the two latest share nothing
+    assert comparable_runs(tmp_path, run_b="night-1") == (None, "night-1")   # no earlier run to compare with
+    assert comparable_runs(tmp_path, run_a="night-1") == ("night-1", "night-2")
+    assert comparable_runs(tmp_path, "bfcl-2", "night-1") == ("bfcl-2", "night-1")   # both given: as given
+    assert comparable_runs(tmp_path / "none") == (None, None)

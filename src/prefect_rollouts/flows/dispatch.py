@@ -107,7 +107,8 @@ async def dispatch(config: EvalConfig, root: DatasetRoot, run_id: str, todo: lis
         if await _end_leftovers(client, run_id, settings.crash_after_s + 30):   # a resume after the eval died
             durable = durable_keys(root, run_id)
             todo = [key for key in todo if key not in durable]
-        shards = [Shard(i, todo[start:start + settings.shard_size])
+        first = await next_shard_index(client, run_id)   # a resume numbers on: its names never clash
+        shards = [Shard(first + i, todo[start:start + settings.shard_size])
                   for i, start in enumerate(range(0, len(todo), settings.shard_size))]
         queue, in_flight = list(shards), dict[UUID, Shard]()
         failed: list[Shard] = []
@@ -134,8 +135,7 @@ async def dispatch(config: EvalConfig, root: DatasetRoot, run_id: str, todo: lis
                     if run.state_type not in FINAL:
                         continue
                     shard = in_flight.pop(run.id)
-                    shard.states.append(f"{run.state_name}: {run.state.message}"[:300] if run.state and
-                                        run.state.message else str(run.state_name))
+                    shard.states.append(ended_text(run))
                     if run.state_type == StateType.CRASHED:
                         await _crash_subflows(client, run.id)
                     pending = [key for key in shard.rollouts if key not in durable]
@@ -252,6 +252,17 @@ async def _submit(deployment_id: UUID, config: EvalConfig, root: DatasetRoot, ru
     return submitted.id
 
 
+def ended_text(run: FlowRun) -> str:
+    """How a shard flow run ended, as the eval's warnings and failure say it: ``<state>: <message>``
+    (the message cut to 300 characters). A Crashed shard says first that the process running it
+    died, which is what Crashed means here (its worker killed, out of memory, its machine lost)."""
+    message = run.state.message[:300] if run.state and run.state.message else ""
+    if run.state_type == StateType.CRASHED:
+        return ("Crashed: the process running the shard died (its worker was killed, ran out of memory or lost "
+                "its machine)" + (f"; {message}" if message else ""))
+    return f"{run.state_name}: {message}" if message else str(run.state_name)
+
+
 async def _read(client: PrefectClient, ids: list[UUID]) -> list[FlowRun]:
     if not ids:
         return []
@@ -290,6 +301,17 @@ WAIT_WARNING_S = 30.0
 def run_tag(run_id: str) -> str:
     """The tag of every shard flow run of eval run ``run_id``."""
     return f"prefect-rollouts-run:{run_id}"
+
+
+async def next_shard_index(client: PrefectClient, run_id: str, page: int = 200) -> int:
+    """One past the highest ``shard_index`` of the shard flow runs of ``run_id`` on this API (0 for
+    a new run): a resumed run's shards are numbered on from its earlier ones."""
+    highest, offset = -1, 0
+    while runs := await client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(
+            all_=[run_tag(run_id)])), limit=page, offset=offset):
+        highest = max([highest, *(int(run.parameters.get("shard_index", -1)) for run in runs)])
+        offset += len(runs)
+    return highest + 1
 
 
 async def _end_leftovers(client: PrefectClient, run_id: str, timeout_s: float) -> int:

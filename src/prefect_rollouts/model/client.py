@@ -48,6 +48,10 @@ _RETRY_STATUS = frozenset({408, 409, 429}) | frozenset(range(500, 600))
 #: Characters of an error body kept in a message (after scrubbing), and of a malformed body.
 _BODY_CHARS, _MALFORMED_CHARS = 300, 200
 
+_WARNED_UNSET: set[str] = set()
+"""The ``api_key_env`` variables found unset in this process so far: each is warned about once, not
+once per client (an eval makes an agent, and a client, per rollout)."""
+
 
 @dataclass(slots=True)
 class Completion:
@@ -109,7 +113,6 @@ class ModelClient:
         self._lanes = [httpx.AsyncClient(timeout=config.timeout, limits=limits, headers=config.header_values(),
                                          verify=_ssl_context()) for _ in range(lanes)]
         self._next_lane = itertools.cycle(self._lanes).__next__
-        self._warned_no_key = False
         env_key = os.environ.get(config.api_key_env) if config.api_key_env and api_key is None else None
         for value in (api_key, env_key, *config.header_values().values()):
             register_secret(value)   # so text from outside (a tool's output) is scrubbed of it too
@@ -197,8 +200,8 @@ class ModelClient:
             return None
         key = os.environ.get(self.config.api_key_env, "").strip()
         register_secret(key)
-        if not key and not self._warned_no_key:
-            self._warned_no_key = True
+        if not key and self.config.api_key_env not in _WARNED_UNSET:
+            _WARNED_UNSET.add(self.config.api_key_env)
             logger.warning("client.api_key_env = %r: the variable is not set; requests to %s go without "
                            "an Authorization header. Export it, or set api_key_env = \"\" for a keyless "
                            "server", self.config.api_key_env, self._shown_url)

@@ -37,11 +37,11 @@ def format_comparison(result: RunComparison, *, shown_tasks: int = SHOWN_TASKS) 
               **{_title(key): getattr(g, key) for key in counts}} for g in groups]
     lines += ["rollouts not compared (counted here, never scored 0):",
               _table(apart, right=_numbers(apart)), ""]
-    usage = [{"environment": _label(g), "tokens/rollout A": _number(g.tokens_per_rollout_a),
-              "tokens/rollout B": _number(g.tokens_per_rollout_b), "calls A": _number(g.model_calls_a),
-              "calls B": _number(g.model_calls_b), "p50 ms A": _number(g.latency_p50_ms_a),
-              "p50 ms B": _number(g.latency_p50_ms_b), "p95 ms A": _number(g.latency_p95_ms_a),
-              "p95 ms B": _number(g.latency_p95_ms_b)} for g in groups]
+    usage = _alike([{"environment": _label(g), "tokens/rollout A": g.tokens_per_rollout_a,
+                     "tokens/rollout B": g.tokens_per_rollout_b, "calls A": g.model_calls_a,
+                     "calls B": g.model_calls_b, "p50 ms A": g.latency_p50_ms_a,
+                     "p50 ms B": g.latency_p50_ms_b, "p95 ms A": g.latency_p95_ms_a,
+                     "p95 ms B": g.latency_p95_ms_b} for g in groups])
     lines += ["tokens and model-call latency:", _table(usage, right=_numbers(usage))]
     return "\n".join(lines)
 
@@ -80,10 +80,20 @@ def _fixed(value: float | None, *, sign: bool = False) -> str:
     return "—" if value is None else (f"{value:+.3f}" if sign else f"{value:.3f}")
 
 
-def _number(value: float | None) -> str:
-    if value is None:
-        return "—"
-    return f"{value:.0f}" if float(value).is_integer() or abs(value) >= 100 else f"{value:.1f}"
+def _alike(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` with each measure's numbers (its ``... A`` and ``... B`` columns, every row) written
+    alike: whole when every one is whole or at least 100, else all with one decimal (``24.0`` beside
+    ``24.3``, never ``24`` beside ``24.3``); None as ``—``."""
+    measures: dict[str, list[str]] = {}
+    for column in list(rows[0])[1:] if rows else []:
+        measures.setdefault(column.removesuffix(" A").removesuffix(" B"), []).append(column)
+    for columns in measures.values():
+        values = [float(row[c]) for row in rows for c in columns if row[c] is not None]
+        digits = 0 if all(v.is_integer() or abs(v) >= 100 for v in values) else 1
+        for row in rows:
+            for c in columns:
+                row[c] = "—" if row[c] is None else f"{float(row[c]):.{digits}f}"
+    return rows
 
 
 def _table(rows: list[dict[str, Any]], *, right: set[str]) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,38 @@ def run_rows(root: str | Path) -> list[dict[str, Any]]:
     return sorted(runs, key=lambda run: (run["date"], run["run_id"]))
 
 
+def comparable_runs(root: str | Path, run_a: str | None = None,
+                    run_b: str | None = None) -> tuple[str | None, str | None]:
+    """The runs to compare: the latest pair of runs of the dataset at ``root`` that share a rollout.
+
+    Two runs are comparable when they hold a rollout of the same (environment, task id, rollout
+    index), the pairs ``compare_runs`` aligns; the two latest runs of a dataset need not be (two
+    series on different tasksets). B is the latest run that has a comparable earlier run, A the
+    latest such earlier run; a run given as ``run_a`` or ``run_b`` stays fixed and the other is
+    chosen around it (for a fixed ``run_a``, B is the latest other run comparable with it).
+
+    Returns:
+        ``(run_a, run_b)``, ids in ``run_rows`` order (A older than B unless both were given);
+        ``(run_a, run_b)`` as given when both are; ``None`` for a run that cannot be chosen (no
+        comparable pair).
+
+    Raises:
+        TraceStoreError: the dataset cannot be read.
+    """
+    if run_a and run_b:
+        return run_a, run_b
+    order = [run["run_id"] for run in run_rows(root)]      # oldest first
+    rows = read_rollouts(root, columns=["environment", "task_id", "rollout_index"])
+    keys = {str(run): set(zip(group["environment"], group["task_id"], group["rollout_index"], strict=True))
+            for run, group in rows.groupby("run_id", sort=False)}
+    for b in [run_b] if run_b else reversed(order):
+        earlier = order[:order.index(b)] if b in order else order
+        for a in [run_a] if run_a else reversed(earlier):
+            if a != b and keys.get(a, set()) & keys.get(b, set()):
+                return a, b
+    return run_a, run_b
+
+
 def format_runs(runs: list[dict[str, Any]]) -> str:
     """``run_rows`` as an aligned text table, one line per run under a header line."""
     return _table([{**run, "mean": _fixed(run["mean"]), "stderr": _fixed(run["stderr"])} for run in runs],
@@ -70,7 +103,7 @@ def format_rollout_list(root: str | Path, run_id: str) -> str:
             message lists the runs it holds).
     """
     rows = _rollouts_of(root, run_id, columns=_ROLLOUT_READ)
-    rows = rows.sort_values(["environment", "task_id", "rollout_index"])
+    rows = rows.sort_values(["environment", "task_id", "rollout_index"], key=_natural_order)
     listed = [{"environment": row.environment, "task_id": row.task_id, "index": row.rollout_index,
                "reward": _fixed(row.reward),
                "stop_condition": row.stop_condition or "",
@@ -102,7 +135,7 @@ def read_rollout_traces(root: str | Path, run_id: str, task_id: str, index: int 
         rows = rows[rows["environment"] == environment]
     of_task = rows[rows["task_id"] == task_id]
     if of_task.empty:
-        tasks = sorted(rows["task_id"].unique())
+        tasks = sorted(rows["task_id"].unique(), key=natural_key)
         listed = ", ".join(tasks[:10]) + (f", ... ({len(tasks)} in all)" if len(tasks) > 10 else "")
         raise TraceStoreError(f"run {run_id!r} has no task {task_id!r}. Its tasks: {listed}")
     chosen = of_task if index is None else of_task[of_task["rollout_index"] == index]
@@ -226,6 +259,17 @@ def _rollouts_of(root: str | Path, run_id: str, columns: list[str]) -> pd.DataFr
 
 def _minute(timestamp: Any) -> str:
     return "—" if pd.isna(timestamp) else pd.Timestamp(timestamp).tz_convert("UTC").strftime("%Y-%m-%d %H:%M")
+
+
+def natural_key(text: str) -> tuple[str | int, ...]:
+    """A sort key that orders the digit runs of ``text`` as numbers: ``simple_python_2`` before
+    ``simple_python_10`` (text parts and numbers alternate, so keys always compare)."""
+    return tuple(int(part) if i % 2 else part for i, part in enumerate(re.split(r"(\d+)", str(text))))
+
+
+def _natural_order(column: pd.Series) -> pd.Series:
+    """``sort_values``' key: text columns in ``natural_key`` order, others as they are."""
+    return column.map(natural_key) if column.dtype == object or pd.api.types.is_string_dtype(column) else column
 
 
 def _fixed(value: float | None) -> str:

@@ -6,8 +6,10 @@ Nested values (rewards, metrics, info, errors, a call's failed attempts, the ful
 JSON strings, which pandas and DuckDB (``json_extract``) both read without a schema per taskset.
 
 Versions: 1 first layout; 2 adds ``cached_tokens`` and ``reasoning_tokens`` (null when the server
-does not report them) to both tables and ``attempts`` to ``model_calls``. Readers read files of
-both versions with the current schema: a column a file lacks reads as null.
+does not report them) to both tables and ``attempts`` to ``model_calls``; 4: the ``trace`` column's
+JSON leaves out ``last_reply``, which repeated the last assistant message of ``messages`` (a 5 MB
+reply was stored twice); ``Trace`` derives it again when the row is read, from files of any version.
+Readers read files of every version with the current schema: a column a file lacks reads as null.
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ import pyarrow as pa
 from prefect_rollouts.trace import Trace
 
 #: Bumped when a column is added or changes meaning or type; readers can filter on it.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
+
+DERIVED_FROM_MESSAGES = {"last_reply"}
+"""``Trace`` fields the ``trace`` column leaves out: each repeats text of ``messages`` (``Trace`` derives it)."""
 
 PARTITIONING = pa.schema([("date", pa.string()), ("run_id", pa.string())])
 
@@ -143,7 +148,7 @@ def rollout_row(trace: Trace, *, rollout_index: int, environment: str, config_ha
         "teardown_s": timings.get("teardown"),
         "info": json.dumps(trace.info, default=repr),      # task code may put any object in info
         "errors": json.dumps([e.model_dump() for e in trace.errors]),
-        "trace": trace.model_dump_json(fallback=repr),
+        "trace": trace.model_dump_json(fallback=repr, exclude=DERIVED_FROM_MESSAGES),
     }
 
 
