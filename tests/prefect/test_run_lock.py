@@ -85,7 +85,7 @@ def test_a_second_eval_of_a_live_run_is_refused_and_names_the_live_one(tmp_path,
     assert second.returncode == 2, output
     assert still_running, "the refusal came while the first eval ran"
     assert "another eval is running this run" in output and str(holder.id) in output, output
-    assert f"prefect flow-run cancel {holder.id}" in output
+    assert f".venv/bin/prefect flow-run cancel {holder.id}" in output
     assert first.returncode == 0, first_output
     rows = read_rollouts(tmp_path / "traces", run_id="held")
     assert len(rows) == ROLLOUTS and not rows.duplicated(["task_id", "rollout_index"]).any()

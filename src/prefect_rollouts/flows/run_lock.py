@@ -130,7 +130,7 @@ def _refusal(run_id: str, live: list[FlowRun]) -> str:
         + (f", process {owner}" if (owner := tag_owner(run.tags)) else "") + ")" for run in live)
     first = live[0].id
     return (f"run id {run_id!r}: another eval is running this run: {holders}. Two evals of one run would run its "
-            f"rollouts twice. Wait for it to end, or cancel it (prefect flow-run cancel {first}) and resume "
+            f"rollouts twice. Wait for it to end, or cancel it (.venv/bin/prefect flow-run cancel {first}) and resume "
             f"again; if its process is gone, its hold lapses within {LEASE_DURATION_S + 15:.0f} s")
 
 
