@@ -161,3 +161,29 @@ def test_an_eval_has_one_orchestration_setting_rollout_granularity():
     with pytest.raises(vf.ConfigError, match=r'\[env.agent\] orchestrator = "inline": an eval always runs as a '
                                              r"Prefect flow, and rollout_granularity alone decides"):
         load_eval_config(base + 'orchestrator = "inline"')
+
+
+def test_literal_env_values_read_as_stars_in_every_json_dump_and_templates_stay():
+    from prefect_rollouts.eval_config import load_eval_config
+
+    config = load_eval_config('[env.taskset]\nid = "arithmetic"\n[env.agent]\nmodel = "m"\n[env.agent.runtime]\n'
+                              'env = { TOKEN = "sk-Lit3ral9", HOME_DIR = "${HOME}" }\n')
+    assert config.model_dump(mode="json")["env"]["agent"]["runtime"]["env"] == {"TOKEN": "***", "HOME_DIR": "${HOME}"}
+    assert "sk-Lit3ral9" not in config.model_dump_json()
+    assert config.env.agent.runtime.env["TOKEN"] == "sk-Lit3ral9"     # the value itself is kept in memory
+
+
+def test_a_launch_form_and_a_rollout_spec_refuse_literal_env_values():
+    import pytest
+
+    from prefect_rollouts.eval_config import load_eval_config
+    from prefect_rollouts.errors import ConfigError
+    from prefect_rollouts.launch_form import LaunchForm
+    from prefect_rollouts.rollout import RolloutSpec
+
+    config = load_eval_config('[env.taskset]\nid = "arithmetic"\n[env.agent]\nmodel = "m"\n[env.agent.scoring]\n'
+                              'env = { TOKEN = "sk-Lit3ral9" }\n')
+    with pytest.raises(ConfigError, match=r"env.agent.scoring.env.TOKEN: a launch form cannot carry"):
+        LaunchForm.from_eval_config(config)
+    with pytest.raises(ValueError, match="agent.scoring.env: TOKEN have literal values"):
+        RolloutSpec(agent=config.env.agent, taskset="arithmetic", task_id="-")
