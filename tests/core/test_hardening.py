@@ -105,9 +105,12 @@ async def test_malformed_200_bodies_are_provider_errors(openai_server, body):
     assert caught.value.status_code == 502
 
 
-def test_redaction_covers_headers_url_passwords_and_literal_env_values():
+def test_redaction_covers_headers_and_literal_env_values_and_a_url_password_is_refused():
+    with pytest.raises(ValueError, match="holds a user name or password") as refused:
+        vf.ClientConfig(base_url="http://user:pw-secret@127.0.0.1:9/v1")
+    assert "pw-secret" not in str(refused.value).split("input_value")[0]
     config = vf.AgentConfig(
-        model="m", client=vf.ClientConfig(base_url="http://user:pw-secret@127.0.0.1:9/v1", headers={"X-Key": "h"}),
+        model="m", client=vf.ClientConfig(base_url="http://127.0.0.1:9/v1", headers={"X-Key": "h"}),
         runtime=vf.RuntimeConfig(env={"TOKEN": "rt-secret", "HOME2": "${HOME}"}),
         scoring=vf.ScoringConfig(env={"A": "sc-secret"}, runtime=vf.RuntimeConfig(env={"B": "sr-secret"})))
     text = str(redacted_config(config))

@@ -350,12 +350,17 @@ async def test_judge_clients_are_shared_across_rollouts_and_closed_with_the_agen
 
 
 def test_judge_secrets_are_redacted_from_the_trace_config(judged):
-    config = judged({"id": "reference", "client": {"base_url": "https://u:p@judge.example/v1",
+    config = judged({"id": "reference", "client": {"base_url": "https://judge.example/v1",
                                                    "headers": {"X-Key": "secret-123"}}})
     from prefect_rollouts.agent import redacted_config
 
     (judge,) = redacted_config(config)["scoring"]["judges"]
-    assert judge["client"]["headers"] == {"X-Key": "***"} and "p@" not in judge["client"]["base_url"]
+    assert judge["client"]["headers"] == {"X-Key": "***"}
+
+
+def test_a_judge_base_url_with_a_password_is_refused(judged):
+    with pytest.raises(ValueError, match="holds a user name or password"):
+        judged({"id": "reference", "client": {"base_url": "https://u:p@judge.example/v1"}})
 
 
 @pytest.mark.parametrize("entry, message", [

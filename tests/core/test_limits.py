@@ -64,8 +64,8 @@ async def test_without_limits_in_force_nothing_is_asked(openai_server):
 def test_default_names_follow_the_endpoint_and_the_docker_host(monkeypatch):
     monkeypatch.setattr("socket.gethostname", lambda: "worker-3")
     name = limits.endpoint_limit_name
-    assert name(vf.ClientConfig(base_url="https://user:pw@api.example.com/openai/v1?x=1")) == \
-        "model-requests:api.example.com:443:openai:v1"                        # no credentials, no query
+    assert name(vf.ClientConfig(base_url="https://api.example.com/openai/v1?x=1")) == \
+        "model-requests:api.example.com:443:openai:v1"                        # no query
     assert name(vf.ClientConfig(base_url="http://10.0.0.5:8000/v1")) == "model-requests:10.0.0.5:8000:v1"
     assert name(vf.ClientConfig(base_url="http://127.0.0.1:8000/v1")) == "model-requests:worker-3:127.0.0.1:8000:v1"
     assert name(vf.ClientConfig(endpoint="prod-llm")) == "model-requests:block:prod-llm"

@@ -232,6 +232,7 @@ async def _run_through_outages(run: _Run, todo: list[Planned], config: EvalConfi
     finally:
         for background in (runner, flusher, watcher):
             background.cancel()
+        await asyncio.gather(runner, flusher, watcher, return_exceptions=True)   # rollouts end their teardown
         await run.flush()
         run.report()
 
@@ -307,7 +308,22 @@ async def _run_each(run: _Run, todo: list[Planned], config: EvalConfig) -> None:
     async def worker() -> None:
         for planned in pending:
             await _run_one(run, planned, config.rollout_granularity)
-    await asyncio.gather(*(worker() for _ in range(min(config.max_concurrent, len(todo)))))
+    await _gather_all([worker() for _ in range(min(config.max_concurrent, len(todo)))])
+
+
+async def _gather_all(coroutines: list[Any], return_exceptions: bool = False) -> list[Any]:
+    """``asyncio.gather`` of ``coroutines`` that, when it is cancelled (SIGTERM, Ctrl-C, a full disk, an
+    outage past its limit) or one of them raises, cancels the others and waits for them to end: a rollout's
+    teardown (its container's removal, its flow run's final state) then finishes while the eval's Prefect
+    client is still open, instead of failing later against a closed one."""
+    tasks = [asyncio.ensure_future(coroutine) for coroutine in coroutines]
+    try:
+        return await asyncio.gather(*tasks, return_exceptions=return_exceptions)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def _run_one(run: _Run, planned: Planned, granularity: str) -> Trace:
@@ -414,8 +430,7 @@ async def shard_task(run: _Run, shard: list[Planned], shard_index: int) -> int |
     await run.flush()  # rows of a failed attempt become durable first, so they are not run twice
     pending = [planned for planned in shard if planned.key not in run.writer.durable]
 
-    results = await asyncio.gather(*(_run_one(run, planned, "batch") for planned in pending),
-                                   return_exceptions=True)
+    results = await _gather_all([_run_one(run, planned, "batch") for planned in pending], return_exceptions=True)
     errors = [r for r in results if isinstance(r, BaseException)]
     if errors:
         raise errors[0]
@@ -437,7 +452,7 @@ async def _run_batches(run: _Run, todo: list[Planned], config: EvalConfig) -> No
             if not isinstance(ran, int):
                 run.failures.append(ran if isinstance(ran, BaseException) else RuntimeError(str(final)))
     workers = min(math.ceil(config.max_concurrent / config.batch_size) + 1, math.ceil(len(todo) / config.batch_size))
-    await asyncio.gather(*(worker() for _ in range(workers)))
+    await _gather_all([worker() for _ in range(workers)])
 
 
 def _record_crash(rollout: Rollout, final: Any) -> None:
