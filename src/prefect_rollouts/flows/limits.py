@@ -93,7 +93,9 @@ async def prefect_slot(limit: Limit) -> AsyncIterator[None]:
     await ensure_limit(limit)
     async with get_client() as client:   # inside a flow or task run: the run's own client
         lease_id = await _acquire(client, limit)
-        renew = asyncio.ensure_future(_renew(client, limit, lease_id))
+        renew = asyncio.ensure_future(renew_lease(
+            client, lease_id, f"Prefect concurrency limit {limit.name!r}: renewing a slot's lease failed; "
+                              "if it expires, the limit may be exceeded"))
         try:
             yield
         finally:
@@ -138,15 +140,16 @@ def _release_if_granted(client: Any, acquire: asyncio.Future[Any]) -> None:
         release.add_done_callback(_releases.discard)
 
 
-async def _renew(client: Any, limit: Limit, lease_id: UUID) -> None:
-    """Renew the lease every 75% of its duration while the slot is held (a long container life)."""
+async def renew_lease(client: Any, lease_id: UUID, on_failure: str) -> None:
+    """Renew the lease ``lease_id`` every 75% of ``LEASE_DURATION_S`` until cancelled (a slot held for a
+    container's life, or a run lock held for an eval's); a failed renewal logs ``on_failure`` with the error
+    and tries again at the next turn."""
     while True:
         await asyncio.sleep(LEASE_DURATION_S * 0.75)
         try:
             await client.renew_concurrency_lease(lease_id, LEASE_DURATION_S)
         except (httpx.HTTPError, OSError) as exc:
-            logger.warning("Prefect concurrency limit %r: renewing a slot's lease failed (%s); if it expires, "
-                           "the limit may be exceeded", limit.name, exc)
+            logger.warning("%s (%s)", on_failure, exc)
 
 
 async def ensure_limit(limit: Limit) -> None:

@@ -49,7 +49,7 @@ from prefect.runtime import flow_run
 from prefect.states import Crashed
 
 from prefect_rollouts.errors import InfrastructureError, RunInUseError
-from prefect_rollouts.flows.limits import LEASE_DURATION_S
+from prefect_rollouts.flows.limits import LEASE_DURATION_S, renew_lease
 from prefect_rollouts.flows.ownership import tag_flow_run, tag_owner
 
 logger = logging.getLogger("prefect_rollouts.run_lock")
@@ -88,7 +88,8 @@ async def hold_run(run_id: str) -> AsyncIterator[None]:
         except (httpx.HTTPError, OSError) as exc:
             raise InfrastructureError(f"run {run_id}: cannot take its lock, the Prefect concurrency limit "
                                       f"{name!r} ({exc})") from exc
-        renew = asyncio.ensure_future(_renew(client, name, lease_id))
+        renew = asyncio.ensure_future(renew_lease(client, lease_id, f"lock {name!r}: renewing its lease failed; if it "
+                                                 "lapses, another eval may take the run"))
         try:
             yield
         finally:
@@ -170,17 +171,6 @@ async def _delete(client: PrefectClient, limit_id: UUID) -> None:
     except httpx.HTTPStatusError as exc:
         if exc.response.status_code != 404:
             raise
-
-
-async def _renew(client: PrefectClient, name: str, lease_id: UUID) -> None:
-    """Renew the lease every 75% of its duration while the run is held."""
-    while True:
-        await asyncio.sleep(LEASE_DURATION_S * 0.75)
-        try:
-            await client.renew_concurrency_lease(lease_id, LEASE_DURATION_S)
-        except (httpx.HTTPError, OSError) as exc:
-            logger.warning("lock %r: renewing its lease failed (%s); if it lapses, another eval may take the run",
-                           name, exc)
 
 
 async def _release(client: PrefectClient, name: str, limit_id: UUID, lease_id: UUID) -> None:
