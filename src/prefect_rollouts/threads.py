@@ -14,8 +14,8 @@ rollout cancelled) while the call still runs, ``run_sync`` stops waiting at once
 on the trace) and abandons the thread: it ends when its call returns; the result is dropped.
 The workers are daemon threads of this module, not of ``concurrent.futures`` or asyncio's
 default executor, both of which join their threads at exit: an abandoned call holds up neither
-the end of an eval nor the interpreter's exit. Idle workers are reused (a hop costs about
-50-100 us of CPU) and exit after ``IDLE_S``; an abandoned one never returns to the pool, so a
+the end of an eval nor the interpreter's exit. Idle workers are reused (one thread hop per
+call, not a new thread) and exit after ``IDLE_S``; an abandoned one never returns to the pool, so a
 stuck call never starves the others.
 """
 
