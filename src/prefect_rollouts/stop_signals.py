@@ -61,7 +61,8 @@ def run_until_stopped(main: Coroutine[Any, Any, T]) -> T:
     outcome: dict[str, Any] = {}
 
     async def wrapped() -> T:
-        running["loop"], running["task"] = asyncio.get_running_loop(), asyncio.current_task()
+        running["task"] = asyncio.current_task()   # before "loop": on_signal reads "task" once it sees "loop"
+        running["loop"] = asyncio.get_running_loop()
         if received:   # a signal came before the task existed (see on_signal)
             running["task"].cancel()
         return await main
