@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import uuid
 from types import TracebackType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
@@ -25,6 +25,9 @@ from prefect_rollouts.scoring.judges import JudgeClients, client_key, open_judge
 from prefect_rollouts.stages import Segment, new_state, opening_messages
 from prefect_rollouts.task import Task
 from prefect_rollouts.trace import Receipt, SendRecord, Trace
+
+if TYPE_CHECKING:
+    from prefect_rollouts.harnesses.endpoint import InterceptionEndpoint
 
 
 def make_agent(config: AgentConfig) -> Agent:
@@ -50,32 +53,40 @@ class Agent:
         self._client: ModelClient | None = None
         self._server: Any = None
         self._judges: JudgeClients | None = None
+        self._endpoint: InterceptionEndpoint | None = None
 
     async def __aenter__(self) -> Agent:
         if self._client is not None:
             raise RuntimeError("this Agent is already open; enter it once")
-        self._client, self._server, self._judges = await self._open()
+        self._client, self._server, self._judges, self._endpoint = await self._open()
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        opened = self._client, self._server, self._judges
-        self._client = self._server = self._judges = None
+        opened = self._client, self._server, self._judges, self._endpoint
+        self._client = self._server = self._judges = self._endpoint = None
         await _close(*opened)
 
-    async def _open(self) -> tuple[ModelClient, Any, JudgeClients]:
-        """The model client, its local server (or None) and the judge clients. The agent's own
-        judges are imported and opened here, so a bad judge fails before any rollout runs."""
+    async def _open(self) -> tuple[ModelClient, Any, JudgeClients, InterceptionEndpoint | None]:
+        """The model client, its local server (or None), the judge clients and, for a program
+        harness, the started interception endpoint (else None). The agent's own judges are imported
+        and opened here, so a bad judge fails before any rollout runs."""
         if self.config.orchestrator == "prefect":   # Prefect loads only here; it resolves endpoint blocks
             import prefect_rollouts.blocks  # noqa: F401
         client, server = await open_client(self.config.model, self.config.client)
         judges = JudgeClients({client_key(self.config.model, self.config.client): client},
                               default_client=self.config.client)
+        endpoint = None
         try:
             await open_judges(self.config.scoring.judges, judges)
+            if self.config.harness.is_program:
+                from prefect_rollouts.harnesses.endpoint import InterceptionEndpoint as Endpoint  # loads uvicorn
+
+                endpoint = Endpoint()
+                await endpoint.start()
         except BaseException:
-            await _close(client, server, judges)
+            await _close(client, server, judges, endpoint)
             raise
-        return client, server, judges
+        return client, server, judges, endpoint
 
     async def run(self, task: Task) -> Trace:
         """Run one rollout to completion: setup, one segment on the task's prompt and one per
@@ -91,8 +102,9 @@ class Agent:
         if task.data.prompt is None:
             raise ConfigError(f"TaskData.prompt = None (task {task.id!r}): run() needs a prompt. "
                               "Set a prompt, or drive the task with agent.interaction(task)")
-        async with self._borrow_client() as (client, judges):
-            rollout = Rollout(new_state(self.config, task, client, agent_info=self.info, judge_clients=judges))
+        async with self._borrow_client() as (client, judges, endpoint):
+            rollout = Rollout(new_state(self.config, task, client, agent_info=self.info, judge_clients=judges,
+                                        endpoint=endpoint))
             if self.config.orchestrator == "prefect":
                 from prefect_rollouts.flows.rollout import run_rollout_flow  # Prefect loads only here
 
@@ -107,7 +119,7 @@ class Agent:
             RuntimeError: the agent is not open.
         """
         return Rollout(new_state(self.config, task, self.client, agent_info=self.info, labels=labels,
-                                 judge_clients=self._judges))
+                                 judge_clients=self._judges, endpoint=self._endpoint))
 
     def rollout_from_spec(self, spec: RolloutSpec) -> Rollout:
         """Rebuild the rollout that ``spec`` names, in this process (its taskset loaded here).
@@ -149,17 +161,19 @@ class Agent:
     async def _borrow_client(self) -> Any:
         """``(client, judge clients)``: the agent's, or for an un-entered agent a set for this rollout only."""
         if self._client is not None:
-            yield self._client, self._judges
+            yield self._client, self._judges, self._endpoint
             return
-        client, server, judges = await self._open()
+        client, server, judges, endpoint = await self._open()
         try:
-            yield client, judges
+            yield client, judges, endpoint
         finally:
-            await _close(client, server, judges)
+            await _close(client, server, judges, endpoint)
 
 
-async def _close(client: ModelClient | None, server: Any, judges: JudgeClients | None) -> None:
-    """Close judge clients, then the model client, then stop the local server; each on every path."""
+async def _close(client: ModelClient | None, server: Any, judges: JudgeClients | None,
+                 endpoint: InterceptionEndpoint | None = None) -> None:
+    """Stop the interception endpoint, close judge clients, then the model client, then stop the
+    local server; each on every path."""
     async with contextlib.AsyncExitStack() as stack:   # callbacks run last-registered first
         if server is not None:
             stack.push_async_callback(server.stop)
@@ -167,6 +181,8 @@ async def _close(client: ModelClient | None, server: Any, judges: JudgeClients |
             stack.push_async_callback(client.aclose)
         if judges is not None:
             stack.push_async_callback(judges.aclose)
+        if endpoint is not None:
+            stack.push_async_callback(endpoint.stop)
 
 
 class Interaction:
@@ -202,9 +218,9 @@ class Interaction:
         if self.rollout is not None:
             raise RuntimeError("an Interaction runs one rollout; call agent.interaction(task) again for another")
         self._client_cm = self.agent._borrow_client()
-        client, judges = await self._client_cm.__aenter__()
+        client, judges, endpoint = await self._client_cm.__aenter__()
         rollout = self.rollout = Rollout(new_state(self.agent.config, self.task, client, agent_info=self.agent.info,
-                                                   judge_clients=judges))
+                                                   judge_clients=judges, endpoint=endpoint))
         if self.agent.config.orchestrator == "prefect":
             from prefect_rollouts.flows.rollout import FlowChannel  # Prefect loads only here
 

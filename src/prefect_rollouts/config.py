@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, ValidationInfo, model_validator
 
 from prefect_rollouts.config_base import (
     ClientConfig,
@@ -25,12 +25,23 @@ from prefect_rollouts.config_base import (
 from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.judge_config import AnyJudgeConfig
 
+PROGRAM_HARNESSES = ("program", "bash")
+"""Harness ids that run an agent program in the runtime (``harnesses/program.py``): ``program``
+runs ``command``; ``bash`` (our reference program) is built in."""
+
 
 class HarnessConfig(_Config):
-    """Which harness drives the model. TOML and Python also accept the string ``"chat"`` or ``"tools"``."""
+    """Which harness drives the model. TOML and Python also accept the id alone as a string (``"tools"``).
 
-    id: Literal["chat", "tools"] = "tools"
-    """``chat``: one model response per segment. ``tools``: the tool-calling loop (can steer)."""
+    ``chat`` and ``tools`` are loops in this process. ``program`` and ``bash`` run an agent
+    program *in the runtime*, whose model calls go through the agent's interception
+    endpoint into the trace (README "Program harnesses"); the keys from ``command`` on apply to them.
+    """
+
+    id: Literal["chat", "tools", "program", "bash"] = "tools"
+    """``chat``: one model response per segment. ``tools``: the tool-calling loop (can steer).
+    ``program``: ``command`` run in the runtime. ``bash``: the package's own small agent program (a
+    ``bash`` tool loop, ``harnesses/programs/bash_agent.py``)."""
     runtime_tools: list[Literal["bash", "read_file", "write_file"]] = ["bash", "read_file", "write_file"]
     """Runtime tools the ``tools`` harness offers besides the task's own tools."""
     tool_timeout_s: float = Field(600.0, gt=0)
@@ -38,11 +49,72 @@ class HarnessConfig(_Config):
     ``runtime.exec_timeout_s``)."""
     tool_output_cap_chars: int = Field(64 * 1024, ge=256)
     """A tool result longer than this is cut (with a note) before it reaches the model and the trace."""
+    command: list[str] | None = None
+    """``program``: the argv of the agent program, run in the runtime's workspace (required there;
+    the built-in programs bring their own)."""
+    files: dict[str, Path] = {}
+    """Runtime path -> host path (a file or directory; absolute, or relative to the config file),
+    copied into the runtime before ``setup``. On the ``local`` runtime a runtime path is relative to
+    the workspace (it has no filesystem of its own)."""
+    setup: list[str] = []
+    """Shell commands run once in the runtime when the rollout starts, after ``files`` and before
+    the network policy applies (so an install may reach a package index); a failure ends the rollout."""
+    setup_timeout_s: float = Field(600.0, gt=0)
+    """Deadline of each ``setup`` command, in seconds."""
+    env: EnvTable = {}
+    """Environment variables of the program; ``${VAR}`` templates resolve where the rollout runs.
+    Literal values count as secrets (``"***"`` in every JSON dump), as in ``[env.agent.runtime] env``."""
+    forward_env: list[str] = []
+    """Host environment variables passed to the program by name (their values are scrubbed from
+    traces like keys). A name that is unset where the rollout runs is an error of that rollout."""
+    resume: bool = True
+    """A later ``turn()`` relaunches the program with the conversation carried at the endpoint;
+    False: a second turn is refused with an error."""
+    timeout_s: float = Field(3600.0, gt=0)
+    """Most seconds one launch of the program may run (the agent deadline, when set, also holds)."""
+    stop_grace_s: float = Field(10.0, ge=0)
+    """After the endpoint stopped the rollout (``max_turns``, ``max_turn_tokens``), how long the
+    program may take to exit before it is killed, in seconds."""
+    output_tail_chars: int = Field(4000, ge=0)
+    """Characters of the end of the program's stdout and of its stderr kept on the trace."""
 
     @model_validator(mode="before")
     @classmethod
     def _from_string(cls, value: Any) -> Any:
         return {"id": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _program_keys(self, info: ValidationInfo) -> HarnessConfig:
+        if self.id == "program" and not self.command:
+            raise ValueError('id = "program" needs command = ["argv", ...]: the agent program to run in the runtime')
+        if self.command is not None and self.id != "program":
+            raise ValueError(f'command is set but id = "{self.id}": set id = "program" to run your own program')
+        if self.command is not None and not all(self.command):
+            raise ValueError(f"command = {self.command!r}: every argv entry must be a non-empty string")
+        if self.id not in PROGRAM_HARNESSES:
+            set_keys = sorted(self.model_fields_set & {"command", "files", "setup", "env", "forward_env", "resume"})
+            if set_keys:
+                raise ValueError(f"{', '.join(set_keys)}: only program harnesses (id = \"program\" or \"bash\") "
+                                 f'take these keys; id = "{self.id}" runs in this process')
+        base = (info.context or {}).get("config_dir")
+        for target, source in list(self.files.items()):
+            if not target:
+                raise ValueError('files: a runtime path is empty; write { "/opt/my-agent" = "agents/my-agent" }')
+            if not source.is_absolute():
+                source = Path(base) / source if base is not None else source.resolve()
+                self.files[target] = source
+            if not source.exists():
+                raise ValueError(f'files "{target}" = "{source}": no such file or directory on this machine. '
+                                 "Give an absolute host path, or one relative to the config file")
+        for name in self.forward_env:
+            if not name or not name.replace("_", "A").isalnum() or name[0].isdigit():
+                raise ValueError(f"forward_env: {name!r} is not an environment variable name")
+        return self
+
+    @property
+    def is_program(self) -> bool:
+        """Whether this harness runs an agent program in the runtime."""
+        return self.id in PROGRAM_HARNESSES
 
 
 class NetworkPolicy(_Config):
@@ -192,6 +264,16 @@ class AgentConfig(_Config):
     orchestrator: Literal["prefect", "inline"] = "prefect"
     """``prefect``: each rollout is a Prefect flow run with one task run per stage.
     ``inline``: the same stages as plain asyncio calls (tests, RL loops, benchmarks)."""
+
+    @model_validator(mode="after")
+    def _files_fit_the_runtime(self) -> AgentConfig:
+        if self.runtime.type == "local":
+            outside = [target for target in self.harness.files if target.startswith("/")]
+            if outside:
+                raise ValueError(f"[env.agent.harness] files {outside}: the local runtime has no filesystem of its "
+                                 "own, so runtime paths are relative to the workspace (e.g. \".agent/my-agent\"); "
+                                 'or use [env.agent.runtime] type = "docker"')
+        return self
 
 
 def effective_scoring(agent: ScoringConfig, task: ScoringConfig | None) -> ScoringConfig:

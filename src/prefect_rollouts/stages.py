@@ -36,6 +36,7 @@ from prefect_rollouts.threads import note_in
 from prefect_rollouts.trace import SegmentRecord, SendRecord, Trace, last_assistant_text
 
 if TYPE_CHECKING:
+    from prefect_rollouts.harnesses.endpoint import InterceptionEndpoint
     from prefect_rollouts.model import ModelClient
     from prefect_rollouts.scoring.judges import JudgeClients
 
@@ -113,9 +114,11 @@ class Segment:
 
 
 def new_state(config: AgentConfig, task: Task, client: ModelClient, *, agent_info: dict[str, Any],
-              labels: dict[str, str] | None = None, judge_clients: JudgeClients | None = None) -> RolloutState:
+              labels: dict[str, str] | None = None, judge_clients: JudgeClients | None = None,
+              endpoint: InterceptionEndpoint | None = None) -> RolloutState:
     """Mint the trace and state of one rollout (no I/O).
 
+    ``endpoint``: the agent's interception endpoint, which a program harness needs.
     ``agent_info`` (the redacted config) becomes ``trace.agent``; for a ``local/...`` model its
     ``client`` says what was used: the local server's ``base_url``, no key, no endpoint block.
 
@@ -130,8 +133,8 @@ def new_state(config: AgentConfig, task: Task, client: ModelClient, *, agent_inf
     trace = Trace(task_id=task.id, task_type=type(task).__name__, model=config.model, agent=agent_info)
     if task.data.info:
         trace.info["task"] = dict(task.data.info)
-    return RolloutState(config=config, task=task, client=client, trace=trace,
-                        harness=make_harness(config.harness), labels={**(labels or {}), "rollout_id": trace.id},
+    return RolloutState(config=config, task=task, client=client, trace=trace, harness=make_harness(config.harness, endpoint),
+                        labels={**(labels or {}), "rollout_id": trace.id},
                         scoring=effective_scoring(config.scoring, task.data.scoring), judge_clients=judge_clients)
 
 
@@ -186,7 +189,7 @@ async def setup(state: RolloutState) -> None:
     """
     try:
         async with _timed(state, "setup", state.config.timeouts.setup):
-            state.runtime = make_runtime(state.config.runtime, labels=state.labels)
+            state.runtime = make_runtime(state.config.runtime, labels=state.labels, binds=state.harness.binds)
             await state.runtime.start()
             for path, content in state.task.data.files.items():
                 await state.runtime.write_file(path, content)

@@ -155,6 +155,8 @@ class SendRecord(_Record):
     mode: Literal["steer", "queue"]
     receipt: Receipt
     delivered_segment: int | None = None
+    delivered_call: int | None = None
+    """Index in ``Trace.model_calls`` of the request a program harness's steer was spliced into."""
     status: Literal["pending", "delivered", "refused", "cancelled"] = "pending"
 
 

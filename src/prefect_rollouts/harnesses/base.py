@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 class SegmentContext(Protocol):
     """What a harness sees of its rollout: the conversation (``trace``), the model ``client``,
     the agent ``config`` (sampling, caps), the ``task`` (its tools), the ``runtime``, the steer
-    inbox and the sampled-response count. Nothing of the orchestration."""
+    inbox, the sampled-response count and how many of the segment's first messages are its input
+    (a program harness replaces them with the program's own). Nothing of the orchestration."""
 
     config: AgentConfig
     task: Task
@@ -28,6 +29,7 @@ class SegmentContext(Protocol):
     runtime: Runtime | None
     steer_inbox: list[SendRecord]
     turns: int
+    segment_inputs: int
 
     @property
     def stopped(self) -> bool: ...
@@ -49,6 +51,8 @@ class Harness(Protocol):
 
     id: str
     can_steer: bool
+    binds: dict[str, str]
+    """Host directories the runtime must mount (host path -> path inside); empty for in-process loops."""
 
     async def open(self, ctx: SegmentContext) -> None: ...
     async def run_segment(self, ctx: SegmentContext) -> None: ...

@@ -13,6 +13,7 @@ class ChatHarness:
 
     id = "chat"
     can_steer = False
+    binds: dict[str, str] = {}
 
     def __init__(self, config: HarnessConfig) -> None:
         self.config = config

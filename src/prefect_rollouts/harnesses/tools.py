@@ -35,6 +35,7 @@ class ToolsHarness:
 
     id = "tools"
     can_steer = True
+    binds: dict[str, str] = {}
 
     def __init__(self, config: HarnessConfig) -> None:
         self.config = config

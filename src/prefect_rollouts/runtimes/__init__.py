@@ -14,8 +14,11 @@ __all__ = ["ExecResult", "Runtime", "make_runtime"]
 
 
 def make_runtime(config: RuntimeConfig, *, network: NetworkPolicy | None = None, labels: dict[str, str] | None = None,
-                 source: str = "[env.agent.runtime]") -> Runtime:
+                 source: str = "[env.agent.runtime]", binds: dict[str, str] | None = None) -> Runtime:
     """Build an unstarted runtime from ``config``; ``network`` overrides ``config.network`` (scoring).
+
+    ``binds``: host directory -> absolute path inside the runtime, mounted read-write (a program
+    harness's endpoint directory); the local runtime sees host paths as they are.
 
     ``source`` is the config table ``config`` came from, named in error messages (e.g.
     ``[env.agent.scoring.runtime]`` for an isolated-scoring runtime of its own). ``${VAR}``
@@ -30,8 +33,8 @@ def make_runtime(config: RuntimeConfig, *, network: NetworkPolicy | None = None,
     if config.type == "docker":
         from prefect_rollouts.runtimes.docker import DockerRuntime  # the docker SDK loads only when used
 
-        return DockerRuntime(config, network=network, labels=labels, source=source)
+        return DockerRuntime(config, network=network, labels=labels, source=source, binds=binds)
     from prefect_rollouts.runtimes.local import LocalRuntime
 
-    return LocalRuntime(config, network=network, labels=labels)
+    return LocalRuntime(config, network=network, labels=labels, binds=binds)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from prefect_rollouts.config import NetworkPolicy, RuntimeConfig
@@ -41,6 +42,11 @@ class Runtime(Protocol):
 
     id: str
     config: RuntimeConfig
+    network: NetworkPolicy
+    """The network policy its commands run under."""
+    binds: dict[str, str]
+    """Host directories mounted into the runtime (``make_runtime(binds=...)``): host path -> where it
+    appears inside (``local``: the host path itself)."""
 
     async def start(self) -> None:
         """Create the workspace.
@@ -98,6 +104,20 @@ class Runtime(Protocol):
 
     async def restore_artifacts(self, archive: bytes) -> None:
         """Unpack a ``collect_artifacts`` archive into the workspace (no path may leave it)."""
+
+    async def upload(self, source: Path, target: str) -> None:
+        """Copy the host file or directory ``source`` (recursively, modes kept) to ``target`` in the
+        runtime, creating parent directories. ``target`` is relative to the workspace, or absolute
+        (``docker``: anywhere writable; ``local``: inside the workspace only).
+
+        Raises:
+            FileNotFoundError: ``source`` does not exist.
+            ValueError: ``target`` is not a place this runtime can write.
+        """
+
+    async def kill_all(self) -> None:
+        """Kill every process the rollout started in the runtime (an agent program's whole tree,
+        escaped ones included); never raises."""
 
     async def check_storage(self) -> None:
         """Raise when the rollout filled the runtime's disk quota (``docker``'s ``storage_mb``); a

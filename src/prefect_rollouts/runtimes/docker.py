@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import copy
 import errno
 import functools
@@ -25,10 +26,12 @@ import shlex
 import tarfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import docker
 import docker.errors
+from docker.types import Mount
 
 from prefect_rollouts import limits
 from prefect_rollouts.config import NetworkPolicy, RuntimeConfig
@@ -57,6 +60,25 @@ kill -9 -- -$watchdog
 exit $code
 """
 
+
+# Kills every process of the container but PID 1 (the init), the keep-alive (the first
+# "sleep infinity" child of the init) and this shell; prints the PIDs it killed.
+_KILL_ALL = r"""keep=""
+for p in /proc/[0-9]*; do
+  pid=${p#/proc/}
+  read -r _ _ _ ppid _ < "$p/stat" 2>/dev/null || continue
+  if [ -z "$keep" ] && [ "$ppid" = 1 ] && [ "$(tr '\0' ' ' < "$p/cmdline" 2>/dev/null)" = "sleep infinity " ]; then
+    keep=$pid
+  fi
+done
+for p in /proc/[0-9]*; do
+  pid=${p#/proc/}
+  case "$pid" in 1|"$keep"|"$$") continue ;; esac
+  read -r _ _ _ ppid _ < "$p/stat" 2>/dev/null || continue
+  [ "$ppid" = "$$" ] && continue
+  kill -9 "$pid" 2>/dev/null && echo "$pid"
+done
+"""
 
 _T = TypeVar("_T")
 
@@ -109,11 +131,14 @@ class DockerRuntime:
             ``owner`` (this process, see ``runtimes.owner``) and ``started_at`` (Unix seconds),
             the evidence the janitor flow goes by.
         source: The config table ``config`` came from, named in error messages.
+        binds: Host directory -> container path, bind-mounted read-write.
     """
 
     def __init__(self, config: RuntimeConfig, *, network: NetworkPolicy | None = None,
-                 labels: dict[str, str] | None = None, source: str = "[env.agent.runtime]") -> None:
+                 labels: dict[str, str] | None = None, source: str = "[env.agent.runtime]",
+                 binds: dict[str, str] | None = None) -> None:
         self.config = config
+        self.binds = dict(binds or {})
         self.source = source
         self.network = network or config.network
         self.labels = dict(labels or {})
@@ -165,12 +190,14 @@ class DockerRuntime:
         none = self.network.mode == "none"
         mode, home = storage.quota_mode(_engine_info(client)), storage.image_home(image, config)
         quota = storage.quota_options(config, mode, home)
+        mounts = [*quota.pop("mounts", []), *(Mount(inside, host, type="bind") for host, inside in self.binds.items())]
         try:
             container = client.containers.run(
                 config.image, ["sleep", "infinity"], detach=True, init=True, working_dir=config.workdir,
                 labels=labels, network_mode="none" if none else config.docker_network,
                 nano_cpus=int(config.cpus * 1e9), mem_limit=f"{config.memory_mb}m", pids_limit=config.pids_limit,
-                cap_drop=["ALL"], security_opt=["no-new-privileges"], environment=dict(config.env), **quota)
+                cap_drop=["ALL"], security_opt=["no-new-privileges"], environment=dict(config.env), mounts=mounts,
+                **quota)
         except docker.errors.APIError as exc:
             if mode == "size" and storage.refuse_size(exc):
                 return self._create()   # overlay2 on xfs without pquota: the tmpfs quota instead
@@ -192,6 +219,52 @@ class DockerRuntime:
             _remove(container)
             raise
         return container
+
+    async def upload(self, source: Path, target: str) -> None:
+        """``Runtime.upload``: a tar of ``source`` unpacked at ``target`` (absolute, or relative to the
+        workdir), its parent created first.
+
+        Raises:
+            FileNotFoundError: ``source`` does not exist. OSError: the place is not writable (a
+                read-only root under the ``tmpfs`` quota: see ``docker_storage``).
+        """
+        destination = posixpath.normpath(posixpath.join(self.config.workdir, target))   # an absolute target wins
+        parent, name = posixpath.split(destination)
+
+        def pack() -> bytes:
+            if not source.exists():
+                raise FileNotFoundError(f"{source}: no such file or directory")
+            buffer = io.BytesIO()
+            with tarfile.open(fileobj=buffer, mode="w") as tar:
+                tar.add(source, arcname=name)
+            return buffer.getvalue()
+        archive = await asyncio.to_thread(pack)
+        made = await self.exec(f"mkdir -p {shlex.quote(parent)}", timeout=30)
+        if made.exit_code != 0:
+            raise OSError(f"cannot create {parent} in the container: {made.stderr.strip()}")
+
+        def put() -> None:
+            try:
+                docker_client().api.put_archive(self._container_id(), parent, archive)
+            except docker.errors.APIError as exc:
+                raise OSError(f"cannot write {destination} in the container ({exc.explanation or exc})") from None
+        await _in_thread(put)
+
+    async def kill_all(self) -> None:
+        """``Runtime.kill_all``: SIGKILL every process but the init (PID 1) and the keep-alive
+        ``sleep infinity``, until none is left (up to 5 rounds); a lost container is left alone."""
+        if self.container is None:
+            return
+
+        def sweep() -> None:
+            api = docker_client().api
+            for _ in range(5):
+                exec_id = api.exec_create(self._container_id(), ["sh", "-c", _KILL_ALL])["Id"]
+                killed = api.exec_start(exec_id).decode(errors="replace").split()
+                if not killed:
+                    return
+        with contextlib.suppress(Exception):
+            await _in_thread(sweep)
 
     async def check_storage(self) -> None:
         """``Runtime.check_storage``: a command or write of the rollout met "No space left on device",

@@ -66,8 +66,9 @@ class LocalRuntime:
     """
 
     def __init__(self, config: RuntimeConfig, *, network: NetworkPolicy | None = None,
-                 labels: dict[str, str] | None = None) -> None:
+                 labels: dict[str, str] | None = None, binds: dict[str, str] | None = None) -> None:
         self.config = config
+        self.binds = {host: host for host in binds or {}}
         self.network = network or config.network
         self.labels = dict(labels or {})
         self.workspace: Path | None = None
@@ -152,6 +153,32 @@ class LocalRuntime:
                 reader.cancel()
         cap = self.config.output_cap_bytes
         return ExecResult(code, output_text(out, cap), output_text(err, cap), timed_out)
+
+    async def upload(self, source: Path, target: str) -> None:
+        """``Runtime.upload``; ``target`` must lie in the workspace (this runtime has no filesystem of its own).
+
+        Raises:
+            FileNotFoundError: ``source`` does not exist. ValueError: ``target`` leaves the workspace.
+        """
+        root = self._root().resolve()
+        if target.startswith("/") and Path(target).resolve() != root and root not in Path(target).resolve().parents:
+            raise ValueError(f"{target!r} is outside the workspace: the local runtime has no filesystem of its own. "
+                             'Use a path relative to the workspace, or [env.agent.runtime] type = "docker"')
+        destination = self._resolve(target.removeprefix(str(root)).lstrip("/") if target.startswith("/") else target)
+        if not source.exists():
+            raise FileNotFoundError(f"{source}: no such file or directory")
+
+        def copy() -> None:
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            if source.is_dir():
+                shutil.copytree(source, destination, symlinks=True, dirs_exist_ok=True)
+            else:
+                shutil.copy2(source, destination)
+        await asyncio.to_thread(copy)
+
+    async def kill_all(self) -> None:
+        """``Runtime.kill_all``: nothing to do, since each command runs as PID 1 of its own PID
+        namespace and every process it started dies with it when its ``exec`` returns or is cancelled."""
 
     async def check_storage(self) -> None:
         """``Runtime.check_storage``: the local workspace has no quota of its own (the host's disk

@@ -1,0 +1,213 @@
+"""The interception endpoint: the OpenAI-compatible server that program harnesses call instead of the model.
+
+One per open agent that runs a program harness, listening on a Unix socket in a host directory
+(``rollout-<owner>-<random>.endpoint`` under the temporary directory, so the janitor removes it
+when its owner is gone). The directory also holds the in-runtime scripts (``programs/``); it is
+bind-mounted into containers at ``MOUNT`` and read in place by the local runtime. Inside the
+runtime the launcher relays ``127.0.0.1:<port>`` to the socket, so the program reaches the
+endpoint under every network policy and nothing else is exposed (no host port).
+
+Routes: ``POST /v1/chat/completions`` (streamed or not), ``GET /v1/models``, and
+``GET /prefect-rollouts/session`` (the launcher fetches the turn's prompt). A rollout is known by
+its per-launch bearer secret (``ProgramSession``); the provider key stays in this process, in the
+agent's model client, through which every request goes upstream (retries, lanes, limits, scrubbing)
+and is recorded on the trace like an in-process call (``harnesses.base.sample``). What the endpoint
+rewrites and refuses is ``ProgramSession.exchange``'s docstring.
+
+Uvicorn serves it inside the agent's event loop, with its signal handling turned off: the eval's
+own SIGINT/SIGTERM handling (``stop_signals``) must stay in charge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import socket
+import tempfile
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from prefect_rollouts.runtimes.owner import current_owner
+
+if TYPE_CHECKING:
+    from prefect_rollouts.harnesses.session import ProgramSession
+
+MOUNT = "/run/prefect-rollouts"
+"""Where a container sees the endpoint's directory (its socket ``s`` and the launcher scripts)."""
+
+SOCKET_NAME = "s"
+"""The socket's file name (short: a Unix socket path is limited to 107 bytes)."""
+
+SCRIPTS = ("launch.py", "bash_agent.py")
+"""The in-runtime scripts copied from ``harnesses/programs`` into the endpoint's directory."""
+
+
+class _Server(uvicorn.Server):
+    """A uvicorn server that leaves signals to its host process."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class InterceptionEndpoint:
+    """The agent's interception endpoint: ``await start()``, ``open_session``/``close_session`` per
+    program launch, ``await stop()``.
+
+    Attributes:
+        directory: The host directory holding the socket and the scripts (None before ``start``).
+    """
+
+    def __init__(self) -> None:
+        self.directory: Path | None = None
+        self.sessions: dict[str, ProgramSession] = {}
+        self._server: _Server | None = None
+        self._serving: asyncio.Task[None] | None = None
+
+    @property
+    def socket_path(self) -> Path:
+        """The Unix socket on the host."""
+        if self.directory is None:
+            raise RuntimeError("the interception endpoint is not started")
+        return self.directory / SOCKET_NAME
+
+    async def start(self) -> None:
+        """Create the directory, copy the scripts into it and listen on its socket.
+
+        Raises:
+            OSError: the directory or the socket cannot be created.
+        """
+        directory, sock = await asyncio.to_thread(_prepare)
+        self.directory = directory
+        app = Starlette(routes=[
+            Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/chat/completions", self._chat, methods=["POST"]),
+            Route("/v1/models", self._models, methods=["GET"]),
+            Route("/prefect-rollouts/session", self._session, methods=["GET"]),
+        ])
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                                timeout_keep_alive=30, timeout_graceful_shutdown=1)
+        self._server = _Server(config)
+        self._serving = asyncio.create_task(self._server.serve(sockets=[sock]), name="interception-endpoint")
+        while not self._server.started:
+            if self._serving.done():
+                await self._serving   # raises what stopped it
+                raise RuntimeError("the interception endpoint stopped while starting")
+            await asyncio.sleep(0.005)
+
+    async def stop(self) -> None:
+        """Stop serving and remove the directory; idempotent, completes under cancellation."""
+        server, serving, self._server, self._serving = self._server, self._serving, None, None
+        if server is not None and serving is not None:
+            server.should_exit = True
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(serving)
+        directory, self.directory = self.directory, None
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+        self.sessions.clear()
+
+    def open_session(self, session: ProgramSession) -> None:
+        """Accept requests bearing ``session.secret`` from now on."""
+        self.sessions[session.secret] = session
+
+    def close_session(self, session: ProgramSession) -> None:
+        """Refuse ``session.secret`` from now on (401)."""
+        self.sessions.pop(session.secret, None)
+
+    def _find(self, request: Request) -> ProgramSession | None:
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        return self.sessions.get(token.strip()) if scheme.lower() == "bearer" else None
+
+    async def _chat(self, request: Request) -> Response:
+        session = self._find(request)
+        if session is None:
+            return error(401, "unknown or expired API key: this endpoint serves the rollouts of one agent, "
+                              "each with the OPENAI_API_KEY it was launched with", "invalid_api_key")
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
+            return error(400, f"the request body is not JSON ({exc})")
+        status, payload = await session.exchange(body, raw, request.headers)
+        if status != 200:
+            return JSONResponse(payload, status_code=status)
+        if body.get("stream"):
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return StreamingResponse(sse_events(payload, include_usage), media_type="text/event-stream")
+        return JSONResponse(payload)
+
+    async def _models(self, request: Request) -> Response:
+        session = self._find(request)
+        if session is None:
+            return error(401, "unknown or expired API key", "invalid_api_key")
+        model = session.ctx.config.model
+        return JSONResponse({"object": "list", "data": [{"id": model, "object": "model", "created": 0,
+                                                         "owned_by": "prefect-rollouts"}]})
+
+    async def _session(self, request: Request) -> Response:
+        session = self._find(request)
+        if session is None:
+            return error(401, "unknown or expired API key", "invalid_api_key")
+        return JSONResponse({"prompt": session.prompt, "system_prompt": session.system_prompt,
+                             "model": session.ctx.config.model})
+
+
+def _prepare() -> tuple[Path, socket.socket]:
+    """The endpoint's directory, with the scripts copied in, and its listening socket."""
+    directory = Path(tempfile.mkdtemp(prefix=f"rollout-{current_owner()}-", suffix=".endpoint"))
+    try:
+        directory.chmod(0o755)   # a container's non-root user must reach the socket and scripts
+        programs = resources.files("prefect_rollouts.harnesses") / "programs"
+        for name in SCRIPTS:
+            target = directory / name
+            target.write_bytes((programs / name).read_bytes())
+            target.chmod(0o755)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(str(directory / SOCKET_NAME))
+        os.chmod(directory / SOCKET_NAME, 0o777)   # connecting needs write permission on the socket
+        sock.listen(1024)
+        sock.setblocking(False)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    return directory, sock
+
+
+def error(status: int, message: str, code: str | None = None) -> JSONResponse:
+    """An OpenAI-shaped error response: ``{"error": {"message", "type", "code"}}``."""
+    kind = "invalid_request_error" if status < 500 else "api_error"
+    return JSONResponse({"error": {"message": message, "type": kind, "code": code}}, status_code=status)
+
+
+def sse_events(completion: dict[str, Any], include_usage: bool) -> Iterator[str]:
+    """A recorded ``chat.completion`` as the ``chat.completion.chunk`` server-sent events a streaming
+    client expects: the role and content, one chunk per tool call, the finish reason, the usage
+    (when asked with ``stream_options.include_usage``) and ``[DONE]``."""
+    choice = completion["choices"][0]
+    message, base = choice["message"], {key: completion[key] for key in ("id", "created", "model")}
+    base["object"] = "chat.completion.chunk"
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
+        event = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
+        return f"data: {json.dumps(event)}\n\n"
+
+    yield chunk({"role": "assistant", "content": message.get("content") or ""})
+    for index, call in enumerate(message.get("tool_calls") or []):
+        yield chunk({"tool_calls": [{"index": index, **call}]})
+    yield chunk({}, choice.get("finish_reason"))
+    if include_usage:
+        yield f"data: {json.dumps({**base, 'choices': [], 'usage': completion.get('usage')})}\n\n"
+    yield "data: [DONE]\n\n"

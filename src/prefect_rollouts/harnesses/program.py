@@ -1,0 +1,242 @@
+"""Program harnesses: an agent program run in the runtime, its model calls intercepted into the trace.
+
+``open`` (in setup) copies ``[env.agent.harness] files`` into the runtime and runs ``setup``
+commands, with the network open when the runtime's policy is ``none`` and closed again after.
+Each segment launches the program through ``programs/launch.py`` (``SCRIPTS`` in the endpoint's
+directory, bound into the runtime) with ``OPENAI_API_KEY`` a fresh per-launch secret, and waits
+for it to exit; the interception endpoint (``endpoint.py``, ``session.py``) records every model
+call and enforces the limits. Outcome of a launch, in order:
+
+- the rollout stopped at the endpoint (``max_turns``, ``max_turn_tokens``): a clean end whatever the
+  exit code; a program still running ``stop_grace_s`` after the stop is killed;
+- the agent deadline or a cancellation: the program's process tree is killed (``Runtime.kill_all``);
+- exit code 0 after at least one model call: the segment is over;
+- exit 0 without a model call: an error (``TaskError``), unless the spec needs no model;
+- any other exit: the relayed upstream failure when there was one (a ``ProviderError``, retried by
+  the segment policy: the program is launched again on the same turn), else a ``TaskError`` with
+  the exit code and the end of its stderr.
+
+The exit code, the tails of stdout and stderr (scrubbed) and the byte counts of every launch are in
+``trace.info["program"]``. A later turn launches the program again on the new message; the endpoint
+carries the conversation so far ahead of the program's requests (``resume = false`` refuses it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prefect_rollouts.config import HarnessConfig, NetworkPolicy
+from prefect_rollouts.errors import ConfigError, TaskError, register_secret, scrub
+from prefect_rollouts.harnesses.base import SegmentContext
+from prefect_rollouts.harnesses.endpoint import MOUNT, InterceptionEndpoint
+from prefect_rollouts.harnesses.session import ProgramSession
+from prefect_rollouts.scoring.env import resolve_env
+
+if TYPE_CHECKING:
+    from prefect_rollouts.runtimes import Runtime
+
+_LAUNCH_LINE = re.compile(r"\n?\[launch\] exit=(-?\d+) stdout_bytes=(\d+) stderr_bytes=(\d+)\n?$")
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramSpec:
+    """What a program harness runs.
+
+    Attributes:
+        command: The argv, run in the workspace; ``{scripts}`` in an entry is replaced by the
+            directory of the package's in-runtime scripts (``bash_agent.py``).
+        files: Runtime path -> host path, uploaded before ``setup``.
+        setup: Shell commands run once at setup, before the network policy applies.
+        env: Environment of the program (resolved, literal values).
+        needs_model: False for programs that may finish without a model call (Harbor's oracle, nop).
+    """
+
+    command: list[str]
+    files: dict[str, Path] = field(default_factory=dict)
+    setup: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    needs_model: bool = True
+
+
+def program_spec(config: HarnessConfig) -> ProgramSpec:
+    """The ``ProgramSpec`` of a program harness config (``program``, ``bash``)."""
+    env = resolve_env(dict(config.env), table="[env.agent.harness] env", place="where the rollout runs") \
+        if config.env else {}
+    if config.id == "bash":
+        base = ProgramSpec(["python3", "{scripts}/bash_agent.py"])
+    else:
+        assert config.command is not None   # the config validator requires it
+        base = ProgramSpec(list(config.command))
+    return ProgramSpec(base.command, {**base.files, **config.files}, [*base.setup, *config.setup],
+                       {**base.env, **env}, base.needs_model)
+
+
+class ProgramHarness:
+    """Runs an agent program per segment (see the module docstring); steers land at its next model request.
+
+    Args:
+        config: The ``[env.agent.harness]`` table.
+        endpoint: The agent's started interception endpoint.
+    """
+
+    can_steer = True
+
+    def __init__(self, config: HarnessConfig, endpoint: InterceptionEndpoint | None) -> None:
+        if endpoint is None or endpoint.directory is None:
+            raise ConfigError(f'[env.agent.harness] id = "{config.id}": a program harness needs the agent\'s '
+                              "interception endpoint; run it through an open agent (async with make_agent(...))")
+        self.id: str = config.id
+        self.config = config
+        self.endpoint = endpoint
+        self.binds = {str(endpoint.directory): MOUNT}
+        self.spec: ProgramSpec | None = None
+        self._prompts: dict[int, tuple[str, str | None]] = {}
+
+    async def open(self, ctx: SegmentContext) -> None:
+        """Upload ``files``, run ``setup`` (network open), check the forwarded variables.
+
+        Raises:
+            TaskError: a ``setup`` command failed (its exit code and stderr), or a file could not be copied.
+            ConfigError: a ``forward_env`` variable is unset here.
+        """
+        runtime = _runtime(ctx)
+        self.spec = spec = program_spec(self.config)
+        missing = [name for name in self.config.forward_env if name not in os.environ]
+        if missing:
+            raise ConfigError(f"[env.agent.harness] forward_env: {', '.join(missing)} unset where the rollout "
+                              "runs. Set them, or remove them from forward_env")
+        for target, source in spec.files.items():
+            try:
+                await runtime.upload(source, target)
+            except (OSError, ValueError) as exc:
+                raise TaskError(f'[env.agent.harness] files "{target}" = "{source}": cannot copy it into the '
+                                f"runtime ({exc})") from exc
+        if not spec.setup:
+            return
+        closed = runtime.network
+        opened = await runtime.scoped(network=NetworkPolicy(mode="open")) if closed.mode == "none" else runtime
+        try:
+            for command in spec.setup:
+                result = await opened.exec(command, timeout=self.config.setup_timeout_s)
+                if result.exit_code != 0:
+                    why = "timed out" if result.timed_out else f"exited with code {result.exit_code}"
+                    raise TaskError(f"[env.agent.harness] setup command {command!r} {why}: "
+                                    f"{(result.stderr or result.stdout).strip()[-1500:]}")
+        finally:
+            if opened is not runtime:
+                await runtime.scoped(network=closed)
+
+    async def run_segment(self, ctx: SegmentContext) -> None:
+        """Launch the program on this turn's message and wait for it (see the module docstring).
+
+        Raises:
+            TaskError: a second turn with ``resume = false``, or the program failed.
+            ProviderError: the program failed after an upstream failure was relayed to it.
+        """
+        runtime, spec = _runtime(ctx), self.spec
+        assert spec is not None, "open() runs first"
+        index = ctx.segment_index
+        if index > 0 and not self.config.resume:
+            raise TaskError(f'[env.agent.harness] resume = false: harness "{self.id}" runs one turn; '
+                            "a second turn() is refused. Set resume = true to relaunch it on the conversation")
+        record = ctx.trace.segments[-1]
+        if index not in self._prompts:
+            self._prompts[index] = _turn_prompt(ctx.trace.messages[record.start:])
+        prompt, system_prompt = self._prompts[index]
+        session = ProgramSession(ctx, prompt, system_prompt, carried=list(ctx.trace.messages[:record.start]))
+        env = {**spec.env, **{name: os.environ[name] for name in self.config.forward_env},
+               "OPENAI_API_KEY": session.secret, "OPENAI_MODEL": ctx.config.model}
+        for name in self.config.forward_env:
+            register_secret(os.environ[name])
+        scripts = runtime.binds[str(self.endpoint.directory)]
+        argv = [part.replace("{scripts}", scripts) for part in spec.command]
+        launch = " ".join(shlex.quote(part) for part in
+                          ["python3", f"{scripts}/launch.py", f"{scripts}/s", str(self.config.output_tail_chars),
+                           "--", *argv])
+        self.endpoint.open_session(session)
+        job = asyncio.ensure_future(runtime.exec(launch, timeout=self.config.timeout_s, env=env))
+        killed = False
+        try:
+            stop = asyncio.ensure_future(session.stopped.wait())
+            try:
+                await asyncio.wait([job, stop], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stop.cancel()
+            if not job.done():   # stopped at the endpoint: the program gets stop_grace_s to exit
+                done, _ = await asyncio.wait([job], timeout=self.config.stop_grace_s)
+                if not done:
+                    killed = True
+                    job.cancel()
+                    with contextlib.suppress(BaseException):
+                        await job
+            result = None if killed else job.result()
+        finally:
+            self.endpoint.close_session(session)
+            if not job.done():
+                job.cancel()
+                with contextlib.suppress(BaseException):
+                    await job
+            await asyncio.shield(runtime.kill_all())   # nothing the program started outlives its launch
+        self._judge(ctx, session, result, spec)
+
+    def _judge(self, ctx: SegmentContext, session: ProgramSession, result: Any, spec: ProgramSpec) -> None:
+        """Record the launch on the trace and raise if it failed (see the module docstring)."""
+        info: dict[str, Any] = {"segment": ctx.segment_index, "model_calls": session.calls}
+        if result is None:
+            info.update(exit_code=None, killed=f"still running {self.config.stop_grace_s:g} s after the stop")
+            ctx.trace.info.setdefault("program", []).append(info)
+            return
+        stderr, code = result.stderr, result.exit_code
+        found = _LAUNCH_LINE.search(stderr)
+        if found:
+            stderr = stderr[:found.start()]
+            info.update(stdout_bytes=int(found[2]), stderr_bytes=int(found[3]))
+        hide = (session.secret,)
+        info.update(exit_code=code, timed_out=result.timed_out,
+                    stdout_tail=scrub(result.stdout, hide)[-self.config.output_tail_chars:],
+                    stderr_tail=scrub(stderr, hide)[-self.config.output_tail_chars:])
+        ctx.trace.info.setdefault("program", []).append(info)
+        if ctx.stopped:
+            return
+        if result.timed_out:
+            raise TaskError(f'harness "{self.id}": the program ran longer than [env.agent.harness] timeout_s = '
+                            f"{self.config.timeout_s:g} and was killed")
+        if code == 0:
+            if session.calls == 0 and spec.needs_model:
+                raise TaskError(f'harness "{self.id}": the program exited (code 0) without calling the model. '
+                                "It must send its requests to OPENAI_BASE_URL with OPENAI_API_KEY")
+            return
+        if session.provider_error is not None:
+            raise session.provider_error
+        last = info["stderr_tail"].strip()[-800:] or "(no stderr)"
+        if code == 127 and "python3" in last and "not found" in last:
+            raise TaskError(f'harness "{self.id}": the runtime has no python3, which the program launcher needs. '
+                            f"Use an image with python3 (>= 3.8). stderr: {last}")
+        raise TaskError(f'harness "{self.id}": the program exited with code {code}. stderr: {last}')
+
+
+def _runtime(ctx: SegmentContext) -> Runtime:
+    if ctx.runtime is None:
+        raise RuntimeError("a program harness needs the rollout's runtime (setup did not start it)")
+    return ctx.runtime
+
+
+def _turn_prompt(messages: list[dict[str, Any]]) -> tuple[str, str | None]:
+    """``(user text, system text or None)`` of a turn's input messages (texts joined by blank lines)."""
+    users: list[str] = []
+    systems: list[str] = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):   # content parts: keep the text ones
+            content = "\n".join(str(part.get("text", "")) for part in content
+                                if isinstance(part, dict) and part.get("type") == "text")
+        text = content if isinstance(content, str) else ""
+        (systems if message.get("role") == "system" else users).append(text)
+    return "\n\n".join(users), ("\n\n".join(systems) or None)

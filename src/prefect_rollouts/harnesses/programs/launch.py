@@ -1,0 +1,162 @@
+"""Launch an agent program inside a runtime, wired to the interception endpoint (stdlib, Python >= 3.8).
+
+    python3 launch.py SOCKET TAIL_CHARS -- ARGV...
+
+Run by the program harness in the runtime's workspace, with ``OPENAI_API_KEY`` (the launch's
+secret) and ``OPENAI_MODEL`` set. It
+
+1. fetches the turn's prompt from the endpoint (``GET /prefect-rollouts/session`` over the Unix
+   socket ``SOCKET``) and writes it to ``PROMPT_FILE`` (and ``SYSTEM_PROMPT_FILE`` when the task has
+   a system prompt) in a private temporary directory;
+2. listens on ``127.0.0.1:<free port>`` and relays each connection to ``SOCKET``, bringing the
+   loopback interface up first when a fresh network namespace left it down, and sets
+   ``OPENAI_BASE_URL=http://127.0.0.1:<port>/v1``;
+3. runs ``ARGV`` (in this process group, so a group kill reaches it), keeps the last ``TAIL_CHARS``
+   characters of its stdout and stderr, prints them at its exit, and exits with its code
+   (127 when ``ARGV[0]`` cannot be run).
+"""
+
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+
+
+class UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path):
+        super().__init__("localhost", timeout=30)
+        self.path = path
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(30)
+        self.sock.connect(self.path)
+
+
+def fetch_session(path, secret):
+    connection = UnixConnection(path)
+    connection.request("GET", "/prefect-rollouts/session", headers={"Authorization": "Bearer " + secret})
+    response = connection.getresponse()
+    data = response.read()
+    if response.status != 200:
+        shown = data[:300].decode("utf-8", "replace")
+        sys.exit(f"launch: the interception endpoint refused this launch (HTTP {response.status}): {shown}")
+    return json.loads(data)
+
+
+def loopback_up():
+    """Set ``lo`` up when it is down (a fresh network namespace starts so: binding works, connecting not)."""
+    import fcntl
+    import struct
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            request = struct.pack("16sH14s", b"lo", 0, b"")
+            flags = struct.unpack("16sH14s", fcntl.ioctl(probe.fileno(), SIOCGIFFLAGS, request))[1]
+            if not flags & IFF_UP:
+                fcntl.ioctl(probe.fileno(), SIOCSIFFLAGS, struct.pack("16sH14s", b"lo", flags | IFF_UP, b""))
+    except OSError as exc:   # no CAP_NET_ADMIN here: the program will say it cannot connect
+        sys.stderr.write(f"launch: cannot bring the loopback interface up: {exc}\n")
+
+
+def listen():
+    loopback_up()
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    return listener
+
+
+def pump(source, target):
+    try:
+        while True:
+            data = source.recv(65536)
+            if not data:
+                break
+            target.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for end in (source, target):
+            try:
+                end.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def relay(listener, path):
+    while True:
+        client, _ = listener.accept()
+        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            upstream.connect(path)
+        except OSError:
+            client.close()
+            upstream.close()
+            continue
+        threading.Thread(target=pump, args=(client, upstream), daemon=True).start()
+        threading.Thread(target=pump, args=(upstream, client), daemon=True).start()
+
+
+def tail(stream, keep, counts, index):
+    while True:
+        chunk = stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536)
+        if not chunk:
+            return
+        counts[index] += len(chunk)
+        keep[index] = (keep[index] + chunk)[-LIMIT[0]:] if LIMIT[0] else b""
+
+
+LIMIT = [0]
+
+
+def main(argv):
+    if len(argv) < 4 or argv[2] != "--":
+        sys.exit("usage: launch.py SOCKET TAIL_CHARS -- ARGV...")
+    path, LIMIT[0], command = argv[0], int(argv[1]) * 4, argv[3:]
+    secret = os.environ.get("OPENAI_API_KEY", "")
+    session = fetch_session(path, secret)
+    private = tempfile.mkdtemp(prefix="prefect-rollouts-")
+    env = dict(os.environ)
+    env["PROMPT_FILE"] = os.path.join(private, "prompt.txt")
+    with open(env["PROMPT_FILE"], "w", encoding="utf-8") as handle:
+        handle.write(session["prompt"])
+    if session.get("system_prompt"):
+        env["SYSTEM_PROMPT_FILE"] = os.path.join(private, "system_prompt.txt")
+        with open(env["SYSTEM_PROMPT_FILE"], "w", encoding="utf-8") as handle:
+            handle.write(session["system_prompt"])
+    listener = listen()
+    env["OPENAI_BASE_URL"] = f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+    env.setdefault("OPENAI_MODEL", session.get("model") or "")
+    threading.Thread(target=relay, args=(listener, path), daemon=True).start()
+    try:
+        process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE)
+    except OSError as exc:
+        sys.stderr.write(f"launch: cannot run {command[0]!r}: {exc}\n")
+        return 127
+    keep, counts = [b"", b""], [0, 0]
+    readers = [threading.Thread(target=tail, args=(stream, keep, counts, index), daemon=True)
+               for index, stream in enumerate((process.stdout, process.stderr))]
+    for reader in readers:
+        reader.start()
+    code = process.wait()
+    for reader in readers:
+        reader.join(timeout=2)
+    limit = LIMIT[0] // 4
+    out = keep[0].decode("utf-8", "replace")[-limit:] if limit else ""
+    err = keep[1].decode("utf-8", "replace")[-limit:] if limit else ""
+    sys.stdout.write(out)
+    sys.stderr.write(err)
+    sys.stderr.write(f"\n[launch] exit={code} stdout_bytes={counts[0]} stderr_bytes={counts[1]}\n")
+    sys.stdout.flush()
+    return code if code >= 0 else 128 - code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

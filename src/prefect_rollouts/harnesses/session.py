@@ -1,0 +1,223 @@
+"""One launch of an agent program as the interception endpoint sees it: rewrites, limits, recording.
+
+A ``ProgramSession`` lives from the program's launch to its exit (one segment, or one attempt of
+it). ``exchange`` turns each request of the program into one recorded model call of the rollout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prefect_rollouts.errors import ProviderError, scrub
+from prefect_rollouts.harnesses.base import SegmentContext, request_template, sample
+
+IMPOSED_OUT = ("stream", "stream_options", "n", "max_completion_tokens", "user", "store", "metadata")
+"""Request keys the endpoint does not pass upstream: it always asks for one non-streamed choice
+(and streams the recorded one back itself); ``max_completion_tokens`` becomes ``max_tokens``."""
+
+RETRY_HEADER = "x-stainless-retry-count"
+"""The OpenAI SDKs' retry counter: above 0 on the same body, the exchange is a retry."""
+
+
+def stopped_message(condition: str) -> str:
+    """The refusal text of a request after the rollout stopped (HTTP 400)."""
+    return f"rollout stopped: {condition}"
+
+
+@dataclass(eq=False)
+class ProgramSession:
+    """The endpoint's state for one launch of a program.
+
+    Attributes:
+        ctx: The rollout's segment context (trace, client, config, steer inbox).
+        prompt: The turn's user message, as text (the launcher writes it to ``PROMPT_FILE``).
+        system_prompt: The task's system prompt on the first turn (``SYSTEM_PROMPT_FILE``), else None.
+        carried: The conversation before this segment, sent ahead of the program's own messages
+            (a later turn of an interaction continues it).
+        secret: The bearer token of this launch (``OPENAI_API_KEY`` in the runtime).
+        stopped: Set once the rollout stopped (a limit hit, a refusal sent).
+    """
+
+    ctx: SegmentContext
+    prompt: str
+    system_prompt: str | None
+    carried: list[dict[str, Any]]
+    secret: str = field(default_factory=lambda: "sk-rollout-" + secrets.token_urlsafe(24))
+    stopped: asyncio.Event = field(default_factory=asyncio.Event)
+    calls: int = 0
+    """Model calls made for this launch (sampled responses, failed ones included)."""
+    provider_error: ProviderError | None = None
+    """The last upstream failure relayed to the program."""
+    endpoint_seconds: float = 0.0
+    """Wall time spent in ``exchange`` outside the upstream call, seconds (for the benchmark)."""
+    _splices: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    _replies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _template: dict[str, Any] | None = None
+
+    async def exchange(self, body: Any, raw: bytes, headers: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
+        """Answer one chat-completions request of the program: ``(HTTP status, JSON body)``.
+
+        In order: a retried exchange (same ``Idempotency-Key``, or ``x-stainless-retry-count`` > 0
+        with a body already answered) gets the recorded response, nothing is sampled twice; once the
+        rollout stopped (or ``max_turns`` responses were sampled) the request is refused, 400
+        ``rollout stopped: <condition>``; a body without a ``messages`` list is a 400 naming it.
+        Otherwise the request is rewritten and sent upstream through the agent's client: the
+        carried conversation ahead of the program's messages (the program's own system messages
+        dropped when the carried one has one), steer messages spliced as user messages (a new one
+        after the program's last message, and every earlier one at its place again), ``model``
+        and ``[env.agent.sampling]`` imposed, ``max_tokens`` capped at ``max_turn_tokens``. The
+        call is recorded (``sample``) with every rewrite in ``trace.info["program_rewrites"]``.
+        An upstream failure is relayed with its status (502 when none) and kept for the segment.
+        """
+        started = time.perf_counter()
+        async with self._lock:
+            key = headers.get("idempotency-key")
+            digest = hashlib.sha256(raw).hexdigest()
+            retry = headers.get(RETRY_HEADER, "0").strip() not in ("", "0")
+            recorded = self._replies.get(f"key:{key}") if key else None
+            if recorded is None and retry:
+                recorded = self._replies.get(f"body:{digest}")
+            if recorded is not None:
+                return 200, recorded
+            ctx = self.ctx
+            if ctx.stopped or ctx.turn_limit_reached():
+                self.stopped.set()
+                return 400, _error(stopped_message(ctx.trace.stop_condition or "max_turns"), "rollout_stopped")
+            problem = _check(body)
+            if problem:
+                return 400, _error(problem, "invalid_request")
+            request, messages, rewrites = self._rewrite(body)
+            ctx.trace.messages[:] = messages
+            if self.calls == 0:   # the program's input messages are not part of what the segment produced
+                ctx.segment_inputs = _inputs(messages[len(self.carried):])
+            self.calls += 1
+            upstream = time.perf_counter()
+            try:
+                message = await sample(ctx, request)
+            except ProviderError as exc:
+                self.provider_error = exc
+                self.endpoint_seconds += upstream - started
+                status = exc.status_code if exc.status_code and exc.status_code >= 400 else 502
+                return status, _error(scrub(f"upstream model call failed: {exc}"), "upstream_error")
+            finally:
+                if rewrites:
+                    ctx.trace.info.setdefault("program_rewrites", []).append(
+                        {"call": len(ctx.trace.model_calls) - 1, **rewrites})
+            returned = time.perf_counter()
+            if ctx.stopped:
+                self.stopped.set()
+            if message is None:   # only when the turn cap was reached meanwhile
+                return 400, _error(stopped_message("max_turns"), "rollout_stopped")
+            reply = _completion(ctx, message)
+            self._replies[f"body:{digest}"] = reply
+            if key:
+                self._replies[f"key:{key}"] = reply
+            self.endpoint_seconds += (upstream - started) + (time.perf_counter() - returned)
+            return 200, reply
+
+    def _rewrite(self, body: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+        """``(request keys but messages, upstream messages, rewrites made)`` for ``body``."""
+        ctx = self.ctx
+        rewrites: dict[str, Any] = {}
+        if self._template is None:
+            self._template = request_template(ctx.config)
+        template = self._template
+        own = list(body["messages"])
+        if self.carried and self.carried[0].get("role") == "system":
+            dropped = 0
+            while own and own[0].get("role") == "system":
+                own.pop(0)
+                dropped += 1
+            if dropped:
+                rewrites["dropped_system_messages"] = dropped
+        if ctx.steer_inbox:
+            landed = []
+            for record in ctx.steer_inbox:
+                self._splices.append((len(own), {"role": "user", "content": record.text}))
+                record.status, record.delivered_segment = "delivered", ctx.segment_index
+                record.delivered_call = len(ctx.trace.model_calls)
+                landed.append(record.message_id)
+            ctx.steer_inbox.clear()
+            rewrites["steers_delivered"] = landed
+        spliced: list[dict[str, Any]] = []
+        at = 0
+        for position, message in self._splices:
+            position = min(position, len(own))
+            spliced.extend(own[at:position])
+            spliced.append(message)
+            at = max(at, position)
+        spliced.extend(own[at:])
+        if self._splices:
+            rewrites["steers_spliced"] = len(self._splices)
+        if self.carried:
+            rewrites["carried_messages"] = len(self.carried)
+        request = {key: value for key, value in body.items() if key != "messages" and key not in IMPOSED_OUT}
+        asked = body.get("max_completion_tokens", body.get("max_tokens"))
+        imposed: dict[str, Any] = {}
+        for key, value in template.items():
+            if key == "max_tokens" and isinstance(asked, int) and 0 < asked < value:
+                value = asked
+            if key in request or (key == "max_tokens" and asked is not None):
+                previous = asked if key == "max_tokens" else request[key]
+                if previous != value:
+                    imposed[key] = {"program": previous, "sent": value}
+            elif key == "model" and key not in request:
+                imposed[key] = {"program": None, "sent": value}
+            request[key] = value
+        if "max_tokens" not in template and isinstance(asked, int):
+            request["max_tokens"] = asked
+        if body.get("n") not in (None, 1):
+            imposed["n"] = {"program": body["n"], "sent": 1}
+        if imposed:
+            rewrites["imposed"] = imposed
+        return request, [*self.carried, *spliced], rewrites
+
+
+def _check(body: Any) -> str | None:
+    """What makes ``body`` unanswerable, or None."""
+    if not isinstance(body, dict):
+        return "the request body must be a JSON object"
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "messages: required, a non-empty list of chat messages"
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            return f"messages[{index}]: must be an object with a string role"
+    if body.get("stream") not in (None, True, False):
+        return "stream: must be true or false"
+    return None
+
+
+def _inputs(messages: list[dict[str, Any]]) -> int:
+    """How many of a segment's first messages are input (before the first assistant message)."""
+    for index, message in enumerate(messages):
+        if message.get("role") == "assistant":
+            return index
+    return len(messages)
+
+
+def _completion(ctx: SegmentContext, message: dict[str, Any]) -> dict[str, Any]:
+    """The recorded call as a ``chat.completion`` body for the program."""
+    call = ctx.trace.model_calls[-1]
+    usage: dict[str, Any] = {"prompt_tokens": call.prompt_tokens, "completion_tokens": call.completion_tokens,
+                             "total_tokens": call.prompt_tokens + call.completion_tokens}
+    if call.cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": call.cached_tokens}
+    if call.reasoning_tokens is not None:
+        usage["completion_tokens_details"] = {"reasoning_tokens": call.reasoning_tokens}
+    return {"id": f"chatcmpl-{ctx.trace.id}-{len(ctx.trace.model_calls)}", "object": "chat.completion",
+            "created": int(call.started_at), "model": ctx.config.model,
+            "choices": [{"index": 0, "message": message, "finish_reason": call.finish_reason or "stop"}],
+            "usage": usage}
+
+
+def _error(message: str, code: str) -> dict[str, Any]:
+    kind = "invalid_request_error" if code != "upstream_error" else "api_error"
+    return {"error": {"message": message, "type": kind, "code": code}}
