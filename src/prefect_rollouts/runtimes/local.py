@@ -28,6 +28,7 @@ import copy
 import io
 import logging
 import os
+import posixpath
 import shutil
 import signal
 import subprocess
@@ -160,15 +161,16 @@ class LocalRuntime:
         Raises:
             FileNotFoundError: ``source`` does not exist. ValueError: ``target`` leaves the workspace.
         """
-        root = self._root().resolve()
-        if target.startswith("/") and Path(target).resolve() != root and root not in Path(target).resolve().parents:
+        root = str(self._root())
+        inside = posixpath.normpath(posixpath.join(root, target))   # an absolute target wins the join
+        if inside != root and not inside.startswith(root.rstrip("/") + "/"):
             raise ValueError(f"{target!r} is outside the workspace: the local runtime has no filesystem of its own. "
                              'Use a path relative to the workspace, or [env.agent.runtime] type = "docker"')
-        destination = self._resolve(target.removeprefix(str(root)).lstrip("/") if target.startswith("/") else target)
-        if not source.exists():
-            raise FileNotFoundError(f"{source}: no such file or directory")
+        destination = self._resolve(posixpath.relpath(inside, root))
 
         def copy() -> None:
+            if not source.exists():
+                raise FileNotFoundError(f"{source}: no such file or directory")
             destination.parent.mkdir(parents=True, exist_ok=True)
             if source.is_dir():
                 shutil.copytree(source, destination, symlinks=True, dirs_exist_ok=True)
