@@ -133,8 +133,8 @@ def new_state(config: AgentConfig, task: Task, client: ModelClient, *, agent_inf
     trace = Trace(task_id=task.id, task_type=type(task).__name__, model=config.model, agent=agent_info)
     if task.data.info:
         trace.info["task"] = dict(task.data.info)
-    return RolloutState(config=config, task=task, client=client, trace=trace, harness=make_harness(config.harness, endpoint),
-                        labels={**(labels or {}), "rollout_id": trace.id},
+    return RolloutState(config=config, task=task, client=client, trace=trace,
+                        harness=make_harness(config.harness, endpoint), labels={**(labels or {}), "rollout_id": trace.id},
                         scoring=effective_scoring(config.scoring, task.data.scoring), judge_clients=judge_clients)
 
 
