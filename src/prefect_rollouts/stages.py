@@ -134,7 +134,8 @@ def new_state(config: AgentConfig, task: Task, client: ModelClient, *, agent_inf
     if task.data.info:
         trace.info["task"] = dict(task.data.info)
     return RolloutState(config=config, task=task, client=client, trace=trace,
-                        harness=make_harness(config.harness, endpoint), labels={**(labels or {}), "rollout_id": trace.id},
+                        harness=make_harness(config.harness, endpoint),
+                        labels={**(labels or {}), "rollout_id": trace.id},
                         scoring=effective_scoring(config.scoring, task.data.scoring), judge_clients=judge_clients)
 
 
