@@ -92,7 +92,8 @@ class HarnessConfig(_Config):
         if self.command is not None and not all(self.command):
             raise ValueError(f"command = {self.command!r}: every argv entry must be a non-empty string")
         if self.id not in PROGRAM_HARNESSES:
-            set_keys = sorted(self.model_fields_set & {"command", "files", "setup", "env", "forward_env", "resume"})
+            set_keys = [key for key in ("command", "files", "setup", "env", "forward_env")
+                        if getattr(self, key)] + ([] if self.resume else ["resume"])
             if set_keys:
                 raise ValueError(f"{', '.join(set_keys)}: only program harnesses (id = \"program\" or \"bash\") "
                                  f'take these keys; id = "{self.id}" runs in this process')

@@ -313,7 +313,8 @@ class RolloutSpec(BaseModel):
                 raise ValueError(f"agent.{where}.headers: header values are secrets and cannot travel in a "
                                  "RolloutSpec. Name the key with api_key_env, or use a ModelEndpoint block")
         scoring = self.agent.scoring
-        for where, env in (("runtime", self.agent.runtime.env), ("scoring", scoring.env),
+        for where, env in (("runtime", self.agent.runtime.env), ("harness", self.agent.harness.env),
+                           ("scoring", scoring.env),
                            ("scoring.runtime", scoring.runtime.env if scoring.runtime else {})):
             if literal := [name for name, value in env.items() if not is_template(value)]:
                 raise ValueError(f"agent.{where}.env: {', '.join(literal)} have literal values, which count as secrets "

@@ -64,7 +64,7 @@ max_retries = 4
     ('[env.agent]\nmodel = "m"\n[env.agent.scoring]\nskip_on_truncatd = true', r"\[env.agent.scoring\] skip_on_truncatd: unknown key"),
     ('[env.agent]\nmodel = "m"\n[env.agent.scoring.retries]\nmax_retry = 1', r"\[env.agent.scoring.retries\] max_retry: unknown key"),
     ('[env.agent]\nmodel = "m"\nmax_turns = 0', r"\[env.agent\] max_turns = 0: Input should be greater than or equal to 1"),
-    ('[env.agent]\nmodel = "m"\n[env.agent.harness]\nid = "bash"', r"\[env.agent.harness\] id = 'bash'"),
+    ('[env.agent]\nmodel = "m"\n[env.agent.harness]\nid = "bashful"', r"\[env.agent.harness\] id = 'bashful'"),
     ('[env]\nx = 1', r"\[env.agent\]: table not found"),
     ('[env.agent\nmodel = "m"', "not valid TOML"),
 ])
