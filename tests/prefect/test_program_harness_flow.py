@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import prefect_rollouts as vf
@@ -49,3 +51,23 @@ async def test_an_eval_of_the_bash_program_writes_the_rows_of_the_tools_loop(tmp
         assert len(read_model_calls(tmp_path, run_id=f"h-{harness}")) == 10
     assert frames["bash"].equals(frames["tools"]) and len(frames["bash"]) == 10
     assert (frames["bash"]["reward"] == 1.0).all()
+
+
+@pytest.mark.parametrize("example", ["my-program.toml", "bash-program.toml"])
+async def test_the_program_examples_run_in_docker_without_network(tmp_path, openai_server, docker_engine,
+                                                                  monkeypatch, example):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-example-0123456789abcdef")
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    text = (examples / example).read_text().replace("http://127.0.0.1:8000/v1", openai_server.base_url)
+    text = text.replace('path = "./traces"', f'path = "{tmp_path}"').replace("num_tasks = 20", "num_tasks = 2")
+    config = examples / f".test-{example}"   # beside the original: its files paths are relative to it
+    config.write_text(text)
+    openai_server.default = reply("42")
+    try:
+        summary = await eval_flow(load_eval_config(config), run_id="example")
+    finally:
+        config.unlink()
+    env = summary.environments[0]
+    assert (env.rollouts, env.scored, env.errored) == (2, 2, 0)
+    assert len(read_model_calls(tmp_path, run_id="example")) == 2
+    assert all(r.headers["authorization"] == "Bearer sk-example-0123456789abcdef" for r in openai_server.requests)

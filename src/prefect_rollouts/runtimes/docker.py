@@ -25,6 +25,7 @@ import posixpath
 import shlex
 import tarfile
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -243,12 +244,22 @@ class DockerRuntime:
         if made.exit_code != 0:
             raise OSError(f"cannot create {parent} in the container: {made.stderr.strip()}")
 
-        def put() -> None:
+        def put() -> bool:
             try:
                 docker_client().api.put_archive(self._container_id(), parent, archive)
+                return True
             except docker.errors.APIError as exc:
-                raise OSError(f"cannot write {destination} in the container ({exc.explanation or exc})") from None
-        await _in_thread(put)
+                if "read-only" not in str(exc).lower():
+                    raise OSError(f"cannot write {destination} in the container ({exc.explanation or exc})") from None
+                return False   # a tmpfs under a read-only root (the tmpfs quota): the archive API cannot reach it
+        if await _in_thread(put):
+            return
+        staged = f".prefect-rollouts-upload-{uuid.uuid4().hex}.tar"   # the workspace volume it can reach
+        await self.write_file(staged, archive)
+        unpacked = await self.exec(f"tar -xf {shlex.quote(staged)} -C {shlex.quote(parent)}; code=$?; "
+                                   f"rm -f {shlex.quote(staged)}; exit $code", timeout=120)
+        if unpacked.exit_code != 0:
+            raise OSError(f"cannot write {destination} in the container: {unpacked.stderr.strip()[-500:]}")
 
     async def kill_all(self) -> None:
         """``Runtime.kill_all``: SIGKILL every process but the init (PID 1) and the keep-alive
