@@ -8,6 +8,11 @@ this process) and ``id = "bash"`` (``bash_agent.py`` launched in the runtime per
 
     .venv/bin/python benchmarks/program_harness.py [--rollouts 200] [--concurrency 32] [--runtime local]
     .venv/bin/python benchmarks/program_harness.py --runtime docker      # 40 rollouts, 8 at once
+    .venv/bin/python benchmarks/program_harness.py --path /usr/local/bin:/usr/bin:/bin   # which python3
+
+On the local runtime the launcher and ``bash_agent.py`` run as ``python3`` from the runtime's PATH
+(inherited): where that is a pyenv shim (a bash script running ``pyenv exec``), each of the two
+interpreter starts per rollout costs about 65 ms more CPU; ``--path`` shows the figures without it.
 
 Prints, per harness: rollouts/s and CPU ms per rollout, split into
 
@@ -30,8 +35,9 @@ Prints, per harness: rollouts/s and CPU ms per rollout, split into
 - rest: this process's CPU (``time.process_time``, all threads) minus the endpoint.
 
 Targets (issue, printed beside the figures, not asserted): >= 10 rollouts/s for the bash harness;
-endpoint overhead <= 3 ms CPU per model call. Each rollout also reports where its wall time goes
-(``trace.timings`` setup / agent / teardown, averaged). The machine is shared: the load average is
+endpoint overhead <= 3 ms CPU per model call. Also printed: where a rollout's wall time goes
+(``trace.timings`` setup / agent / finalize / scoring / teardown, averaged) and the wall time of the
+runtime's ``exec`` and ``kill_all`` calls per rollout (a docker exec is a round trip to dockerd). The machine is shared: the load average is
 printed before and after.
 """
 
@@ -83,8 +89,10 @@ class Meter:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
         self.counts: dict[str, int] = {}
+        self.walls: dict[str, float] = {}
 
     def reset(self) -> None:
+        self.walls.clear()
         self.seconds.clear()
         self.counts.clear()
 
@@ -162,6 +170,25 @@ def which(args: argparse.Namespace) -> str:
     return f"{found} (a pyenv shim: a bash script running `pyenv exec`)" if found and "/shims/" in found else str(found)
 
 
+def time_runtime(meter: Meter, runtime: str) -> None:
+    """Add the wall time of the runtime's ``exec`` and ``kill_all`` calls to ``meter.walls``."""
+    if runtime == "docker":
+        from prefect_rollouts.runtimes.docker import DockerRuntime as cls
+    else:
+        from prefect_rollouts.runtimes.local import LocalRuntime as cls
+    for name in ("exec", "kill_all"):
+        method = getattr(cls, name)
+
+        async def timed(self: Any, *args: Any, _method: Any = method, _name: str = name, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return await _method(self, *args, **kwargs)
+            finally:
+                meter.walls[_name] = meter.walls.get(_name, 0.0) + time.perf_counter() - started
+                meter.counts[_name] = meter.counts.get(_name, 0) + 1
+        setattr(cls, name, timed)
+
+
 def children_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -201,12 +228,15 @@ async def run(args: argparse.Namespace, base_url: str, harness: str, meter: Mete
     seconds = meter.seconds
     endpoint = seconds.get("app", 0.0) + seconds.get("http", 0.0) - seconds.get("upstream", 0.0)
     exchange = seconds.get("exchange", 0.0) - seconds.get("upstream", 0.0)
+    parts = {"h11 parsing": seconds.get("http", 0.0),
+             "app minus exchange": seconds.get("app", 0.0) - seconds.get("exchange", 0.0), "exchange": exchange}
     timings = {stage: statistics.fmean(t.timings.get(stage, 0.0) for t in traces)
                for stage in ("setup", "agent", "finalize", "scoring", "teardown")}
     walls.sort()
     return {"harness": harness, "rate": args.rollouts / elapsed, "elapsed": elapsed, "calls": calls,
-            "cpu": cpu, "children": children, "endpoint": endpoint, "exchange": exchange,
+            "cpu": cpu, "children": children, "endpoint": endpoint, "exchange": exchange, "parts": parts,
             "requests": meter.counts.get("app", 0), "timings": timings,
+            "runtime": {name: (meter.walls.get(name, 0.0), meter.counts.get(name, 0)) for name in ("exec", "kill_all")},
             "p50": statistics.median(walls), "p95": walls[int(0.95 * (len(walls) - 1))]}
 
 
@@ -220,6 +250,9 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> None:
     print(f"  rollout wall      p50 {result['p50'] * 1e3:.0f} ms  p95 {result['p95'] * 1e3:.0f} ms")
     timings = "  ".join(f"{stage} {seconds * 1e3:.0f}" for stage, seconds in result["timings"].items())
     print(f"  trace.timings     {timings}  (ms, mean per rollout)")
+    calls_made = "  ".join(f"{name} {seconds / n * 1e3:.0f} ms ({count / n:g} calls)"
+                           for name, (seconds, count) in result["runtime"].items())
+    print(f"  runtime wall      {calls_made}  (per rollout)")
     total = result["cpu"] + result["children"]
     print(f"  CPU per rollout   {per(total):7.2f} ms total")
     print(f"    program start   {per(result['children']):7.2f} ms  (children: unshare, bash, launch.py, bash_agent.py)")
@@ -227,12 +260,15 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> None:
         print(f"    endpoint        {per(result['endpoint']):7.2f} ms  = {result['endpoint'] / calls * 1e3:.2f} ms per "
               f"model call (target <= {TARGET_ENDPOINT_MS:g} ms); exchange alone "
               f"{result['exchange'] / calls * 1e3:.2f} ms per call")
+        parts = "  ".join(f"{name} {seconds / n * 1e3:.2f}" for name, seconds in result["parts"].items())
+        print(f"      of which      {parts}  (ms per rollout)")
     print(f"    rest            {per(result['cpu'] - result['endpoint']):7.2f} ms  (this process, minus endpoint)")
 
 
 async def main(args: argparse.Namespace, base_url: str) -> None:
     meter = Meter()
     instrument(meter)
+    time_runtime(meter, args.runtime)
     load = os.getloadavg()
     print(f"rollouts: {args.rollouts}  concurrency: {args.concurrency}  runtime: {args.runtime}  "
           f"server latency: {args.latency * 1e3:.0f} ms  cores: {os.cpu_count()}")
