@@ -158,8 +158,12 @@ def instrument(meter: Meter) -> None:
 
     exchange = session_module.ProgramSession.exchange
 
-    def timed_exchange(self: Any, body: Any, raw: bytes, headers: Any) -> Awaitable[Any]:
-        return meter.steps("exchange", exchange(self, body, raw, headers))
+    async def timed_exchange(self: Any, body: Any, raw: bytes, headers: Any) -> Any:
+        before = self.endpoint_seconds
+        try:
+            return await meter.steps("exchange", exchange(self, body, raw, headers))
+        finally:
+            meter.walls["endpoint_seconds"] = meter.walls.get("endpoint_seconds", 0.0) + self.endpoint_seconds - before
     session_module.ProgramSession.exchange = timed_exchange  # type: ignore[method-assign]
 
 
@@ -235,6 +239,7 @@ async def run(args: argparse.Namespace, base_url: str, harness: str, meter: Mete
     walls.sort()
     return {"harness": harness, "rate": args.rollouts / elapsed, "elapsed": elapsed, "calls": calls,
             "cpu": cpu, "children": children, "endpoint": endpoint, "exchange": exchange, "parts": parts,
+            "endpoint_wall": meter.walls.get("endpoint_seconds", 0.0),
             "requests": meter.counts.get("app", 0), "timings": timings,
             "runtime": {name: (meter.walls.get(name, 0.0), meter.counts.get(name, 0)) for name in ("exec", "kill_all")},
             "p50": statistics.median(walls), "p95": walls[int(0.95 * (len(walls) - 1))]}
@@ -262,6 +267,8 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> None:
               f"{result['exchange'] / calls * 1e3:.2f} ms per call")
         parts = "  ".join(f"{name} {seconds / n * 1e3:.2f}" for name, seconds in result["parts"].items())
         print(f"      of which      {parts}  (ms per rollout)")
+        print(f"      ProgramSession.endpoint_seconds (wall, exchange outside upstream): "
+              f"{result['endpoint_wall'] / calls * 1e3:.2f} ms per call")
     print(f"    rest            {per(result['cpu'] - result['endpoint']):7.2f} ms  (this process, minus endpoint)")
 
 
