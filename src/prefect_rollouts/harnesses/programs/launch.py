@@ -16,7 +16,6 @@ secret) and ``OPENAI_MODEL`` set. It
    (127 when ``ARGV[0]`` cannot be run).
 """
 
-import http.client
 import json
 import os
 import socket
@@ -28,25 +27,29 @@ import threading
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 
 
-class UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path):
-        super().__init__("localhost", timeout=30)
-        self.path = path
-
-    def connect(self):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(30)
-        self.sock.connect(self.path)
-
-
 def fetch_session(path, secret):
-    connection = UnixConnection(path)
-    connection.request("GET", "/prefect-rollouts/session", headers={"Authorization": "Bearer " + secret})
-    response = connection.getresponse()
-    data = response.read()
-    if response.status != 200:
+    """The turn's session (``GET /prefect-rollouts/session``) over the Unix socket ``path``.
+
+    A bare HTTP/1.0 request (the server closes the connection after the response): importing
+    ``http.client`` (ssl, the email parser) costs this launcher most of its start-up CPU.
+    """
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+        connection.settimeout(30)
+        connection.connect(path)
+        connection.sendall(("GET /prefect-rollouts/session HTTP/1.0\r\nHost: localhost\r\n"
+                            f"Authorization: Bearer {secret}\r\n\r\n").encode("latin-1"))
+        chunks = []
+        while True:
+            chunk = connection.recv(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    head, _, data = b"".join(chunks).partition(b"\r\n\r\n")
+    status_line = head.split(b"\r\n", 1)[0].split()
+    status = int(status_line[1]) if len(status_line) > 1 and status_line[1].isdigit() else 0
+    if status != 200:
         shown = data[:300].decode("utf-8", "replace")
-        sys.exit(f"launch: the interception endpoint refused this launch (HTTP {response.status}): {shown}")
+        sys.exit(f"launch: the interception endpoint refused this launch (HTTP {status}): {shown}")
     return json.loads(data)
 
 
