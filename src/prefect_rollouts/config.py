@@ -100,7 +100,7 @@ class HarnessConfig(_Config):
         base = (info.context or {}).get("config_dir")
         for target, source in list(self.files.items()):
             if not target:
-                raise ValueError('files: a runtime path is empty; write { "/opt/my-agent" = "agents/my-agent" }')
+                raise ValueError('files: a runtime path is empty; write { "/tmp/my-agent" = "agents/my-agent" }')
             if not source.is_absolute():
                 source = Path(base) / source if base is not None else source.resolve()
                 self.files[target] = source

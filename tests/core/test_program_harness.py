@@ -282,7 +282,7 @@ def test_config_errors_name_the_key_before_any_rollout(tmp_path):
     with pytest.raises(vf.ConfigError, match="only program harnesses"):
         vf.load_config('[env.agent.harness]\nid = "tools"\nsetup = ["true"]')
     with pytest.raises(vf.ConfigError, match="local runtime has no filesystem"):
-        vf.load_config(f'[env.agent.harness]\nid = "bash"\nfiles = {{ "/opt/a" = "{tmp_path}" }}')
+        vf.load_config(f'[env.agent.harness]\nid = "bash"\nfiles = {{ "/srv-not/a" = "{tmp_path}" }}')
     config = tmp_path / "eval.toml"
     (tmp_path / "agents").mkdir()
     config.write_text('[env.agent.harness]\nid = "bash"\nfiles = { "a" = "agents" }\nenv = { MODE = "fast" }')
