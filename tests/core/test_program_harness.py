@@ -153,8 +153,6 @@ async def test_the_agent_deadline_kills_a_program_that_sleeps_forever(openai_ser
     assert trace.stop_condition == "agent_timeout" and trace.is_timeout   # scored as any timeout (skip_on_timeout)
     for pid in marker.read_text().split():   # the program and its setsid child: gone
         assert b"sleep" not in _cmdline(pid) and b"agent.py" not in _cmdline(pid)
-    leftovers = [p for p in os.listdir("/proc") if p.isdigit() and _cmdline(p) == b"sleep\x001000\x00"]
-    assert leftovers == []
 
 
 def _cmdline(pid: str) -> bytes:
