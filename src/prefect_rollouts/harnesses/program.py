@@ -28,6 +28,7 @@ import contextlib
 import os
 import re
 import shlex
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,7 +52,8 @@ class ProgramSpec:
 
     Attributes:
         command: The argv, run in the workspace; ``{scripts}`` in an entry is replaced by the
-            directory of the package's in-runtime scripts (``bash_agent.py``).
+            directory of the package's in-runtime scripts (``bash_agent.py``), ``{python}`` by the
+            runtime's Python (``python3``; on the local runtime this process's interpreter).
         files: Runtime path -> host path, uploaded before ``setup``.
         setup: Shell commands run once at setup, before the network policy applies.
         env: Environment of the program (resolved, literal values).
@@ -70,7 +72,7 @@ def program_spec(config: HarnessConfig) -> ProgramSpec:
     env = resolve_env(dict(config.env), table="[env.agent.harness] env", place="where the rollout runs") \
         if config.env else {}
     if config.id == "bash":
-        base = ProgramSpec(["python3", "{scripts}/bash_agent.py"])
+        base = ProgramSpec(["{python}", "-I", "{scripts}/bash_agent.py"])
     else:
         assert config.command is not None   # the config validator requires it
         base = ProgramSpec(list(config.command))
@@ -156,9 +158,11 @@ class ProgramHarness:
         for name in self.config.forward_env:
             register_secret(os.environ[name])
         scripts = runtime.binds[str(self.endpoint.directory)]
-        argv = [part.replace("{scripts}", scripts) for part in spec.command]
+        # the local runtime runs this interpreter: a python3 on PATH may be a shim costing ~70 ms a start
+        python = sys.executable if ctx.config.runtime.type == "local" else "python3"
+        argv = [part.replace("{scripts}", scripts).replace("{python}", python) for part in spec.command]
         launch = " ".join(shlex.quote(part) for part in
-                          ["python3", f"{scripts}/launch.py", f"{scripts}/s", str(self.config.output_tail_chars),
+                          [python, "-I", f"{scripts}/launch.py", f"{scripts}/s", str(self.config.output_tail_chars),
                            "--", *argv])
         self.endpoint.open_session(session)
         job = asyncio.ensure_future(runtime.exec(launch, timeout=self.config.timeout_s, env=env))
