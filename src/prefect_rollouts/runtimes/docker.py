@@ -10,6 +10,9 @@ The SDK is blocking, so every call runs in a thread of the runtime's own pool (`
 an ``exec`` holds its thread for the whole command, and asyncio's default pool (``min(32,
 cores + 4)`` threads, 6 here) would queue concurrent commands behind each other. ``stop``
 removes the container on every path, cancellation included.
+
+Past 400 lines (about 510) because every part works on the one container handle; the eval-engine
+issue (22) splits the runtimes package, and the archive work (upload, artifacts) moves out then.
 """
 
 from __future__ import annotations
@@ -22,10 +25,10 @@ import errno
 import functools
 import io
 import posixpath
+import secrets
 import shlex
 import tarfile
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -225,9 +228,16 @@ class DockerRuntime:
         """``Runtime.upload``: a tar of ``source`` unpacked at ``target`` (absolute, or relative to the
         workdir), its parent created first.
 
+        The archive API writes through the container's root filesystem, which the ``tmpfs`` quota
+        makes read-only, and cannot reach a tmpfs mount: under that quota a target outside the
+        workspace (``/tmp/my-agent``, HOME) is unpacked into a staging directory of the workspace
+        (a volume it can reach) and copied into place with ``cp -a`` (counted against ``storage_mb``
+        of the workspace while it is there; removed on every path).
+
         Raises:
-            FileNotFoundError: ``source`` does not exist. OSError: the place is not writable (a
-                read-only root under the ``tmpfs`` quota: see ``docker_storage``).
+            FileNotFoundError: ``source`` does not exist. OSError: the place is not writable (under
+                the ``tmpfs`` quota, a target outside the workspace and its tmpfs places: see
+                ``docker_storage``).
         """
         destination = posixpath.normpath(posixpath.join(self.config.workdir, target))   # an absolute target wins
         parent, name = posixpath.split(destination)
@@ -240,26 +250,32 @@ class DockerRuntime:
                 tar.add(source, arcname=name)
             return buffer.getvalue()
         archive = await asyncio.to_thread(pack)
-        made = await self.exec(f"mkdir -p {shlex.quote(parent)}", timeout=30)
+        workdir = self.config.workdir.rstrip("/") or "/"
+        inside = parent == workdir or parent.startswith(workdir.rstrip("/") + "/")
+        staging = None if inside or self._quota.get("mode") != "tmpfs" else \
+            posixpath.join(workdir, f".prefect-rollouts-upload-{secrets.token_hex(6)}")
+        made = await self.exec(f"mkdir -p {shlex.quote(parent)}" + (f" {shlex.quote(staging)}" if staging else ""),
+                               timeout=30)
         if made.exit_code != 0:
             raise OSError(f"cannot create {parent} in the container: {made.stderr.strip()}")
 
-        def put() -> bool:
+        def put() -> None:
             try:
-                docker_client().api.put_archive(self._container_id(), parent, archive)
-                return True
+                docker_client().api.put_archive(self._container_id(), staging or parent, archive)
             except docker.errors.APIError as exc:
-                if "read-only" not in str(exc).lower():
-                    raise OSError(f"cannot write {destination} in the container ({exc.explanation or exc})") from None
-                return False   # a tmpfs under a read-only root (the tmpfs quota): the archive API cannot reach it
-        if await _in_thread(put):
+                raise OSError(f"cannot write {destination} in the container ({exc.explanation or exc})") from None
+        if staging is None:
+            await _in_thread(put)
             return
-        staged = f".prefect-rollouts-upload-{uuid.uuid4().hex}.tar"   # the workspace volume it can reach
-        await self.write_file(staged, archive)
-        unpacked = await self.exec(f"tar -xf {shlex.quote(staged)} -C {shlex.quote(parent)}; code=$?; "
-                                   f"rm -f {shlex.quote(staged)}; exit $code", timeout=120)
-        if unpacked.exit_code != 0:
-            raise OSError(f"cannot write {destination} in the container: {unpacked.stderr.strip()[-500:]}")
+        try:
+            await _in_thread(put)
+            moved = await self.exec(f"cp -a {shlex.quote(posixpath.join(staging, name))} {shlex.quote(parent)}/",
+                                    timeout=120)
+            if moved.exit_code != 0:
+                raise OSError(f"cannot write {destination} in the container: {moved.stderr.strip()}")
+        finally:
+            with contextlib.suppress(Exception):   # a lost container: the first error is the one to see
+                await asyncio.shield(self.exec(f"rm -rf {shlex.quote(staging)}", timeout=60))
 
     async def kill_all(self) -> None:
         """``Runtime.kill_all``: SIGKILL every process but the init (PID 1) and the keep-alive
