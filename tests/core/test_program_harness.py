@@ -286,3 +286,15 @@ def test_config_errors_name_the_key_before_any_rollout(tmp_path):
     loaded = vf.load_config(config)
     assert loaded.harness.files == {"a": tmp_path / "agents"}
     assert loaded.model_dump(mode="json")["harness"]["env"] == {"MODE": "***"}   # a literal may be a secret
+
+
+async def test_secrets_in_the_programs_messages_are_scrubbed_before_upstream_and_the_trace(
+        openai_server, agent_config, monkeypatch):
+    monkeypatch.setenv("MY_TOOL_TOKEN", "tok-forwarded-3b7e9a1c")
+    openai_server.play([tool_call("bash", command='echo "$MY_TOOL_TOKEN $OPENAI_API_KEY"'), reply("done")])
+    config = agent_config(harness=vf.HarnessConfig(id="bash", forward_env=["MY_TOOL_TOKEN"]))
+    async with vf.make_agent(config) as agent:
+        trace = await agent.run(Said(vf.TaskData(prompt="leak")))
+    tool_result = openai_server.requests[1].messages[-1]["content"]
+    assert trace.reward == 1.0 and "tok-forwarded" not in tool_result and "sk-rollout-" not in tool_result
+    assert "stdout:\n*** \n" in tool_result and "tok-forwarded" not in json.dumps(trace.model_dump(mode="json"))

@@ -70,7 +70,8 @@ class ProgramSession:
         ``rollout stopped: <condition>``; a body without a ``messages`` list is a 400 naming it.
         Otherwise the request is rewritten and sent upstream through the agent's client: the
         carried conversation ahead of the program's messages (the program's own system messages
-        dropped when the carried one has one), steer messages spliced as user messages (a new one
+        dropped when the carried one has one; their text scrubbed of secrets, as the in-process loop
+        scrubs its tool results), steer messages spliced as user messages (a new one
         after the program's last message, and every earlier one at its place again), ``model``
         and ``[env.agent.sampling]`` imposed, ``max_tokens`` capped at ``max_turn_tokens``. The
         call is recorded (``sample``) with every rewrite in ``trace.info["program_rewrites"]``.
@@ -129,7 +130,7 @@ class ProgramSession:
         if self._template is None:
             self._template = request_template(ctx.config)
         template = self._template
-        own = list(body["messages"])
+        own = [_scrubbed(message, self.secret) for message in body["messages"]]
         if self.carried and self.carried[0].get("role") == "system":
             dropped = 0
             while own and own[0].get("role") == "system":
@@ -193,6 +194,21 @@ def _check(body: Any) -> str | None:
     if body.get("stream") not in (None, True, False):
         return "stream: must be true or false"
     return None
+
+
+def _scrubbed(message: dict[str, Any], secret: str) -> dict[str, Any]:
+    """``message`` with registered secrets and the launch's ``secret`` scrubbed from its text (a tool
+    result of the program may hold them, as the in-process loop scrubs its own tool results)."""
+    content = message.get("content")
+    if isinstance(content, str):
+        cleaned = scrub(content, (secret,))
+        if cleaned != content:
+            return {**message, "content": cleaned}
+    elif isinstance(content, list):
+        parts = [{**part, "text": scrub(part["text"], (secret,))}
+                 if isinstance(part, dict) and isinstance(part.get("text"), str) else part for part in content]
+        return {**message, "content": parts}
+    return message
 
 
 def _inputs(messages: list[dict[str, Any]]) -> int:
