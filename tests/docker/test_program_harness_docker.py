@@ -226,10 +226,11 @@ async def test_upload_reaches_the_tmpfs_places_and_leaves_no_staging_in_the_work
     try:
         await runtime.upload(tree, "/tmp/tree")
         await runtime.upload(tree, "/tmp/tree")          # again: merged over the first copy
-        await runtime.upload(tmp_path / "tool.toml", "/root/.config/tool.toml")
+        home = (await runtime.exec("echo $HOME")).stdout.strip()   # a tmpfs under the tmpfs quota
+        await runtime.upload(tmp_path / "tool.toml", f"{home}/.config/tool.toml")
         await runtime.upload(tmp_path / "tool.toml", "conf/tool.toml")   # in the workspace: the archive API directly
         seen = await runtime.exec("stat -c '%a %n' /tmp/tree/sub/run.sh; /tmp/tree/sub/run.sh; "
-                                  "cat /root/.config/tool.toml conf/tool.toml; ls -A")
+                                  "cat ~/.config/tool.toml conf/tool.toml; ls -A")
         assert seen.stdout.splitlines() == ["750 /tmp/tree/sub/run.sh", "ran", "x = 1", "x = 1", "conf"]
         with pytest.raises(OSError, match="/usr/local/tree"):   # the read-only root
             await runtime.upload(tree, "/usr/local/tree")
