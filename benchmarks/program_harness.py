@@ -30,8 +30,7 @@ Prints, per harness: rollouts/s and CPU ms per rollout, split into
   which ``exchange`` awaits inside its own steps). Step timing drives a coroutine by ``send``/``throw``
   and times each resumption on the event-loop thread, so CPU spent by other coroutines while the
   exchange waits is not counted. It covers both requests of a launch (``launch.py``'s session fetch
-  and the chat call); ``exchange`` alone (minus upstream) is printed too, with the wall time
-  ``ProgramSession.endpoint_seconds`` accumulates.
+  and the chat call); ``exchange`` alone (minus upstream) is printed too.
 - rest: this process's CPU (``time.process_time``, all threads) minus the endpoint.
 
 Targets (issue, printed beside the figures, not asserted): >= 10 rollouts/s for the bash harness;
@@ -58,6 +57,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from benchmarks.inline_throughput import Echo, serve  # the same 50 ms server and one-call task
+
 import prefect_rollouts as vf
 from prefect_rollouts.harnesses import session as session_module
 
@@ -65,22 +66,6 @@ TARGET_RATE = 10.0
 """rollouts/s the bash harness should reach on this setup (issue)."""
 TARGET_ENDPOINT_MS = 3.0
 """Endpoint CPU per model call, ms, at most (issue)."""
-
-
-def serve(latency: float, ready: multiprocessing.Queue) -> None:
-    from tests.fakes.openai_server import ScriptedOpenAIServer, delayed, reply
-
-    server = ScriptedOpenAIServer().start()
-    server.default = delayed(latency, reply("ok"))
-    ready.put(server.base_url)
-    while True:
-        time.sleep(3600)
-
-
-class Echo(vf.Task):
-    @vf.reward
-    def said_ok(self, trace: vf.Trace) -> float:
-        return float(trace.last_reply == "ok")
 
 
 class Meter:
@@ -159,11 +144,7 @@ def instrument(meter: Meter) -> None:
     exchange = session_module.ProgramSession.exchange
 
     async def timed_exchange(self: Any, body: Any, raw: bytes, headers: Any) -> Any:
-        before = self.endpoint_seconds
-        try:
-            return await meter.steps("exchange", exchange(self, body, raw, headers))
-        finally:
-            meter.walls["endpoint_seconds"] = meter.walls.get("endpoint_seconds", 0.0) + self.endpoint_seconds - before
+        return await meter.steps("exchange", exchange(self, body, raw, headers))
     session_module.ProgramSession.exchange = timed_exchange  # type: ignore[method-assign]
 
 
@@ -239,7 +220,6 @@ async def run(args: argparse.Namespace, base_url: str, harness: str, meter: Mete
     walls.sort()
     return {"harness": harness, "rate": args.rollouts / elapsed, "elapsed": elapsed, "calls": calls,
             "cpu": cpu, "children": children, "endpoint": endpoint, "exchange": exchange, "parts": parts,
-            "endpoint_wall": meter.walls.get("endpoint_seconds", 0.0),
             "requests": meter.counts.get("app", 0), "timings": timings,
             "runtime": {name: (meter.walls.get(name, 0.0), meter.counts.get(name, 0)) for name in ("exec", "kill_all")},
             "p50": statistics.median(walls), "p95": walls[int(0.95 * (len(walls) - 1))]}
@@ -267,8 +247,6 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> None:
               f"{result['exchange'] / calls * 1e3:.2f} ms per call")
         parts = "  ".join(f"{name} {seconds / n * 1e3:.2f}" for name, seconds in result["parts"].items())
         print(f"      of which      {parts}  (ms per rollout)")
-        print(f"      ProgramSession.endpoint_seconds (wall, exchange outside upstream): "
-              f"{result['endpoint_wall'] / calls * 1e3:.2f} ms per call")
     print(f"    rest            {per(result['cpu'] - result['endpoint']):7.2f} ms  (this process, minus endpoint)")
 
 

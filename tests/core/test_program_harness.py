@@ -298,3 +298,26 @@ async def test_secrets_in_the_programs_messages_are_scrubbed_before_upstream_and
     tool_result = openai_server.requests[1].messages[-1]["content"]
     assert trace.reward == 1.0 and "tok-forwarded" not in tool_result and "sk-rollout-" not in tool_result
     assert "stdout:\n*** \n" in tool_result and "tok-forwarded" not in json.dumps(trace.model_dump(mode="json"))
+
+
+async def test_secrets_in_tool_call_arguments_the_program_sends_back_are_scrubbed(
+        openai_server, agent_config, tmp_path, monkeypatch):
+    monkeypatch.setenv("MY_TOOL_TOKEN", "tok-forwarded-3b7e9a1c")
+    echo_back = """
+        import json, os, urllib.request
+        call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": json.dumps(
+            {"token": os.environ["MY_TOOL_TOKEN"], "key": os.environ["OPENAI_API_KEY"]})}}
+        body = {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                             {"role": "tool", "tool_call_id": "c1", "content": "ok"}]}
+        request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", json.dumps(body).encode(),
+                                         {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+        print(json.load(urllib.request.urlopen(request))["choices"][0]["message"]["content"])
+    """
+    openai_server.play([reply("done")])
+    config = agent_config(harness=program(tmp_path, echo_back, forward_env=["MY_TOOL_TOKEN"]))
+    async with vf.make_agent(config) as agent:
+        trace = await agent.run(Said(vf.TaskData(prompt="go")))
+    sent = openai_server.requests[0].messages[1]["tool_calls"][0]["function"]["arguments"]
+    assert trace.reward == 1.0 and json.loads(sent) == {"token": "***", "key": "***"}
+    dumped = json.dumps(trace.model_dump(mode="json"))
+    assert "tok-forwarded" not in dumped and "sk-rollout-" not in dumped

@@ -68,6 +68,35 @@ def request_template(config: AgentConfig) -> dict[str, Any]:
     return body
 
 
+def scrub_message(message: dict[str, Any], extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``message`` with registered secrets (and ``extra``) scrubbed from its text: a string
+    ``content``, the text of content parts, and the ``arguments`` of its tool calls. Returns the
+    same dict when nothing changed, else a copy (the caller's message is never mutated)."""
+    changed: dict[str, Any] = {}
+    content = message.get("content")
+    if isinstance(content, str):
+        if (cleaned := scrub(content, extra)) != content:
+            changed["content"] = cleaned
+    elif isinstance(content, list):
+        parts = [{**part, "text": scrub(part["text"], extra)}
+                 if isinstance(part, dict) and isinstance(part.get("text"), str) else part for part in content]
+        if parts != content:
+            changed["content"] = parts
+    calls = message.get("tool_calls")
+    if isinstance(calls, list):
+        cleaned_calls = []
+        for call in calls:
+            function = call.get("function") if isinstance(call, dict) else None
+            arguments = function.get("arguments") if isinstance(function, dict) else None
+            if isinstance(function, dict) and isinstance(arguments, str) \
+                    and (cleaned := scrub(arguments, extra)) != arguments:
+                call = {**call, "function": {**function, "arguments": cleaned}}
+            cleaned_calls.append(call)
+        if cleaned_calls != calls:
+            changed["tool_calls"] = cleaned_calls
+    return {**message, **changed} if changed else message
+
+
 async def sample(ctx: SegmentContext, template: dict[str, Any]) -> dict[str, Any] | None:
     """Make one model call on the trace's messages and append the assistant message.
 
@@ -110,15 +139,11 @@ async def sample(ctx: SegmentContext, template: dict[str, Any]) -> dict[str, Any
                     completion.reasoning_tokens)
     ctx.turns += 1
     raw = completion.message
-    content = raw.get("content") or ""
     # text from outside: a server or proxy may echo the request's key into the reply
-    message: dict[str, Any] = {"role": "assistant", "content": scrub(content) if isinstance(content, str) else content}
+    message: dict[str, Any] = {"role": "assistant", "content": raw.get("content") or ""}
     if raw.get("tool_calls"):
         message["tool_calls"] = raw["tool_calls"]
-        for call in message["tool_calls"]:
-            function = call.get("function") if isinstance(call, dict) else None
-            if isinstance(function, dict) and isinstance(function.get("arguments"), str):
-                function["arguments"] = scrub(function["arguments"])
+    message = scrub_message(message)
     trace.messages.append(message)
     if config.max_turn_tokens is not None and completion.finish_reason == "length":
         trace.stop("max_turn_tokens")

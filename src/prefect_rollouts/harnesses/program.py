@@ -114,6 +114,8 @@ class ProgramHarness:
         if missing:
             raise ConfigError(f"[env.agent.harness] forward_env: {', '.join(missing)} unset where the rollout "
                               "runs. Set them, or remove them from forward_env")
+        for name in self.config.forward_env:   # scrubbed wherever the program's output is recorded
+            register_secret(os.environ[name])
         for target, source in spec.files.items():
             try:
                 await runtime.upload(source, target)
@@ -155,8 +157,6 @@ class ProgramHarness:
         session = ProgramSession(ctx, prompt, system_prompt, carried=list(ctx.trace.messages[:record.start]))
         env = {**spec.env, **{name: os.environ[name] for name in self.config.forward_env},
                "OPENAI_API_KEY": session.secret, "OPENAI_MODEL": ctx.config.model}
-        for name in self.config.forward_env:
-            register_secret(os.environ[name])
         scripts = runtime.binds[str(self.endpoint.directory)]
         # the local runtime runs this interpreter: a python3 on PATH may be a shim costing ~70 ms a start
         python = sys.executable if ctx.config.runtime.type == "local" else "python3"

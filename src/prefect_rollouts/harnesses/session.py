@@ -9,13 +9,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import secrets
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from prefect_rollouts.errors import ProviderError, scrub
-from prefect_rollouts.harnesses.base import SegmentContext, request_template, sample
+from prefect_rollouts.harnesses.base import SegmentContext, request_template, sample, scrub_message
 
 IMPOSED_OUT = ("stream", "stream_options", "n", "max_completion_tokens", "user", "store", "metadata")
 """Request keys the endpoint does not pass upstream: it always asks for one non-streamed choice
@@ -54,8 +53,6 @@ class ProgramSession:
     """Model calls made for this launch (sampled responses, failed ones included)."""
     provider_error: ProviderError | None = None
     """The last upstream failure relayed to the program."""
-    endpoint_seconds: float = 0.0
-    """Wall time spent in ``exchange`` outside the upstream call, seconds (for the benchmark)."""
     _splices: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     _replies: dict[str, dict[str, Any]] = field(default_factory=dict)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -70,14 +67,13 @@ class ProgramSession:
         ``rollout stopped: <condition>``; a body without a ``messages`` list is a 400 naming it.
         Otherwise the request is rewritten and sent upstream through the agent's client: the
         carried conversation ahead of the program's messages (the program's own system messages
-        dropped when the carried one has one; their text scrubbed of secrets, as the in-process loop
-        scrubs its tool results), steer messages spliced as user messages (a new one
+        dropped when the carried one has one; their text and tool-call arguments scrubbed of secrets,
+        as the in-process loop scrubs its tool results), steer messages spliced as user messages (a new one
         after the program's last message, and every earlier one at its place again), ``model``
         and ``[env.agent.sampling]`` imposed, ``max_tokens`` capped at ``max_turn_tokens``. The
         call is recorded (``sample``) with every rewrite in ``trace.info["program_rewrites"]``.
         An upstream failure is relayed with its status (502 when none) and kept for the segment.
         """
-        started = time.perf_counter()
         async with self._lock:
             key = headers.get("idempotency-key")
             digest = hashlib.sha256(raw).hexdigest()
@@ -99,19 +95,16 @@ class ProgramSession:
             if self.calls == 0:   # the program's input messages are not part of what the segment produced
                 ctx.segment_inputs = _inputs(messages[len(self.carried):])
             self.calls += 1
-            upstream = time.perf_counter()
             try:
                 message = await sample(ctx, request)
             except ProviderError as exc:
                 self.provider_error = exc
-                self.endpoint_seconds += upstream - started
                 status = exc.status_code if exc.status_code and exc.status_code >= 400 else 502
                 return status, _error(scrub(f"upstream model call failed: {exc}"), "upstream_error")
             finally:
                 if rewrites:
                     ctx.trace.info.setdefault("program_rewrites", []).append(
                         {"call": len(ctx.trace.model_calls) - 1, **rewrites})
-            returned = time.perf_counter()
             if ctx.stopped:
                 self.stopped.set()
             if message is None:   # only when the turn cap was reached meanwhile
@@ -120,7 +113,6 @@ class ProgramSession:
             self._replies[f"body:{digest}"] = reply
             if key:
                 self._replies[f"key:{key}"] = reply
-            self.endpoint_seconds += (upstream - started) + (time.perf_counter() - returned)
             return 200, reply
 
     def _rewrite(self, body: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
@@ -130,7 +122,7 @@ class ProgramSession:
         if self._template is None:
             self._template = request_template(ctx.config)
         template = self._template
-        own = [_scrubbed(message, self.secret) for message in body["messages"]]
+        own = [scrub_message(message, (self.secret,)) for message in body["messages"]]
         if self.carried and self.carried[0].get("role") == "system":
             dropped = 0
             while own and own[0].get("role") == "system":
@@ -194,21 +186,6 @@ def _check(body: Any) -> str | None:
     if body.get("stream") not in (None, True, False):
         return "stream: must be true or false"
     return None
-
-
-def _scrubbed(message: dict[str, Any], secret: str) -> dict[str, Any]:
-    """``message`` with registered secrets and the launch's ``secret`` scrubbed from its text (a tool
-    result of the program may hold them, as the in-process loop scrubs its own tool results)."""
-    content = message.get("content")
-    if isinstance(content, str):
-        cleaned = scrub(content, (secret,))
-        if cleaned != content:
-            return {**message, "content": cleaned}
-    elif isinstance(content, list):
-        parts = [{**part, "text": scrub(part["text"], (secret,))}
-                 if isinstance(part, dict) and isinstance(part.get("text"), str) else part for part in content]
-        return {**message, "content": parts}
-    return message
 
 
 def _inputs(messages: list[dict[str, Any]]) -> int:
