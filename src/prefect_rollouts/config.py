@@ -25,6 +25,9 @@ from prefect_rollouts.config_base import (
 from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.judge_config import AnyJudgeConfig
 
+HarnessId = Literal["chat", "tools", "program", "bash"]
+"""The built-in harness ids (``HarnessConfig.id``)."""
+
 PROGRAM_HARNESSES = ("program", "bash")
 """Harness ids that run an agent program in the runtime (``harnesses/program.py``): ``program``
 runs ``command``; ``bash`` (our reference program) is built in."""
@@ -38,7 +41,7 @@ class HarnessConfig(_Config):
     endpoint into the trace (README "Program harnesses"); the keys from ``command`` on apply to them.
     """
 
-    id: Literal["chat", "tools", "program", "bash"] = "tools"
+    id: HarnessId = "tools"
     """``chat``: one model response per segment. ``tools``: the tool-calling loop (can steer).
     ``program``: ``command`` run in the runtime. ``bash``: the package's own small agent program (a
     ``bash`` tool loop, ``harnesses/programs/bash_agent.py``)."""

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from prefect_rollouts.config import validate_config
+from prefect_rollouts.config import HarnessId, validate_config
 from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.eval_config import EvalConfig
 from prefect_rollouts.run_identity import redact_eval_config
@@ -145,9 +145,11 @@ class AdvancedSettings(_Form):
                     "Default flow.")
     batch_size: int = Field(50, ge=1, title="Batch size",
                             description="Rollouts per batch with granularity batch. Default 50.")
-    harness: Literal["chat", "tools"] = Field(
+    harness: HarnessId = Field(
         "tools", title="Harness", description="chat = one model reply per turn; tools = the tool-calling loop with "
-                                              "bash, read_file and write_file. Default tools.")
+                                              "bash, read_file and write_file; program = your agent program (its "
+                                              "command and files in overrides under env.agent.harness); bash = "
+                                              "the package's own agent program. Default tools.")
     max_turns: int | None = Field(None, ge=1, title="Max model replies",
                                   description="Cap on model replies per rollout. Empty: no cap.")
     max_turn_tokens: int | None = Field(None, ge=1, title="Max tokens per reply",
