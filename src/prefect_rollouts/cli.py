@@ -266,20 +266,34 @@ def sandbox_build(
     offline: Annotated[bool | None, typer.Option(
         "--offline/--pull",
         help="Force debootstrap, or force a pull (default: pull, then debootstrap if no registry answers).")] = None,
+    with_: Annotated[list[str] | None, typer.Option(
+        "--with", help="Bake a program harness's agent into the image: mini-swe-agent (its pinned release, "
+                       "installed from PyPI into /usr/local/mini-swe-agent; rollouts then install nothing).")] = None,
 ) -> None:
     """Build the default sandbox image of the docker runtime (bash, coreutils, python3, /workspace)."""
     import logging
 
-    from prefect_rollouts.errors import RuntimeUnavailableError
-    from prefect_rollouts.runtimes.sandbox import build_sandbox_image
+    from prefect_rollouts.errors import RuntimeUnavailableError, TaskError
+    from prefect_rollouts.harnesses import mini_swe_agent
+    from prefect_rollouts.runtimes.sandbox import bake_directory, build_sandbox_image, image_python
 
+    unknown = sorted(set(with_ or []) - {"mini-swe-agent"})
+    if unknown:
+        _error("", ConfigError(f"--with {unknown[0]}: not a program this image can bake in. Known: mini-swe-agent"))
+        raise typer.Exit(2)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         image_id = build_sandbox_image(tag, offline=offline)
-    except RuntimeUnavailableError as exc:
+        if with_:
+            python, machine = image_python(tag)
+            logging.info("installing mini-swe-agent %s for Python %s on %s", mini_swe_agent.VERSION, python, machine)
+            site = mini_swe_agent.install(python, machine)
+            image_id = bake_directory(tag, site, mini_swe_agent.IMAGE_SITE,
+                                      labels={"org.prefect-rollouts.mini-swe-agent": mini_swe_agent.VERSION})
+    except (RuntimeUnavailableError, TaskError) as exc:
         _error("", exc)
         raise typer.Exit(1) from None
-    console.print(f"built {tag} ({image_id[:19]})")
+    console.print(f"built {tag} ({image_id[:19]})" + (f" with {', '.join(with_)}" if with_ else ""))
 
 
 server_app = typer.Typer(help="A local Prefect server on PostgreSQL (faster than SQLite for many flow runs).",

@@ -25,26 +25,27 @@ from prefect_rollouts.config_base import (
 from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.judge_config import AnyJudgeConfig
 
-HarnessId = Literal["chat", "tools", "program", "bash"]
+HarnessId = Literal["chat", "tools", "program", "bash", "mini-swe-agent"]
 """The built-in harness ids (``HarnessConfig.id``)."""
 
-PROGRAM_HARNESSES = ("program", "bash")
+PROGRAM_HARNESSES = ("program", "bash", "mini-swe-agent")
 """Harness ids that run an agent program in the runtime (``harnesses/program.py``): ``program``
-runs ``command``; ``bash`` (our reference program) is built in."""
+runs ``command``; ``bash`` (our reference program) and ``mini-swe-agent`` are built in."""
 
 
 class HarnessConfig(_Config):
     """Which harness drives the model. TOML and Python also accept the id alone as a string (``"tools"``).
 
-    ``chat`` and ``tools`` are loops in this process. ``program`` and ``bash`` run an agent
-    program *in the runtime*, whose model calls go through the agent's interception
+    ``chat`` and ``tools`` are loops in this process. ``program``, ``bash`` and ``mini-swe-agent``
+    run an agent program *in the runtime*, whose model calls go through the agent's interception
     endpoint into the trace (README "Program harnesses"); the keys from ``command`` on apply to them.
     """
 
     id: HarnessId = "tools"
     """``chat``: one model response per segment. ``tools``: the tool-calling loop (can steer).
     ``program``: ``command`` run in the runtime. ``bash``: the package's own small agent program (a
-    ``bash`` tool loop, ``harnesses/programs/bash_agent.py``)."""
+    ``bash`` tool loop, ``harnesses/programs/bash_agent.py``). ``mini-swe-agent``: mini-swe-agent
+    from PyPI, pinned (``harnesses/mini_swe_agent.py``)."""
     runtime_tools: list[Literal["bash", "read_file", "write_file"]] = ["bash", "read_file", "write_file"]
     """Runtime tools the ``tools`` harness offers besides the task's own tools."""
     tool_timeout_s: float = Field(600.0, gt=0)
@@ -80,6 +81,10 @@ class HarnessConfig(_Config):
     program may take to exit before it is killed, in seconds."""
     output_tail_chars: int = Field(4000, ge=0)
     """Characters of the end of the program's stdout and of its stderr kept on the trace."""
+    action_format: Literal["tool_calls", "text"] = "tool_calls"
+    """``mini-swe-agent``: how the model gives each command: a ``bash`` tool call (its ``mini.yaml``),
+    or ``text``, a fenced ``mswea_bash_command`` block in the reply (its ``mini_textbased.yaml``), for
+    models without tool calls."""
 
     @model_validator(mode="before")
     @classmethod
@@ -92,14 +97,16 @@ class HarnessConfig(_Config):
             raise ValueError('id = "program" needs command = ["argv", ...]: the agent program to run in the runtime')
         if self.command is not None and self.id != "program":
             raise ValueError(f'command is set but id = "{self.id}": set id = "program" to run your own program')
+        if self.action_format != "tool_calls" and self.id != "mini-swe-agent":
+            raise ValueError(f'action_format applies to id = "mini-swe-agent" only (id = "{self.id}"): remove it')
         if self.command is not None and not all(self.command):
             raise ValueError(f"command = {self.command!r}: every argv entry must be a non-empty string")
         if self.id not in PROGRAM_HARNESSES:
             set_keys = [key for key in ("command", "files", "setup", "env", "forward_env")
                         if getattr(self, key)] + ([] if self.resume else ["resume"])
             if set_keys:
-                raise ValueError(f"{', '.join(set_keys)}: only program harnesses (id = \"program\" or \"bash\") "
-                                 f'take these keys; id = "{self.id}" runs in this process')
+                raise ValueError(f"{', '.join(set_keys)}: only program harnesses (id = \"program\", \"bash\" or "
+                                 f'"mini-swe-agent") take these keys; id = "{self.id}" runs in this process')
         base = (info.context or {}).get("config_dir")
         for target, source in list(self.files.items()):
             if not target:

@@ -29,12 +29,14 @@ import os
 import re
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefect_rollouts.config import HarnessConfig, NetworkPolicy
 from prefect_rollouts.errors import ConfigError, TaskError, register_secret, scrub
+from prefect_rollouts.harnesses import mini_swe_agent
 from prefect_rollouts.harnesses.base import SegmentContext
 from prefect_rollouts.harnesses.endpoint import MOUNT, InterceptionEndpoint
 from prefect_rollouts.harnesses.session import ProgramSession
@@ -53,11 +55,14 @@ class ProgramSpec:
     Attributes:
         command: The argv, run in the workspace; ``{scripts}`` in an entry is replaced by the
             directory of the package's in-runtime scripts (``bash_agent.py``), ``{python}`` by the
-            runtime's Python (``python3``; on the local runtime this process's interpreter).
+            runtime's Python (``python3``; on the local runtime this process's interpreter),
+            ``{site}`` by mini-swe-agent's install as the runtime sees it.
         files: Runtime path -> host path, uploaded before ``setup``.
         setup: Shell commands run once at setup, before the network policy applies.
         env: Environment of the program (resolved, literal values).
         needs_model: False for programs that may finish without a model call (Harbor's oracle, nop).
+        report: ``(stdout tail, stderr tail) -> dict`` of what the program said about its run,
+            merged into its ``trace.info["program"]`` entry (mini-swe-agent's exit status and submission).
     """
 
     command: list[str]
@@ -65,19 +70,23 @@ class ProgramSpec:
     setup: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     needs_model: bool = True
+    report: Callable[[str, str], dict[str, Any]] | None = None
 
 
 def program_spec(config: HarnessConfig) -> ProgramSpec:
-    """The ``ProgramSpec`` of a program harness config (``program``, ``bash``)."""
+    """The ``ProgramSpec`` of a program harness config (``program``, ``bash``, ``mini-swe-agent``)."""
     env = resolve_env(dict(config.env), table="[env.agent.harness] env", place="where the rollout runs") \
         if config.env else {}
     if config.id == "bash":
         base = ProgramSpec(["{python}", "-I", "{scripts}/bash_agent.py"])
+    elif config.id == "mini-swe-agent":
+        base = ProgramSpec(["{python}", "-I", "{scripts}/mini_swe_agent.py", "{site}", config.action_format],
+                           report=mini_swe_agent.report)
     else:
         assert config.command is not None   # the config validator requires it
         base = ProgramSpec(list(config.command))
     return ProgramSpec(base.command, {**base.files, **config.files}, [*base.setup, *config.setup],
-                       {**base.env, **env}, base.needs_model)
+                       {**base.env, **env}, base.needs_model, base.report)
 
 
 class ProgramHarness:
@@ -98,14 +107,19 @@ class ProgramHarness:
         self.config = config
         self.endpoint = endpoint
         self.binds = {str(endpoint.directory): MOUNT}
+        if config.id == "mini-swe-agent":   # the host's installs, for an image without one
+            self.binds[str(mini_swe_agent.cache_root())] = f"{mini_swe_agent.MOUNTED}:ro"
         self.spec: ProgramSpec | None = None
+        self._site = ""
         self._prompts: dict[int, tuple[str, str | None]] = {}
 
     async def open(self, ctx: SegmentContext) -> None:
-        """Upload ``files``, run ``setup`` (network open), check the forwarded variables.
+        """Upload ``files``, run ``setup`` (network open), check the forwarded variables; for
+        ``mini-swe-agent``, find its install in the image or make it on the host (``mini_swe_agent.site_in``).
 
         Raises:
-            TaskError: a ``setup`` command failed (its exit code and stderr), or a file could not be copied.
+            TaskError: a ``setup`` command failed (its exit code and stderr), a file could not be
+                copied, or mini-swe-agent could not be installed.
             ConfigError: a ``forward_env`` variable is unset here.
         """
         runtime = _runtime(ctx)
@@ -116,6 +130,9 @@ class ProgramHarness:
                               "runs. Set them, or remove them from forward_env")
         for name in self.config.forward_env:   # scrubbed wherever the program's output is recorded
             register_secret(os.environ[name])
+        if self.id == "mini-swe-agent":
+            self._site = await mini_swe_agent.site_in(runtime, local=ctx.config.runtime.type == "local",
+                                                      timeout_s=self.config.setup_timeout_s)
         for target, source in spec.files.items():
             try:
                 await runtime.upload(source, target)
@@ -160,7 +177,8 @@ class ProgramHarness:
         scripts = runtime.binds[str(self.endpoint.directory)]
         # the local runtime runs this interpreter: a python3 on PATH may be a shim costing ~70 ms a start
         python = sys.executable if ctx.config.runtime.type == "local" else "python3"
-        argv = [part.replace("{scripts}", scripts).replace("{python}", python) for part in spec.command]
+        argv = [part.replace("{scripts}", scripts).replace("{python}", python).replace("{site}", self._site)
+                for part in spec.command]
         launch = " ".join(shlex.quote(part) for part in
                           [python, "-I", f"{scripts}/launch.py", f"{scripts}/s", str(self.config.output_tail_chars),
                            "--", *argv])
@@ -206,6 +224,8 @@ class ProgramHarness:
         info.update(exit_code=code, timed_out=result.timed_out,
                     stdout_tail=scrub(result.stdout, hide)[-self.config.output_tail_chars:],
                     stderr_tail=scrub(stderr, hide)[-self.config.output_tail_chars:])
+        if spec.report is not None:
+            info.update(spec.report(info["stdout_tail"], info["stderr_tail"]))
         ctx.trace.info.setdefault("program", []).append(info)
         if ctx.stopped:
             return

@@ -18,7 +18,8 @@ def make_runtime(config: RuntimeConfig, *, network: NetworkPolicy | None = None,
     """Build an unstarted runtime from ``config``; ``network`` overrides ``config.network`` (scoring).
 
     ``binds``: host directory -> absolute path inside the runtime, mounted read-write (a program
-    harness's endpoint directory); the local runtime sees host paths as they are.
+    harness's endpoint directory), or read-only when the path ends in ``:ro`` (docker's own
+    spelling); the local runtime sees host paths as they are.
 
     ``source`` is the config table ``config`` came from, named in error messages (e.g.
     ``[env.agent.scoring.runtime]`` for an isolated-scoring runtime of its own). ``${VAR}``

@@ -46,7 +46,7 @@ class Runtime(Protocol):
     """The network policy its commands run under."""
     binds: dict[str, str]
     """Host directories mounted into the runtime (``make_runtime(binds=...)``): host path -> where it
-    appears inside (``local``: the host path itself)."""
+    appears inside (``local``: the host path itself; without the ``:ro`` of a read-only bind)."""
 
     async def start(self) -> None:
         """Create the workspace.

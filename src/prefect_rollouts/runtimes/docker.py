@@ -135,14 +135,15 @@ class DockerRuntime:
             ``owner`` (this process, see ``runtimes.owner``) and ``started_at`` (Unix seconds),
             the evidence the janitor flow goes by.
         source: The config table ``config`` came from, named in error messages.
-        binds: Host directory -> container path, bind-mounted read-write.
+        binds: Host directory -> container path, bind-mounted read-write (``PATH:ro``: read-only).
     """
 
     def __init__(self, config: RuntimeConfig, *, network: NetworkPolicy | None = None,
                  labels: dict[str, str] | None = None, source: str = "[env.agent.runtime]",
                  binds: dict[str, str] | None = None) -> None:
         self.config = config
-        self.binds = dict(binds or {})
+        self.binds = {host: inside.removesuffix(":ro") for host, inside in (binds or {}).items()}
+        self._read_only = {host for host, inside in (binds or {}).items() if inside.endswith(":ro")}
         self.source = source
         self.network = network or config.network
         self.labels = dict(labels or {})
@@ -194,7 +195,8 @@ class DockerRuntime:
         none = self.network.mode == "none"
         mode, home = storage.quota_mode(_engine_info(client)), storage.image_home(image, config)
         quota = storage.quota_options(config, mode, home)
-        mounts = [*quota.pop("mounts", []), *(Mount(inside, host, type="bind") for host, inside in self.binds.items())]
+        mounts = [*quota.pop("mounts", []), *(Mount(inside, host, type="bind", read_only=host in self._read_only)
+                                                   for host, inside in self.binds.items())]
         try:
             container = client.containers.run(
                 config.image, ["sleep", "infinity"], detach=True, init=True, working_dir=config.workdir,

@@ -12,6 +12,7 @@ import io
 import logging
 import shutil
 import subprocess
+import tarfile
 import tempfile
 from pathlib import Path
 
@@ -105,3 +106,49 @@ def _client() -> docker.DockerClient:
     except docker.errors.DockerException as exc:
         raise RuntimeUnavailableError(f"no Docker engine answers (DOCKER_HOST or /var/run/docker.sock): {exc}. "
                                       "Start dockerd", retryable=False) from exc
+
+
+def image_python(tag: str, *, client: docker.DockerClient | None = None) -> tuple[str, str]:
+    """``("3.11", "x86_64")``: the Python version and machine of image ``tag``'s ``python3``.
+
+    Raises:
+        RuntimeUnavailableError: no engine, or the image has no working ``python3``.
+    """
+    client = client or _client()
+    try:
+        out = client.containers.run(tag, ["python3", "-c", 'import platform, sys; '
+                                          'print("%d.%d" % sys.version_info[:2], platform.machine())'],
+                                    remove=True, network_mode="none")
+    except docker.errors.DockerException as exc:
+        raise RuntimeUnavailableError(f"{tag}: its python3 did not run ({exc})", retryable=False) from exc
+    python, machine = out.decode().split()
+    return python, machine
+
+
+def bake_directory(tag: str, source: Path, target: str, *, labels: dict[str, str] | None = None,
+                   client: docker.DockerClient | None = None) -> str:
+    """Rebuild image ``tag`` with the host directory ``source`` copied to ``target`` (one layer on top).
+
+    Returns:
+        The new image id (the tag now names it).
+
+    Raises:
+        RuntimeUnavailableError: no engine, or the build failed.
+    """
+    client = client or _client()
+    dockerfile = f"FROM {tag}\nCOPY payload {target}\n" + "".join(
+        f'LABEL {key}="{value}"\n' for key, value in (labels or {}).items())
+    with tempfile.TemporaryFile() as context:
+        with tarfile.open(fileobj=context, mode="w") as archive:
+            data = dockerfile.encode()
+            info = tarfile.TarInfo("Dockerfile")
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+            archive.add(source, arcname="payload")
+        context.seek(0)
+        try:
+            image, _ = client.images.build(fileobj=context, custom_context=True, tag=tag, rm=True, forcerm=True,
+                                           pull=False)
+        except docker.errors.DockerException as exc:
+            raise RuntimeUnavailableError(f"adding {source} to {tag} failed: {exc}", retryable=False) from exc
+    return str(image.id)
