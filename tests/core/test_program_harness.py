@@ -243,8 +243,38 @@ async def test_a_request_without_messages_is_a_400_naming_it(openai_server, agen
     """
     async with vf.make_agent(agent_config(harness=program(tmp_path, bad))) as agent:
         trace = await agent.run(Said(vf.TaskData(prompt="go")))
-    assert trace.info["program"][0]["stdout_tail"].startswith("400 messages: required")
+    assert trace.info["program"][0]["stdout_tail"].startswith("400 messages: Field required")
     assert openai_server.requests == [] and "without calling the model" in trace.errors[0].message
+
+
+@pytest.mark.parametrize(("body", "expected"), [
+    ('{"messages": [{"role": "user", "content": "x"}], "max_tokens": "100"}', "400 max_tokens: Input should be a valid integer"),
+    ('{"messages": {"role": "user", "content": "x"}}', "400 messages: Input should be a valid list"),
+    ('{"messages": [{"role": "user", "content": {"text": "x"}}]}', "400 messages.0.content.str: Input should be a valid string"),
+    ('{"messages": [{"role": "robot", "content": "x"}]}', "400 messages.0.role: Input should be"),
+    ('{"messages": [{"role": "user", "content": "x"}], "stream": "yes"}', "400 stream: Input should be a valid boolean"),
+    ('{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}', "400 max_tokens: Input should be greater"),
+    ("[1, 2]", "400 the request body must be a JSON object"),
+    ("not json", "400 the request body is not JSON"),
+    ("BIG", "413 the request body is 33554433 bytes; this endpoint takes at most 33554432"),
+])
+async def test_a_malformed_request_is_refused_naming_the_field_and_never_sent_upstream(
+        openai_server, agent_config, tmp_path, body, expected):
+    bad = f"""
+        import json, os, urllib.request, urllib.error
+        body = {body!r}
+        data = b"x" * (32 * 1024 * 1024 + 1) if body == "BIG" else body.encode()
+        request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data,
+                                         {{"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}})
+        try:
+            urllib.request.urlopen(request)
+        except urllib.error.HTTPError as exc:
+            print(exc.code, json.load(exc)["error"]["message"])
+    """
+    async with vf.make_agent(agent_config(harness=program(tmp_path, bad))) as agent:
+        trace = await agent.run(Said(vf.TaskData(prompt="go")))
+    assert trace.info["program"][0]["stdout_tail"].startswith(expected), trace.info["program"][0]["stdout_tail"]
+    assert openai_server.requests == [] and trace.model_calls == []
 
 
 @pytest.mark.parametrize(("fields", "expected"), [

@@ -49,6 +49,10 @@ MOUNT = "/run/prefect-rollouts"
 SOCKET_NAME = "s"
 """The socket's file name (short: a Unix socket path is limited to 107 bytes)."""
 
+MAX_BODY_BYTES = 32 * 1024 * 1024
+"""The largest chat-completions request body taken (413 above): 32 MiB holds a long conversation
+with a few images; a program sending more is broken or hostile, and the body is held in memory."""
+
 SCRIPTS = ("launch.py", "bash_agent.py", "mini_swe_agent.py")
 """The in-runtime scripts copied from ``harnesses/programs`` into the endpoint's directory."""
 
@@ -136,7 +140,15 @@ class InterceptionEndpoint:
         if session is None:
             return error(401, "unknown or expired API key: this endpoint serves the rollouts of one agent, "
                               "each with the OPENAI_API_KEY it was launched with", "invalid_api_key")
-        raw = await request.body()
+        chunks, size = [], 0
+        async for chunk in request.stream():   # past the cap, read on but keep nothing: a client still
+            size += len(chunk)                 # sending would not read the 413 (and the relay would stall)
+            if size <= MAX_BODY_BYTES:
+                chunks.append(chunk)
+        if size > MAX_BODY_BYTES:
+            return error(413, f"the request body is {size} bytes; this endpoint takes at most {MAX_BODY_BYTES} "
+                              "(MAX_BODY_BYTES)", "request_too_large")
+        raw = b"".join(chunks)
         try:
             body = json.loads(raw)
         except ValueError as exc:

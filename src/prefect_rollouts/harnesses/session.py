@@ -11,7 +11,18 @@ import hashlib
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
 
 from prefect_rollouts.errors import ProviderError, scrub
 from prefect_rollouts.harnesses.base import SegmentContext, request_template, sample, scrub_message
@@ -64,7 +75,8 @@ class ProgramSession:
         In order: a retried exchange (same ``Idempotency-Key``, or ``x-stainless-retry-count`` > 0
         with a body already answered) gets the recorded response, nothing is sampled twice; once the
         rollout stopped (or ``max_turns`` responses were sampled) the request is refused, 400
-        ``rollout stopped: <condition>``; a body without a ``messages`` list is a 400 naming it.
+        ``rollout stopped: <condition>``; a body that is not a chat-completions request (no
+        ``messages``, a field of the wrong type: ``_Request``) is a 400 naming the fields.
         Otherwise the request is rewritten and sent upstream through the agent's client: the
         carried conversation ahead of the program's messages (the program's own system messages
         dropped when the carried one has one; their text and tool-call arguments scrubbed of secrets,
@@ -173,18 +185,42 @@ class ProgramSession:
         return request, [*self.carried, *spliced], rewrites
 
 
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: StrictStr | list[dict[str, Any]] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: StrictStr | None = None
+    name: StrictStr | None = None
+
+
+class _Request(BaseModel):
+    """The keys of a chat-completions request the endpoint reads or passes on, with the types the
+    OpenAI API gives them; any other key goes upstream as it is."""
+
+    model_config = ConfigDict(extra="allow")
+    messages: list[_Message] = Field(min_length=1)
+    model: StrictStr | None = None
+    stream: StrictBool | None = None
+    max_tokens: StrictInt | None = Field(None, ge=1)
+    max_completion_tokens: StrictInt | None = Field(None, ge=1)
+    n: StrictInt | None = Field(None, ge=1)
+    temperature: StrictFloat | StrictInt | None = None
+    top_p: StrictFloat | StrictInt | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: StrictStr | dict[str, Any] | None = None
+    stop: StrictStr | list[StrictStr] | None = None
+
+
 def _check(body: Any) -> str | None:
-    """What makes ``body`` unanswerable, or None."""
+    """What makes ``body`` unanswerable (each bad field with its place), or None."""
     if not isinstance(body, dict):
         return "the request body must be a JSON object"
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        return "messages: required, a non-empty list of chat messages"
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            return f"messages[{index}]: must be an object with a string role"
-    if body.get("stream") not in (None, True, False):
-        return "stream: must be true or false"
+    try:
+        _Request.model_validate(body)
+    except ValidationError as exc:
+        return "; ".join(f"{'.'.join(str(part) for part in error['loc']) or 'body'}: {error['msg']}"
+                         for error in exc.errors()[:5])
     return None
 
 
