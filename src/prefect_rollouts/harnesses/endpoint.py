@@ -8,7 +8,8 @@ runtime the launcher relays ``127.0.0.1:<port>`` to the socket, so the program r
 endpoint under every network policy and nothing else is exposed (no host port).
 
 Routes: ``POST /v1/chat/completions`` (streamed or not), ``GET /v1/models``, and
-``GET /prefect-rollouts/session`` (the launcher fetches the turn's prompt). A rollout is known by
+``GET /prefect-rollouts/session`` (the launcher fetches the turn's prompt) and ``POST
+/prefect-rollouts/session/end`` (the launcher saw the program exit). A rollout is known by
 its per-launch bearer secret (``ProgramSession``); the provider key stays in this process, in the
 agent's model client, through which every request goes upstream (retries, lanes, limits, scrubbing)
 and is recorded on the trace like an in-process call (``harnesses.base.sample``). What the endpoint
@@ -99,6 +100,7 @@ class InterceptionEndpoint:
             Route("/chat/completions", self._chat, methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
             Route("/prefect-rollouts/session", self._session, methods=["GET"]),
+            Route("/prefect-rollouts/session/end", self._end, methods=["POST"]),
         ])
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                 timeout_keep_alive=30, timeout_graceful_shutdown=1)
@@ -150,7 +152,7 @@ class InterceptionEndpoint:
                               "(MAX_BODY_BYTES)", "request_too_large")
         raw = b"".join(chunks)
         try:
-            body = json.loads(raw)
+            body = json.loads(raw, parse_constant=_no_constant)
         except ValueError as exc:
             return error(400, f"the request body is not JSON ({exc})")
         status, payload = await session.exchange(body, raw, request.headers)
@@ -168,6 +170,13 @@ class InterceptionEndpoint:
         model = session.ctx.config.model
         return JSONResponse({"object": "list", "data": [{"id": model, "object": "model", "created": 0,
                                                          "owned_by": "prefect-rollouts"}]})
+
+    async def _end(self, request: Request) -> Response:
+        """The launcher saw the program exit: refuse its key from now on (a left-behind process)."""
+        session = self._find(request)
+        if session is not None:
+            self.close_session(session)
+        return Response(status_code=204)
 
     async def _session(self, request: Request) -> Response:
         session = self._find(request)
@@ -196,6 +205,11 @@ def _prepare() -> tuple[Path, socket.socket]:
         shutil.rmtree(directory, ignore_errors=True)
         raise
     return directory, sock
+
+
+def _no_constant(name: str) -> Any:
+    """``json.loads`` takes NaN and Infinity, which are not JSON and cannot be sent upstream."""
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def error(status: int, message: str, code: str | None = None) -> JSONResponse:

@@ -86,25 +86,29 @@ def install(python: str, machine: str, *, root: Path | None = None, timeout_s: f
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (target / "minisweagent").is_dir():
             return target
+        for stale in root.glob(f"{key}.partial-*"):   # left by a killed install: we hold the lock now
+            shutil.rmtree(stale, ignore_errors=True)
         scratch = root / f"{key}.partial-{os.getpid()}"
-        shutil.rmtree(scratch, ignore_errors=True)
         try:
             platforms = [arg for tag in ("manylinux2014", "manylinux_2_17", "manylinux_2_28", "linux")
                          for arg in ("--platform", f"{tag}_{machine}")]
             common = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
                       "--no-warn-conflicts", "--target", str(scratch), "--python-version", python,
                       "--implementation", "cp", "--only-binary=:all:", *platforms]
+            (scratch / ".tmp").mkdir(parents=True)   # pip's build and unpack directories: gone with scratch
             for argv in ([*common, *DEPENDENCIES], [*common, "--no-deps", f"mini-swe-agent=={VERSION}"]):
-                _pip(argv, timeout_s)
+                _pip(argv, timeout_s, scratch / ".tmp")
+            shutil.rmtree(scratch / ".tmp")
             scratch.rename(target)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     return target
 
 
-def _pip(argv: list[str], timeout_s: float) -> None:
+def _pip(argv: list[str], timeout_s: float, tmp: Path) -> None:
     try:
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
+                                env={**os.environ, "TMPDIR": str(tmp)})
     except subprocess.TimeoutExpired as exc:
         raise TaskError(f"mini-swe-agent {VERSION}: pip ran longer than {timeout_s:g} s installing it "
                         "([env.agent.harness] setup_timeout_s); or bake it into the image with "

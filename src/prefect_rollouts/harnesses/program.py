@@ -10,7 +10,8 @@ call and enforces the limits. Outcome of a launch, in order:
 - the rollout stopped at the endpoint (``max_turns``, ``max_turn_tokens``): a clean end whatever the
   exit code; a program still running ``stop_grace_s`` after the stop is killed;
 - the agent deadline or a cancellation: the program's process tree is killed (``Runtime.kill_all``);
-- exit code 0 after at least one model call: the segment is over;
+- exit code 0 after at least one model call: the segment is over, unless its last call failed
+  upstream (that ``ProviderError``: a program that swallows an outage is not scored 0);
 - exit 0 without a model call: an error (``TaskError``), unless the spec needs no model;
 - any other exit: the relayed upstream failure when there was one (a ``ProviderError``, retried by
   the segment policy: the program is launched again on the same turn), else a ``TaskError`` with
@@ -233,6 +234,8 @@ class ProgramHarness:
             raise TaskError(f'harness "{self.id}": the program ran longer than [env.agent.harness] timeout_s = '
                             f"{self.config.timeout_s:g} and was killed")
         if code == 0:
+            if session.provider_error is not None:   # its last model call failed: an outage, not a result
+                raise session.provider_error
             if session.calls == 0 and spec.needs_model:
                 raise TaskError(f'harness "{self.id}": the program exited (code 0) without calling the model. '
                                 "It must send its requests to OPENAI_BASE_URL with OPENAI_API_KEY")

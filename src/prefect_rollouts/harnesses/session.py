@@ -63,7 +63,7 @@ class ProgramSession:
     calls: int = 0
     """Model calls made for this launch (sampled responses, failed ones included)."""
     provider_error: ProviderError | None = None
-    """The last upstream failure relayed to the program."""
+    """The upstream failure relayed to the program, when no call has succeeded since."""
     _splices: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     _replies: dict[str, dict[str, Any]] = field(default_factory=dict)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -117,6 +117,7 @@ class ProgramSession:
                 if rewrites:
                     ctx.trace.info.setdefault("program_rewrites", []).append(
                         {"call": len(ctx.trace.model_calls) - 1, **rewrites})
+            self.provider_error = None
             if ctx.stopped:
                 self.stopped.set()
             if message is None:   # only when the turn cap was reached meanwhile

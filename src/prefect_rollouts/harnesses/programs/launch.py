@@ -13,30 +13,33 @@ secret) and ``OPENAI_MODEL`` set. It
    ``OPENAI_BASE_URL=http://127.0.0.1:<port>/v1``;
 3. runs ``ARGV`` (in this process group, so a group kill reaches it), keeps the last ``TAIL_CHARS``
    characters of its stdout and stderr, prints them at its exit, and exits with its code
-   (127 when ``ARGV[0]`` cannot be run).
+   (127 when ``ARGV[0]`` cannot be run);
+4. when the program exits, stops relaying and ends the session at the endpoint (its key is refused
+   from then on, whatever the program left running); and while it runs, kills it (the process
+   group) once the endpoint stops answering: its agent was killed.
 """
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 
 
-def fetch_session(path, secret):
-    """The turn's session (``GET /prefect-rollouts/session``) over the Unix socket ``path``.
-
-    A bare HTTP/1.0 request (the server closes the connection after the response): importing
-    ``http.client`` (ssl, the email parser) costs this launcher most of its start-up CPU.
-    """
+def call(path, method, target, secret):
+    """``(status, body bytes)`` of a bare HTTP/1.0 request to the endpoint over the Unix socket ``path``
+    (the server closes the connection after the response). Not ``http.client``: importing it (ssl,
+    the email parser) cost this launcher most of its start-up CPU."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
         connection.settimeout(30)
         connection.connect(path)
-        connection.sendall(("GET /prefect-rollouts/session HTTP/1.0\r\nHost: localhost\r\n"
+        connection.sendall((f"{method} {target} HTTP/1.0\r\nHost: localhost\r\nContent-Length: 0\r\n"
                             f"Authorization: Bearer {secret}\r\n\r\n").encode("latin-1"))
         chunks = []
         while True:
@@ -46,11 +49,50 @@ def fetch_session(path, secret):
             chunks.append(chunk)
     head, _, data = b"".join(chunks).partition(b"\r\n\r\n")
     status_line = head.split(b"\r\n", 1)[0].split()
-    status = int(status_line[1]) if len(status_line) > 1 and status_line[1].isdigit() else 0
+    return (int(status_line[1]) if len(status_line) > 1 and status_line[1].isdigit() else 0), data
+
+
+def fetch_session(path, secret):
+    """The turn's session (``GET /prefect-rollouts/session``)."""
+    status, data = call(path, "GET", "/prefect-rollouts/session", secret)
     if status != 200:
         shown = data[:300].decode("utf-8", "replace")
         sys.exit(f"launch: the interception endpoint refused this launch (HTTP {status}): {shown}")
     return json.loads(data)
+
+
+def end_session(path, secret):
+    """Tell the endpoint the program exited (``POST /prefect-rollouts/session/end``): from now on it
+    refuses this launch's key, so a process the program left behind cannot add model calls."""
+    try:
+        call(path, "POST", "/prefect-rollouts/session/end", secret)
+    except OSError:
+        pass   # the endpoint is gone: nothing can reach it anyway
+
+
+def watch(path):
+    """Kill this process group (the program) when the endpoint stops answering twice in a row,
+    ``WATCH_S`` apart: its agent died (``kill -9``), and nothing else would end the program until
+    the janitor removes the container."""
+    misses = 0
+    while True:
+        time.sleep(WATCH_S)
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                probe.settimeout(5)
+                probe.connect(path)
+            misses = 0
+        except (FileNotFoundError, ConnectionRefusedError):
+            misses += 1
+        except OSError:
+            misses = 0
+        if misses >= 2:
+            sys.stderr.write("launch: the interception endpoint is gone (its agent exited): killing the program\n")
+            sys.stderr.flush()
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
+WATCH_S = 2.0
 
 
 def loopback_up():
@@ -94,7 +136,10 @@ def pump(source, target):
 
 def relay(listener, path):
     while True:
-        client, _ = listener.accept()
+        try:
+            client, _ = listener.accept()
+        except OSError:   # closed when the program exited
+            return
         upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             upstream.connect(path)
@@ -148,9 +193,13 @@ def main(argv):
                for index, stream in enumerate((process.stdout, process.stderr))]
     for reader in readers:
         reader.start()
+    threading.Thread(target=watch, args=(path,), daemon=True).start()
     code = process.wait()
+    listener.close()
+    end_session(path, secret)
+    deadline = time.monotonic() + 1.0   # a process the program left behind may hold its pipes open
     for reader in readers:
-        reader.join(timeout=2)
+        reader.join(timeout=max(0.0, deadline - time.monotonic()))
     limit = LIMIT[0] // 4
     out = keep[0].decode("utf-8", "replace")[-limit:] if limit else ""
     err = keep[1].decode("utf-8", "replace")[-limit:] if limit else ""
