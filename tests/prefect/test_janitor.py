@@ -162,3 +162,52 @@ async def test_a_rollout_flow_run_names_its_owner_and_its_task_runs_carry_no_tag
     assert f"{OWNER_TAG}{current_owner()}" in flow_run.tags
     runs = await task_runs_of(trace.info["flow_run_id"], 4)
     assert len(runs) == 4 and [r.tags for r in runs] == [[]] * 4   # a tag costs an API call per task run
+
+
+async def test_after_kill_9_of_an_eval_of_a_program_no_program_runs_on_and_the_janitor_leaves_nothing(
+        tmp_path, openai_server, docker_engine):
+    import glob
+    import tempfile
+
+    from tests.fakes.openai_server import tool_call
+
+    openai_server.default = tool_call("bash", command="sleep 600")   # each program then runs a long command
+    config = tmp_path / "eval.toml"
+    config.write_text(eval_toml(tmp_path / "traces", openai_server.base_url, max_concurrent=2, run_name="killed-bash")
+                      .replace('harness = "chat"', 'harness = "bash"')
+                      + '[env.agent.runtime]\ntype = "docker"\nnetwork = "none"\n')
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "DO_NOT_TRACK": "1",
+           "PREFECT_LOGGING_LEVEL": "WARNING"}
+    process = subprocess.Popen([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(config), "--run-id",
+                                f"killed-{uuid.uuid4().hex[:6]}"], env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    owner_label = f"{LABEL}.owner"
+
+    def of_process() -> list:
+        return [c for c in docker_engine.containers.list(all=True, filters={"label": LABEL})
+                if (Owner.parse(c.labels.get(owner_label)) or Owner("", "", 0, 0)).pid == process.pid]
+
+    def running(container) -> int:
+        """Processes of the program in ``container``: the bash agent and the command it runs."""
+        probe = ("for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done "
+                 "| grep -c -e '^python3 -I [^ ]*/bash_agent.py' -e '^sleep 600'")
+        return int(container.exec_run(["sh", "-c", probe]).output.decode().strip() or 0)
+    try:
+        deadline = time.monotonic() + 90
+        while len(of_process()) < 2 or not all(running(c) == 2 for c in of_process()):
+            assert process.poll() is None and time.monotonic() < deadline, "the eval launched no programs"
+            time.sleep(0.3)
+    finally:
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+    containers = of_process()
+    owner = containers[0].labels[owner_label]
+    endpoints = glob.glob(os.path.join(tempfile.gettempdir(), f"rollout-{owner}-*.endpoint"))
+    assert len(containers) == 2 and len(endpoints) == 1   # left behind by the kill
+    # the launchers see their endpoint gone and kill the programs (two misses, 2 s apart)
+    deadline = time.monotonic() + 20
+    while any(running(c) for c in containers):
+        assert time.monotonic() < deadline, "a program outlived its killed agent"
+        time.sleep(0.5)
+    await janitor_flow(max_age_minutes=180)
+    assert of_process() == [] and not any(os.path.exists(path) for path in endpoints)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -34,6 +35,8 @@ from prefect_rollouts.errors import TaskError
 
 if TYPE_CHECKING:
     from prefect_rollouts.runtimes import Runtime
+
+logger = logging.getLogger("prefect_rollouts.mini_swe_agent")
 
 VERSION = "2.4.6"
 """The mini-swe-agent release this package runs (PyPI ``mini-swe-agent``)."""
@@ -89,6 +92,8 @@ def install(python: str, machine: str, *, root: Path | None = None, timeout_s: f
         for stale in root.glob(f"{key}.partial-*"):   # left by a killed install: we hold the lock now
             shutil.rmtree(stale, ignore_errors=True)
         scratch = root / f"{key}.partial-{os.getpid()}"
+        logger.warning("installing mini-swe-agent %s for Python %s on %s into %s (once; about 35 s)",
+                       VERSION, python, machine, target)
         try:
             platforms = [arg for tag in ("manylinux2014", "manylinux_2_17", "manylinux_2_28", "linux")
                          for arg in ("--platform", f"{tag}_{machine}")]

@@ -182,7 +182,7 @@ class ProgramHarness:
                 for part in spec.command]
         launch = " ".join(shlex.quote(part) for part in
                           [python, "-I", f"{scripts}/launch.py", f"{scripts}/s", str(self.config.output_tail_chars),
-                           "--", *argv])
+                           *([] if ctx.config.runtime.type == "local" else ["--sweep"]), "--", *argv])
         self.endpoint.open_session(session)
         job = asyncio.ensure_future(runtime.exec(launch, timeout=self.config.timeout_s, env=env))
         killed = False

@@ -1,6 +1,6 @@
 """Launch an agent program inside a runtime, wired to the interception endpoint (stdlib, Python >= 3.8).
 
-    python3 launch.py SOCKET TAIL_CHARS -- ARGV...
+    python3 launch.py SOCKET TAIL_CHARS [--sweep] -- ARGV...
 
 Run by the program harness in the runtime's workspace, with ``OPENAI_API_KEY`` (the launch's
 secret) and ``OPENAI_MODEL`` set. It
@@ -16,7 +16,8 @@ secret) and ``OPENAI_MODEL`` set. It
    (127 when ``ARGV[0]`` cannot be run);
 4. when the program exits, stops relaying and ends the session at the endpoint (its key is refused
    from then on, whatever the program left running); and while it runs, kills it (the process
-   group) once the endpoint stops answering: its agent was killed.
+   group; with ``--sweep``, in a container, every process but init and the keep-alive) once the
+   endpoint stops answering: its agent was killed.
 """
 
 import json
@@ -70,10 +71,12 @@ def end_session(path, secret):
         pass   # the endpoint is gone: nothing can reach it anyway
 
 
-def watch(path):
-    """Kill this process group (the program) when the endpoint stops answering twice in a row,
-    ``WATCH_S`` apart: its agent died (``kill -9``), and nothing else would end the program until
-    the janitor removes the container."""
+def watch(path, sweep):
+    """Kill the program when the endpoint stops answering twice in a row, ``WATCH_S`` apart: its
+    agent died (``kill -9``), and in a container nothing else would end the program (or what it
+    started) until the janitor removes the container. ``sweep``: this is a container's PID
+    namespace, so kill every process in it but init and the keep-alive (``sweep_container``);
+    else this process group only (the local runtime ends the rest with its owner)."""
     misses = 0
     while True:
         time.sleep(WATCH_S)
@@ -89,7 +92,33 @@ def watch(path):
         if misses >= 2:
             sys.stderr.write("launch: the interception endpoint is gone (its agent exited): killing the program\n")
             sys.stderr.flush()
+            if sweep:
+                sweep_container()
             os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
+def sweep_container():
+    """SIGKILL every process of this PID namespace except PID 1, the keep-alive ``sleep infinity``
+    (a child of PID 1) and this one; as the docker runtime's ``kill_all`` does from outside."""
+    stats = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as handle:
+                    ppid = int(handle.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{name}/cmdline", "rb") as handle:
+                    stats[int(name)] = (ppid, handle.read())
+            except (OSError, ValueError, IndexError):
+                continue
+    keep = {1, os.getpid()}
+    keep.update(sorted(pid for pid, (ppid, cmdline) in stats.items()
+                       if ppid == 1 and cmdline == b"sleep\0infinity\0")[:1])
+    for pid in stats:
+        if pid not in keep:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
 
 WATCH_S = 2.0
@@ -164,8 +193,11 @@ LIMIT = [0]
 
 
 def main(argv):
+    sweep = argv[2:3] == ["--sweep"]
+    if sweep:
+        argv = argv[:2] + argv[3:]
     if len(argv) < 4 or argv[2] != "--":
-        sys.exit("usage: launch.py SOCKET TAIL_CHARS -- ARGV...")
+        sys.exit("usage: launch.py SOCKET TAIL_CHARS [--sweep] -- ARGV...")
     path, LIMIT[0], command = argv[0], int(argv[1]) * 4, argv[3:]
     secret = os.environ.get("OPENAI_API_KEY", "")
     session = fetch_session(path, secret)
@@ -193,7 +225,7 @@ def main(argv):
                for index, stream in enumerate((process.stdout, process.stderr))]
     for reader in readers:
         reader.start()
-    threading.Thread(target=watch, args=(path,), daemon=True).start()
+    threading.Thread(target=watch, args=(path, sweep), daemon=True).start()
     code = process.wait()
     listener.close()
     end_session(path, secret)

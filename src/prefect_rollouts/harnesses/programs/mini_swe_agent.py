@@ -68,12 +68,14 @@ def main(argv):
 
 def build(mode):
     """mini-swe-agent's DefaultAgent with its built-in config for ``mode`` and the endpoint as its model."""
+    import litellm
     import yaml
     from minisweagent.agents.default import DefaultAgent
     from minisweagent.config import builtin_config_dir
     from minisweagent.environments.local import LocalEnvironment
     from minisweagent.models import get_model
 
+    litellm.suppress_debug_info = True   # its "Provider List: ..." banner would fill the stderr tail
     config_file, model_class = CONFIGS[mode]
     with open(os.path.join(builtin_config_dir, config_file), encoding="utf-8") as handle:
         config = yaml.safe_load(handle)
