@@ -252,3 +252,29 @@ def test_shards_waiting_on_a_pool_no_worker_polls_are_reported(pg_api, openai_se
     finally:
         logging.getLogger("prefect.flow_runs").removeHandler(handler)
     assert result["summary"].rollouts == 4
+
+
+def test_a_shard_on_a_worker_runs_a_program_harness_like_the_eval_process(work_pool, openai_server, tmp_path):
+    """The ``bash`` program harness in shards on the workers: each worker's agents open their own
+    interception endpoint, and the rows are those of the same eval run in this process."""
+    from prefect_rollouts.traces import read_traces
+
+    pool, _ = work_pool
+    openai_server.default = answer(0.2)
+
+    def bash_config(use_pool: str | None, traces: Path):
+        text = eval_toml(traces, openai_server.base_url, taskset={"id": "tests.prefect.tasksets:numbered",
+                                                                  "count": 12},
+                         rollout_granularity="task", max_concurrent=3).replace('harness = "chat"', 'harness = "bash"')
+        if use_pool:
+            text += f'[dispatch]\nwork_pool = "{use_pool}"\nshard_size = 6\nmax_shards_in_flight = 2\n'
+        return load_eval_config(text)
+    summary = asyncio.run(eval_flow(bash_config(pool, tmp_path / "pool"), run_id="program-shards"))
+    rows = read_rollouts(tmp_path / "pool", run_id="program-shards")
+    assert len(rows) == 12 and rows["shard_flow_run_id"].nunique() == 2 and rows["error_type"].isna().all()
+    traces = read_traces(tmp_path / "pool", run_id="program-shards")
+    assert all(t.info["program"][0]["exit_code"] == 0 and t.info["program"][0]["model_calls"] == 1 for t in traces)
+    local = asyncio.run(eval_flow(bash_config(None, tmp_path / "local"), run_id="program-local"))
+    assert [(e.rollouts, e.mean_reward, e.errored) for e in summary.environments] == \
+        [(e.rollouts, e.mean_reward, e.errored) for e in local.environments]
+    assert summary.environments[0].mean_reward == pytest.approx(8 / 12)
