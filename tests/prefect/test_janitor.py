@@ -112,35 +112,23 @@ async def test_running_flow_runs_of_a_dead_process_are_marked_crashed():
     assert states == {"dead": "CRASHED", "live": "RUNNING", "untagged": "RUNNING"}
 
 
-OWNER_LABEL = f"{LABEL}.owner"
-
-
-def start_eval(tmp_path, toml: str) -> subprocess.Popen:
-    """``prefect-rollouts eval`` of ``toml`` in a process of its own, on this test's Prefect API."""
-    config = tmp_path / "eval.toml"
-    config.write_text(toml)
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "DO_NOT_TRACK": "1",
-           "PREFECT_LOGGING_LEVEL": "WARNING"}
-    return subprocess.Popen([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(config), "--run-id",
-                             f"killed-{uuid.uuid4().hex[:6]}"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-
-
-def containers_of(engine, process: subprocess.Popen) -> list:
-    """The sandbox containers whose owner label names ``process``."""
-    return [c for c in engine.containers.list(all=True, filters={"label": LABEL})
-            if (Owner.parse(c.labels.get(OWNER_LABEL)) or Owner("", "", 0, 0)).pid == process.pid]
-
-
 async def test_after_kill_9_of_an_eval_the_janitor_reaps_its_containers_and_crashes_its_flow_runs(
         tmp_path, openai_server, docker_engine):
     openai_server.default = delayed(60, reply("0"))
-    process = start_eval(tmp_path, eval_toml(tmp_path / "traces", openai_server.base_url, max_concurrent=3,
-                                             rollout_granularity="flow", run_name="killed")
-                         + '[env.agent.runtime]\ntype = "docker"\n')
+    config = tmp_path / "eval.toml"
+    config.write_text(eval_toml(tmp_path / "traces", openai_server.base_url, max_concurrent=3,
+                                rollout_granularity="flow", run_name="killed")
+                      + '[env.agent.runtime]\ntype = "docker"\n')
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "DO_NOT_TRACK": "1",
+           "PREFECT_LOGGING_LEVEL": "WARNING"}
+    process = subprocess.Popen([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(config), "--run-id",
+                                f"killed-{uuid.uuid4().hex[:6]}"], env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    owner_label = f"{LABEL}.owner"
 
     def of_process() -> list:
-        return containers_of(docker_engine, process)
+        return [c for c in docker_engine.containers.list(all=True, filters={"label": LABEL})
+                if (Owner.parse(c.labels.get(owner_label)) or Owner("", "", 0, 0)).pid == process.pid]
     try:
         deadline = time.monotonic() + 90
         while len(of_process()) < 3:
@@ -151,7 +139,7 @@ async def test_after_kill_9_of_an_eval_the_janitor_reaps_its_containers_and_cras
         process.wait()
     containers = of_process()
     assert len(containers) == 3                                    # killed: nothing removed them
-    owner_tag = OWNER_TAG + containers[0].labels[OWNER_LABEL]
+    owner_tag = OWNER_TAG + containers[0].labels[owner_label]
     await janitor_flow(max_age_minutes=180)
     assert of_process() == []
 
@@ -184,12 +172,20 @@ async def test_after_kill_9_of_an_eval_of_a_program_no_program_runs_on_and_the_j
     from tests.fakes.openai_server import tool_call
 
     openai_server.default = tool_call("bash", command="sleep 600")   # each program then runs a long command
-    process = start_eval(tmp_path, eval_toml(tmp_path / "traces", openai_server.base_url, max_concurrent=2,
-                                             run_name="killed-bash").replace('harness = "chat"', 'harness = "bash"')
-                         + '[env.agent.runtime]\ntype = "docker"\nnetwork = "none"\n')
+    config = tmp_path / "eval.toml"
+    config.write_text(eval_toml(tmp_path / "traces", openai_server.base_url, max_concurrent=2, run_name="killed-bash")
+                      .replace('harness = "chat"', 'harness = "bash"')
+                      + '[env.agent.runtime]\ntype = "docker"\nnetwork = "none"\n')
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "DO_NOT_TRACK": "1",
+           "PREFECT_LOGGING_LEVEL": "WARNING"}
+    process = subprocess.Popen([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(config), "--run-id",
+                                f"killed-{uuid.uuid4().hex[:6]}"], env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    owner_label = f"{LABEL}.owner"
 
     def of_process() -> list:
-        return containers_of(docker_engine, process)
+        return [c for c in docker_engine.containers.list(all=True, filters={"label": LABEL})
+                if (Owner.parse(c.labels.get(owner_label)) or Owner("", "", 0, 0)).pid == process.pid]
 
     def running(container) -> int:
         """Processes of the program in ``container``: the bash agent and the command it runs."""
@@ -205,7 +201,7 @@ async def test_after_kill_9_of_an_eval_of_a_program_no_program_runs_on_and_the_j
         os.kill(process.pid, signal.SIGKILL)
         process.wait()
     containers = of_process()
-    owner = containers[0].labels[OWNER_LABEL]
+    owner = containers[0].labels[owner_label]
     endpoints = glob.glob(os.path.join(tempfile.gettempdir(), f"rollout-{owner}-*.endpoint"))
     assert len(containers) == 2 and len(endpoints) == 1   # left behind by the kill
     # the launchers see their endpoint gone and kill the programs (two misses, 2 s apart)
