@@ -11,12 +11,13 @@ import asyncio
 import contextlib
 import uuid
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import httpx
 
 from prefect_rollouts.config import AgentConfig
 from prefect_rollouts.errors import ConfigError
+from prefect_rollouts.harnesses.oracle import NoModelClient
 from prefect_rollouts.model import ModelClient
 from prefect_rollouts.model.open import open_client
 from prefect_rollouts.rollout import Rollout, RolloutSpec
@@ -72,9 +73,12 @@ class Agent:
         and opened here, so a bad judge fails before any rollout runs."""
         if self.config.orchestrator == "prefect":   # Prefect loads only here; it resolves endpoint blocks
             import prefect_rollouts.blocks  # noqa: F401
-        client, server = await open_client(self.config.model, self.config.client)
-        judges = JudgeClients({client_key(self.config.model, self.config.client): client},
-                              default_client=self.config.client)
+        if self.config.harness.uses_model:
+            client, server = await open_client(self.config.model, self.config.client)
+            shared = {client_key(self.config.model, self.config.client): client}
+        else:   # oracle, nop: no client, no local model server
+            client, server, shared = cast(ModelClient, NoModelClient(self.config.harness.id)), None, {}
+        judges = JudgeClients(shared, default_client=self.config.client)
         endpoint = None
         try:
             await open_judges(self.config.scoring.judges, judges)

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 import typer
 from rich.console import Console
 
+from prefect_rollouts.cli_tasks import tasks_app
 from prefect_rollouts.cli_traces import alerts_app, traces_app
 from prefect_rollouts.console import brief_failures, print_error, print_summary, progress_bar, set_console_log_level
 from prefect_rollouts.errors import ConfigError, TraceStoreError
@@ -24,6 +25,7 @@ app = typer.Typer(help="Run and score LLM-agent rollouts with Prefect.", no_args
                   pretty_exceptions_show_locals=False)
 app.add_typer(traces_app, name="traces")
 app.add_typer(alerts_app, name="alerts")
+app.add_typer(tasks_app, name="tasks")
 console = Console(width=None if sys.stdout.isatty() else 160)  # piped output keeps whole columns
 
 
@@ -82,22 +84,14 @@ def eval_command(
         _error("config error: ", exc)
         raise typer.Exit(2) from None
     set_console_log_level(verbose)   # before Prefect is imported
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-    # Prefect's client retries a failed API call 5 times by default (2+4+8+16+32 s): a rollout flow
-    # run in flight when the API goes away would hold its slot for a minute. Two retries (~6 s)
-    # ride out a blip; past them the eval's own outage handling takes over (flows/outage.py).
-    os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", "2")
-    from prefect.settings import PREFECT_API_URL
-
     from prefect_rollouts.flows.eval import new_run_id, progress_listener, run_eval
-    from prefect_rollouts.tempserver import TemporaryServer
+    from prefect_rollouts.flows.execute import preparation_listener
 
     run_id = resume or run_id or new_run_id(eval_config)
     resume_hint = " ".join(shlex.quote(part) for part in [
         "prefect-rollouts", "eval", *([str(config)] if config else []), *(f"--set={item}" for item in set_ or []),
         "--resume", run_id])
-    temporary = None if PREFECT_API_URL.value() else TemporaryServer(
-        float(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"]))
+    temporary = temporary_server()
     if temporary is not None and eval_config.dispatch.work_pool:
         _error("config error: ", ConfigError(
             f"[dispatch] work_pool = {eval_config.dispatch.work_pool!r} needs the Prefect server its workers poll: "
@@ -105,13 +99,10 @@ def eval_command(
         raise typer.Exit(2)
     with progress_bar(console) as update, brief_failures(not verbose):
         progress_listener.set(update)
+        preparation_listener.set(lambda line: console.print(line, markup=False, highlight=False))
         stopped: BaseException | None = None
         try:
-            with contextlib.ExitStack() as stack:
-                if temporary is not None:
-                    console.print("PREFECT_API_URL is not set: starting a temporary Prefect server for this eval")
-                    stack.enter_context(_api_url(stack.enter_context(temporary).api_url))
-                    stack.callback(_drain_prefect_services)   # runs before the server stops
+            with on_server(temporary):
                 summary, failure = run_until_stopped(run_eval(eval_config, resume=resume, run_id=run_id,
                                                               force_config=force_config))
         except ConfigError as exc:
@@ -134,6 +125,34 @@ def eval_command(
     if fail_on_regression and summary.regressed:
         _error("regressed: ", f"{', '.join(summary.regressed)} against baseline {summary.baseline}")
         raise typer.Exit(3)
+
+
+@contextlib.contextmanager
+def on_server(temporary: Any) -> Iterator[None]:
+    """Run the block against ``temporary`` (a ``TemporaryServer``, started here and stopped after the
+    queued logs and events are sent), or against ``PREFECT_API_URL`` when it is None."""
+    with contextlib.ExitStack() as stack:
+        if temporary is not None:
+            console.print("PREFECT_API_URL is not set: starting a temporary Prefect server for this eval")
+            stack.enter_context(_api_url(stack.enter_context(temporary).api_url))
+            stack.callback(_drain_prefect_services)   # runs before the server stops
+        yield
+
+
+def temporary_server() -> Any:
+    """A ``TemporaryServer`` (not started) when ``PREFECT_API_URL`` is unset, else None; sets the
+    startup timeout and client retries evals use (see ``eval_command``)."""
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    # Prefect's client retries a failed API call 5 times by default (2+4+8+16+32 s): a rollout flow
+    # run in flight when the API goes away would hold its slot for a minute. Two retries (~6 s)
+    # ride out a blip; past them the eval's own outage handling takes over (flows/outage.py).
+    os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", "2")
+    from prefect.settings import PREFECT_API_URL
+
+    from prefect_rollouts.tempserver import TemporaryServer
+
+    return None if PREFECT_API_URL.value() else TemporaryServer(
+        float(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"]))
 
 
 @contextlib.contextmanager

@@ -25,8 +25,12 @@ from prefect_rollouts.config_base import (
 from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.judge_config import AnyJudgeConfig
 
-HarnessId = Literal["chat", "tools", "program", "bash", "mini-swe-agent"]
+HarnessId = Literal["chat", "tools", "program", "bash", "mini-swe-agent", "oracle", "nop"]
 """The built-in harness ids (``HarnessConfig.id``)."""
+
+MODEL_FREE_HARNESSES = ("oracle", "nop")
+"""Harness ids that never call a model (``harnesses/oracle.py``): an agent with one opens no model
+client and starts no local model server, whatever ``model`` says."""
 
 PROGRAM_HARNESSES = ("program", "bash", "mini-swe-agent")
 """Harness ids that run an agent program in the runtime (``harnesses/program.py``): ``program``
@@ -45,7 +49,9 @@ class HarnessConfig(_Config):
     """``chat``: one model response per segment. ``tools``: the tool-calling loop (can steer).
     ``program``: ``command`` run in the runtime. ``bash``: the package's own small agent program (a
     ``bash`` tool loop, ``harnesses/programs/bash_agent.py``). ``mini-swe-agent``: mini-swe-agent
-    from PyPI, pinned (``harnesses/mini_swe_agent.py``)."""
+    from PyPI, pinned (``harnesses/mini_swe_agent.py``). ``oracle``: the task's reference solution
+    (``Task.solve``; a Harbor task's ``solution/solve.sh``), no model. ``nop``: does nothing, no model
+    (a task's tests must fail on the untouched box)."""
     runtime_tools: list[Literal["bash", "read_file", "write_file"]] = ["bash", "read_file", "write_file"]
     """Runtime tools the ``tools`` harness offers besides the task's own tools."""
     tool_timeout_s: float = Field(600.0, gt=0)
@@ -127,6 +133,11 @@ class HarnessConfig(_Config):
         """Whether this harness runs an agent program in the runtime."""
         return self.id in PROGRAM_HARNESSES
 
+    @property
+    def uses_model(self) -> bool:
+        """False for ``oracle`` and ``nop``, which never call a model."""
+        return self.id not in MODEL_FREE_HARNESSES
+
 
 class NetworkPolicy(_Config):
     """Network access of a runtime. TOML and Python also accept the string ``"open"`` or ``"none"``."""
@@ -186,11 +197,18 @@ class RuntimeConfig(_Config):
     device" (a tool error the agent sees), and a rollout that filled it ends with an error."""
     docker_network: str = "bridge"
     """docker: the Docker network joined under ``network = "open"``."""
+    writable: list[str] = []
+    """docker: more absolute paths the container may write besides the workspace, ``/tmp``,
+    ``/var/tmp``, ``/run`` and HOME. Under the ``tmpfs`` disk quota (a read-only root filesystem) each
+    is a tmpfs of ``storage_mb``; otherwise the whole filesystem is writable already. A Harbor task
+    adds ``/logs``, ``/tests`` and ``/solution``."""
 
     @model_validator(mode="after")
     def _absolute_workdir(self) -> RuntimeConfig:
         if not self.workdir.startswith("/"):
             raise ValueError(f"workdir = {self.workdir!r}: must be an absolute path in the container, e.g. /workspace")
+        if bad := [path for path in self.writable if not path.startswith("/") or path.rstrip("/") == ""]:
+            raise ValueError(f"writable = {bad!r}: each must be an absolute path in the container other than /")
         return self
 
 

@@ -127,7 +127,8 @@ def new_state(config: AgentConfig, task: Task, client: ModelClient, *, agent_inf
     while many rollouts of one task run at once.
     """
     task = rollout_copy(task)
-    if is_local(config.model):   # the client talks to the agent's llama.cpp server, not to config.client
+    # the client talks to the agent's llama.cpp server, not to config.client (oracle and nop open none)
+    if is_local(config.model) and config.harness.uses_model:
         served = {"base_url": client.config.base_url, "api_key_env": None, "endpoint": None}
         agent_info = {**agent_info, "client": {**agent_info["client"], **served}}
     trace = Trace(task_id=task.id, task_type=type(task).__name__, model=config.model, agent=agent_info)
@@ -178,7 +179,9 @@ def opening_messages(task: Task) -> list[dict[str, Any]]:
 
 
 async def setup(state: RolloutState) -> None:
-    """Start the runtime, write ``TaskData.files``, run ``Task.setup`` and open the harness.
+    """``Task.prepare`` (the agent config the task's rollout runs with, e.g. its own image and
+    deadlines, becomes ``state.config``), then start the runtime, write ``TaskData.files``, run
+    ``Task.setup`` and open the harness.
 
     Deadline ``timeouts.setup`` (expiry: ``setup_timeout``). On any failure the runtime it
     started is stopped before the error propagates, so a retry starts a fresh one.
@@ -186,10 +189,11 @@ async def setup(state: RolloutState) -> None:
     Raises:
         RuntimeUnavailableError: the runtime did not start (retried per the policy when retryable).
         StageTimeoutError: the deadline expired (recorded on the trace).
-        Exception: whatever ``Task.setup`` or the harness raised.
+        Exception: whatever ``Task.prepare``, ``Task.setup`` or the harness raised.
     """
     try:
         async with _timed(state, "setup", state.config.timeouts.setup):
+            state.config = await state.task.prepare(state.config)
             state.runtime = make_runtime(state.config.runtime, labels=state.labels, binds=state.harness.binds)
             await state.runtime.start()
             for path, content in state.task.data.files.items():

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
-from prefect_rollouts.config import ScoringConfig
+from prefect_rollouts.config import AgentConfig, ScoringConfig
+from prefect_rollouts.errors import TaskError
 from prefect_rollouts.threads import run_sync
 
 if TYPE_CHECKING:
@@ -116,8 +117,35 @@ class Task:
         """The task id (``data.id``)."""
         return self.data.id  # type: ignore[return-value]
 
+    async def prepare(self, config: AgentConfig) -> AgentConfig:
+        """Make what this task's runtime needs (e.g. build its image) and return the agent config its
+        rollouts run with (e.g. that image, its own deadlines). Default: ``config`` unchanged.
+
+        An eval calls it for every task before any rollout starts (a few tasks at a time), and each
+        rollout's setup calls it again before its runtime starts, on the rollout's own copy of the
+        task: keep expensive work cached per process (and across processes where it is shared, like
+        a Docker engine's images), so the second call returns at once.
+
+        Raises:
+            ConfigError: the task cannot run under ``config`` at all (e.g. it needs the ``docker``
+                runtime); an eval stops before any rollout runs.
+            InfrastructureError: what the task needs could not be made (e.g. its image does not
+                build); its rollouts fail with this error (reward None), the eval's other tasks run.
+        """
+        return config
+
     async def setup(self, runtime: Any) -> None:
         """Prepare the workspace after ``data.files`` are written. Default: nothing."""
+
+    async def solve(self, runtime: Any, trace: Any) -> None:
+        """Apply the task's reference solution in ``runtime`` (what the ``oracle`` harness runs); a
+        task whose solution works scores full reward after it.
+
+        Raises:
+            TaskError: the task has no reference solution (the default), or it failed.
+        """
+        raise TaskError(f"task {self.id!r} ({type(self).__name__}) has no reference solution for the oracle "
+                        "harness: define Task.solve, or use another harness")
 
     async def finalize(self, trace: Any, runtime: Any) -> None:
         """Run after the last segment, before scoring (e.g. record a diff). Default: nothing."""

@@ -25,6 +25,7 @@ from prefect_rollouts.task import Task
 BUILTIN = {
     "arithmetic": "prefect_rollouts.environments.arithmetic:load",
     "bfcl": "prefect_rollouts.environments.bfcl:load",
+    "harbor": "prefect_rollouts.environments.harbor:load",
     "humaneval": "prefect_rollouts.environments.humaneval:load",
 }
 

@@ -30,6 +30,8 @@ import httpx
 from prefect import task
 from prefect.artifacts import acreate_progress_artifact, aupdate_progress_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.exceptions import MissingContextError
+from prefect.logging import get_run_logger
 from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 from prefect.states import Failed, State
 from prefect.utilities.annotations import quote
@@ -49,6 +51,7 @@ from prefect_rollouts.flows.outage import (
 from prefect_rollouts.flows.ownership import owner_tags, sandbox_labels, tag_flow_run
 from prefect_rollouts.flows.rollout import RolloutRequest, failure_message, rollout_flow, rollout_outcome, trace_of
 from prefect_rollouts.plan import Planned, RolloutKey
+from prefect_rollouts.prepare import prepare_tasks
 from prefect_rollouts.rollout import Rollout
 from prefect_rollouts.trace import Trace
 from prefect_rollouts.traces import DatasetRoot, TraceWriter, error_text
@@ -56,6 +59,10 @@ from prefect_rollouts.traces import DatasetRoot, TraceWriter, error_text
 #: Called as ``listener(durable, total)`` whenever more rollouts become durable (the CLI's progress bar).
 progress_listener: contextvars.ContextVar[Callable[[int, int], None] | None] = contextvars.ContextVar(
     "prefect_rollouts_progress_listener", default=None)
+
+#: Called with each line of the tasks' preparation (e.g. image builds) before the rollouts (the CLI prints them).
+preparation_listener: contextvars.ContextVar[Callable[[str], None] | None] = contextvars.ContextVar(
+    "prefect_rollouts_preparation_listener", default=None)
 
 log = logging.getLogger("prefect_rollouts.outage")
 
@@ -160,6 +167,7 @@ async def execute(config: EvalConfig, root: str | DatasetRoot, run_id: str, todo
                        worker={"host": socket.gethostname(), "pid": os.getpid(),
                                "shard_flow_run_id": shard_flow_run_id},
                        flush_each=config.flush_each_rollout or config.rollouts_per_task > 1)
+            await prepare_tasks(todo, report=_preparation_report())   # e.g. Harbor tasks' images, before any rollout
             with _no_heartbeats() if config.rollout_granularity == "flow" else contextlib.nullcontext():
                 await _run_through_outages(run, todo, config)
             if run.store_error is not None:
@@ -170,6 +178,21 @@ async def execute(config: EvalConfig, root: str | DatasetRoot, run_id: str, todo
         if watch.is_up:   # else the run stops for the outage: keep Prefect's retries of it quiet
             quiet.remove()
     return run.failures
+
+
+def _preparation_report() -> Callable[[str], None]:
+    """Where the preparation's lines go: the flow run's log (the UI), and ``preparation_listener``."""
+    try:
+        logger: Any = get_run_logger()
+    except MissingContextError:
+        logger = logging.getLogger("prefect_rollouts.prepare")
+    listener = preparation_listener.get()
+
+    def report(line: str) -> None:
+        logger.info(line)
+        if listener is not None:
+            listener(line)
+    return report
 
 
 def _no_heartbeats() -> contextlib.AbstractContextManager[Any]:

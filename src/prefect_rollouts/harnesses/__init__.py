@@ -1,6 +1,7 @@
 """Harnesses: what drives the model through a segment.
 
-In this process: ``chat`` (one response) and ``tools`` (the tool loop). In the runtime: the program
+In this process: ``chat`` (one response) and ``tools`` (the tool loop); without a model: ``oracle``
+(the task's reference solution) and ``nop`` (nothing), which check a task. In the runtime: the program
 harnesses (``program``, ``bash``, ``mini-swe-agent``), whose model calls reach the agent's
 interception endpoint (``endpoint.py``). Contract: ``Harness`` in ``base.py``; ``make_harness`` maps
 ``HarnessConfig.id`` to a class. A harness appends to ``ctx.trace`` and stops it via ``trace.stop``.
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 from prefect_rollouts.config import HarnessConfig
 from prefect_rollouts.harnesses.base import Harness, SegmentContext
 from prefect_rollouts.harnesses.chat import ChatHarness
+from prefect_rollouts.harnesses.oracle import NopHarness, OracleHarness
 from prefect_rollouts.harnesses.tools import ToolsHarness
 
 if TYPE_CHECKING:
@@ -21,7 +23,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Harness", "SegmentContext", "make_harness"]
 
-HARNESSES: dict[str, type[ChatHarness] | type[ToolsHarness]] = {"chat": ChatHarness, "tools": ToolsHarness}
+HARNESSES: dict[str, type[ChatHarness] | type[ToolsHarness] | type[OracleHarness] | type[NopHarness]] = {
+    "chat": ChatHarness, "tools": ToolsHarness, "oracle": OracleHarness, "nop": NopHarness}
 """The in-process harnesses: ``HarnessConfig.id`` -> class. Every other id is a program harness."""
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefect_rollouts.errors import TaskError
+from prefect_rollouts.runtimes.base import cache_dir
 
 if TYPE_CHECKING:
     from prefect_rollouts.runtimes import Runtime
@@ -61,11 +62,7 @@ _PROBE = ("python3 -c 'import os, platform, sys; print(\"%d.%d\" % sys.version_i
 
 def cache_root() -> Path:
     """The host directory that holds mini-swe-agent installs (see the module docstring); created."""
-    base = os.environ.get("PREFECT_ROLLOUTS_CACHE") or \
-        os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "prefect-rollouts")
-    root = Path(base) / "mini-swe-agent"
-    root.mkdir(parents=True, exist_ok=True)
-    return root
+    return cache_dir("mini-swe-agent")
 
 
 def install(python: str, machine: str, *, root: Path | None = None, timeout_s: float = 900) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -12,6 +13,17 @@ from prefect_rollouts.errors import scrub
 SCRUB_SLACK_BYTES = 4096
 """Bytes of a command's output kept beyond ``output_cap_bytes`` so that a secret straddling the
 cap is still whole when it is scrubbed; the text is cut to the cap afterwards."""
+
+
+def cache_dir(name: str) -> Path:
+    """The host directory ``<cache>/<name>``, created: ``<cache>`` is ``$PREFECT_ROLLOUTS_CACHE``, else
+    ``$XDG_CACHE_HOME/prefect-rollouts``, else ``~/.cache/prefect-rollouts`` (mini-swe-agent installs,
+    task image build locks)."""
+    base = os.environ.get("PREFECT_ROLLOUTS_CACHE") or \
+        os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "prefect-rollouts")
+    root = Path(base) / name
+    root.mkdir(parents=True, exist_ok=True)
+    return root
 
 
 def output_text(raw: bytes | bytearray, cap: int) -> str:

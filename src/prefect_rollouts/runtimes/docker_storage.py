@@ -9,7 +9,8 @@ rollout wrote 3 GB, with PostgreSQL and the dataset on the same disk). Two ways,
 - ``tmpfs``: everywhere else (overlay2 on ext4, as on the machine this was built on), the root
   filesystem is read-only and the writable places are tmpfs of ``storage_mb`` each: the workspace
   (a tmpfs *volume*, which the archive API behind read_file, write_file and the artifacts can
-  reach, seeded with the image's own workdir files), ``/tmp``, ``/var/tmp``, ``/run`` and HOME.
+  reach, seeded with the image's own workdir files), ``/tmp``, ``/var/tmp``, ``/run``, HOME and the
+  config's ``writable`` paths.
   A tmpfs is memory, and the pages a container writes count against its memory limit, so all it
   writes together stays within ``memory_mb`` and never reaches the engine's disk. A write past
   ``storage_mb`` in one place fails with ENOSPC; past ``memory_mb`` the kernel's OOM killer ends a
@@ -85,7 +86,7 @@ def quota_options(config: RuntimeConfig, mode: QuotaMode, home: str | None) -> d
     size = f"size={config.storage_mb}m"
     workspace = Mount(config.workdir, None, type="volume",   # anonymous: removed with the container (v=True)
                       driver_config=DriverConfig("local", {"type": "tmpfs", "device": "tmpfs", "o": size}))
-    places = {*SCRATCH, *([home] if home else [])}
+    places = {*SCRATCH, *config.writable, *([home] if home else [])}
     return {"read_only": True, "mounts": [workspace],
             "tmpfs": {place: f"{size},exec" for place in sorted(places) if not _overlaps(place, config.workdir)}}
 
@@ -94,7 +95,7 @@ def quota_paths(config: RuntimeConfig, mode: QuotaMode, home: str | None) -> lis
     """The container paths whose filesystems carry the quota, for ``df``."""
     if mode == "size":
         return [config.workdir]
-    places = {*SCRATCH, *([home] if home else [])}
+    places = {*SCRATCH, *config.writable, *([home] if home else [])}
     return [config.workdir, *sorted(place for place in places if not _overlaps(place, config.workdir))]
 
 

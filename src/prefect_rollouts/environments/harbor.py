@@ -1,0 +1,409 @@
+"""``harbor``: agentic tasks in Harbor's task format, each a box with a goal that its tests check afterwards.
+
+A task directory holds ``instruction.md`` (the prompt), ``task.toml`` (``harbor_config.TaskToml``),
+``environment/`` (its ``Dockerfile``), ``tests/test.sh`` and, for the ``oracle`` harness,
+``solution/solve.sh``. ``[env.taskset] path`` names one task directory or a directory of them (the
+task ids are the directory names). Every problem a task's files have is a ``ConfigError`` naming the
+task and the key, raised while the taskset loads, before any rollout.
+
+A rollout of a task (the ``docker`` runtime only):
+
+1. ``prepare``: the image (``[environment] docker_image``, else built from ``environment/``, tagged by
+   a hash of the directory: ``runtimes/images.py``) and the agent config of the rollout: that image,
+   ``cpus``, ``memory_mb``, ``storage_mb``, ``workdir`` (default the image's ``WORKDIR``), ``env``, the
+   agent phase's network and deadline (``[agent] timeout_sec``). A failed build is an
+   ``InfrastructureError`` of the task's rollouts (reward None), never reward 0.
+2. ``setup``: ``/logs/agent``, ``/logs/verifier`` and ``/logs/artifacts`` made; the healthcheck run.
+3. The agent (any harness; ``oracle`` runs ``solve``: ``solution/`` copied to ``/solution``, ``bash
+   /solution/solve.sh``).
+4. ``finalize``: what the agent left in ``/logs/artifacts`` is listed (small text files kept) in
+   ``trace.info["harbor"]["artifacts"]``.
+5. Scoring (``tests``), in the agent's box (``[verifier] environment_mode = "shared"``) or in a fresh
+   box of the same image with the agent's workdir restored (``"separate"``: isolated scoring), under
+   the verifier phase's network: clear ``/logs/verifier``, copy ``tests/`` to ``/tests``, run ``bash
+   /tests/test.sh`` with ``[verifier] env`` for at most ``[verifier] timeout_sec``, then read
+   ``/logs/verifier/reward.json`` or else ``reward.txt`` (``read_reward``). No reward file, an empty or
+   non-finite one, or a test run past its deadline is a scoring error (reward None), not 0.
+
+Deadlines scale by the taskset option ``timeout_multiplier``. Network modes: ``public`` is ``open``,
+``no-network`` is ``none``; ``[agent]`` and ``[verifier]`` override ``[environment]`` for their phase.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import shlex
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from prefect_rollouts.config import AgentConfig, NetworkPolicy, ScoringConfig
+from prefect_rollouts.environments.harbor_config import NetworkMode, TaskToml
+from prefect_rollouts.errors import ConfigError, TaskError
+from prefect_rollouts.task import Task, TaskData, reward
+from prefect_rollouts.trace import Trace
+
+log = logging.getLogger("prefect_rollouts.harbor")
+
+LOG_DIRS = ("/logs/agent", "/logs/verifier", "/logs/artifacts")
+"""Harbor's log directories in the box."""
+WRITABLE = ("/logs", "/tests", "/solution")
+"""Places besides the workdir a Harbor box must be able to write (``RuntimeConfig.writable``)."""
+TAIL_CHARS = 4000
+"""Characters of the end of the tests' (and the oracle's) stdout and stderr kept on the trace."""
+ARTIFACT_FILE_BYTES = 16 * 1024
+"""Files in ``/logs/artifacts`` up to this size are kept on the trace as text; larger ones are listed."""
+ARTIFACT_FILES = 50
+"""At most this many files of ``/logs/artifacts`` are listed on the trace."""
+
+_warned: set[str] = set()
+
+
+class HarborTask(Task):
+    """One Harbor task directory (see the module docstring).
+
+    Attributes:
+        directory: The task directory (absolute).
+        toml: Its ``task.toml``.
+        timeout_multiplier: Scales the agent, verifier and build deadlines.
+        storage_mb: Overrides ``[environment] storage_mb`` (the taskset option), when not None.
+    """
+
+    def __init__(self, data: TaskData, directory: Path, toml: TaskToml, *, timeout_multiplier: float = 1.0,
+                 storage_mb: int | None = None) -> None:
+        super().__init__(data)
+        self.directory = directory
+        self.toml = toml
+        self.timeout_multiplier = timeout_multiplier
+        self.storage_mb = storage_mb
+
+    @property
+    def separate(self) -> bool:
+        """Whether the tests run in a fresh box (``[verifier] environment_mode = "separate"``)."""
+        return self.toml.verifier.environment_mode == "separate"
+
+    def network(self, phase: str) -> NetworkPolicy:
+        """The network policy of ``phase`` (``agent`` or ``verifier``): its own mode, else the environment's."""
+        own: NetworkMode | None = getattr(self.toml, phase).network_mode
+        return _policy(own or self.toml.environment.baseline_network())
+
+    async def prepare(self, config: AgentConfig) -> AgentConfig:
+        """The task's image (built or found; see the module docstring) and the agent config of its rollouts.
+
+        Raises:
+            ConfigError: the runtime is not ``docker``.
+            InfrastructureError: the image does not build (the build log's tail), or a ``docker_image``
+                is neither on the engine nor pullable.
+        """
+        from prefect_rollouts.runtimes import images  # the docker SDK loads only for a harbor eval
+
+        if config.runtime.type != "docker":
+            raise ConfigError(f'[env.agent.runtime] type = "{config.runtime.type}": Harbor task {self.id!r} runs in '
+                              'its own image; set [env.agent.runtime] type = "docker"')
+        environment = self.toml.environment
+        what = f"Harbor task {self.id!r}"
+        if environment.docker_image:
+            ready = await asyncio.to_thread(images.pull_image, environment.docker_image,
+                                            timeout_s=environment.build_timeout_sec * self.timeout_multiplier,
+                                            what=what)
+        else:
+            source = self.directory / "environment"
+            tag = await asyncio.to_thread(images.image_tag, self.id, source)
+            ready = await asyncio.to_thread(images.build_image, source, tag,
+                                            timeout_s=environment.build_timeout_sec * self.timeout_multiplier,
+                                            what=what)
+        if getattr(self, "build_s", None) is None:
+            self.build_s = ready.build_s   # the first prepare of this task object: the eval's, before its rollouts
+        runtime = config.runtime.model_copy(update={
+            "image": ready.tag, "workdir": environment.workdir or ready.workdir, "cpus": float(environment.cpus),
+            "memory_mb": environment.memory_mb,
+            "storage_mb": environment.storage_mb if self.storage_mb is None else self.storage_mb,
+            "env": {**config.runtime.env, **environment.env}, "network": self.network("agent"),
+            "writable": sorted({*config.runtime.writable, *WRITABLE})})
+        timeouts = config.timeouts
+        if self.toml.agent.timeout_sec is not None:
+            timeouts = timeouts.model_copy(update={"agent": self.toml.agent.timeout_sec * self.timeout_multiplier})
+        return config.model_copy(update={"runtime": runtime, "timeouts": timeouts})
+
+    async def setup(self, runtime: Any, trace: Trace | None = None) -> None:
+        """Make the log directories; run ``[environment.healthcheck]`` until it passes.
+
+        Raises:
+            TaskError: the directories cannot be made, or the healthcheck failed ``retries`` times.
+        """
+        info = trace.info.setdefault("harbor", {}) if trace is not None else {}
+        info.update(image=runtime.config.image, workdir=runtime.config.workdir,
+                    build_s=getattr(self, "build_s", None),
+                    network={"agent": runtime.network.mode, "verifier": self.network("verifier").mode})
+        made = await runtime.exec("mkdir -p " + " ".join(LOG_DIRS), timeout=60)
+        if made.exit_code != 0:
+            raise TaskError(f"Harbor task {self.id!r}: cannot make {', '.join(LOG_DIRS)} in the box: "
+                            f"{made.stderr.strip()[-500:]}")
+        check = self.toml.environment.healthcheck
+        if check is None:
+            return
+        started, failures = time.monotonic(), 0
+        while True:
+            result = await runtime.exec(check.command, timeout=check.timeout_sec)
+            if result.exit_code == 0:
+                return
+            starting = time.monotonic() - started < check.start_period_sec
+            failures += 0 if starting else 1
+            if failures >= check.retries:
+                raise TaskError(f"Harbor task {self.id!r}: [environment.healthcheck] {check.command!r} failed "
+                                f"{failures} times (exit {result.exit_code}): {result.stderr.strip()[-500:]}")
+            await asyncio.sleep(check.start_interval_sec if starting else check.interval_sec)
+
+    async def solve(self, runtime: Any, trace: Trace) -> None:
+        """The oracle: copy ``solution/`` to ``/solution`` and run ``bash /solution/solve.sh`` in the workdir
+        with ``[solution] env`` (within the agent deadline).
+
+        Raises:
+            TaskError: there is no ``solution/solve.sh``, or it exited non-zero (its exit code and stderr).
+        """
+        solution = self.directory / "solution"
+        if not (solution / "solve.sh").is_file():
+            raise TaskError(f"Harbor task {self.id!r}: no solution/solve.sh for the oracle harness")
+        await runtime.upload(solution, "/solution")
+        limit = (self.toml.agent.timeout_sec or 3600.0) * self.timeout_multiplier
+        result = await runtime.exec("bash /solution/solve.sh", timeout=limit, env=dict(self.toml.solution.env))
+        trace.info.setdefault("harbor", {})["solution"] = _outcome(result)
+        if result.exit_code != 0:
+            why = f"ran longer than {limit:g} s" if result.timed_out else f"exited with code {result.exit_code}"
+            raise TaskError(f"Harbor task {self.id!r}: solution/solve.sh {why}: "
+                            f"{(result.stderr or result.stdout).strip()[-800:]}")
+
+    async def finalize(self, trace: Trace, runtime: Any) -> None:
+        """Keep what the agent left in ``/logs/artifacts`` on the trace (``trace.info["harbor"]["artifacts"]``:
+        path -> text of each file up to ``ARTIFACT_FILE_BYTES``, None for a larger or binary one)."""
+        listing = await runtime.exec(_LIST_ARTIFACTS, timeout=60)
+        if listing.exit_code != 0 or not listing.stdout.strip():
+            return
+        kept: dict[str, str | None] = {}
+        for line in listing.stdout.splitlines()[:ARTIFACT_FILES]:
+            size, _, path = line.partition(" ")
+            kept[path] = None
+            if size.isdigit() and int(size) <= ARTIFACT_FILE_BYTES:
+                content = await runtime.exec(f"cat -- {shlex.quote('/logs/artifacts/' + path)}", timeout=30)
+                if content.exit_code == 0 and "\ufffd" not in content.stdout:
+                    kept[path] = content.stdout
+        trace.info.setdefault("harbor", {})["artifacts"] = kept
+
+    @reward
+    async def tests(self, trace: Trace, runtime: Any) -> float:
+        """The reward ``tests/test.sh`` writes (see the module docstring and ``read_reward``); the other keys
+        of an object in ``reward.json`` become metrics. How the tests ran (exit code, output tails) is in
+        ``trace.info["harbor"]["verifier"]``.
+
+        Raises:
+            TaskError: the tests ran past ``[verifier] timeout_sec``, or wrote no usable reward.
+        """
+        verifier = self.toml.verifier
+        cleared = await runtime.exec("mkdir -p " + " ".join(LOG_DIRS)
+                                     + " /tests && find /logs/verifier -mindepth 1 -delete", timeout=60)
+        if cleared.exit_code != 0:
+            raise TaskError(f"Harbor task {self.id!r}: cannot clear /logs/verifier: {cleared.stderr.strip()[-500:]}")
+        await runtime.upload(self.directory / "tests", "/tests")
+        limit = verifier.timeout_sec * self.timeout_multiplier
+        result = await runtime.exec("bash /tests/test.sh", timeout=limit, env=dict(verifier.env))
+        trace.info.setdefault("harbor", {})["verifier"] = _outcome(result)
+        if result.timed_out:
+            raise TaskError(f"Harbor task {self.id!r}: tests/test.sh ran longer than [verifier] timeout_sec = "
+                            f"{limit:g} s and was killed")
+        found = await runtime.exec(_READ_REWARD, timeout=30)
+        kind, _, text = found.stdout.partition("\n")
+        if kind.strip() not in ("json", "txt"):
+            if result.exit_code != 0:
+                raise TaskError(f"Harbor task {self.id!r}: tests/test.sh exited with code {result.exit_code} before "
+                                f"writing a reward: {(result.stderr or result.stdout).strip()[-800:]}")
+            raise TaskError(f"Harbor task {self.id!r}: tests/test.sh wrote no reward (/logs/verifier/reward.json "
+                            "or reward.txt); a missing reward is an error, not 0")
+        value, metrics = read_reward(kind.strip(), text, self.id)
+        trace.metrics.update(metrics)
+        return value
+
+
+_READ_REWARD = """if [ -f /logs/verifier/reward.json ]; then echo json; cat /logs/verifier/reward.json
+elif [ -f /logs/verifier/reward.txt ]; then echo txt; cat /logs/verifier/reward.txt; else echo none; fi"""
+
+_LIST_ARTIFACTS = ("cd /logs/artifacts 2>/dev/null && find . -type f -printf '%s %P\\n' 2>/dev/null | sort -k2 | "
+                   f"head -n {ARTIFACT_FILES}")
+
+
+def read_reward(kind: str, text: str, task_id: str) -> tuple[float, dict[str, float]]:
+    """``(reward, metrics)`` from the text of ``reward.json`` (``kind = "json"``) or ``reward.txt``.
+
+    ``reward.json``: a number is the reward; an object with a ``reward`` key: that is the reward and
+    the other keys are metrics; an object without one: every key is a reward of equal weight, so the
+    reward is their mean, and each is also kept as a metric. ``reward.txt``: one number.
+
+    Raises:
+        TaskError: the file is empty, not a number (or an object of numbers), or holds a non-finite one.
+    """
+    where = f"Harbor task {task_id!r}: /logs/verifier/reward.{kind}"
+    if not text.strip():
+        raise TaskError(f"{where} is empty; it must hold the reward (a number)")
+    if kind == "txt":
+        return _finite(text.strip(), where), {}
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TaskError(f"{where} is not JSON ({exc}): {text.strip()[:200]!r}") from None
+    if not isinstance(parsed, dict):
+        return _finite(parsed, where), {}
+    if not parsed:
+        raise TaskError(f"{where} is an empty object; give a reward key or at least one number")
+    values = {str(key): _finite(value, f"{where} key {key!r}") for key, value in parsed.items()}
+    if "reward" in values:
+        reward_value = values.pop("reward")
+        return reward_value, values
+    return sum(values.values()) / len(values), values
+
+
+def _finite(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise TaskError(f"{where} holds {json.dumps(value)[:200]}, not a number")
+    try:
+        number = float(value)
+    except (ValueError, OverflowError):
+        raise TaskError(f"{where} holds {str(value)[:200]!r}, not a number") from None
+    if not math.isfinite(number):
+        raise TaskError(f"{where} holds {value!r}: a reward must be a finite number")
+    return number
+
+
+def _outcome(result: Any) -> dict[str, Any]:
+    return {"exit_code": result.exit_code, "timed_out": result.timed_out,
+            "stdout_tail": result.stdout[-TAIL_CHARS:], "stderr_tail": result.stderr[-TAIL_CHARS:]}
+
+
+def load(path: str, tasks: list[str] | None = None, timeout_multiplier: float = 1.0,
+         storage_mb: int | None = None) -> list[HarborTask]:
+    """The Harbor tasks under ``path``, in directory-name order.
+
+    Args:
+        path: One task directory (it holds ``task.toml``) or a directory of them (relative paths are
+            resolved against the current directory; subdirectories without ``task.toml`` or
+            ``instruction.md`` are skipped).
+        tasks: Only these task directory names, in this order.
+        timeout_multiplier: Scales every task's agent, verifier and build deadlines (> 0).
+        storage_mb: The disk quota of every box, in MiB, instead of ``[environment] storage_mb``; 0 =
+            none (under the ``tmpfs`` quota a box's root filesystem is read-only: ``docker_storage``).
+
+    Raises:
+        ConfigError: ``path`` is missing or holds no task; ``tasks`` names one that is not there; a task
+            lacks ``instruction.md``, ``tests/test.sh`` or an image (``environment/Dockerfile`` or
+            ``docker_image``); its ``task.toml`` is not TOML or has a wrong type (named by key); or it
+            asks for what this system does not run (GPUs, MCP servers, skills, another user, ``allowlist``).
+    """
+    if not (math.isfinite(timeout_multiplier) and timeout_multiplier > 0):
+        raise ConfigError(f"[env.taskset] timeout_multiplier = {timeout_multiplier}: must be a number above 0")
+    if storage_mb is not None and storage_mb < 0:
+        raise ConfigError(f"[env.taskset] storage_mb = {storage_mb}: must be 0 (no quota) or more MiB")
+    root = Path(path).expanduser().resolve()
+    if not root.is_dir():
+        raise ConfigError(f'[env.taskset] path = "{path}": no such directory ({root}). Give a Harbor task '
+                          "directory, or a directory of them")
+    if (root / "task.toml").is_file():
+        found = {root.name: root}
+    else:
+        found = {child.name: child for child in sorted(root.iterdir())
+                 if child.is_dir() and ((child / "task.toml").is_file() or (child / "instruction.md").is_file())}
+    if not found:
+        raise ConfigError(f'[env.taskset] path = "{path}": no Harbor task in {root} (a task directory holds '
+                          "task.toml, instruction.md and tests/test.sh)")
+    if tasks is not None:
+        unknown = [name for name in tasks if name not in found]
+        if unknown:
+            raise ConfigError(f"[env.taskset] tasks: {', '.join(map(repr, unknown))} not in {root}. Its tasks are: "
+                              f"{', '.join(found)}")
+        found = {name: found[name] for name in tasks}
+    return [_task(name, directory, timeout_multiplier, storage_mb) for name, directory in found.items()]
+
+
+def _task(name: str, directory: Path, timeout_multiplier: float, storage_mb: int | None) -> HarborTask:
+    """One task directory as a ``HarborTask`` (see ``load`` for what it raises)."""
+    where = f"Harbor task {name!r} ({directory})"
+    toml = read_task_toml(directory, where)
+    instruction = directory / "instruction.md"
+    if not instruction.is_file():
+        raise ConfigError(f"{where}: instruction.md is missing; it holds the prompt")
+    if not (directory / "tests" / "test.sh").is_file():
+        raise ConfigError(f"{where}: tests/test.sh is missing; it runs the tests and writes the reward")
+    if not toml.environment.docker_image and not (directory / "environment" / "Dockerfile").is_file():
+        raise ConfigError(f"{where}: environment/Dockerfile is missing and [environment] docker_image is not set; "
+                          "give one of them")
+    _refuse_unsupported(toml, where)
+    prompt = instruction.read_text(encoding="utf-8")
+    if not prompt.strip():
+        raise ConfigError(f"{where}: instruction.md is empty")
+    metadata = toml.metadata
+    info: dict[str, Any] = {"harbor_path": str(directory)}
+    for key in ("category", "difficulty"):
+        if isinstance(metadata.get(key), str):
+            info[key] = metadata[key]
+    separate = toml.verifier.environment_mode == "separate"
+    scoring = ScoringConfig(mode="isolated" if separate else "shared",
+                            network=_policy(toml.verifier.network_mode or toml.environment.baseline_network()))
+    return HarborTask(TaskData(id=name, prompt=prompt, info=info, artifacts=["."] if separate else [],
+                               scoring=scoring),
+                      directory, toml, timeout_multiplier=timeout_multiplier, storage_mb=storage_mb)
+
+
+def _policy(mode: NetworkMode) -> NetworkPolicy:
+    """Harbor's ``public`` is ``open``, ``no-network`` is ``none``."""
+    return NetworkPolicy(mode="open" if mode == "public" else "none")
+
+
+def read_task_toml(directory: Path, where: str) -> TaskToml:
+    """``directory/task.toml`` read and checked; unknown keys are logged once each (per process).
+
+    Raises:
+        ConfigError: it is missing, not TOML (the line), or a key has a wrong type (the key and the expected type).
+    """
+    path = directory / "task.toml"
+    if not path.is_file():
+        raise ConfigError(f"{where}: task.toml is missing")
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{where}: task.toml is not valid TOML ({exc})") from None
+    try:
+        toml = TaskToml.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(part) for part in error['loc']) or '(top level)'}: {error['msg']}"
+                             for error in exc.errors()[:5])
+        raise ConfigError(f"{where}: task.toml: {problems}. Fix the value (Harbor's task.toml schema)") from None
+    for key in toml.unknown_keys():
+        if key not in _warned:
+            _warned.add(key)
+            log.warning("%s: task.toml key %r is not in Harbor's schema as this version knows it; ignored", where, key)
+    return toml
+
+
+def _refuse_unsupported(toml: TaskToml, where: str) -> None:
+    environment = toml.environment
+    refused = []
+    if environment.gpus:
+        refused.append(f"[environment] gpus = {environment.gpus} (this system runs no GPU boxes)")
+    if environment.mcp_servers:
+        refused.append("[environment] mcp_servers (MCP servers are not run for the agent)")
+    if environment.skills_dir:
+        refused.append("[environment] skills_dir (skills are not copied for the agent)")
+    for section in ("agent", "verifier"):
+        user = getattr(toml, section).user
+        if user not in (None, "root", 0, "0"):
+            refused.append(f"[{section}] user = {user!r} (commands run as the image's user, root)")
+    for section, mode in (("environment", environment.network_mode), ("agent", toml.agent.network_mode),
+                          ("verifier", toml.verifier.network_mode)):
+        if mode == "allowlist" or getattr(toml, section).allowed_hosts:
+            refused.append(f'[{section}] network_mode = "allowlist" (network allow-lists are not built yet; use '
+                           '"public" or "no-network")')
+    if refused:
+        raise ConfigError(f"{where}: task.toml asks for what this system does not run: {'; '.join(refused)}")

@@ -1,0 +1,146 @@
+"""A Harbor task's ``task.toml``, read with Harbor's schema (1.x, as in Harbor 0.25).
+
+The fields and defaults are Harbor's own (``../shared/reference/program-harnesses.md`` §5), and
+values are coerced the way Harbor's pydantic models coerce them (``"600"`` is a float there too),
+so a task that Harbor loads loads here. Keys Harbor may add later are accepted with one warning
+per key (``unknown_keys``). What this system cannot honour is refused by the taskset with an error
+naming the task (``gpus``, ``mcp_servers``, ``skills_dir``, a ``user``, ``allowlist``). Must not
+import Prefect.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+NetworkMode = Literal["public", "no-network", "allowlist"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class AgentSection(_Section):
+    """``[agent]``: the agent phase."""
+
+    timeout_sec: float | None = None
+    """The agent deadline in seconds (None: none)."""
+    user: str | int | None = None
+    network_mode: NetworkMode | None = None
+    """Overrides ``[environment] network_mode`` while the agent runs."""
+    allowed_hosts: list[str] = []
+
+
+class VerifierSection(_Section):
+    """``[verifier]``: the tests (``tests/test.sh``)."""
+
+    timeout_sec: float = 600.0
+    """The scoring deadline: ``test.sh`` is killed after this many seconds."""
+    env: dict[str, str] = {}
+    user: str | int | None = None
+    environment_mode: Literal["shared", "separate"] = "shared"
+    """``separate``: the tests run in a fresh container of the task's image with the agent's workdir restored."""
+    network_mode: NetworkMode | None = None
+    allowed_hosts: list[str] = []
+
+
+class HealthcheckSection(_Section):
+    """``[environment.healthcheck]``: run until it passes before the agent starts (Docker's HEALTHCHECK)."""
+
+    command: str
+    interval_sec: float = 5.0
+    timeout_sec: float = 30.0
+    start_period_sec: float = 0.0
+    start_interval_sec: float = 5.0
+    retries: int = 3
+
+
+class EnvironmentSection(_Section):
+    """``[environment]``: the box."""
+
+    build_timeout_sec: float = 600.0
+    docker_image: str | None = None
+    """A prebuilt image; without it the image is built from ``environment/``."""
+    cpus: int = 1
+    memory_mb: int = 2048
+    storage_mb: int = 10240
+    gpus: int = 0
+    gpu_types: list[str] | None = None
+    allow_internet: bool = True
+    network_mode: NetworkMode | None = None
+    allowed_hosts: list[str] = []
+    mcp_servers: list[dict[str, Any]] = []
+    env: dict[str, str] = {}
+    skills_dir: str | None = None
+    healthcheck: HealthcheckSection | None = None
+    workdir: str | None = None
+    """The agent's and the tests' working directory; default the image's ``WORKDIR``."""
+    memory: str | None = None
+    """Deprecated by Harbor (``memory_mb``): ``"2G"``, ``"512M"``."""
+    storage: str | None = None
+    """Deprecated by Harbor (``storage_mb``)."""
+
+    @model_validator(mode="after")
+    def _deprecated_sizes(self) -> EnvironmentSection:
+        if self.memory is not None:
+            self.memory_mb = _megabytes(self.memory, "memory")
+        if self.storage is not None:
+            self.storage_mb = _megabytes(self.storage, "storage")
+        return self
+
+    def baseline_network(self) -> NetworkMode:
+        """``network_mode``, else ``no-network`` when ``allow_internet = false``, else ``public``."""
+        if self.network_mode is not None:
+            return self.network_mode
+        return "public" if self.allow_internet else "no-network"
+
+
+class SolutionSection(_Section):
+    """``[solution]``: the oracle's ``solve.sh``."""
+
+    env: dict[str, str] = {}
+
+
+class TaskToml(_Section):
+    """A whole ``task.toml``. ``version`` is read as ``schema_version`` (Harbor renamed it)."""
+
+    schema_version: str = "1.1"
+    task: dict[str, Any] | None = None
+    """``[task]``: the registry package (``name = "org/name"``, ...); kept, not used."""
+    metadata: dict[str, Any] = {}
+    verifier: VerifierSection = Field(default_factory=VerifierSection)
+    agent: AgentSection = Field(default_factory=AgentSection)
+    environment: EnvironmentSection = Field(default_factory=EnvironmentSection)
+    solution: SolutionSection = Field(default_factory=SolutionSection)
+    source: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _version_rename(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "version" in data:
+            data = dict(data)
+            data.setdefault("schema_version", str(data.pop("version")))
+        return data
+
+    def unknown_keys(self) -> list[str]:
+        """Dotted names of the keys this schema does not know (``environment.foo``), sorted."""
+        found = [str(key) for key in self.model_extra or {}]
+        for name in ("verifier", "agent", "environment", "solution"):
+            section: BaseModel = getattr(self, name)
+            found += [f"{name}.{key}" for key in section.model_extra or {}]
+        health = self.environment.healthcheck
+        if health is not None:
+            found += [f"environment.healthcheck.{key}" for key in health.model_extra or {}]
+        return sorted(found)
+
+
+def _megabytes(size: str, key: str) -> int:
+    text = size.strip().upper()
+    factors = {"G": 1024.0, "M": 1.0, "K": 1 / 1024}
+    if not text or text[-1] not in factors:
+        raise ValueError(f"{key} = {size!r}: write a size like \"2G\" or \"512M\" (or use {key}_mb)")
+    try:
+        return int(float(text[:-1]) * factors[text[-1]])
+    except ValueError:
+        raise ValueError(f"{key} = {size!r}: write a size like \"2G\" or \"512M\" (or use {key}_mb)") from None
