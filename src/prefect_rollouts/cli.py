@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shlex
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 from urllib.parse import urlsplit
@@ -15,6 +13,7 @@ from urllib.parse import urlsplit
 import typer
 from rich.console import Console
 
+from prefect_rollouts.cli_server import drain_prefect_services, on_server, temporary_server
 from prefect_rollouts.cli_tasks import tasks_app
 from prefect_rollouts.cli_traces import alerts_app, traces_app
 from prefect_rollouts.console import brief_failures, print_error, print_summary, progress_bar, set_console_log_level
@@ -102,7 +101,7 @@ def eval_command(
         preparation_listener.set(lambda line: console.print(line, markup=False, highlight=False))
         stopped: BaseException | None = None
         try:
-            with on_server(temporary):
+            with on_server(temporary, console):
                 summary, failure = run_until_stopped(run_eval(eval_config, resume=resume, run_id=run_id,
                                                               force_config=force_config))
         except ConfigError as exc:
@@ -127,58 +126,6 @@ def eval_command(
         raise typer.Exit(3)
 
 
-@contextlib.contextmanager
-def on_server(temporary: Any) -> Iterator[None]:
-    """Run the block against ``temporary`` (a ``TemporaryServer``, started here and stopped after the
-    queued logs and events are sent), or against ``PREFECT_API_URL`` when it is None."""
-    with contextlib.ExitStack() as stack:
-        if temporary is not None:
-            console.print("PREFECT_API_URL is not set: starting a temporary Prefect server for this eval")
-            stack.enter_context(_api_url(stack.enter_context(temporary).api_url))
-            stack.callback(_drain_prefect_services)   # runs before the server stops
-        yield
-
-
-def temporary_server() -> Any:
-    """A ``TemporaryServer`` (not started) when ``PREFECT_API_URL`` is unset, else None; sets the
-    startup timeout and client retries evals use (see ``eval_command``)."""
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-    # Prefect's client retries a failed API call 5 times by default (2+4+8+16+32 s): a rollout flow
-    # run in flight when the API goes away would hold its slot for a minute. Two retries (~6 s)
-    # ride out a blip; past them the eval's own outage handling takes over (flows/outage.py).
-    os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", "2")
-    from prefect.settings import PREFECT_API_URL
-
-    from prefect_rollouts.tempserver import TemporaryServer
-
-    return None if PREFECT_API_URL.value() else TemporaryServer(
-        float(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"]))
-
-
-@contextlib.contextmanager
-def _api_url(url: str) -> Iterator[None]:
-    """Point Prefect (this process's settings, in every thread, and child processes) at ``url``."""
-    from prefect.context import refresh_global_settings_context
-
-    os.environ["PREFECT_API_URL"] = url
-    refresh_global_settings_context()
-    try:
-        yield
-    finally:
-        os.environ.pop("PREFECT_API_URL", None)
-        refresh_global_settings_context()
-
-
-def _drain_prefect_services(timeout_s: float = 10.0) -> bool:
-    """Send the logs and events still queued (as Prefect's test harness does before its server
-    stops); False when some were still pending after ``timeout_s`` (each of the two queues)."""
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
-
-    pending: list[Any] = [APILogWorker.drain_all(timeout=timeout_s), EventsWorker.drain_all(timeout=timeout_s)]
-    return not any(result and result[1] for result in pending)
-
-
 def _exit_without_waiting_for_prefect(code: int) -> NoReturn:
     """Exit with ``code`` after at most a few seconds of sending Prefect's queued logs and events.
 
@@ -186,7 +133,7 @@ def _exit_without_waiting_for_prefect(code: int) -> NoReturn:
     each while the API is unreachable: a run stopped by an outage would hang for minutes. If the
     queues do not empty in time, the process exits at once (``os._exit``) without them.
     """
-    if _drain_prefect_services(timeout_s=5.0):
+    if drain_prefect_services(timeout_s=5.0):
         raise typer.Exit(code)
     console.file.flush()
     sys.stdout.flush()

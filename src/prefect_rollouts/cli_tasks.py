@@ -18,6 +18,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from prefect_rollouts.cli_server import on_server, temporary_server
 from prefect_rollouts.console import brief_failures, print_error, progress_bar, set_console_log_level
 from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.stop_signals import run_until_stopped
@@ -37,7 +38,7 @@ def check_command(
     """Run the ``oracle`` and ``nop`` harnesses on every task through the eval flow (docker runtime) and print
     oracle reward, nop reward and build time per task. A task is broken when the oracle scores below 1 or
     nop above 0 (or either errors); exit 1 if any is."""
-    from prefect_rollouts.cli import console, on_server, temporary_server
+    from prefect_rollouts.cli_traces import console
     from prefect_rollouts.eval_config import EvalConfig
     from prefect_rollouts.traces import read_rollouts
 
@@ -63,7 +64,7 @@ def check_command(
         from prefect_rollouts.flows.eval import progress_listener, run_eval
         from prefect_rollouts.flows.execute import preparation_listener
 
-        with progress_bar(console) as update, brief_failures(True), on_server(temporary_server()):
+        with progress_bar(console) as update, brief_failures(True), on_server(temporary_server(), console):
             progress_listener.set(update)
             preparation_listener.set(lambda line: console.print(line, markup=False, highlight=False))
             summary, _ = run_until_stopped(run_eval(config))

@@ -1,0 +1,195 @@
+"""The harbor taskset without Docker: loading task directories (Harbor's task.toml schema, unknown keys,
+wrong types, missing files, subsets, refused features) and reading reward files."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+import prefect_rollouts as vf
+from prefect_rollouts.environments import load_taskset
+from prefect_rollouts.environments.harbor import HarborTask, read_reward
+from prefect_rollouts.errors import ConfigError, TaskError
+
+pytestmark = pytest.mark.timeout(30)
+
+SHIPPED = Path(__file__).parent.parent.parent / "examples" / "harbor-tasks"
+
+TOML = """\
+version = "1.0"
+[metadata]
+category = "demo"
+difficulty = "easy"
+[agent]
+timeout_sec = 120.0
+[verifier]
+timeout_sec = 30.0
+[environment]
+cpus = 1
+memory_mb = 512
+"""
+
+
+def make_task(root: Path, name: str, toml: str = TOML, *, instruction: str | None = "Write hello to /app/out.txt.",
+              test_sh: str | None = "echo 1 > /logs/verifier/reward.txt\n") -> Path:
+    directory = root / name
+    (directory / "environment").mkdir(parents=True)
+    (directory / "environment" / "Dockerfile").write_text("FROM prefect-rollouts-sandbox:latest\nWORKDIR /app\n")
+    (directory / "task.toml").write_text(toml)
+    if instruction is not None:
+        (directory / "instruction.md").write_text(instruction)
+    if test_sh is not None:
+        (directory / "tests").mkdir()
+        (directory / "tests" / "test.sh").write_text(test_sh)
+    return directory
+
+
+def test_a_directory_of_tasks_loads_each_as_a_task_named_by_its_directory(tmp_path):
+    make_task(tmp_path, "b-task")
+    make_task(tmp_path, "a-task", TOML.replace('category = "demo"', 'category = "text"'))
+    (tmp_path / "not-a-task").mkdir()   # no task.toml, no instruction.md: skipped
+    tasks = load_taskset("harbor", {"path": str(tmp_path)})
+    assert [task.id for task in tasks] == ["a-task", "b-task"]
+    first = tasks[0]
+    assert isinstance(first, HarborTask) and first.data.prompt == "Write hello to /app/out.txt."
+    assert first.data.info["category"] == "text" and first.data.info["difficulty"] == "easy"
+    assert first.toml.agent.timeout_sec == 120.0 and first.toml.verifier.timeout_sec == 30.0
+    assert first.data.scoring is not None and first.data.scoring.mode == "shared"
+    # one task directory works too, and a subset by name keeps its order
+    assert [t.id for t in load_taskset("harbor", {"path": str(tmp_path / "b-task")})] == ["b-task"]
+    assert [t.id for t in load_taskset("harbor", {"path": str(tmp_path), "tasks": ["b-task", "a-task"]})] == \
+        ["b-task", "a-task"]
+
+
+def test_harbor_defaults_and_the_renamed_and_deprecated_keys(tmp_path):
+    make_task(tmp_path, "t", 'schema_version = "1.1"\n[environment]\nmemory = "1G"\nstorage = "512M"\n')
+    (task,) = load_taskset("harbor", {"path": str(tmp_path)})
+    assert task.toml.verifier.timeout_sec == 600.0 and task.toml.agent.timeout_sec is None
+    assert (task.toml.environment.memory_mb, task.toml.environment.storage_mb) == (1024, 512)
+    assert task.toml.environment.build_timeout_sec == 600.0
+
+
+def test_unknown_keys_are_accepted_with_one_warning_each(tmp_path, caplog):
+    toml = "brand_new = true\n" + TOML.replace("[agent]", "[agent]\nfancy = 1")
+    make_task(tmp_path, "one", toml)
+    make_task(tmp_path, "two", toml)
+    with caplog.at_level(logging.WARNING, logger="prefect_rollouts.harbor"):
+        tasks = load_taskset("harbor", {"path": str(tmp_path)})
+    assert len(tasks) == 2
+    warned = [record.getMessage() for record in caplog.records]
+    assert sum("'brand_new'" in line for line in warned) == 1   # once, not once per task
+    assert sum("'agent.fancy'" in line for line in warned) == 1
+
+
+@pytest.mark.parametrize(("toml", "named"), [
+    (TOML.replace("timeout_sec = 30.0", 'timeout_sec = "soon"'), "verifier.timeout_sec"),
+    (TOML.replace("cpus = 1", "cpus = [1]"), "environment.cpus"),
+    (TOML.replace("[verifier]", '[verifier]\nenvironment_mode = "elsewhere"'), "verifier.environment_mode"),
+    (TOML + "[verifier.env]\nX = 1\n", "verifier.env.X"),
+])
+def test_a_wrong_type_is_a_config_error_naming_the_task_and_the_key(tmp_path, toml, named):
+    make_task(tmp_path, "typo-task", toml)
+    with pytest.raises(ConfigError) as raised:
+        load_taskset("harbor", {"path": str(tmp_path)})
+    assert "'typo-task'" in str(raised.value) and named in str(raised.value)
+
+
+def test_toml_that_does_not_parse_is_a_config_error(tmp_path):
+    make_task(tmp_path, "bad", "version = \n")
+    with pytest.raises(ConfigError, match=r"'bad'.*task.toml is not valid TOML"):
+        load_taskset("harbor", {"path": str(tmp_path)})
+
+
+@pytest.mark.parametrize(("missing", "named"), [("instruction", "instruction.md is missing"),
+                                                ("test_sh", "tests/test.sh is missing")])
+def test_a_missing_file_is_a_config_error_naming_the_task(tmp_path, missing, named):
+    make_task(tmp_path, "good")
+    make_task(tmp_path, "holey", **{missing: None})
+    with pytest.raises(ConfigError, match=rf"'holey'.*{named}"):
+        load_taskset("harbor", {"path": str(tmp_path)})
+
+
+def test_a_task_without_an_image_is_a_config_error(tmp_path):
+    directory = make_task(tmp_path, "imageless")
+    (directory / "environment" / "Dockerfile").unlink()
+    with pytest.raises(ConfigError, match=r"environment/Dockerfile is missing and \[environment\] docker_image"):
+        load_taskset("harbor", {"path": str(tmp_path)})
+
+
+@pytest.mark.parametrize(("extra", "named"), [
+    ("[environment]\ngpus = 1\n", "gpus = 1"),
+    ('[agent]\nuser = "agent"\n', "[agent] user = 'agent'"),
+    ('[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["pypi.org"]\n', "allow-lists are not built yet"),
+    ('[verifier]\nallowed_hosts = ["pypi.org"]\n', "[verifier] network_mode = \"allowlist\""),
+])
+def test_what_this_system_does_not_run_is_refused_naming_the_task(tmp_path, extra, named):
+    make_task(tmp_path, "asks-much", 'version = "1.0"\n' + extra)
+    with pytest.raises(ConfigError) as raised:
+        load_taskset("harbor", {"path": str(tmp_path)})
+    assert "'asks-much'" in str(raised.value) and named in str(raised.value)
+
+
+def test_bad_paths_and_subsets_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="no such directory"):
+        load_taskset("harbor", {"path": str(tmp_path / "nowhere")})
+    with pytest.raises(ConfigError, match="no Harbor task"):
+        load_taskset("harbor", {"path": str(tmp_path)})
+    make_task(tmp_path, "real")
+    with pytest.raises(ConfigError, match=r"'ghost' not in .*Its tasks are: real"):
+        load_taskset("harbor", {"path": str(tmp_path), "tasks": ["ghost"]})
+    with pytest.raises(ConfigError, match="timeout_multiplier"):
+        load_taskset("harbor", {"path": str(tmp_path), "timeout_multiplier": 0.0})
+
+
+def test_network_and_scoring_placement_come_from_the_phases(tmp_path):
+    make_task(tmp_path, "offline", 'version = "1.0"\n[environment]\nnetwork_mode = "no-network"\n'
+                                   '[verifier]\nnetwork_mode = "public"\nenvironment_mode = "separate"\n')
+    make_task(tmp_path, "legacy", 'version = "1.0"\n[environment]\nallow_internet = false\n')
+    offline, legacy = sorted(load_taskset("harbor", {"path": str(tmp_path)}), key=lambda t: t.id, reverse=True)
+    assert (offline.network("agent").mode, offline.network("verifier").mode) == ("none", "open")
+    assert offline.data.scoring.mode == "isolated" and offline.data.scoring.network.mode == "open"
+    assert offline.data.artifacts == ["."]   # the whole workdir goes to the fresh box
+    assert (legacy.network("agent").mode, legacy.network("verifier").mode) == ("none", "none")
+
+
+async def test_a_harbor_task_needs_the_docker_runtime(tmp_path):
+    make_task(tmp_path, "t")
+    (task,) = load_taskset("harbor", {"path": str(tmp_path)})
+    with pytest.raises(ConfigError, match='type = "docker"'):
+        await task.prepare(vf.AgentConfig())
+
+
+@pytest.mark.parametrize(("kind", "text", "expected"), [
+    ("txt", "1\n", (1.0, {})),
+    ("txt", " 0.25 ", (0.25, {})),
+    ("json", "0.5", (0.5, {})),
+    ("json", '{"reward": 0.75, "rows_correct": 3, "rows_total": 4}', (0.75, {"rows_correct": 3.0, "rows_total": 4.0})),
+    ("json", '{"a": 1, "b": 0}', (0.5, {"a": 1.0, "b": 0.0})),   # no reward key: every key a reward, the mean
+])
+def test_reward_files_are_read_as_harbor_writes_them(kind, text, expected):
+    assert read_reward(kind, text, "t") == expected
+
+
+@pytest.mark.parametrize(("kind", "text", "why"), [
+    ("txt", "", "is empty"), ("txt", "  \n", "is empty"), ("txt", "nan", "finite"), ("txt", "inf", "finite"),
+    ("txt", "passed", "not a number"), ("json", "NaN", "finite"), ("json", '{"reward": NaN}', "finite"),
+    ("json", "{}", "empty object"), ("json", '{"reward": "high"}', "not a number"), ("json", "[1]", "not a number"),
+    ("json", "true", "not a number"), ("json", "{oops", "not JSON"),
+])
+def test_an_unusable_reward_file_is_a_scoring_error_not_zero(kind, text, why):
+    with pytest.raises(TaskError, match=why):
+        read_reward(kind, text, "t")
+
+
+def test_the_shipped_tasks_load_and_cover_the_required_kinds():
+    tasks = load_taskset("harbor", {"path": str(SHIPPED)})
+    assert len(tasks) >= 12
+    assert all((SHIPPED / t.id / "solution" / "solve.sh").is_file() for t in tasks)
+    assert any(t.toml.environment.network_mode == "no-network" for t in tasks)
+    assert any(t.separate for t in tasks)
+    assert all(t.data.info.get("category") for t in tasks)
+    for task in tasks:   # every image builds offline, from the sandbox image
+        dockerfile = (SHIPPED / task.id / "environment" / "Dockerfile").read_text()
+        assert dockerfile.startswith("FROM prefect-rollouts-sandbox:latest\n")
