@@ -36,3 +36,18 @@ async def test_the_mini_swe_agent_example_runs_on_smollm2_through_eval_flow(tmp_
         assert launch["exit_status"] and launch["model_calls"] == len(trace.model_calls) >= 1
         # its text-based templates: the command goes in a ```mswea_bash_command block
         assert trace.messages[0]["role"] == "system" and "mswea_bash_command" in trace.messages[0]["content"]
+
+
+async def test_mini_swe_agent_runs_a_harbor_task_on_smollm2_through_eval_flow(tmp_path):
+    """It may fail the task; the trace must hold its calls, and the reward comes from the task's test.sh."""
+    config = load_eval_config(os.path.dirname(__file__) + "/../../examples/harbor-mini-swe-agent.toml",
+                              [f'traces.path="{tmp_path}"', 'env.taskset.tasks=["shell-log-summary"]',
+                               f'env.taskset.path="{os.path.dirname(__file__)}/../../examples/harbor-tasks"',
+                               'run_name="mswea-harbor"'])
+    summary = await eval_flow(config, run_id="mswea-harbor")
+    assert (summary.environments[0].rollouts, summary.environments[0].errored) == (1, 0)
+    (trace,) = read_traces(tmp_path, run_id="mswea-harbor")
+    (launch,) = trace.info["program"]
+    assert launch["exit_status"] and launch["model_calls"] == len(trace.model_calls) >= 1
+    assert trace.reward in (0.0, 1.0) and trace.rewards == {"tests": trace.reward}
+    assert trace.info["harbor"]["verifier"]["exit_code"] is not None   # test.sh ran and wrote the reward

@@ -278,3 +278,30 @@ def test_a_shard_on_a_worker_runs_a_program_harness_like_the_eval_process(work_p
     assert [(e.rollouts, e.mean_reward, e.errored) for e in summary.environments] == \
         [(e.rollouts, e.mean_reward, e.errored) for e in local.environments]
     assert summary.environments[0].mean_reward == pytest.approx(8 / 12)
+
+
+@pytest.mark.usefixtures("docker_engine")
+def test_workers_build_the_harbor_images_their_shards_need(work_pool, tmp_path):
+    """Harbor tasks dispatched to the pool: the workers (not the eval process) build the images, once per
+    tag on their Docker engine, and score the oracle 1 on each task."""
+    from prefect_rollouts.runtimes.docker import docker_client
+    from prefect_rollouts.traces import read_traces
+    from tests.docker.test_harbor_docker import task_dir
+    from tests.prefect.test_harbor_eval import harbor_toml
+
+    pool, _ = work_pool
+    tasks = tmp_path / "tasks"
+    for name in ("one", "two", "three"):
+        directory = task_dir(tasks, name)
+        (directory / "environment" / "Dockerfile").write_text(   # an image no other test built
+            f"FROM prefect-rollouts-sandbox:latest\nWORKDIR /app\nRUN echo {tmp_path.name}-{name} > /id\n")
+    text = harbor_toml(tmp_path / "traces", tasks, "oracle")
+    text += f'[dispatch]\nwork_pool = "{pool}"\nshard_size = 2\nmax_shards_in_flight = 2\n'
+    summary = asyncio.run(eval_flow(load_eval_config(text), run_id="harbor-shards"))
+    rows = read_rollouts(tmp_path / "traces", run_id="harbor-shards")
+    assert len(rows) == 3 and rows["error_type"].isna().all() and (rows["reward"] == 1.0).all()
+    assert rows["shard_flow_run_id"].nunique() == 2 and summary.environments[0].mean_reward == 1.0
+    traces = read_traces(tmp_path / "traces", run_id="harbor-shards")
+    assert all(trace.info["harbor"]["build_s"] > 0 for trace in traces)   # each built where its shard ran
+    for trace in traces:
+        docker_client().images.remove(trace.info["harbor"]["image"], force=True)

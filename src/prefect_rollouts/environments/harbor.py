@@ -172,8 +172,9 @@ class HarborTask(Task):
             raise TaskError(f"Harbor task {self.id!r}: no solution/solve.sh for the oracle harness")
         await runtime.upload(solution, "/solution")
         limit = (self.toml.agent.timeout_sec or 3600.0) * self.timeout_multiplier
+        started = time.monotonic()
         result = await runtime.exec("bash /solution/solve.sh", timeout=limit, env=dict(self.toml.solution.env))
-        trace.info.setdefault("harbor", {})["solution"] = _outcome(result)
+        trace.info.setdefault("harbor", {})["solution"] = _outcome(result, started)
         if result.exit_code != 0:
             why = f"ran longer than {limit:g} s" if result.timed_out else f"exited with code {result.exit_code}"
             raise TaskError(f"Harbor task {self.id!r}: solution/solve.sh {why}: "
@@ -211,8 +212,9 @@ class HarborTask(Task):
             raise TaskError(f"Harbor task {self.id!r}: cannot clear /logs/verifier: {cleared.stderr.strip()[-500:]}")
         await runtime.upload(self.directory / "tests", "/tests")
         limit = verifier.timeout_sec * self.timeout_multiplier
+        started = time.monotonic()
         result = await runtime.exec("bash /tests/test.sh", timeout=limit, env=dict(verifier.env))
-        trace.info.setdefault("harbor", {})["verifier"] = _outcome(result)
+        trace.info.setdefault("harbor", {})["verifier"] = _outcome(result, started)
         if result.timed_out:
             raise TaskError(f"Harbor task {self.id!r}: tests/test.sh ran longer than [verifier] timeout_sec = "
                             f"{limit:g} s and was killed")
@@ -278,8 +280,9 @@ def _finite(value: Any, where: str) -> float:
     return number
 
 
-def _outcome(result: Any) -> dict[str, Any]:
+def _outcome(result: Any, started: float) -> dict[str, Any]:
     return {"exit_code": result.exit_code, "timed_out": result.timed_out,
+            "seconds": round(time.monotonic() - started, 3),
             "stdout_tail": result.stdout[-TAIL_CHARS:], "stderr_tail": result.stderr[-TAIL_CHARS:]}
 
 

@@ -232,9 +232,11 @@ class DockerRuntime:
 
         The archive API writes through the container's root filesystem, which the ``tmpfs`` quota
         makes read-only, and cannot reach a tmpfs mount: under that quota a target outside the
-        workspace (``/tmp/my-agent``, HOME) is unpacked into a staging directory of the workspace
-        (a volume it can reach) and copied into place with ``cp -a`` (counted against ``storage_mb``
-        of the workspace while it is there; removed on every path).
+        workspace and the ``writable`` places (tmpfs volumes it reaches; ``docker_storage.archive_roots``),
+        such as ``/tmp/my-agent`` or HOME, is unpacked into a staging directory of the workspace and
+        copied into place with ``cp -a`` (counted against ``storage_mb`` of the workspace while it is
+        there; removed on every path). A directory uploaded onto one of those places itself
+        (``/tests``) is unpacked into it with no command at all.
 
         Raises:
             FileNotFoundError: ``source`` does not exist. OSError: the place is not writable (under
@@ -243,27 +245,31 @@ class DockerRuntime:
         """
         destination = posixpath.normpath(posixpath.join(self.config.workdir, target))   # an absolute target wins
         parent, name = posixpath.split(destination)
+        roots = [root.rstrip("/") or "/" for root in storage.archive_roots(self.config, self._quota.get("mode"))]
 
-        def pack() -> bytes:
+        def pack() -> tuple[bytes, bool]:
             if not source.exists():
                 raise FileNotFoundError(f"{source}: no such file or directory")
+            onto = destination in roots and source.is_dir()
             buffer = io.BytesIO()
             with tarfile.open(fileobj=buffer, mode="w") as tar:
-                tar.add(source, arcname=name)
-            return buffer.getvalue()
-        archive = await asyncio.to_thread(pack)
+                tar.add(source, arcname="." if onto else name)
+            return buffer.getvalue(), onto
+        archive, onto_root = await asyncio.to_thread(pack)
         workdir = self.config.workdir.rstrip("/") or "/"
-        inside = parent == workdir or parent.startswith(workdir.rstrip("/") + "/")
-        staging = None if inside or self._quota.get("mode") != "tmpfs" else \
+        inside = any(parent == root or parent.startswith(root.rstrip("/") + "/") for root in roots)
+        staging = None if onto_root or inside or self._quota.get("mode") != "tmpfs" else \
             posixpath.join(workdir, f".prefect-rollouts-upload-{secrets.token_hex(6)}")
-        made = await self.exec(f"mkdir -p {shlex.quote(parent)}" + (f" {shlex.quote(staging)}" if staging else ""),
-                               timeout=30)
-        if made.exit_code != 0:
-            raise OSError(f"cannot create {parent} in the container: {made.stderr.strip()}")
+        if staging or (not onto_root and parent not in roots):
+            made = await self.exec(f"mkdir -p {shlex.quote(parent)}" + (f" {shlex.quote(staging)}" if staging else ""),
+                                   timeout=30)
+            if made.exit_code != 0:
+                raise OSError(f"cannot create {parent} in the container: {made.stderr.strip()}")
 
         def put() -> None:
             try:
-                docker_client().api.put_archive(self._container_id(), staging or parent, archive)
+                docker_client().api.put_archive(self._container_id(), destination if onto_root else staging or parent,
+                                                archive)
             except docker.errors.APIError as exc:
                 raise OSError(f"cannot write {destination} in the container ({exc.explanation or exc})") from None
         if staging is None:

@@ -9,8 +9,8 @@ rollout wrote 3 GB, with PostgreSQL and the dataset on the same disk). Two ways,
 - ``tmpfs``: everywhere else (overlay2 on ext4, as on the machine this was built on), the root
   filesystem is read-only and the writable places are tmpfs of ``storage_mb`` each: the workspace
   (a tmpfs *volume*, which the archive API behind read_file, write_file and the artifacts can
-  reach, seeded with the image's own workdir files), ``/tmp``, ``/var/tmp``, ``/run``, HOME and the
-  config's ``writable`` paths.
+  reach, seeded with the image's own workdir files), the config's ``writable`` paths (tmpfs volumes
+  too, so an upload reaches them directly), ``/tmp``, ``/var/tmp``, ``/run`` and HOME.
   A tmpfs is memory, and the pages a container writes count against its memory limit, so all it
   writes together stays within ``memory_mb`` and never reaches the engine's disk. A write past
   ``storage_mb`` in one place fails with ENOSPC; past ``memory_mb`` the kernel's OOM killer ends a
@@ -84,11 +84,25 @@ def quota_options(config: RuntimeConfig, mode: QuotaMode, home: str | None) -> d
     if mode == "size":
         return {"storage_opt": {"size": f"{config.storage_mb}m"}}
     size = f"size={config.storage_mb}m"
-    workspace = Mount(config.workdir, None, type="volume",   # anonymous: removed with the container (v=True)
-                      driver_config=DriverConfig("local", {"type": "tmpfs", "device": "tmpfs", "o": size}))
-    places = {*SCRATCH, *config.writable, *([home] if home else [])}
-    return {"read_only": True, "mounts": [workspace],
-            "tmpfs": {place: f"{size},exec" for place in sorted(places) if not _overlaps(place, config.workdir)}}
+    volumes = [config.workdir,
+               *(place for place in sorted(set(config.writable)) if not _overlaps(place, config.workdir))]
+    mounts = [Mount(place, None, type="volume",   # anonymous: removed with the container (v=True)
+                    driver_config=DriverConfig("local", {"type": "tmpfs", "device": "tmpfs", "o": size}))
+              for place in volumes]
+    places = {*SCRATCH, *([home] if home else [])}
+    return {"read_only": True, "mounts": mounts,
+            "tmpfs": {place: f"{size},exec" for place in sorted(places)
+                      if not any(_overlaps(place, volume) for volume in volumes)}}
+
+
+def archive_roots(config: RuntimeConfig, mode: QuotaMode | None) -> list[str]:
+    """Directories the archive API (``put_archive``) can write into directly: the workspace, and under
+    the ``tmpfs`` quota also the ``writable`` places (tmpfs *volumes*, which it reaches, unlike tmpfs
+    mounts). Under ``size`` or no quota the root filesystem is writable: only the workspace is known
+    to exist."""
+    if mode != "tmpfs" or config.storage_mb == 0:
+        return [config.workdir]
+    return [config.workdir, *(place for place in config.writable if not _overlaps(place, config.workdir))]
 
 
 def quota_paths(config: RuntimeConfig, mode: QuotaMode, home: str | None) -> list[str]:
