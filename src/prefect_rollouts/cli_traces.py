@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import sys
 from collections.abc import Iterator
 from typing import Annotated
@@ -58,20 +59,30 @@ def traces_summary(
     run_id: Annotated[str | None, typer.Option(
         help="Only this run, followed by its full summary (pass@k, outcomes, tokens).")] = None,
     pass_threshold: Annotated[float, typer.Option(help="Reward at which a rollout passes (pass@k).")] = 1.0,
+    by_task: Annotated[bool, typer.Option(
+        "--by-task", help="With --run-id: also a line per task (rollouts, mean reward, passed, errored, its most "
+                          "frequent error).")] = False,
 ) -> None:
     """Print one row per run: date, run id, model, environment, rollouts, mean reward, stderr, errors."""
     from prefect_rollouts.traces import summarize_run
+    from prefect_rollouts.traces.by_task import format_lines, run_task_lines
     from prefect_rollouts.traces.report import format_runs, run_rows
 
+    if by_task and not run_id:
+        _error("", "--by-task needs --run-id: the run whose tasks to list")
+        raise typer.Exit(2)
     with _exits(config_code=1):
         runs = [run for run in run_rows(path) if run_id in (None, run["run_id"])]
         summary = summarize_run(path, run_id, pass_threshold=pass_threshold) if runs and run_id else None
+        tasks = run_task_lines(path, run_id, pass_threshold) if runs and run_id and by_task else None
     if not runs:
         console.print(f"no rollouts in {path}" + (f" for run {run_id}" if run_id else ""))
         raise typer.Exit(1)
     typer.echo(format_runs(runs))
     if summary is not None:
         print_summary(console, summary)
+    if tasks is not None:
+        typer.echo("\nper task:\n" + format_lines(tasks))
 
 
 @traces_app.command("show")
@@ -107,15 +118,30 @@ def traces_compare(
     pass_threshold: Annotated[float, typer.Option(help="Reward at which a rollout passes (flipped tasks).")] = 1.0,
     resamples: Annotated[int, typer.Option(min=100, help="Bootstrap resamples of the tasks.")] = 10_000,
     seed: Annotated[int, typer.Option(help="Seed of the bootstrap (the same seed gives the same interval).")] = 0,
+    by_task: Annotated[bool, typer.Option("--by-task", help="Also a line per task: mean reward in A and B, the "
+                                                            "difference, errored rollouts in each.")] = False,
 ) -> None:
     """Compare two runs rollout by rollout: per environment and category, the paired reward difference
     with its 95% interval (bootstrap over tasks), McNemar's test, flipped tasks, tokens and latency."""
+    from prefect_rollouts.traces.by_task import format_lines, run_task_lines, task_changes
     from prefect_rollouts.traces.compare import compare_runs
     from prefect_rollouts.traces.compare_report import format_comparison
 
     with _exits():
         result = compare_runs(path, run_a, run_b, pass_threshold=pass_threshold, resamples=resamples, seed=seed)
-    typer.echo(result.model_dump_json(indent=2) if as_json else format_comparison(result))
+        changes = task_changes(run_task_lines(path, run_a, pass_threshold),
+                               run_task_lines(path, run_b, pass_threshold)) if by_task else None
+    if as_json and changes is None:
+        typer.echo(result.model_dump_json(indent=2))
+        return
+    if as_json:
+        payload = json.loads(result.model_dump_json())
+        payload["tasks"] = json.loads(changes.to_json(orient="records"))   # NaN as null
+        typer.echo(json.dumps(payload, indent=2, ensure_ascii=False))
+        return
+    typer.echo(format_comparison(result))
+    if changes is not None:
+        typer.echo("\nper task (difference = B - A):\n" + format_lines(changes))
 
 
 @traces_app.command("compact")
