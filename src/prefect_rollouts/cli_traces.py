@@ -134,7 +134,7 @@ def traces_compare(
     if as_json and changes is None:
         typer.echo(result.model_dump_json(indent=2))
         return
-    if as_json:
+    if as_json and changes is not None:
         payload = json.loads(result.model_dump_json())
         payload["tasks"] = json.loads(changes.to_json(orient="records"))   # NaN as null
         typer.echo(json.dumps(payload, indent=2, ensure_ascii=False))
