@@ -20,11 +20,13 @@ the 750 MB a plain ``pip install mini-swe-agent`` takes); the in-runtime driver
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import json
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -129,9 +131,6 @@ async def site_in(runtime: Runtime, *, local: bool, timeout_s: float) -> str:
     Raises:
         TaskError: the runtime has no python3, or the install failed (``install``).
     """
-    import asyncio
-    import platform
-
     if local:
         python, machine = f"{sys.version_info[0]}.{sys.version_info[1]}", platform.machine()
     else:

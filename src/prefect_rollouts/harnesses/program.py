@@ -177,12 +177,13 @@ class ProgramHarness:
                "OPENAI_API_KEY": session.secret, "OPENAI_MODEL": ctx.config.model}
         scripts = runtime.binds[str(self.endpoint.directory)]
         # the local runtime runs this interpreter: a python3 on PATH may be a shim costing ~70 ms a start
-        python = sys.executable if ctx.config.runtime.type == "local" else "python3"
+        local = ctx.config.runtime.type == "local"
+        python = sys.executable if local else "python3"
         argv = [part.replace("{scripts}", scripts).replace("{python}", python).replace("{site}", self._site)
                 for part in spec.command]
         launch = " ".join(shlex.quote(part) for part in
                           [python, "-I", f"{scripts}/launch.py", f"{scripts}/s", str(self.config.output_tail_chars),
-                           *([] if ctx.config.runtime.type == "local" else ["--sweep"]), "--", *argv])
+                           *([] if local else ["--sweep"]), "--", *argv])
         self.endpoint.open_session(session)
         job = asyncio.ensure_future(runtime.exec(launch, timeout=self.config.timeout_s, env=env))
         killed = False
