@@ -1,7 +1,7 @@
 """``prefect-rollouts tasks check PATH``: are these Harbor tasks sound? The oracle must score 1 and nop 0.
 
 It runs one eval through the eval flow (a suite of two environments over the same tasks: ``oracle``
-with the ``oracle`` harness and ``nop`` with ``nop``, the ``docker`` runtime, no model), then prints a
+with the ``oracle`` harness and ``nop`` with ``nop``, the ``docker`` runtime, model ``none``), then prints a
 table per task (oracle reward, nop reward, image build time, the first error) and which tasks are
 broken; exit 1 if any is, 2 on a config error.
 """
@@ -35,12 +35,25 @@ def check_command(
     traces: Annotated[Path | None, typer.Option(
         help="Keep the rows in this trace dataset (default: a temporary directory, removed after).")] = None,
 ) -> None:
-    """Run the ``oracle`` and ``nop`` harnesses on every task through the eval flow (docker runtime) and print
+    """Run the oracle and nop harnesses on every task through the eval flow (docker runtime) and print
     oracle reward, nop reward and build time per task. A task is broken when the oracle scores below 1 or
-    nop above 0 (or either errors); exit 1 if any is."""
+    nop above 0 (or either errors); exit 1 if any is. Task directories that do not load are listed
+    first, all of them, and nothing runs (exit 2)."""
     from prefect_rollouts.cli_traces import console
+    from prefect_rollouts.environments import harbor
     from prefect_rollouts.eval_config import EvalConfig
     from prefect_rollouts.traces import read_rollouts
+
+    try:
+        found = harbor.problems(str(path), tasks)
+    except ConfigError as exc:
+        print_error(console, "config error: ", exc)
+        raise typer.Exit(2) from None
+    if found:
+        for problem in found:
+            print_error(console, "config error: ", problem)
+        print_error(console, "", f"{len(found)} task directories do not load; fix them and check again")
+        raise typer.Exit(2)
 
     with contextlib.ExitStack() as stack:
         root = traces or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tasks-check-")))
@@ -51,7 +64,7 @@ def check_command(
             config = EvalConfig.model_validate({
                 "run_name": "tasks-check", "max_concurrent": max_concurrent, "max_error_fraction": 1.0,
                 "rollout_granularity": "task", "traces": {"path": str(root)},
-                "env": {"agent": {"harness": "nop", "runtime": {"type": "docker"}},
+                "env": {"agent": {"model": "none", "harness": "nop", "runtime": {"type": "docker"}},
                         "tasksets": [{**taskset, "name": "oracle", "agent": {"harness": "oracle"}},
                                      {**taskset, "name": "nop", "agent": {"harness": "nop"}}]}})
             from prefect_rollouts.plan import plan_rollouts
@@ -76,7 +89,8 @@ def check_command(
         print_error(console, "broken: ", f"{len(broken)} of {len(table.rows)} tasks: {', '.join(broken)} "
                                          "(the oracle must score 1 and nop 0, without errors)")
         raise typer.Exit(1)
-    console.print(f"all {len(table.rows)} tasks sound: oracle 1, nop 0")
+    count = len(table.rows)
+    console.print(f"{'the task is' if count == 1 else f'all {count} tasks are'} sound: oracle 1, nop 0")
 
 
 def _table(rows: Any) -> tuple[Table, list[str]]:
@@ -98,7 +112,8 @@ def _table(rows: Any) -> tuple[Table, list[str]]:
             cells[environment] = None if reward is None or (isinstance(reward, float) and math.isnan(reward)) \
                 else float(reward)
             if isinstance(first["error_type"], str) and first["error_type"]:
-                errors.append(f"{environment}: {first['error_type']}: {str(first['error_message'])[:160]}")
+                message = str(first["error_message"]).strip().splitlines() or [""]
+                errors.append(f"{environment}: {first['error_type']}: {message[0][:200]}")
             info = json.loads(first["info"]) if isinstance(first["info"], str) else {}
             seconds = (info.get("harbor") or {}).get("build_s")
             if isinstance(seconds, (int, float)):

@@ -7,6 +7,7 @@ not build is known before the first rollout. Must not import Prefect.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Iterable
 
@@ -20,8 +21,9 @@ CONCURRENCY = 2
 
 async def prepare_tasks(planned: Iterable[Planned], *, concurrency: int = CONCURRENCY,
                         report: Callable[[str], None] | None = None) -> dict[tuple[str, str], float | BaseException]:
-    """Run ``Task.prepare`` once per distinct task of ``planned`` (by environment and task id) whose
-    class defines one, ``concurrency`` at a time, with the environment's agent config.
+    """Run ``Task.prepare`` once per distinct task of ``planned`` whose class defines one, ``concurrency``
+    at a time, with the environment's agent config. Distinct: by environment and task id, except that
+    environments of the same taskset, options and runtime config share one ``prepare`` per task.
 
     A task whose ``prepare`` fails with anything but a ``ConfigError`` is reported and left: its
     rollouts call ``prepare`` again in setup and fail with the error on their traces (a failed image
@@ -38,9 +40,16 @@ async def prepare_tasks(planned: Iterable[Planned], *, concurrency: int = CONCUR
         ConfigError: a task cannot run under its agent config (the first such task's error).
     """
     todo: dict[tuple[str, str], Planned] = {}
+    seen: set[str] = set()
     for item in planned:
-        if type(item.task).prepare is not Task.prepare:
-            todo.setdefault((item.environment.name, item.task.id), item)
+        if type(item.task).prepare is Task.prepare:
+            continue
+        env = item.environment   # environments of one taskset and runtime (oracle and nop) prepare once
+        same = json.dumps([env.taskset, env.options, item.task.id, env.agent.runtime.model_dump(mode="json")],
+                          sort_keys=True, default=str)
+        if same not in seen:
+            seen.add(same)
+            todo.setdefault((env.name, item.task.id), item)
     if not todo:
         return {}
     say = report or (lambda line: None)

@@ -162,3 +162,66 @@ async def test_the_bash_program_harness_solves_a_task_against_scripted_replies(t
     assert (trace.errors, trace.reward) == ([], 1.0)
     assert len(trace.model_calls) == 2 and trace.messages[0]["content"] == "Write hello to /app/out.txt."
     assert trace.messages[2]["content"].startswith("exit_code: 0\nstdout:\n/app\n")   # it ran in the task's workdir
+
+
+# What an agent (here the oracle's solve.sh) may do to the box to fake its score, and must not get from it.
+SPOOF_DAEMON = r'''mkdir -p /tmp/x
+cat > /tmp/x/d <<'EOS'
+while :; do
+  for p in /proc/[0-9]*; do   # pose as a child of the sweep's shell: its stat's comm field names that PID
+    IFS= read -r -d "" a < $p/cmdline 2>/dev/null
+    if [ "$a" = sh ]; then printf "x x %s x" "${p#/proc/}" > /proc/self/comm; fi
+  done
+  if [ -f /tests/test.sh ]; then echo 1 > /logs/verifier/reward.txt; fi
+  sleep 0.05
+done
+EOS
+(setsid bash /tmp/x/d </dev/null >/dev/null 2>&1 &)
+sleep 0.3
+'''
+
+
+@pytest.mark.parametrize(("tamper", "checks"), [
+    ("mkdir -p /tmp/fake; echo 1 > /tmp/fake/reward.json; rm -rf /logs/verifier; ln -s /tmp/fake /logs/verifier\n",
+     ""),
+    ("printf 'echo 1 > /logs/verifier/reward.txt; exit 0\\n' > /tests/zz-extra.sh\n",
+     'for f in /tests/*; do [ "$f" = /tests/test.sh ] || exit 0; done\n'),
+    (SPOOF_DAEMON, "sleep 1\n"),
+], ids=["symlinked-verifier-dir", "extra-file-in-tests", "daemon-rewriting-the-reward"])
+async def test_an_agent_cannot_fake_its_reward(tmp_path, agent_config, tamper, checks):
+    task_dir(tmp_path, "tamper", solve_sh=tamper, test_sh=checks + "echo 0 > /logs/verifier/reward.txt\n")
+    trace = (await run_all(harbor_config(agent_config, "oracle"), tmp_path))["tamper"]
+    assert (trace.errors, trace.reward) == ([], 0.0)
+
+
+async def test_separate_scoring_sees_the_agents_deletions_and_renames(tmp_path, agent_config):
+    toml = 'version = "1.0"\n[verifier]\nenvironment_mode = "separate"\n'
+    directory = task_dir(tmp_path, "renames", toml=toml, solve_sh="rm /app/secret.txt; mv /app/old.txt /app/new.txt\n",
+                         test_sh='if [ ! -e /app/secret.txt ] && [ ! -e /app/old.txt ] && [ -f /app/new.txt ]; '
+                                 'then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n')
+    (directory / "environment" / "Dockerfile").write_text(
+        "FROM prefect-rollouts-sandbox:latest\nWORKDIR /app\nRUN echo s > secret.txt && echo o > old.txt\n")
+    trace = (await run_all(harbor_config(agent_config, "oracle"), tmp_path))["renames"]
+    assert (trace.errors, trace.reward) == ([], 1.0)
+
+
+async def test_verifier_env_templates_resolve_here_and_their_values_stay_off_the_trace(tmp_path, agent_config,
+                                                                                      monkeypatch):
+    monkeypatch.setenv("HARBOR_JUDGE_KEY", "sk-judge-9f8e7d6c5b4a3921")
+    toml = 'version = "1.0"\n[verifier.env]\nJUDGE_KEY = "${HARBOR_JUDGE_KEY}"\nMODE = "${HARBOR_MODE:-strict}"\n'
+    task_dir(tmp_path, "env", toml=toml, test_sh='echo "key=$JUDGE_KEY mode=$MODE"\n'
+             '[ "$JUDGE_KEY" = sk-judge-9f8e7d6c5b4a3921 ] && [ "$MODE" = strict ] && '
+             'echo 1 > /logs/verifier/reward.txt\n')
+    trace = (await run_all(harbor_config(agent_config, "oracle"), tmp_path))["env"]
+    assert (trace.errors, trace.reward) == ([], 1.0)
+    assert trace.info["harbor"]["verifier"]["stdout_tail"] == "key=*** mode=strict\n"
+
+
+async def test_a_silent_build_past_its_timeout_is_an_error_naming_the_key(tmp_path, agent_config):
+    directory = task_dir(tmp_path, "quiet", toml='version = "1.0"\n[environment]\nbuild_timeout_sec = 3.0\n')
+    (directory / "environment" / "Dockerfile").write_text(
+        f"FROM prefect-rollouts-sandbox:latest\nRUN echo {tmp_path.name} && sleep 30\n")
+    trace = (await run_all(harbor_config(agent_config, "oracle"), tmp_path))["quiet"]
+    assert trace.reward is None and [e.type for e in trace.errors] == ["InfrastructureError"]
+    assert "ran past [environment] build_timeout_sec = 3 s" in trace.errors[0].message
+    assert str(tmp_path) not in trace.errors[0].message   # no host path on the trace

@@ -4,6 +4,7 @@ wrong types, missing files, subsets, refused features) and reading reward files.
 from __future__ import annotations
 
 import logging
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 import prefect_rollouts as vf
 from prefect_rollouts.environments import load_taskset
 from prefect_rollouts.environments.harbor import HarborTask, read_reward
+from prefect_rollouts.environments.harbor_config import TaskToml
 from prefect_rollouts.errors import ConfigError, TaskError
 
 pytestmark = pytest.mark.timeout(30)
@@ -193,3 +195,12 @@ def test_the_shipped_tasks_load_and_cover_the_required_kinds():
     for task in tasks:   # every image builds offline, from the sandbox image
         dockerfile = (SHIPPED / task.id / "environment" / "Dockerfile").read_text()
         assert dockerfile.startswith("FROM prefect-rollouts-sandbox:latest\n")
+
+
+def test_the_readmes_task_toml_is_valid_and_uses_only_known_keys():
+    readme = (SHIPPED.parent.parent / "README.md").read_text()
+    section = readme[readme.index("### Agentic tasks"):]
+    sample = section[section.index("```toml\nversion") + len("```toml\n"):]
+    toml = TaskToml.model_validate(tomllib.loads(sample[:sample.index("```")]))
+    assert toml.unknown_keys() == [] and toml.verifier.env == {"PYTHONDONTWRITEBYTECODE": "1"}
+    assert (toml.environment.network_mode, toml.agent.timeout_sec) == ("public", 600.0)

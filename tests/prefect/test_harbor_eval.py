@@ -48,7 +48,8 @@ def test_tasks_check_passes_every_shipped_task_and_leaves_no_container():
     cells = {parts[0]: parts[1:3] for line in result.output.splitlines()
              if len(parts := [cell.strip() for cell in line.split("│")[1:-1]]) == 5}
     assert {name: cells.get(name) for name in shipped} == {name: ["1", "0"] for name in shipped}
-    assert f"all {len(shipped)} tasks sound" in result.output
+    assert f"all {len(shipped)} tasks are sound" in result.output
+    assert f"preparing {len(shipped)} tasks" in result.output   # oracle and nop share one image check per task
     assert labelled_containers() - before == set()
 
 
@@ -62,11 +63,16 @@ def test_tasks_check_names_a_broken_task_and_exits_1(tmp_path):
     assert "solve.sh exited with code 4" in " ".join(result.output.split())
 
 
-def test_a_bad_task_directory_is_a_config_error_before_prefect_starts(tmp_path):
-    (tmp_path / "t").mkdir()
-    (tmp_path / "t" / "task.toml").write_text('version = "1.0"\n[verifier]\ntimeout_sec = "soon"\n')
+def test_every_bad_task_directory_is_named_before_prefect_starts(tmp_path):
+    task_dir(tmp_path, "fine")
+    for name in ("t", "u"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "task.toml").write_text('version = "1.0"\n[verifier]\ntimeout_sec = "soon"\n')
     result = CliRunner().invoke(app, ["tasks", "check", str(tmp_path)])
-    assert result.exit_code == 2 and "config error" in result.output and "verifier.timeout_sec" in result.output
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2 and "verifier.timeout_sec" in output
+    assert "Harbor task 't'" in output and "Harbor task 'u'" in output and "2 task directories do not load" in output
+    assert "[[env.tasksets]]" not in output
 
 
 @pytest.mark.parametrize("granularity", ["flow", "task", "batch"])

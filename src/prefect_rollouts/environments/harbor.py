@@ -35,6 +35,7 @@ import asyncio
 import json
 import logging
 import math
+import os
 import shlex
 import time
 import tomllib
@@ -45,7 +46,8 @@ from pydantic import ValidationError
 
 from prefect_rollouts.config import AgentConfig, NetworkPolicy, ScoringConfig
 from prefect_rollouts.environments.harbor_config import NetworkMode, TaskToml
-from prefect_rollouts.errors import ConfigError, TaskError
+from prefect_rollouts.errors import ConfigError, TaskError, register_secret
+from prefect_rollouts.scoring.env import resolve_env, template_variables
 from prefect_rollouts.task import Task, TaskData, reward
 from prefect_rollouts.trace import Trace
 
@@ -108,18 +110,18 @@ class HarborTask(Task):
                               'its own image; set [env.agent.runtime] type = "docker"')
         environment = self.toml.environment
         what = f"Harbor task {self.id!r}"
+        timeout_s = environment.build_timeout_sec * self.timeout_multiplier
+        known: images.ImageReady | None = getattr(self, "image", None)
         if environment.docker_image:
-            ready = await asyncio.to_thread(images.pull_image, environment.docker_image,
-                                            timeout_s=environment.build_timeout_sec * self.timeout_multiplier,
-                                            what=what)
-        else:
+            ready = await images.in_daemon_thread(images.pull_image, environment.docker_image, timeout_s=timeout_s,
+                                                  what=what)
+        else:   # the tag this task object first got (the eval's, before its rollouts): one image per eval
             source = self.directory / "environment"
-            tag = await asyncio.to_thread(images.image_tag, self.id, source)
-            ready = await asyncio.to_thread(images.build_image, source, tag,
-                                            timeout_s=environment.build_timeout_sec * self.timeout_multiplier,
-                                            what=what)
-        if getattr(self, "build_s", None) is None:
-            self.build_s = ready.build_s   # the first prepare of this task object: the eval's, before its rollouts
+            tag = known.tag if known is not None else await asyncio.to_thread(images.image_tag, self.id, source)
+            ready = await images.in_daemon_thread(images.build_image, source, tag, timeout_s=timeout_s, what=what)
+        if known is None:
+            self.image = ready
+            self.build_s = ready.build_s
         runtime = config.runtime.model_copy(update={
             "image": ready.tag, "workdir": environment.workdir or ready.workdir, "cpus": float(environment.cpus),
             "memory_mb": environment.memory_mb,
@@ -173,7 +175,8 @@ class HarborTask(Task):
         await runtime.upload(solution, "/solution")
         limit = (self.toml.agent.timeout_sec or 3600.0) * self.timeout_multiplier
         started = time.monotonic()
-        result = await runtime.exec("bash /solution/solve.sh", timeout=limit, env=dict(self.toml.solution.env))
+        env = _resolved(self.toml.solution.env, f"Harbor task {self.id!r}: [solution] env")
+        result = await runtime.exec("bash /solution/solve.sh", timeout=limit, env=env)
         trace.info.setdefault("harbor", {})["solution"] = _outcome(result, started)
         if result.exit_code != 0:
             why = f"ran longer than {limit:g} s" if result.timed_out else f"exited with code {result.exit_code}"
@@ -206,33 +209,53 @@ class HarborTask(Task):
             TaskError: the tests ran past ``[verifier] timeout_sec``, or wrote no usable reward.
         """
         verifier = self.toml.verifier
-        cleared = await runtime.exec("mkdir -p " + " ".join(LOG_DIRS)
-                                     + " /tests && find /logs/verifier -mindepth 1 -delete", timeout=60)
+        env = _resolved(verifier.env, f"Harbor task {self.id!r}: [verifier] env")
+        await runtime.kill_all()   # nothing the agent left running may touch the tests or their reward
+        cleared = await runtime.exec(_CLEAR, timeout=60)
         if cleared.exit_code != 0:
-            raise TaskError(f"Harbor task {self.id!r}: cannot clear /logs/verifier: {cleared.stderr.strip()[-500:]}")
+            raise TaskError(f"Harbor task {self.id!r}: cannot clear /logs/verifier and /tests: "
+                            f"{cleared.stderr.strip()[-500:] or f'exit code {cleared.exit_code}'}")
         await runtime.upload(self.directory / "tests", "/tests")
         limit = verifier.timeout_sec * self.timeout_multiplier
         started = time.monotonic()
-        result = await runtime.exec("bash /tests/test.sh", timeout=limit, env=dict(verifier.env))
+        result = await runtime.exec("bash /tests/test.sh", timeout=limit, env=env)
         trace.info.setdefault("harbor", {})["verifier"] = _outcome(result, started)
         if result.timed_out:
             raise TaskError(f"Harbor task {self.id!r}: tests/test.sh ran longer than [verifier] timeout_sec = "
                             f"{limit:g} s and was killed")
         found = await runtime.exec(_READ_REWARD, timeout=30)
-        kind, _, text = found.stdout.partition("\n")
-        if kind.strip() not in ("json", "txt"):
+        head, _, text = found.stdout.partition("\n")
+        kind, _, size = head.strip().partition(" ")
+        if kind not in ("json", "txt"):
             if result.exit_code != 0:
                 raise TaskError(f"Harbor task {self.id!r}: tests/test.sh exited with code {result.exit_code} before "
-                                f"writing a reward: {(result.stderr or result.stdout).strip()[-800:]}")
+                                "writing a reward: "
+                                f"{(result.stderr or result.stdout).strip()[-800:] or '(it printed nothing)'}")
             raise TaskError(f"Harbor task {self.id!r}: tests/test.sh wrote no reward (/logs/verifier/reward.json "
                             "or reward.txt); a missing reward is an error, not 0")
-        value, metrics = read_reward(kind.strip(), text, self.id)
+        if size.isdigit() and int(size) > REWARD_MAX_BYTES:
+            raise TaskError(f"Harbor task {self.id!r}: /logs/verifier/reward.{kind} holds {int(size):,} bytes, more "
+                            f"than a reward ({REWARD_MAX_BYTES:,} at most)")
+        value, metrics = read_reward(kind, text, self.id)
         trace.metrics.update(metrics)
         return value
 
 
-_READ_REWARD = """if [ -f /logs/verifier/reward.json ]; then echo json; cat /logs/verifier/reward.json
-elif [ -f /logs/verifier/reward.txt ]; then echo txt; cat /logs/verifier/reward.txt; else echo none; fi"""
+# /logs/verifier is made anew (a symlink the agent left there is removed, not followed) and /tests
+# emptied, so no file of the agent's can pose as the tests or their reward.
+_CLEAR = ("for d in /logs /tests; do if [ -L $d ]; then rm -f $d; fi; done; rm -rf /logs/verifier; "
+          "mkdir -p " + " ".join(LOG_DIRS) + " /tests && find /tests -mindepth 1 -delete")
+
+REWARD_MAX_BYTES = 64 * 1024
+"""A reward file larger than this is a scoring error (a reward is a number, or an object of a few)."""
+
+_READ_REWARD = f"""for kind in json txt; do
+  file=/logs/verifier/reward.$kind
+  if [ -f "$file" ] && [ ! -L "$file" ]; then
+    echo "$kind $(stat -c %s "$file")"; head -c {REWARD_MAX_BYTES} "$file"; exit 0
+  fi
+done
+echo none"""
 
 _LIST_ARTIFACTS = ("cd /logs/artifacts 2>/dev/null && find . -type f -printf '%s %P\\n' 2>/dev/null | sort -k2 | "
                    f"head -n {ARTIFACT_FILES}")
@@ -255,8 +278,9 @@ def read_reward(kind: str, text: str, task_id: str) -> tuple[float, dict[str, fl
         return _finite(text.strip(), where), {}
     try:
         parsed = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TaskError(f"{where} is not JSON ({exc}): {text.strip()[:200]!r}") from None
+    except ValueError as exc:   # JSONDecodeError, or an integer past Python's digit limit
+        raise TaskError(f"{where} is not JSON a reward can be read from ({str(exc)[:200]}): "
+                        f"{text.strip()[:200]!r}") from None
     if not isinstance(parsed, dict):
         return _finite(parsed, where), {}
     if not parsed:
@@ -265,12 +289,14 @@ def read_reward(kind: str, text: str, task_id: str) -> tuple[float, dict[str, fl
     if "reward" in values:
         reward_value = values.pop("reward")
         return reward_value, values
-    return sum(values.values()) / len(values), values
+    return _finite(math.fsum(values.values()) / len(values), f"{where}: the mean of its keys"), values
 
 
 def _finite(value: Any, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise TaskError(f"{where} holds {json.dumps(value)[:200]}, not a number")
+    if isinstance(value, int) and abs(value) > 2 ** 1023:
+        raise TaskError(f"{where} holds an integer of {len(str(abs(value)))} digits: a reward must be a finite number")
     try:
         number = float(value)
     except (ValueError, OverflowError):
@@ -278,6 +304,20 @@ def _finite(value: Any, where: str) -> float:
     if not math.isfinite(number):
         raise TaskError(f"{where} holds {value!r}: a reward must be a finite number")
     return number
+
+
+def _resolved(env: dict[str, str], table: str) -> dict[str, str]:
+    """``env`` with its ``${VAR}`` templates filled in from this process's environment (as Harbor does);
+    a value taken from the environment counts as a secret: scrubbed from what the trace records.
+
+    Raises:
+        ScoringEnvError: a ``${VAR}`` without default is unset here.
+    """
+    resolved = resolve_env(env, table=table, place="where the rollout runs")
+    for template in env.values():
+        for name in template_variables(template):
+            register_secret(os.environ.get(name))   # the host's value, not a default
+    return resolved
 
 
 def _outcome(result: Any, started: float) -> dict[str, Any]:
@@ -291,8 +331,8 @@ def load(path: str, tasks: list[str] | None = None, timeout_multiplier: float = 
     """The Harbor tasks under ``path``, in directory-name order.
 
     Args:
-        path: One task directory (it holds ``task.toml``) or a directory of them (relative paths are
-            resolved against the current directory; subdirectories without ``task.toml`` or
+        path: One task directory (it holds ``task.toml``) or a directory of them (a relative path is
+            resolved against the current directory, not the config file's; subdirectories without ``task.toml`` or
             ``instruction.md`` are skipped).
         tasks: Only these task directory names, in this order.
         timeout_multiplier: Scales every task's agent, verifier and build deadlines (> 0).
@@ -309,9 +349,36 @@ def load(path: str, tasks: list[str] | None = None, timeout_multiplier: float = 
         raise ConfigError(f"[env.taskset] timeout_multiplier = {timeout_multiplier}: must be a number above 0")
     if storage_mb is not None and storage_mb < 0:
         raise ConfigError(f"[env.taskset] storage_mb = {storage_mb}: must be 0 (no quota) or more MiB")
+    return [_task(name, directory, timeout_multiplier, storage_mb)
+            for name, directory in task_directories(path, tasks).items()]
+
+
+def problems(path: str, tasks: list[str] | None = None) -> list[str]:
+    """What is wrong with each task under ``path`` (one message per broken task, as ``load`` would raise
+    it for the first), so that a check can name them all at once; empty when every task loads.
+
+    Raises:
+        ConfigError: ``path`` itself is wrong (see ``task_directories``).
+    """
+    found = []
+    for name, directory in task_directories(path, tasks).items():
+        try:
+            _task(name, directory, 1.0, None)
+        except ConfigError as exc:
+            found.append(str(exc))
+    return found
+
+
+def task_directories(path: str, tasks: list[str] | None = None) -> dict[str, Path]:
+    """Task name -> directory under ``path`` (see ``load``), not yet read.
+
+    Raises:
+        ConfigError: ``path`` is missing or holds no task, or ``tasks`` names one that is not there.
+    """
     root = Path(path).expanduser().resolve()
     if not root.is_dir():
-        raise ConfigError(f'[env.taskset] path = "{path}": no such directory ({root}). Give a Harbor task '
+        what = "a file, not a directory" if root.exists() else "no such directory"
+        raise ConfigError(f'[env.taskset] path = "{path}": {what} ({root}). Give a Harbor task '
                           "directory, or a directory of them")
     if (root / "task.toml").is_file():
         found = {root.name: root}
@@ -327,7 +394,7 @@ def load(path: str, tasks: list[str] | None = None, timeout_multiplier: float = 
             raise ConfigError(f"[env.taskset] tasks: {', '.join(map(repr, unknown))} not in {root}. Its tasks are: "
                               f"{', '.join(found)}")
         found = {name: found[name] for name in tasks}
-    return [_task(name, directory, timeout_multiplier, storage_mb) for name, directory in found.items()]
+    return found
 
 
 def _task(name: str, directory: Path, timeout_multiplier: float, storage_mb: int | None) -> HarborTask:
@@ -343,11 +410,14 @@ def _task(name: str, directory: Path, timeout_multiplier: float, storage_mb: int
         raise ConfigError(f"{where}: environment/Dockerfile is missing and [environment] docker_image is not set; "
                           "give one of them")
     _refuse_unsupported(toml, where)
-    prompt = instruction.read_text(encoding="utf-8")
+    try:
+        prompt = instruction.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{where}: instruction.md is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     if not prompt.strip():
         raise ConfigError(f"{where}: instruction.md is empty")
     metadata = toml.metadata
-    info: dict[str, Any] = {"harbor_path": str(directory)}
+    info: dict[str, Any] = {}
     for key in ("category", "difficulty"):
         if isinstance(metadata.get(key), str):
             info[key] = metadata[key]

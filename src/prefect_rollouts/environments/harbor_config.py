@@ -24,7 +24,7 @@ class _Section(BaseModel):
 class AgentSection(_Section):
     """``[agent]``: the agent phase."""
 
-    timeout_sec: float | None = None
+    timeout_sec: float | None = Field(None, gt=0, allow_inf_nan=False)
     """The agent deadline in seconds (None: none)."""
     user: str | int | None = None
     network_mode: NetworkMode | None = None
@@ -35,7 +35,7 @@ class AgentSection(_Section):
 class VerifierSection(_Section):
     """``[verifier]``: the tests (``tests/test.sh``)."""
 
-    timeout_sec: float = 600.0
+    timeout_sec: float = Field(600.0, gt=0, allow_inf_nan=False)
     """The scoring deadline: ``test.sh`` is killed after this many seconds."""
     env: dict[str, str] = {}
     user: str | int | None = None
@@ -59,13 +59,13 @@ class HealthcheckSection(_Section):
 class EnvironmentSection(_Section):
     """``[environment]``: the box."""
 
-    build_timeout_sec: float = 600.0
+    build_timeout_sec: float = Field(600.0, gt=0, allow_inf_nan=False)
     docker_image: str | None = None
     """A prebuilt image; without it the image is built from ``environment/``."""
-    cpus: int = 1
-    memory_mb: int = 2048
-    storage_mb: int = 10240
-    gpus: int = 0
+    cpus: int = Field(1, ge=1)
+    memory_mb: int = Field(2048, ge=16)
+    storage_mb: int = Field(10240, ge=0)
+    gpus: int = Field(0, ge=0)
     gpu_types: list[str] | None = None
     allow_internet: bool = True
     network_mode: NetworkMode | None = None
@@ -87,6 +87,10 @@ class EnvironmentSection(_Section):
             self.memory_mb = _megabytes(self.memory, "memory")
         if self.storage is not None:
             self.storage_mb = _megabytes(self.storage, "storage")
+        if self.memory_mb < 16:
+            raise ValueError(f"memory = {self.memory!r}: at least 16 MiB")
+        if self.workdir is not None and not self.workdir.startswith("/"):
+            raise ValueError(f"workdir = {self.workdir!r}: must be an absolute path in the box, e.g. /app")
         return self
 
     def baseline_network(self) -> NetworkMode:
@@ -141,6 +145,9 @@ def _megabytes(size: str, key: str) -> int:
     if not text or text[-1] not in factors:
         raise ValueError(f"{key} = {size!r}: write a size like \"2G\" or \"512M\" (or use {key}_mb)")
     try:
-        return int(float(text[:-1]) * factors[text[-1]])
-    except ValueError:
+        megabytes = int(float(text[:-1]) * factors[text[-1]])
+    except (ValueError, OverflowError):
         raise ValueError(f"{key} = {size!r}: write a size like \"2G\" or \"512M\" (or use {key}_mb)") from None
+    if megabytes < 0:
+        raise ValueError(f"{key} = {size!r}: a size cannot be negative")
+    return megabytes

@@ -65,20 +65,30 @@ exit $code
 """
 
 
-# Kills every process of the container but PID 1 (the init), the keep-alive (the first
-# "sleep infinity" child of the init) and this shell; prints the PIDs it killed.
-_KILL_ALL = r"""keep=""
+# Kills every process of the container but PID 1 (the init), the keep-alive (the lowest-numbered
+# "sleep infinity" child of the init: it started first, so a look-alike a process made later has a
+# higher PID) and this shell with its own children; prints the PIDs it killed. The parent comes from
+# /proc/PID/status, which a process cannot forge (its stat's comm field it can: prctl, /proc/self/comm).
+_KILL_ALL = r"""parent() {
+  ppid=""
+  while read -r key value; do
+    if [ "$key" = "PPid:" ]; then ppid=$value; return 0; fi
+  done < "$1/status"
+  return 1
+}
+keep=""
 for p in /proc/[0-9]*; do
   pid=${p#/proc/}
-  read -r _ _ _ ppid _ < "$p/stat" 2>/dev/null || continue
-  if [ -z "$keep" ] && [ "$ppid" = 1 ] && [ "$(tr '\0' ' ' < "$p/cmdline" 2>/dev/null)" = "sleep infinity " ]; then
+  parent "$p" 2>/dev/null || continue
+  if [ "$ppid" = 1 ] && { [ -z "$keep" ] || [ "$pid" -lt "$keep" ]; } \
+      && [ "$(tr '\0' ' ' < "$p/cmdline" 2>/dev/null)" = "sleep infinity " ]; then
     keep=$pid
   fi
 done
 for p in /proc/[0-9]*; do
   pid=${p#/proc/}
   case "$pid" in 1|"$keep"|"$$") continue ;; esac
-  read -r _ _ _ ppid _ < "$p/stat" 2>/dev/null || continue
+  parent "$p" 2>/dev/null || continue
   [ "$ppid" = "$$" ] && continue
   kill -9 "$pid" 2>/dev/null && echo "$pid"
 done

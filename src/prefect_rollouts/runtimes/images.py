@@ -12,6 +12,7 @@ Must not import Prefect.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import hashlib
@@ -19,9 +20,10 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import docker
 import docker.errors
@@ -33,7 +35,9 @@ from prefect_rollouts.runtimes.docker import LABEL, docker_client
 REPOSITORY = "prefect-rollouts-task"
 """Repository of built task images: ``prefect-rollouts-task/<task name>:<hash>``."""
 LOG_TAIL_LINES = 30
-"""Lines of a failed build's log kept in its error."""
+"""Lines of a failed build's log kept in its error ..."""
+LOG_LINE_CHARS = 300
+"""... each cut to this many characters (a build may print one line of megabytes)."""
 FAILURE_TTL_S = 300.0
 """How long this process remembers a failed build of a tag before it tries again (seconds)."""
 
@@ -47,6 +51,8 @@ class ImageReady:
     workdir: str
     build_s: float
 
+
+_T = TypeVar("_T")
 
 _locks: dict[str, threading.Lock] = {}
 _locks_guard = threading.Lock()
@@ -145,6 +151,33 @@ def pull_image(reference: str, *, timeout_s: float, what: str) -> ImageReady:
     return ImageReady(ready.tag, ready.workdir, round(time.monotonic() - started, 3))
 
 
+async def in_daemon_thread(fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    """``fn(*args, **kwargs)`` in a daemon thread: a build cannot be cancelled once the engine runs it,
+    and a pool thread would hold the process at exit (Ctrl-C) until the build ends; this one does not.
+    The engine finishes (and tags) the build on its own."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[_T] = loop.create_future()
+
+    def run() -> None:
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            loop.call_soon_threadsafe(_settle, future, None, exc)
+        else:
+            loop.call_soon_threadsafe(_settle, future, result, None)
+    threading.Thread(target=run, name="task-image", daemon=True).start()
+    return await future
+
+
+def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    if future.done():   # the waiter was cancelled
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
+
+
 def _client(what: str) -> docker.DockerClient:
     try:
         return docker_client()
@@ -166,30 +199,34 @@ def _existing(client: docker.DockerClient, tag: str) -> ImageReady | None:
 def _build(client: docker.DockerClient, directory: Path, tag: str, timeout_s: float, what: str) -> None:
     """Run the build, streaming its log; raise with the log's tail when it fails or runs too long."""
     if not (directory / "Dockerfile").is_file():
-        raise InfrastructureError(f"{what}: {directory}/Dockerfile does not exist", retryable=False)
+        raise InfrastructureError(f"{what}: environment/Dockerfile does not exist", retryable=False)
     deadline = time.monotonic() + timeout_s
     lines: list[str] = []
+
+    def tail() -> str:
+        return "\n".join(lines)
     stream = client.api.build(path=str(directory), tag=tag, rm=True, forcerm=True, pull=False, decode=True,
                               timeout=max(timeout_s, 1.0), labels={LABEL: "1", f"{LABEL}.task": what[:200]})
     try:
         for chunk in stream:
-            text = chunk.get("stream") or chunk.get("status") or ""
+            text = str(chunk.get("stream") or chunk.get("status") or "").replace("\0", "")
             if text:
-                lines.extend(line for line in text.rstrip("\n").splitlines() if line.strip())
+                lines.extend(line[:LOG_LINE_CHARS] for line in text.rstrip("\n").splitlines() if line.strip())
                 del lines[:-LOG_TAIL_LINES]
             if "error" in chunk:
-                detail = (chunk.get("errorDetail") or {}).get("message") or chunk["error"]
-                raise InfrastructureError(f"{what}: building {directory} failed: {detail.strip()}\n"
-                                          + "\n".join(lines), retryable=False)
+                detail = str((chunk.get("errorDetail") or {}).get("message") or chunk["error"]).replace("\0", "")
+                raise InfrastructureError(f"{what}: building environment/ failed: {detail.strip()[:2000]}\n"
+                                          + tail(), retryable=False)
             if time.monotonic() > deadline:
-                raise InfrastructureError(f"{what}: building {directory} ran past [environment] build_timeout_sec "
-                                          f"= {timeout_s:g} s\n" + "\n".join(lines), retryable=False)
-    except docker.errors.DockerException as exc:   # a Dockerfile the engine refuses, a lost engine
-        raise InfrastructureError(f"{what}: building {directory} failed: {exc}\n" + "\n".join(lines),
-                                  retryable=False) from exc
-    except OSError as exc:   # the read timeout: no output for timeout_s
-        raise InfrastructureError(f"{what}: building {directory} ran past [environment] build_timeout_sec = "
-                                  f"{timeout_s:g} s ({exc})\n" + "\n".join(lines), retryable=False) from exc
+                raise InfrastructureError(f"{what}: building environment/ ran past [environment] build_timeout_sec "
+                                          f"= {timeout_s:g} s\n" + tail(), retryable=False)
+    except InfrastructureError:
+        raise
+    except Exception as exc:   # a Dockerfile the engine refuses, a lost engine, or no output for timeout_s
+        quiet = "timed out" in str(exc).lower() or "timeout" in type(exc).__name__.lower()
+        why = (f"ran past [environment] build_timeout_sec = {timeout_s:g} s (no output for that long)" if quiet
+               else f"failed: {type(exc).__name__}: {str(exc)[:500]}")
+        raise InfrastructureError(f"{what}: building environment/ {why}\n" + tail(), retryable=False) from exc
     finally:
         with contextlib.suppress(Exception):
             stream.close()

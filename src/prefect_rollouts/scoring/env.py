@@ -12,6 +12,11 @@ from prefect_rollouts.errors import ScoringEnvError
 _TEMPLATE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
+def template_variables(template: str) -> list[str]:
+    """The names of the variables ``template`` reads (``${VAR}`` and ``${VAR:-default}``), in order."""
+    return [match.group(1) for match in _TEMPLATE.finditer(template)]
+
+
 def resolve_env(env: Mapping[str, str], host: Mapping[str, str] | None = None, *, table: str = "scoring.env",
                 place: str = "where scoring runs") -> dict[str, str]:
     """Resolve every ``${VAR}`` / ``${VAR:-default}`` in the values of ``env``.

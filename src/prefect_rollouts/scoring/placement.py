@@ -2,7 +2,9 @@
 
 Isolated scoring follows the seed: the task's collected artifacts are restored into a fresh
 runtime (``scoring.runtime``, else the agent's runtime config) and the task's metrics and
-rewards run there. Judges run after them in the orchestrating process in both modes. The
+rewards run there. Artifacts ``["."]`` (the whole workspace, as a Harbor task's ``separate``
+verifier declares) replace the fresh workspace: files the agent deleted or renamed are gone there
+too. Judges run after them in the orchestrating process in both modes. The
 rollout's ``scoring`` stage policy retries a retryable infrastructure error with another call
 (another fresh runtime), reusing the same submission; nothing is sent to the model again.
 """
@@ -13,6 +15,7 @@ import asyncio
 from typing import Any
 
 from prefect_rollouts.config import RuntimeConfig, ScoringConfig
+from prefect_rollouts.errors import RuntimeUnavailableError
 from prefect_rollouts.runtimes import make_runtime
 from prefect_rollouts.scoring.env import resolve_env
 from prefect_rollouts.scoring.judges import JudgeClients, run_judges
@@ -68,6 +71,11 @@ async def score_isolated(task: Task, trace: Trace, artifacts: bytes, scoring: Sc
                            labels={**(labels or {}), "role": "scoring"}, source=source)
     try:
         await runtime.start()
+        if "." in task.data.artifacts:   # the whole workspace: the agent's replaces the image's (deletions too)
+            cleared = await runtime.exec("find . -mindepth 1 -delete", timeout=120)
+            if cleared.exit_code != 0:
+                raise RuntimeUnavailableError(f"cannot empty the scoring runtime's workspace before restoring the "
+                                              f"agent's: {cleared.stderr.strip()[-300:]}")
         await runtime.restore_artifacts(artifacts)
         await run_scoring_functions(task, trace, await runtime.scoped(env=env))
     finally:

@@ -48,6 +48,8 @@ def task_changes(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
                                                         suffixes=("_a", "_b")).sort_values(keys)
     merged = merged.rename(columns={"mean_reward_a": "reward_a", "mean_reward_b": "reward_b"})
     merged["difference"] = merged["reward_b"] - merged["reward_a"]
+    for column in ("errored_a", "errored_b"):   # a task only one run has: no count in the other (not 0.000)
+        merged[column] = merged[column].astype("Int64")
     return merged.reset_index(drop=True)
 
 
@@ -59,6 +61,6 @@ def format_lines(frame: pd.DataFrame) -> str:
     for column in shown.columns:
         if pd.api.types.is_float_dtype(shown[column]):
             shown[column] = shown[column].map(lambda value: "—" if pd.isna(value) else f"{value:.3f}")
-        elif pd.api.types.is_object_dtype(shown[column]):
-            shown[column] = shown[column].map(lambda value: "—" if value is None or value != value else value)
+        else:
+            shown[column] = shown[column].map(lambda value: "—" if value is None or pd.isna(value) else value)
     return shown.to_string(index=False)
