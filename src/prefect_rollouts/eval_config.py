@@ -28,7 +28,7 @@ import tempfile
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -44,7 +44,9 @@ from prefect_rollouts.taskset_config import (
     merged_agent,
     path_safe,
 )
-from prefect_rollouts.traces.store import DatasetRoot, dataset_root
+
+if TYPE_CHECKING:
+    from prefect_rollouts.traces.store import DatasetRoot
 
 
 class EnvConfig(_Config):
@@ -88,6 +90,8 @@ class TracesConfig(_Config):
         Raises:
             ConfigError: ``path`` is a URI that holds credentials or that pyarrow cannot open.
         """
+        from prefect_rollouts.traces.store import dataset_root  # pyarrow loads only when a dataset is opened
+
         return dataset_root(self.path or "./traces")
 
     def check_writable(self) -> None:

@@ -85,6 +85,23 @@ class HumanEvalTaskset(_Form):
                              description="Limit of one test run, in seconds. Default 10.")
 
 
+class HarborTaskset(_Form):
+    """Agentic tasks in Harbor's format: a directory of task directories on the worker (docker runtime)."""
+
+    model_config = ConfigDict(title="harbor")
+    id: Literal["harbor"] = Field("harbor", title="Name")
+    path: str = Field("examples/harbor-tasks", min_length=1, title="Task directory",
+                      description="A Harbor task directory, or a directory of them, on the worker (relative to "
+                                  "the directory it runs in). Default examples/harbor-tasks.")
+    tasks: list[str] | None = Field(None, title="Tasks",
+                                    description="Only these task directories, by name. Empty: all.")
+    timeout_multiplier: float = Field(1.0, gt=0, title="Timeout multiplier",
+                                      description="Scales every agent, verifier and build deadline. Default 1.")
+    storage_mb: int | None = Field(None, ge=0, title="Disk quota (MiB)",
+                                   description="Every box's disk quota instead of the task's storage_mb; 0 = none. "
+                                               "Empty: each task's own.")
+
+
 class CustomTaskset(_Form):
     """A taskset of your own: a function ``load(**options) -> Iterable[Task]`` importable on the worker."""
 
@@ -96,9 +113,9 @@ class CustomTaskset(_Form):
                                     description="Keyword arguments of the function, as a JSON object. Default {}.")
 
 
-Taskset = ArithmeticTaskset | BfclTaskset | HumanEvalTaskset | CustomTaskset
+Taskset = ArithmeticTaskset | BfclTaskset | HumanEvalTaskset | HarborTaskset | CustomTaskset
 """One form per taskset. A plain union (``anyOf`` in the schema): Prefect's form shows it as a
-switch of the four titles with the chosen taskset's own fields; a discriminated union
+switch of the five titles with the chosen taskset's own fields; a discriminated union
 (``oneOf``) is shown as a bare JSON editor. Pydantic still picks the one whose ``id`` matches."""
 
 
@@ -294,7 +311,7 @@ class LaunchForm(_Form):
 
 #: The taskset form of each built-in taskset.
 BUILTIN_TASKSETS: dict[str, type[_Form]] = {"arithmetic": ArithmeticTaskset, "bfcl": BfclTaskset,
-                                            "humaneval": HumanEvalTaskset}
+                                            "harbor": HarborTaskset, "humaneval": HumanEvalTaskset}
 
 #: (form field, config key) pairs that hold the same value; ``""`` in the form is None in the config.
 #: The taskset and the endpoint are mapped on their own.

@@ -25,11 +25,14 @@ import socket
 from collections.abc import Callable, Iterator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import httpx
 
 from prefect_rollouts.config_base import ClientConfig
-from prefect_rollouts.eval_config import LimitsConfig
+
+if TYPE_CHECKING:
+    from prefect_rollouts.eval_config import LimitsConfig
 
 #: Characters Prefect refuses in a concurrency limit's name.
 BANNED = re.compile(r"[/%&<>]")

@@ -23,9 +23,9 @@ async def runtime():
 
 async def test_a_background_job_neither_hangs_the_command_nor_outlives_it(runtime):
     started = time.perf_counter()
-    result = await runtime.exec("sleep 30 & echo started")
+    result = await runtime.exec("sleep 31.25 & echo started")   # a duration no other test's process has (pgrep
     assert (result.exit_code, result.stdout) == (0, "started\n") and time.perf_counter() - started < 3
-    survivors = await runtime.exec("pgrep -f 'slee[p] 30' || true")
+    survivors = await runtime.exec("pgrep -f 'slee[p] 31.25' || true")   # sees the whole host, containers too)
     assert survivors.stdout == ""
 
 

@@ -220,7 +220,7 @@ async def test_verifier_env_templates_resolve_here_and_their_values_stay_off_the
 async def test_a_silent_build_past_its_timeout_is_an_error_naming_the_key(tmp_path, agent_config):
     directory = task_dir(tmp_path, "quiet", toml='version = "1.0"\n[environment]\nbuild_timeout_sec = 3.0\n')
     (directory / "environment" / "Dockerfile").write_text(
-        f"FROM prefect-rollouts-sandbox:latest\nRUN echo {tmp_path.name} && sleep 30\n")
+        f"FROM prefect-rollouts-sandbox:latest\nRUN echo {tmp_path.name} && sleep 12\n")   # the engine goes on
     trace = (await run_all(harbor_config(agent_config, "oracle"), tmp_path))["quiet"]
     assert trace.reward is None and [e.type for e in trace.errors] == ["InfrastructureError"]
     assert "ran past [environment] build_timeout_sec = 3 s" in trace.errors[0].message

@@ -147,7 +147,7 @@ async def test_after_kill_9_of_an_eval_the_janitor_reaps_its_containers_and_cras
         async with get_client() as client:
             runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[owner_tag])))
         return sorted(run.state.type.value for run in runs)
-    assert await wait_for(states_of_its_flow_runs) == ["CRASHED"] * 4   # the eval flow run and its 3 rollouts
+    assert await wait_for(states_of_its_flow_runs, timeout_s=60) == ["CRASHED"] * 4   # the eval run and 3 rollouts
 
 
 

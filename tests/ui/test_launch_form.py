@@ -57,7 +57,8 @@ def test_the_form_shows_the_common_fields_first_and_the_rest_under_advanced():
     assert len(advanced) <= 15
     # a plain union (anyOf): Prefect shows a switch of the tasksets, each with its own option fields
     variants = [definitions[ref["$ref"].rsplit("/", 1)[1]] for ref in form["properties"]["taskset"]["anyOf"]]
-    assert [variant["title"] for variant in variants] == ["arithmetic", "bfcl", "humaneval", "custom (import path)"]
+    assert [variant["title"] for variant in variants] == ["arithmetic", "bfcl", "humaneval", "harbor",
+                                                            "custom (import path)"]
     for definition in definitions.values():
         assert [field["position"] for field in definition["properties"].values()] == list(
             range(len(definition["properties"])))

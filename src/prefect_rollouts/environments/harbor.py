@@ -326,12 +326,13 @@ def _outcome(result: Any, started: float) -> dict[str, Any]:
             "stdout_tail": result.stdout[-TAIL_CHARS:], "stderr_tail": result.stderr[-TAIL_CHARS:]}
 
 
-def load(path: str, tasks: list[str] | None = None, timeout_multiplier: float = 1.0,
+def load(path: str = "examples/harbor-tasks", tasks: list[str] | None = None, timeout_multiplier: float = 1.0,
          storage_mb: int | None = None) -> list[HarborTask]:
     """The Harbor tasks under ``path``, in directory-name order.
 
     Args:
-        path: One task directory (it holds ``task.toml``) or a directory of them (a relative path is
+        path: One task directory (it holds ``task.toml``) or a directory of them (default: the shipped
+            ``examples/harbor-tasks``; a relative path is
             resolved against the current directory, not the config file's; subdirectories without ``task.toml`` or
             ``instruction.md`` are skipped).
         tasks: Only these task directory names, in this order.
