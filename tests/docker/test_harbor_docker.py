@@ -92,8 +92,8 @@ async def test_a_dockerfile_that_fails_is_an_infrastructure_error_of_that_task_o
     traces = await run_all(harbor_config(agent_config, "oracle"), tmp_path)
     failed = traces["unbuildable"]
     assert failed.reward is None and [e.type for e in failed.errors] == ["InfrastructureError"]
-    assert failed.errors[0].stage == "setup" and "building" in failed.errors[0].message
-    assert "nope" in failed.errors[0].message or "exit" in failed.errors[0].message   # the build log's tail
+    assert failed.errors[0].stage == "setup" and "building environment/ failed" in failed.errors[0].message
+    assert "returned a non-zero code: 7" in failed.errors[0].message and "nope" in failed.errors[0].message
     assert traces["fine"].reward == 1.0
 
 
@@ -131,12 +131,12 @@ async def test_the_image_is_built_once_and_again_only_for_the_changed_task(tmp_p
         tags[directory.name] = images.image_tag(directory.name, directory / "environment")
     config = harbor_config(agent_config, "nop")
     try:
-        built = [task.build_s for task in await prepared(config, tmp_path)]
+        built = [task.image.build_s for task in await prepared(config, tmp_path)]
         assert all(seconds > 0 for seconds in built)
         again = await prepared(config, tmp_path)
-        assert [task.build_s for task in again] == [0.0, 0.0]   # a second eval builds nothing
+        assert [task.image.build_s for task in again] == [0.0, 0.0]   # a second eval builds nothing
         (second / "environment" / "data.txt").write_text("changed\n")
-        changed = {task.id: task.build_s for task in await prepared(config, tmp_path)}
+        changed = {task.id: task.image.build_s for task in await prepared(config, tmp_path)}
         assert changed["first"] == 0.0 and changed["second"] > 0
         assert images.image_tag("second", second / "environment") != tags["second"]
     finally:

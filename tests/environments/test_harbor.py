@@ -11,8 +11,9 @@ import pytest
 
 import prefect_rollouts as vf
 from prefect_rollouts.environments import load_taskset
-from prefect_rollouts.environments.harbor import HarborTask, read_reward
+from prefect_rollouts.environments.harbor import HarborTask
 from prefect_rollouts.environments.harbor_config import TaskToml
+from prefect_rollouts.environments.harbor_reward import read_reward
 from prefect_rollouts.errors import ConfigError, TaskError
 
 pytestmark = pytest.mark.timeout(30)

@@ -32,26 +32,22 @@ Deadlines scale by the taskset option ``timeout_multiplier``. Network modes: ``p
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
+import functools
 import math
 import os
 import shlex
 import time
-import tomllib
 from pathlib import Path
-from typing import Any
-
-from pydantic import ValidationError
+from typing import Any, Literal
 
 from prefect_rollouts.config import AgentConfig, NetworkPolicy, ScoringConfig
-from prefect_rollouts.environments.harbor_config import NetworkMode, TaskToml
+from prefect_rollouts.environments.harbor_config import NetworkMode, TaskToml, read_task_toml, refuse_unsupported
+from prefect_rollouts.environments.harbor_reward import read_reward
 from prefect_rollouts.errors import ConfigError, TaskError, register_secret
 from prefect_rollouts.scoring.env import resolve_env, template_variables
 from prefect_rollouts.task import Task, TaskData, reward
+from prefect_rollouts.threads import run_sync
 from prefect_rollouts.trace import Trace
-
-log = logging.getLogger("prefect_rollouts.harbor")
 
 LOG_DIRS = ("/logs/agent", "/logs/verifier", "/logs/artifacts")
 """Harbor's log directories in the box."""
@@ -63,9 +59,6 @@ ARTIFACT_FILE_BYTES = 16 * 1024
 """Files in ``/logs/artifacts`` up to this size are kept on the trace as text; larger ones are listed."""
 ARTIFACT_FILES = 50
 """At most this many files of ``/logs/artifacts`` are listed on the trace."""
-
-_warned: set[str] = set()
-
 
 class HarborTask(Task):
     """One Harbor task directory (see the module docstring).
@@ -90,10 +83,9 @@ class HarborTask(Task):
         """Whether the tests run in a fresh box (``[verifier] environment_mode = "separate"``)."""
         return self.toml.verifier.environment_mode == "separate"
 
-    def network(self, phase: str) -> NetworkPolicy:
+    def network(self, phase: Literal["agent", "verifier"]) -> NetworkPolicy:
         """The network policy of ``phase`` (``agent`` or ``verifier``): its own mode, else the environment's."""
-        own: NetworkMode | None = getattr(self.toml, phase).network_mode
-        return _policy(own or self.toml.environment.baseline_network())
+        return _policy(self.toml.phase_network(phase))
 
     async def prepare(self, config: AgentConfig) -> AgentConfig:
         """The task's image (built or found; see the module docstring) and the agent config of its rollouts.
@@ -113,15 +105,14 @@ class HarborTask(Task):
         timeout_s = environment.build_timeout_sec * self.timeout_multiplier
         known: images.ImageReady | None = getattr(self, "image", None)
         if environment.docker_image:
-            ready = await images.in_daemon_thread(images.pull_image, environment.docker_image, timeout_s=timeout_s,
-                                                  what=what)
+            job = functools.partial(images.pull_image, environment.docker_image, timeout_s=timeout_s, what=what)
         else:   # the tag this task object first got (the eval's, before its rollouts): one image per eval
             source = self.directory / "environment"
             tag = known.tag if known is not None else await asyncio.to_thread(images.image_tag, self.id, source)
-            ready = await images.in_daemon_thread(images.build_image, source, tag, timeout_s=timeout_s, what=what)
+            job = functools.partial(images.build_image, source, tag, timeout_s=timeout_s, what=what)
+        ready = await run_sync(job, f"{what}: the image")   # a daemon thread: Ctrl-C does not wait for a build
         if known is None:
-            self.image = ready
-            self.build_s = ready.build_s
+            self.image = ready   # its build_s is the eval's build, not a rollout's cached check
         runtime = config.runtime.model_copy(update={
             "image": ready.tag, "workdir": environment.workdir or ready.workdir, "cpus": float(environment.cpus),
             "memory_mb": environment.memory_mb,
@@ -141,7 +132,7 @@ class HarborTask(Task):
         """
         info = trace.info.setdefault("harbor", {}) if trace is not None else {}
         info.update(image=runtime.config.image, workdir=runtime.config.workdir,
-                    build_s=getattr(self, "build_s", None),
+                    build_s=image.build_s if (image := getattr(self, "image", None)) else None,
                     network={"agent": runtime.network.mode, "verifier": self.network("verifier").mode})
         made = await runtime.exec("mkdir -p " + " ".join(LOG_DIRS), timeout=60)
         if made.exit_code != 0:
@@ -261,51 +252,6 @@ _LIST_ARTIFACTS = ("cd /logs/artifacts 2>/dev/null && find . -type f -printf '%s
                    f"head -n {ARTIFACT_FILES}")
 
 
-def read_reward(kind: str, text: str, task_id: str) -> tuple[float, dict[str, float]]:
-    """``(reward, metrics)`` from the text of ``reward.json`` (``kind = "json"``) or ``reward.txt``.
-
-    ``reward.json``: a number is the reward; an object with a ``reward`` key: that is the reward and
-    the other keys are metrics; an object without one: every key is a reward of equal weight, so the
-    reward is their mean, and each is also kept as a metric. ``reward.txt``: one number.
-
-    Raises:
-        TaskError: the file is empty, not a number (or an object of numbers), or holds a non-finite one.
-    """
-    where = f"Harbor task {task_id!r}: /logs/verifier/reward.{kind}"
-    if not text.strip():
-        raise TaskError(f"{where} is empty; it must hold the reward (a number)")
-    if kind == "txt":
-        return _finite(text.strip(), where), {}
-    try:
-        parsed = json.loads(text)
-    except ValueError as exc:   # JSONDecodeError, or an integer past Python's digit limit
-        raise TaskError(f"{where} is not JSON a reward can be read from ({str(exc)[:200]}): "
-                        f"{text.strip()[:200]!r}") from None
-    if not isinstance(parsed, dict):
-        return _finite(parsed, where), {}
-    if not parsed:
-        raise TaskError(f"{where} is an empty object; give a reward key or at least one number")
-    values = {str(key): _finite(value, f"{where} key {key!r}") for key, value in parsed.items()}
-    if "reward" in values:
-        reward_value = values.pop("reward")
-        return reward_value, values
-    return _finite(math.fsum(values.values()) / len(values), f"{where}: the mean of its keys"), values
-
-
-def _finite(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise TaskError(f"{where} holds {json.dumps(value)[:200]}, not a number")
-    if isinstance(value, int) and abs(value) > 2 ** 1023:
-        raise TaskError(f"{where} holds an integer of {len(str(abs(value)))} digits: a reward must be a finite number")
-    try:
-        number = float(value)
-    except (ValueError, OverflowError):
-        raise TaskError(f"{where} holds {str(value)[:200]!r}, not a number") from None
-    if not math.isfinite(number):
-        raise TaskError(f"{where} holds {value!r}: a reward must be a finite number")
-    return number
-
-
 def _resolved(env: dict[str, str], table: str) -> dict[str, str]:
     """``env`` with its ``${VAR}`` templates filled in from this process's environment (as Harbor does);
     a value taken from the environment counts as a secret: scrubbed from what the trace records.
@@ -410,7 +356,7 @@ def _task(name: str, directory: Path, timeout_multiplier: float, storage_mb: int
     if not toml.environment.docker_image and not (directory / "environment" / "Dockerfile").is_file():
         raise ConfigError(f"{where}: environment/Dockerfile is missing and [environment] docker_image is not set; "
                           "give one of them")
-    _refuse_unsupported(toml, where)
+    refuse_unsupported(toml, where)
     try:
         prompt = instruction.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -424,7 +370,7 @@ def _task(name: str, directory: Path, timeout_multiplier: float, storage_mb: int
             info[key] = metadata[key]
     separate = toml.verifier.environment_mode == "separate"
     scoring = ScoringConfig(mode="isolated" if separate else "shared",
-                            network=_policy(toml.verifier.network_mode or toml.environment.baseline_network()))
+                            network=_policy(toml.phase_network("verifier")))
     return HarborTask(TaskData(id=name, prompt=prompt, info=info, artifacts=["."] if separate else [],
                                scoring=scoring),
                       directory, toml, timeout_multiplier=timeout_multiplier, storage_mb=storage_mb)
@@ -433,51 +379,3 @@ def _task(name: str, directory: Path, timeout_multiplier: float, storage_mb: int
 def _policy(mode: NetworkMode) -> NetworkPolicy:
     """Harbor's ``public`` is ``open``, ``no-network`` is ``none``."""
     return NetworkPolicy(mode="open" if mode == "public" else "none")
-
-
-def read_task_toml(directory: Path, where: str) -> TaskToml:
-    """``directory/task.toml`` read and checked; unknown keys are logged once each (per process).
-
-    Raises:
-        ConfigError: it is missing, not TOML (the line), or a key has a wrong type (the key and the expected type).
-    """
-    path = directory / "task.toml"
-    if not path.is_file():
-        raise ConfigError(f"{where}: task.toml is missing")
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{where}: task.toml is not valid TOML ({exc})") from None
-    try:
-        toml = TaskToml.model_validate(raw)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(part) for part in error['loc']) or '(top level)'}: {error['msg']}"
-                             for error in exc.errors()[:5])
-        raise ConfigError(f"{where}: task.toml: {problems}. Fix the value (Harbor's task.toml schema)") from None
-    for key in toml.unknown_keys():
-        if key not in _warned:
-            _warned.add(key)
-            log.warning("%s: task.toml key %r is not in Harbor's schema as this version knows it; ignored", where, key)
-    return toml
-
-
-def _refuse_unsupported(toml: TaskToml, where: str) -> None:
-    environment = toml.environment
-    refused = []
-    if environment.gpus:
-        refused.append(f"[environment] gpus = {environment.gpus} (this system runs no GPU boxes)")
-    if environment.mcp_servers:
-        refused.append("[environment] mcp_servers (MCP servers are not run for the agent)")
-    if environment.skills_dir:
-        refused.append("[environment] skills_dir (skills are not copied for the agent)")
-    for section in ("agent", "verifier"):
-        user = getattr(toml, section).user
-        if user not in (None, "root", 0, "0"):
-            refused.append(f"[{section}] user = {user!r} (commands run as the image's user, root)")
-    for section, mode in (("environment", environment.network_mode), ("agent", toml.agent.network_mode),
-                          ("verifier", toml.verifier.network_mode)):
-        if mode == "allowlist" or getattr(toml, section).allowed_hosts:
-            refused.append(f'[{section}] network_mode = "allowlist" (network allow-lists are not built yet; use '
-                           '"public" or "no-network")')
-    if refused:
-        raise ConfigError(f"{where}: task.toml asks for what this system does not run: {'; '.join(refused)}")

@@ -2,17 +2,25 @@
 
 The fields and defaults are Harbor's own (``../shared/reference/program-harnesses.md`` §5), and
 values are coerced the way Harbor's pydantic models coerce them (``"600"`` is a float there too),
-so a task that Harbor loads loads here. Keys Harbor may add later are accepted with one warning
-per key (``unknown_keys``). What this system cannot honour is refused by the taskset with an error
-naming the task (``gpus``, ``mcp_servers``, ``skills_dir``, a ``user``, ``allowlist``). Must not
-import Prefect.
+so a task that Harbor loads loads here (nonsense such as ``cpus = 0`` or a NaN deadline is refused).
+Keys Harbor may add later are accepted with one warning per key (``read_task_toml``). What this
+system cannot honour is refused with an error naming the task (``refuse_unsupported``: ``gpus``,
+``mcp_servers``, ``skills_dir``, a ``user``, ``allowlist``). Must not import Prefect.
 """
 
 from __future__ import annotations
 
+import logging
+import tomllib
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from prefect_rollouts.errors import ConfigError
+
+log = logging.getLogger("prefect_rollouts.harbor")
+_warned: set[str] = set()
 
 NetworkMode = Literal["public", "no-network", "allowlist"]
 
@@ -127,6 +135,11 @@ class TaskToml(_Section):
             data.setdefault("schema_version", str(data.pop("version")))
         return data
 
+    def phase_network(self, phase: Literal["agent", "verifier"]) -> NetworkMode:
+        """The network mode of ``phase``: its own ``network_mode``, else the environment's baseline."""
+        section: AgentSection | VerifierSection = self.agent if phase == "agent" else self.verifier
+        return section.network_mode or self.environment.baseline_network()
+
     def unknown_keys(self) -> list[str]:
         """Dotted names of the keys this schema does not know (``environment.foo``), sorted."""
         found = [str(key) for key in self.model_extra or {}]
@@ -151,3 +164,52 @@ def _megabytes(size: str, key: str) -> int:
     if megabytes < 0:
         raise ValueError(f"{key} = {size!r}: a size cannot be negative")
     return megabytes
+
+
+def read_task_toml(directory: Path, where: str) -> TaskToml:
+    """``directory/task.toml`` read and checked; unknown keys are logged once each (per process).
+
+    Raises:
+        ConfigError: it is missing, not TOML (the line), or a key has a wrong type (the key and the expected type).
+    """
+    path = directory / "task.toml"
+    if not path.is_file():
+        raise ConfigError(f"{where}: task.toml is missing")
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{where}: task.toml is not valid TOML ({exc})") from None
+    try:
+        toml = TaskToml.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(part) for part in error['loc']) or '(top level)'}: {error['msg']}"
+                             for error in exc.errors()[:5])
+        raise ConfigError(f"{where}: task.toml: {problems}. Fix the value (Harbor's task.toml schema)") from None
+    for key in toml.unknown_keys():
+        if key not in _warned:
+            _warned.add(key)
+            log.warning("%s: task.toml key %r is not in Harbor's schema as this version knows it; ignored", where, key)
+    return toml
+
+
+def refuse_unsupported(toml: TaskToml, where: str) -> None:
+    """Raise ``ConfigError`` naming each key of ``toml`` asking for what this system does not run."""
+    environment = toml.environment
+    refused = []
+    if environment.gpus:
+        refused.append(f"[environment] gpus = {environment.gpus} (this system runs no GPU boxes)")
+    if environment.mcp_servers:
+        refused.append("[environment] mcp_servers (MCP servers are not run for the agent)")
+    if environment.skills_dir:
+        refused.append("[environment] skills_dir (skills are not copied for the agent)")
+    for section in ("agent", "verifier"):
+        user = getattr(toml, section).user
+        if user not in (None, "root", 0, "0"):
+            refused.append(f"[{section}] user = {user!r} (commands run as the image's user, root)")
+    for section, mode in (("environment", environment.network_mode), ("agent", toml.agent.network_mode),
+                          ("verifier", toml.verifier.network_mode)):
+        if mode == "allowlist" or getattr(toml, section).allowed_hosts:
+            refused.append(f'[{section}] network_mode = "allowlist" (network allow-lists are not built yet; use '
+                           '"public" or "no-network")')
+    if refused:
+        raise ConfigError(f"{where}: task.toml asks for what this system does not run: {'; '.join(refused)}")

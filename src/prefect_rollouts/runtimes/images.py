@@ -12,7 +12,6 @@ Must not import Prefect.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import fcntl
 import hashlib
@@ -20,10 +19,9 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import docker
 import docker.errors
@@ -51,8 +49,6 @@ class ImageReady:
     workdir: str
     build_s: float
 
-
-_T = TypeVar("_T")
 
 _locks: dict[str, threading.Lock] = {}
 _locks_guard = threading.Lock()
@@ -85,7 +81,8 @@ def image_tag(name: str, directory: Path) -> str:
 def build_image(directory: Path, tag: str, *, timeout_s: float, what: str) -> ImageReady:
     """The image ``tag`` built from ``directory`` (its ``Dockerfile``), or found when it exists.
 
-    Blocking: call it in a worker thread. Safe to call from many threads and processes at once.
+    Blocking: call it in a worker thread (``threads.run_sync``, a daemon thread: Ctrl-C does not wait for a
+    build, which the engine finishes on its own). Safe to call from many threads and processes at once.
 
     Args:
         directory: The build context.
@@ -149,33 +146,6 @@ def pull_image(reference: str, *, timeout_s: float, what: str) -> ImageReady:
         raise InfrastructureError(f'{what}: pulled "{reference}" but the engine does not list it', retryable=False)
     del timeout_s   # the SDK's pull has no deadline of its own; the engine client's 120 s read timeout holds
     return ImageReady(ready.tag, ready.workdir, round(time.monotonic() - started, 3))
-
-
-async def in_daemon_thread(fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-    """``fn(*args, **kwargs)`` in a daemon thread: a build cannot be cancelled once the engine runs it,
-    and a pool thread would hold the process at exit (Ctrl-C) until the build ends; this one does not.
-    The engine finishes (and tags) the build on its own."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[_T] = loop.create_future()
-
-    def run() -> None:
-        try:
-            result = fn(*args, **kwargs)
-        except BaseException as exc:
-            loop.call_soon_threadsafe(_settle, future, None, exc)
-        else:
-            loop.call_soon_threadsafe(_settle, future, result, None)
-    threading.Thread(target=run, name="task-image", daemon=True).start()
-    return await future
-
-
-def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
-    if future.done():   # the waiter was cancelled
-        return
-    if exc is not None:
-        future.set_exception(exc)
-    else:
-        future.set_result(result)
 
 
 def _client(what: str) -> docker.DockerClient:
