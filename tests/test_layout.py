@@ -8,7 +8,18 @@ from pathlib import Path
 import prefect_rollouts
 
 ROOT = Path(prefect_rollouts.__file__).parent
-PREFECT_LAYER = ("prefect_rollouts.flows", "prefect_rollouts.tasks", "prefect_rollouts.blocks", "prefect_rollouts.cli")
+PREFECT_LAYER = ("prefect_rollouts.flows", "prefect_rollouts.tasks", "prefect_rollouts.blocks")
+
+
+def in_prefect_layer(name: str) -> bool:
+    """A module of ``flows/``, ``tasks/`` or ``blocks/``, or the CLI (``cli``, ``cli_*``), which may import Prefect."""
+    return (any(name == package or name.startswith(package + ".") for package in PREFECT_LAYER)
+            or is_cli(name))
+
+
+def is_cli(name: str) -> bool:
+    leaf = name.removeprefix("prefect_rollouts.")
+    return leaf == "cli" or leaf.startswith("cli_")
 
 
 def modules() -> dict[str, Path]:
@@ -65,10 +76,33 @@ def test_there_are_no_import_cycles():
 def test_only_the_prefect_layer_imports_prefect():
     offenders = []
     for name, path in modules().items():
-        if name.startswith(PREFECT_LAYER):
+        if in_prefect_layer(name):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
             offenders += [f"{name}: {n}" for n in names if n.split(".")[0] == "prefect"]
+    assert offenders == []
+
+
+def _imports_from(package: str) -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports_of(name, path, known) for name, path in known.items()
+            if name == package or name.startswith(package + ".")}
+
+
+def test_the_eval_package_imports_neither_the_prefect_layer_nor_the_cli():
+    """``evals/`` is the eval without Prefect (its package docstring): the core, never flows/tasks/blocks/cli."""
+    offenders = sorted(f"{name} -> {target}" for name, targets in _imports_from("prefect_rollouts.evals").items()
+                       for target in targets if in_prefect_layer(target))
+    assert offenders == []
+
+
+def test_the_prefect_layer_does_not_import_the_cli():
+    """``flows/``, ``tasks/`` and ``blocks/`` serve the CLI, the UI and notebooks alike: none reaches into ``cli*``."""
+    layer = {}
+    for package in PREFECT_LAYER:
+        layer |= _imports_from(package)
+    offenders = sorted(f"{name} -> {target}" for name, targets in layer.items() for target in targets
+                       if is_cli(target))
     assert offenders == []

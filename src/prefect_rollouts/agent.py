@@ -20,7 +20,7 @@ from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.harnesses.oracle import NoModelClient
 from prefect_rollouts.model import ModelClient
 from prefect_rollouts.model.open import open_client
-from prefect_rollouts.rollout import Rollout, RolloutSpec
+from prefect_rollouts.rollout import Rollout
 from prefect_rollouts.scoring.env import is_template
 from prefect_rollouts.scoring.judges import JudgeClients, client_key, open_judges
 from prefect_rollouts.stages import Segment, new_state, opening_messages
@@ -124,27 +124,6 @@ class Agent:
         """
         return Rollout(new_state(self.config, task, self.client, agent_info=self.info, labels=labels,
                                  judge_clients=self._judges, endpoint=self._endpoint))
-
-    def rollout_from_spec(self, spec: RolloutSpec) -> Rollout:
-        """Rebuild the rollout that ``spec`` names, in this process (its taskset loaded here).
-
-        The agent must be open and its config must be ``spec.agent`` (a worker opens one agent
-        per distinct config and reuses it for every spec that names it).
-
-        Raises:
-            ConfigError: ``spec.agent`` differs from this agent's config, the taskset has no
-                task ``spec.task_id`` (it differs on this machine), or the taskset fails to load.
-        """
-        from prefect_rollouts.environments import find_task
-
-        if spec.agent != self.config:
-            raise ConfigError(f"RolloutSpec for task {spec.task_id!r}: its agent config differs from this agent's; "
-                              "open an agent with make_agent(spec.agent)")
-        task = find_task(spec.taskset, spec.taskset_options, spec.task_id)
-        labels = {**spec.labels, "rollout_index": str(spec.rollout_index)}
-        if spec.run_id is not None:
-            labels["run_id"] = spec.run_id
-        return self.rollout(task, labels)
 
     @property
     def client(self) -> ModelClient:

@@ -64,29 +64,22 @@ def eval_command(
     A resume whose config differs from the run's stored config in a key that defines the run exits 2.
     With ``--fail-on-regression``, a run that regressed against its baseline exits 3.
     """
-    from prefect_rollouts.plan import plan_rollouts
-    from prefect_rollouts.run_identity import check_pinned_baseline, check_run_config, check_run_id
+    from prefect_rollouts.evals.prepare import load_eval, new_run_id, prepare_eval
 
     set_ = [*(set_ or []), *([f"dispatch.work_pool={json.dumps(work_pool)}"] if work_pool else []),
             *([f"dispatch.shard_size={shard_size}"] if shard_size is not None else [])]
-    try:
-        eval_config = check_run_config(config, set_, resume=resume, run_id=run_id, force=force_config)
-        total = len(plan_rollouts(eval_config))   # a bad taskset option or traces path fails here, before Prefect
-        eval_config.traces.check_writable()
-        if not eval_config.dispatch.work_pool:   # workers resolve ${VAR} in their own environment
-            eval_config.check_env()
-        if resume or run_id:
-            check_run_id(resume or run_id or "")
-        if eval_config.baseline not in (None, "last") and not eval_config.traces.store:
-            check_pinned_baseline(eval_config.baseline, eval_config.traces.dataset_root(), run_id)
+    try:   # everything the eval flow will check, before Prefect starts: a bad config exits 2 here
+        eval_config = load_eval(config, set_, resume=resume)
+        run_id = resume or run_id or new_run_id(eval_config)
+        total = prepare_eval(eval_config, run_id=run_id, resume=resume is not None, force=force_config,
+                             dry_run=True).total
     except (ConfigError, TraceStoreError) as exc:
         _error("config error: ", exc)
         raise typer.Exit(2) from None
     set_console_log_level(verbose)   # before Prefect is imported
-    from prefect_rollouts.flows.eval import new_run_id, progress_listener, run_eval
-    from prefect_rollouts.flows.execute import preparation_listener
+    from prefect_rollouts.evals.engine import preparation_listener, progress_listener
+    from prefect_rollouts.flows.eval import run_eval
 
-    run_id = resume or run_id or new_run_id(eval_config)
     resume_hint = " ".join(shlex.quote(part) for part in [
         "prefect-rollouts", "eval", *([str(config)] if config else []), *(f"--set={item}" for item in set_ or []),
         "--resume", run_id])

@@ -67,15 +67,15 @@ def check_command(
                 "env": {"agent": {"model": "none", "harness": "nop", "runtime": {"type": "docker"}},
                         "tasksets": [{**taskset, "name": "oracle", "agent": {"harness": "oracle"}},
                                      {**taskset, "name": "nop", "agent": {"harness": "nop"}}]}})
-            from prefect_rollouts.plan import plan_rollouts
+            from prefect_rollouts.evals.plan import plan_rollouts
 
             plan_rollouts(config)   # a task directory's problems are config errors: before Prefect starts
         except (ConfigError, ValueError) as exc:
             print_error(console, "config error: ", exc)
             raise typer.Exit(2) from None
         set_console_log_level(False)   # before Prefect is imported: its warnings and errors only
-        from prefect_rollouts.flows.eval import progress_listener, run_eval
-        from prefect_rollouts.flows.execute import preparation_listener
+        from prefect_rollouts.evals.engine import preparation_listener, progress_listener
+        from prefect_rollouts.flows.eval import run_eval
 
         with progress_bar(console) as update, brief_failures(True), on_server(temporary_server(), console):
             progress_listener.set(update)

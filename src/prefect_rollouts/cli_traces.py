@@ -190,7 +190,8 @@ def baseline_set(
              "of RUN's eval flow run on the Prefect server).")] = None,
 ) -> None:
     """Make RUN the baseline of its series: evals with baseline = "last" compare with it (a Prefect Variable)."""
-    from prefect_rollouts.flows.baseline import set_baseline, variable_name
+    from prefect_rollouts.flows.baseline import set_baseline
+    from prefect_rollouts.flows.keys import variable_name
 
     with _exits():
         series = asyncio.run(set_baseline(run_id, series))
@@ -201,7 +202,8 @@ def baseline_set(
 @baseline_app.command("show")
 def baseline_show() -> None:
     """List every series' baseline on the Prefect server."""
-    from prefect_rollouts.flows.baseline import VARIABLE_PREFIX, baselines
+    from prefect_rollouts.flows.baseline import baselines
+    from prefect_rollouts.flows.keys import VARIABLE_PREFIX
 
     with _exits():
         found = asyncio.run(baselines())

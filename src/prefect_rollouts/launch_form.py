@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from prefect_rollouts.config import HarnessId, validate_config
 from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.eval_config import EvalConfig
-from prefect_rollouts.run_identity import redact_eval_config
+from prefect_rollouts.evals.identity import check_portable
 from prefect_rollouts.taskset_config import TasksetConfig
 
 
@@ -272,7 +272,7 @@ class LaunchForm(_Form):
         Raises:
             ConfigError: ``[env.agent.client] headers`` is set (header values are secrets and
                 cannot be flow-run parameters: put them in a ModelEndpoint block), a judge's client
-                has headers or an env table a literal value (``redact_eval_config``), or a built-in
+                has headers or an env table a literal value (``evals.identity.check_portable``), or a built-in
                 taskset has an option its form does not know.
         """
         client = config.env.agent.client
@@ -280,11 +280,7 @@ class LaunchForm(_Form):
             raise ConfigError("[env.agent.client] headers: a launch form cannot carry header values (they are "
                               "secrets, and flow-run parameters are visible). Put them in a ModelEndpoint block "
                               'and set [env.agent.client] endpoint = "<block name>"')
-        if secret := redact_eval_config(config)[1]:
-            raise ConfigError(f"{', '.join(secret)}: a launch form cannot carry these values (literal environment "
-                              "values and header values count as secrets, and flow-run parameters are visible). "
-                              'Write environment values as "${NAME}" set where the eval runs (or "${NAME:-value}" '
-                              "for a value that is no secret), and put headers in a ModelEndpoint block")
+        check_portable(config, "a launch form")
         form: dict[str, Any] = {"advanced": {}}
         for field, key in _FIELDS:
             _put(form, field, _get(config, key))

@@ -8,8 +8,8 @@ per stage in ``prefect_rollouts.tasks``. What a stage retries on, how often and 
 waits is decided once, in ``stage_policies``, and both orchestrators honour it the same way.
 When a stage still fails, ``Rollout`` records the error on the trace: failures are data.
 
-``RolloutSpec`` names a rollout as plain data (no live objects, no secrets) so that any process
-with the package installed can rebuild it (``Agent.rollout_from_spec``).
+A rollout in another process (a shard on a work pool's worker) is rebuilt from plain data: the
+eval config and its key ``(environment, task id, rollout index)`` (``evals.plan.rebuild``).
 """
 
 from __future__ import annotations
@@ -20,12 +20,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
 from prefect_rollouts import stages
 from prefect_rollouts.config import AgentConfig, ScoringConfig
 from prefect_rollouts.errors import InfrastructureError, ProviderError, RuntimeUnavailableError, StageTimeoutError
-from prefect_rollouts.scoring.env import is_template
 from prefect_rollouts.stages import RolloutState, Segment
 from prefect_rollouts.task import Task
 from prefect_rollouts.trace import SendRecord, Trace
@@ -276,48 +273,3 @@ def _async(fn: Callable[..., T], *args: Any) -> Callable[[], Awaitable[T]]:
     async def call() -> T:
         return fn(*args)
     return call
-
-
-class RolloutSpec(BaseModel):
-    """One rollout as plain data: what a Prefect worker on another machine needs to rebuild it.
-
-    Holds no live objects and no secrets: the agent config names environment variables or a
-    ``ModelEndpoint`` block for keys, and header values (secrets) are refused
-    (``Agent.rollout_from_spec`` raises ``ConfigError``). Round-trips through JSON.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    agent: AgentConfig
-    """The agent (``[env.agent]``)."""
-    taskset: str
-    """Taskset id: a built-in name or ``pkg.module:function``."""
-    taskset_options: dict[str, Any] = Field(default_factory=dict)
-    """The taskset's options (``[env.taskset]`` keys other than ``id``)."""
-    task_id: str
-    """``Task.id`` of the task within the taskset."""
-    rollout_index: int = Field(0, ge=0)
-    """Which rollout of that task (0 to ``rollouts_per_task`` - 1)."""
-    run_id: str | None = None
-    """The eval run this rollout belongs to."""
-    labels: dict[str, str] = Field(default_factory=dict)
-    """Extra labels for the rollout's sandboxes."""
-
-    @model_validator(mode="after")
-    def _no_secrets(self) -> RolloutSpec:
-        clients = [("client", self.agent.client)] + [
-            (f"scoring.judges[{i}].client", judge.client) for i, judge in enumerate(self.agent.scoring.judges)
-            if judge.client is not None]
-        for where, client in clients:
-            if client.headers:
-                raise ValueError(f"agent.{where}.headers: header values are secrets and cannot travel in a "
-                                 "RolloutSpec. Name the key with api_key_env, or use a ModelEndpoint block")
-        scoring = self.agent.scoring
-        for where, env in (("runtime", self.agent.runtime.env), ("harness", self.agent.harness.env),
-                           ("scoring", scoring.env),
-                           ("scoring.runtime", scoring.runtime.env if scoring.runtime else {})):
-            if literal := [name for name, value in env.items() if not is_template(value)]:
-                raise ValueError(f"agent.{where}.env: {', '.join(literal)} have literal values, which count as secrets "
-                                 "and cannot travel in a RolloutSpec. Set them where the rollout runs and write "
-                                 '"${NAME}" (or "${NAME:-value}" for a value that is no secret)')
-        return self

@@ -173,17 +173,17 @@ def test_literal_env_values_read_as_stars_in_every_json_dump_and_templates_stay(
     assert config.env.agent.runtime.env["TOKEN"] == "sk-Lit3ral9"     # the value itself is kept in memory
 
 
-def test_a_launch_form_and_a_rollout_spec_refuse_literal_env_values():
+def test_a_launch_form_and_a_work_pool_refuse_literal_env_values():
     import pytest
 
     from prefect_rollouts.eval_config import load_eval_config
     from prefect_rollouts.errors import ConfigError
     from prefect_rollouts.launch_form import LaunchForm
-    from prefect_rollouts.rollout import RolloutSpec
+    from prefect_rollouts.evals.identity import check_portable
 
     config = load_eval_config('[env.taskset]\nid = "arithmetic"\n[env.agent]\nmodel = "m"\n[env.agent.scoring]\n'
                               'env = { TOKEN = "sk-Lit3ral9" }\n')
     with pytest.raises(ConfigError, match=r"env.agent.scoring.env.TOKEN: a launch form cannot carry"):
         LaunchForm.from_eval_config(config)
-    with pytest.raises(ValueError, match="agent.scoring.env: TOKEN have literal values"):
-        RolloutSpec(agent=config.env.agent, taskset="arithmetic", task_id="-")
+    with pytest.raises(ConfigError, match=r"env.agent.scoring.env.TOKEN: a work pool's shard flow runs cannot carry"):
+        check_portable(config, "a work pool's shard flow runs")

@@ -1,15 +1,18 @@
-"""Rollout, its stage policy table and RolloutSpec (plain data that rebuilds a rollout anywhere)."""
+"""Rollout, its stage policy table, and its rebuild from plain data in another process (evals.plan.rebuild)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from pydantic import SecretStr, ValidationError
 
 import prefect_rollouts as vf
 from prefect_rollouts.environments import load_taskset
-from prefect_rollouts.rollout import RolloutSpec, StagePolicy, stage_policies
+from prefect_rollouts.eval_config import EvalConfig, load_eval_config
+from prefect_rollouts.evals.identity import check_portable
+from prefect_rollouts.evals.plan import rebuild
+from prefect_rollouts.rollout import StagePolicy, stage_policies
+from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import reply
 
 TASKSET = "tests.prefect.tasksets:numbered"
@@ -42,32 +45,30 @@ def test_a_policy_retries_only_retryable_errors_of_its_types():
     assert not policy.should_retry(ValueError("a bug"))
 
 
-async def test_a_spec_round_trips_through_json_and_rebuilds_the_same_rollout(openai_server, agent_config):
-    config = agent_config(harness="chat")
-    spec = RolloutSpec(agent=config, taskset=TASKSET, taskset_options={"count": 4}, task_id="n2",
-                       rollout_index=1, run_id="run-1", labels={"shard": "0"})
-    wire = spec.model_dump_json()
-    again = RolloutSpec.model_validate_json(wire)
-    assert again == spec and "TEST_OPENAI_KEY" in wire
+async def test_an_eval_config_round_trips_through_json_and_rebuilds_the_same_rollout(tmp_path, openai_server):
+    """A shard's plain data (the eval config as JSON and a rollout's key) rebuilds it in another process."""
+    config = load_eval_config(eval_toml(tmp_path, openai_server.base_url, taskset={"id": TASKSET, "count": 4}))
+    again = EvalConfig.model_validate_json(config.model_dump_json())
+    assert again == config
+    [planned] = rebuild(again, [(TASKSET, "n2", 1)])
+    assert (planned.environment.name, planned.task.id, planned.index) == (TASKSET, "n2", 1)
     openai_server.default = reply("2")
-    async with vf.make_agent(again.agent) as agent:
-        rebuilt = agent.rollout_from_spec(again)
-        assert rebuilt.labels["run_id"] == "run-1" and rebuilt.labels["rollout_index"] == "1"
-        from_spec = await rebuilt.run()
+    async with vf.make_agent(again.env.agent) as agent:
+        rebuilt = await agent.rollout(planned.task).run()
         task = next(t for t in load_taskset(TASKSET, {"count": 4}) if t.id == "n2")
         in_process = await agent.rollout(task).run()
-    assert from_spec.reward == 1.0 and comparable(from_spec) == comparable(in_process)
+    assert rebuilt.reward == 1.0 and comparable(rebuilt) == comparable(in_process)
 
 
-async def test_a_spec_naming_a_task_this_taskset_lacks_is_a_config_error_naming_it(agent_config):
-    spec = RolloutSpec(agent=agent_config(harness="chat"), taskset=TASKSET, taskset_options={"count": 2},
-                       task_id="n7")
-    async with vf.make_agent(spec.agent) as agent:
-        with pytest.raises(vf.ConfigError, match="no task with id 'n7'"):
-            agent.rollout_from_spec(spec)
+def test_a_key_naming_a_task_or_environment_this_config_lacks_is_a_config_error_naming_it(tmp_path):
+    config = load_eval_config(eval_toml(tmp_path, "http://127.0.0.1:9/v1", taskset={"id": TASKSET, "count": 2}))
+    with pytest.raises(vf.ConfigError, match="no task with id 'n7'"):
+        rebuild(config, [(TASKSET, "n7", 0)])
+    with pytest.raises(vf.ConfigError, match="environment 'other': not in this eval's config"):
+        rebuild(config, [("other", "n0", 0)])
 
 
-def test_a_spec_refuses_header_secrets():
-    config = vf.AgentConfig(model="m", client=vf.ClientConfig(headers={"X-Api-Key": SecretStr("sk-secret")}))
-    with pytest.raises(ValidationError, match="agent.client.headers: header values are secrets"):
-        RolloutSpec(agent=config, taskset=TASKSET, task_id="n0")
+def test_a_config_with_header_secrets_cannot_travel_as_parameters(tmp_path):
+    text = eval_toml(tmp_path, "http://127.0.0.1:9/v1") + '[env.agent.client.headers]\nX-Api-Key = "sk-secret"\n'
+    with pytest.raises(vf.ConfigError, match="env.agent.client.headers.X-Api-Key: a work pool cannot carry"):
+        check_portable(load_eval_config(text), "a work pool")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 import pytest
@@ -36,7 +37,8 @@ async def test_an_eval_of_20_rollouts_writes_20_rows_and_the_right_summary(tmp_p
     assert summary.total_tokens == int(rows["total_tokens"].sum()) > 0
     assert set(rows[rows["is_error"]]["error_type"]) == {"ProviderError"}
     assert len(read_model_calls(tmp_path, run_id="twenty")) == 20
-    summary_key = "eval-summary-tests-prefect-tasksets-numbered"      # no run_name: the taskset's series
+    series = "tests.prefect.tasksets:numbered"                        # no run_name: the taskset's series
+    summary_key = f"eval-summary-tests-prefect-tasksets-numbered-{hashlib.sha256(series.encode()).hexdigest()[:8]}"
     async with get_client() as client:
         artifacts = await client.read_artifacts(artifact_filter=ArtifactFilter(
             key=ArtifactFilterKey(any_=[summary_key, "eval-progress-twenty"])))

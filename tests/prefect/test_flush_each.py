@@ -23,7 +23,7 @@ from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply
 from tests.prefect.test_resume_kill import durable_rows
 
-LONG_FLUSH = ("import sys, prefect_rollouts.flows.execute as e; e.FLUSH_INTERVAL_S = 30.0; "
+LONG_FLUSH = ("import sys, prefect_rollouts.evals.engine as e; e.FLUSH_INTERVAL_S = 30.0; "
               "from prefect_rollouts.cli import app; sys.argv[0] = 'prefect-rollouts'; app()")
 
 

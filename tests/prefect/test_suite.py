@@ -69,7 +69,7 @@ async def test_a_suite_runs_each_environment_with_its_own_tasks_and_agent_and_re
 async def test_resume_and_shards_key_rollouts_by_environment(tmp_path, openai_server):
     openai_server.default = right_for_easy_wrong_for_hard
     config = suite_config(tmp_path, openai_server.base_url, rollout_granularity="batch", batch_size=2)
-    from prefect_rollouts.run_identity import prepare_run
+    from prefect_rollouts.evals.identity import prepare_run
 
     prepare_run(config.traces.dataset_root(), "suite-2", config, resume=False)
     ran = await shard_flow("suite-2", config, str(tmp_path / "traces"),
@@ -124,7 +124,7 @@ def test_a_suite_entry_holds_no_secret_and_names_no_path(tmp_path):
 
 
 def test_a_taskset_error_in_a_suite_names_the_entry(tmp_path):
-    from prefect_rollouts.plan import plan_rollouts
+    from prefect_rollouts.evals.plan import plan_rollouts
 
     suite = eval_toml(tmp_path, "http://127.0.0.1:9/v1").replace(
         '[env.taskset]\nid = "tests.prefect.tasksets:numbered"\ncount = 10\n', "")

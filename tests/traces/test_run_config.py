@@ -1,4 +1,4 @@
-"""The run's config stored in the dataset, and what --resume may change (run_identity)."""
+"""The run's config stored in the dataset, and what --resume may change (evals.identity)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from prefect_rollouts.errors import ConfigError, TraceStoreError
 from prefect_rollouts.eval_config import load_eval_config
-from prefect_rollouts.run_identity import HOW_KEYS, prepare_run
+from prefect_rollouts.evals.identity import HOW_KEYS, prepare_run
 from prefect_rollouts.traces.run_config import RUN_CONFIG_VERSION, read_run_config, run_config_path
 from prefect_rollouts.traces.store import dataset_root
 from tests.eval_toml import eval_toml

@@ -10,7 +10,7 @@ from prefect.events.actions import SendNotification
 from prefect.events.schemas.automations import EventTrigger, Posture
 
 from prefect_rollouts.errors import ConfigError
-from prefect_rollouts.flows.baseline import IMPROVED, REGRESSED
+from prefect_rollouts.evals.baseline import IMPROVED, REGRESSED
 
 ALERT_EVENTS = {"regressed": {REGRESSED}, "improved": {IMPROVED}, "both": {REGRESSED, IMPROVED}}
 

@@ -20,10 +20,8 @@ that sends a notification block a message on those events.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-from dataclasses import dataclass
 from typing import Any
 
 from prefect.client.orchestration import get_client
@@ -33,31 +31,25 @@ from prefect.variables import Variable
 
 from prefect_rollouts.errors import ConfigError, TraceStoreError
 from prefect_rollouts.eval_config import EvalConfig
-from prefect_rollouts.run_identity import has_rows
-from prefect_rollouts.traces import DatasetRoot, EvalSummary, RunComparison, compare_runs
-from prefect_rollouts.traces.compare_report import format_comparison
+from prefect_rollouts.evals.baseline import (
+    LAST,
+    REGRESSED,
+    Baseline,
+    BaselineOutcome,
+    baseline_move,
+    comparison_events,
+    comparison_markdown,
+    replaces_baseline,
+    verdict_lines,
+)
+from prefect_rollouts.evals.identity import has_rows
+from prefect_rollouts.flows.keys import VARIABLE_PREFIX, comparison_key, variable_name
+from prefect_rollouts.traces import DatasetRoot, EvalSummary, compare_runs
 
 log = logging.getLogger("prefect_rollouts.baseline")
 
-REGRESSED = "prefect-rollouts.eval.regressed"
-IMPROVED = "prefect-rollouts.eval.improved"
-LAST = "last"
-"""``baseline = "last"``: the series' last Completed run that did not regress (its Prefect Variable)."""
-VARIABLE_PREFIX = "prefect-rollouts-baseline-"
 SERIES_TAG = "prefect-rollouts-series:"
 """Tag of an eval flow run naming its series, so ``traces baseline set RUN`` finds the Variable."""
-#: Flipped task ids carried in an event's payload (the artifact lists them all).
-EVENT_TASKS = 20
-
-
-def _safe(name: str, limit: int) -> str:
-    """``name`` as lowercase ASCII letters, digits and dashes (what Prefect's artifact keys allow;
-    Variable names too), at most ``limit`` characters. A name that had to change gets the first 8
-    hex digits of its SHA-256, so ``Nightly Eval`` and ``nightly/eval`` stay two series."""
-    safe = "".join(c if c.isascii() and c.isalnum() else "-" for c in name.lower())
-    if safe == name and len(safe) <= limit:
-        return safe
-    return f"{safe[:limit - 9]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
 async def series_name(config: EvalConfig) -> str:
@@ -78,27 +70,8 @@ async def series_name(config: EvalConfig) -> str:
     return name or config.default_name
 
 
-def comparison_key(series: str) -> str:
-    """Key of the comparison artifact: ``eval-comparison-<series>`` (at most 100 characters)."""
-    return f"eval-comparison-{_safe(series, 100 - len('eval-comparison-'))}"
-
-
-def variable_name(series: str) -> str:
-    """``prefect-rollouts-baseline-<series>`` (at most 255 characters, Prefect's limit; see ``_safe``)."""
-    return f"{VARIABLE_PREFIX}{_safe(series, 255 - len(VARIABLE_PREFIX))}"
-
-
 def series_tag(series: str) -> str:
     return f"{SERIES_TAG}{series}"
-
-
-@dataclass
-class Baseline:
-    """What an eval compares with: ``run_id`` (None: no comparison) and, when there is none or it
-    is not used, ``note``, a line for the summary saying why."""
-
-    run_id: str | None
-    note: str | None = None
 
 
 async def resolve_baseline(config: EvalConfig, root: DatasetRoot, series: str, run_id: str) -> Baseline:
@@ -106,7 +79,7 @@ async def resolve_baseline(config: EvalConfig, root: DatasetRoot, series: str, r
 
     ``baseline = "last"``: the run in the series' Variable; none when it is unset (the first run of
     a series) or names a run the dataset does not hold (the note and a warning say so). Any other
-    value is a run id, which the caller checked with ``run_identity.check_pinned_baseline`` before
+    value is a run id, which the caller checked with ``evals.identity.check_pinned_baseline`` before
     the run's config was stored (a bad one then keeps the run id free).
     """
     if config.baseline is None:
@@ -125,14 +98,6 @@ async def resolve_baseline(config: EvalConfig, root: DatasetRoot, series: str, r
     return Baseline(config.baseline)   # checked before the run's config was stored (check_pinned_baseline)
 
 
-def replaces_baseline(comparison: RunComparison) -> bool:
-    """Whether a Completed run compared with the series' baseline may become the baseline: only
-    when it scored every rollout the baseline scored (a quick run of 3 tasks, one of another seed,
-    or one whose rollouts errored must not replace a baseline of 50 and hide the next night's drop)."""
-    return all(group.n_paired >= group.rollouts_a - group.errored_a - group.skipped_a
-               for group in comparison.environments)
-
-
 def _logger() -> Any:
     """The flow run's logger (its lines reach the UI), or this module's outside a flow run."""
     from prefect import get_run_logger
@@ -142,74 +107,6 @@ def _logger() -> Any:
         return get_run_logger()
     except MissingContextError:
         return log
-
-
-@dataclass
-class BaselineOutcome:
-    """What the comparison with the baseline found."""
-
-    comparison: RunComparison
-    events: list[dict[str, Any]]
-    """The events emitted: ``{"event": ..., "resource": ..., "payload": ...}`` each."""
-    markdown: str
-
-
-def comparison_events(result: RunComparison, series: str) -> list[dict[str, Any]]:
-    """An event per environment whose interval lies wholly below zero (``REGRESSED``) or above it
-    (``IMPROVED``); none where it covers 0 or there are no pairs. B is this run, A the baseline.
-
-    With a few dozen tasks or fewer a percentile bootstrap interval is too narrow (``traces.compare``),
-    so where a test applies (pass/fail rewards) its ``p_value`` must also be below ``1 - confidence``
-    (0.05): pairs of equal runs of 10 tasks had an interval excluding 0 in 8% of simulations, most
-    with p >= 0.05 (an adversarial review, 2026-12-01).
-    """
-    events = []
-    for group in result.environments:
-        if group.ci_low is None or group.ci_high is None or group.ci_low <= 0.0 <= group.ci_high:
-            continue
-        if group.p_value is not None and group.p_value >= 1.0 - result.confidence:
-            continue   # the exact test does not back the interval (a few tasks: the bootstrap is too narrow)
-        events.append({
-            "event": REGRESSED if group.ci_high < 0.0 else IMPROVED,
-            "resource": {"prefect.resource.id": f"prefect-rollouts.environment.{group.environment}",
-                         "prefect.resource.name": group.environment, "prefect-rollouts.series": series},
-            "payload": {
-                "environment": group.environment, "series": series,
-                "run_id": result.run_b, "baseline_run_id": result.run_a,
-                "difference": group.difference, "ci_low": group.ci_low, "ci_high": group.ci_high,
-                "confidence": result.confidence, "p_value": group.p_value, "test": group.test,
-                "mean": group.mean_b, "baseline_mean": group.mean_a, "n_paired": group.n_paired,
-                "flipped_to_fail": group.flipped_to_fail[:EVENT_TASKS],
-                "flipped_to_pass": group.flipped_to_pass[:EVENT_TASKS],
-                "n_flipped_to_fail": len(group.flipped_to_fail), "n_flipped_to_pass": len(group.flipped_to_pass),
-                "only_in_run": group.only_in_b, "only_in_baseline": group.only_in_a}})
-    return events
-
-
-def verdict_lines(result: RunComparison, events: list[dict[str, Any]]) -> list[str]:
-    """One line per environment: ``<environment>: regressed, difference -0.250 [-0.400, -0.100]``
-    (``improved``, ``no change shown`` where the interval covers 0, ``nothing to compare`` without pairs)."""
-    verdicts = {e["payload"]["environment"]: "regressed" if e["event"] == REGRESSED else "improved" for e in events}
-    lines = []
-    for group in result.environments:
-        verdict = verdicts.get(group.environment, "no change shown" if group.n_paired else "nothing to compare")
-        interval = "" if group.ci_low is None else f" [{group.ci_low:+.3f}, {group.ci_high:+.3f}]"
-        difference = "—" if group.difference is None else f"{group.difference:+.3f}"
-        paired = ""
-        if group.only_in_a or group.only_in_b:
-            paired = (f" ({group.n_paired} rollouts paired; {group.only_in_b} only in this run, {group.only_in_a} "
-                      "only in the baseline)")
-        lines.append(f"{group.environment}: {verdict}, difference {difference}{interval}{paired}")
-    return lines
-
-
-def comparison_markdown(result: RunComparison, events: list[dict[str, Any]], series: str) -> str:
-    """The comparison artifact: ``verdict_lines`` as a list, then ``format_comparison``'s tables."""
-    lines = [f"# Run {result.run_b} against baseline {result.run_a}", "",
-             f"Series `{series}`. Difference = mean of this run - mean of the baseline, paired by task and "
-             f"rollout; {result.confidence:.0%} {result.interval}.", ""]
-    lines += [f"- {line}" for line in verdict_lines(result, events)]
-    return "\n".join([*lines, "", "```text", format_comparison(result), "```"])
 
 
 async def compare_with_baseline(root: DatasetRoot, baseline: str, run_id: str, series: str,
@@ -287,31 +184,12 @@ async def finish_with_baseline(summary: EvalSummary, baseline: Baseline, config:
             logger.warning("run %s regressed against baseline %s in %s", run_id, baseline.run_id,
                            ", ".join(summary.regressed))
     if config.baseline == LAST:
-        summary.baseline_note = await _move_baseline(summary, baseline, series, completed=completed, ran=ran,
-                                                     replaces=replaces) or summary.baseline_note
+        moves, note = baseline_move(summary, baseline, completed=completed, ran=ran, replaces=replaces)
+        if moves:
+            await remember_baseline(series, run_id)   # the next run of the series compares with this one
+            summary.baseline_moved = True
+        summary.baseline_note = note or summary.baseline_note
     return key
-
-
-async def _move_baseline(summary: EvalSummary, baseline: Baseline, series: str, *, completed: bool, ran: bool,
-                         replaces: bool) -> str | None:
-    """Make this run the series' baseline when it may be (``summary.baseline_moved``); return the
-    summary's note saying whether it moved and, if not, why (None: keep the note there is). A run
-    that failed or regressed never moves it: the next night would compare with the bad run and the
-    regression would vanish. ``traces baseline set RUN`` makes such a run the baseline on purpose."""
-    stays = f"the baseline stays {baseline.run_id}" if baseline.run_id else "the series keeps no baseline"
-    if not completed:
-        return f"{stays}: this run failed"
-    if summary.regressed:
-        return (f"{stays}: this run regressed ({', '.join(summary.regressed)}); to compare the next runs with it "
-                f"all the same: prefect-rollouts traces baseline set {summary.run_id}")
-    if not ran:
-        return "the baseline stays as it is: this resume ran no rollout"
-    if not replaces:
-        return (f"{stays}: this run did not score every rollout it scored (a smaller run, another seed, or "
-                "errors)")
-    await remember_baseline(series, summary.run_id)   # the next run of the series compares with this one
-    summary.baseline_moved = True
-    return f"this run is now the baseline (it was {baseline.run_id})" if baseline.run_id else None
 
 
 async def remember_baseline(series: str, run_id: str) -> None:

@@ -38,13 +38,11 @@ from prefect.events.schemas.automations import AutomationCore, EventTrigger, Pos
 from prefect.exceptions import ObjectNotFound
 from prefect.runtime import flow_run
 from prefect.states import Cancelling, Crashed
-from pydantic import ValidationError
 
 from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.eval_config import DispatchConfig, EvalConfig
+from prefect_rollouts.evals.plan import RolloutKey
 from prefect_rollouts.flows.shard import ENTRYPOINT, shard_flow
-from prefect_rollouts.plan import RolloutKey
-from prefect_rollouts.rollout import RolloutSpec
 from prefect_rollouts.traces import DatasetRoot, durable_keys
 
 ZOMBIE_AUTOMATION = "prefect-rollouts: crash shard flow runs without heartbeats"
@@ -94,12 +92,11 @@ async def dispatch(config: EvalConfig, root: DatasetRoot, run_id: str, todo: lis
         Every shard with its submissions' final states, and the rollouts left without a row.
 
     Raises:
-        ConfigError: the work pool does not exist, or the agent config holds a secret (header
-            values cannot travel in flow run parameters).
+        ConfigError: the work pool does not exist (a config that holds a secret never gets here:
+            ``evals.prepare.prepare_eval`` refuses it).
     """
     settings = config.dispatch
     assert settings.work_pool is not None
-    _refuse_secrets(config)
     logger = get_run_logger()
     async with get_client() as client:
         deployment_id = await ensure_shard_deployment(client, settings)
@@ -387,12 +384,3 @@ async def _cancel(client: PrefectClient, ids: list[UUID]) -> None:
             await client.set_flow_run_state(flow_run_id, Cancelling(message="the eval flow run stopped"), force=True)
         except Exception:
             pass
-
-
-def _refuse_secrets(config: EvalConfig) -> None:
-    try:
-        RolloutSpec(agent=config.env.agent, taskset=config.environments()[0].taskset, task_id="-")
-    except ValidationError as exc:
-        reason = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
-        raise ConfigError(f"[dispatch] work_pool: the eval config travels to workers as flow run parameters, "
-                          f"so it cannot hold secrets: [env.{reason}") from None

@@ -19,12 +19,10 @@ UI's Artifacts page keeps its history, night after night.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import time
-import uuid
 
 from prefect import flow, get_run_logger
-from prefect.artifacts import acreate_progress_artifact, acreate_table_artifact, aupdate_progress_artifact
+from prefect.artifacts import acreate_table_artifact
 from prefect.context import SyncClientContext
 from prefect.runtime import flow_run
 from prefect.states import Failed, State
@@ -32,16 +30,17 @@ from prefect.states import Failed, State
 from prefect_rollouts.blocks import resolve_trace_root
 from prefect_rollouts.errors import EvalFailedError, TraceStoreError
 from prefect_rollouts.eval_config import EvalConfig
-from prefect_rollouts.flows.baseline import LAST, finish_with_baseline, resolve_baseline, series_name, series_tag
-from prefect_rollouts.flows.dispatch import dispatch
-from prefect_rollouts.flows.execute import artifact_key, execute, progress_listener
+from prefect_rollouts.evals.identity import check_run_id
+from prefect_rollouts.evals.prepare import new_run_id, prepare_eval
+from prefect_rollouts.flows.baseline import finish_with_baseline, resolve_baseline, series_name, series_tag
+from prefect_rollouts.flows.execute import execute
+from prefect_rollouts.flows.keys import progress_key, summary_key
 from prefect_rollouts.flows.ownership import tag_flow_run
 from prefect_rollouts.flows.run_lock import hold_run
-from prefect_rollouts.plan import RolloutKey, plan_rollouts
-from prefect_rollouts.run_identity import check_pinned_baseline, check_run_id, prepare_run
-from prefect_rollouts.traces import DatasetRoot, EvalSummary, compact_run, durable_keys, run_failure, summarize_run
+from prefect_rollouts.flows.work_pool import run_on_work_pool
+from prefect_rollouts.traces import DatasetRoot, EvalSummary, compact_run, run_failure, summarize_run
 
-__all__ = ["eval_flow", "new_run_id", "progress_listener", "run_eval"]
+__all__ = ["eval_flow", "run_eval"]
 
 COMPACT_MIN_FILES = 16
 COMPACT_ROWS_PER_FILE = 16
@@ -69,7 +68,7 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
         resume: Run id of an earlier run to continue: only its rollouts without a durable
             row run, and the summary covers the whole run. ``config`` may differ from the config
             stored when the run started only in keys that change how it runs
-            (``run_identity.HOW_KEYS``); any other difference fails the run with a config error.
+            (``evals.identity.HOW_KEYS``); any other difference fails the run with a config error.
         run_id: Id for a new run; default ``<run_name or taskset id>-<UTC time>-<4 hex>``.
         force_config: Resume with ``config`` even where it differs from the stored one.
 
@@ -86,59 +85,62 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
     """
     named = resume or run_id
     run_id = named or new_run_id(config)
-    check_run_id(run_id)
+    check_run_id(run_id)   # before the lock, which is named after it
     async with hold_run(run_id):   # one eval per run id at a time
         return await _evaluate(config, resume, run_id, named, force_config)
 
 
 async def _evaluate(config: EvalConfig, resume: str | None, run_id: str, named: str | None,
                     force_config: bool) -> EvalSummary | State[EvalSummary]:
-    logger = get_run_logger()
+    """prepare -> run -> summarise -> publish."""
     started = time.perf_counter()
     root = await resolve_trace_root(config.traces.store) if config.traces.store else config.traces.dataset_root()
-    if config.baseline not in (None, LAST):   # before the run's config is stored: a fixed baseline keeps the id free
-        check_pinned_baseline(config.baseline, root, run_id)
-    config = prepare_run(root, run_id, config, resume=resume is not None, force=force_config)   # stores it
+    prepared = prepare_eval(config, run_id=run_id, resume=resume is not None, force=force_config, root=root)
+    config, plan, todo = prepared.config, prepared.plan, prepared.todo
     series = await series_name(config)
     await tag_flow_run(series_tag(series), name=None if named else run_id)   # one call: tags, the generated id
     baseline = await resolve_baseline(config, root, series, run_id)
-    plan = plan_rollouts(config)
-    durable = durable_keys(root, run_id) if resume else set()
-    todo = [planned for planned in plan if planned.key not in durable]
-    tasks = len(plan) // config.rollouts_per_task
-    environments = config.environments()
-    logger.info("run %s: %d rollouts (%d tasks x %d%s), %d to run, traces in %s", run_id, len(plan), tasks,
-                config.rollouts_per_task, f" in {len(environments)} environments" if len(environments) > 1 else "",
-                len(todo), root)
+    get_run_logger().info("%s", prepared.describe())
     if config.dispatch.work_pool:
-        failures = await _run_on_work_pool(config, root, run_id, [planned.key for planned in todo], total=len(plan))
+        failures = await run_on_work_pool(config, root, run_id, [planned.key for planned in todo], total=len(plan))
     else:
-        failures = await execute(config, root, run_id, todo, total=len(plan), durable=durable,
-                                 progress_key=artifact_key(run_id, "progress"))
-    try:   # one file per table and day instead of one per flush; the rows are durable either way
-        compacted = await asyncio.to_thread(compact_run, root, run_id,
-                                            min_files=max(COMPACT_MIN_FILES, len(plan) // COMPACT_ROWS_PER_FILE))
-        if compacted.files_after != compacted.files_before:
-            logger.info("run %s: files per table %s, compacted to %s", run_id, compacted.files_before,
-                        compacted.files_after)
-    except TraceStoreError as exc:
-        logger.warning("run %s: could not compact its files (%s); its rows stay as they were", run_id, exc)
+        failures = await execute(config, root, run_id, todo, total=len(plan), durable=prepared.durable,
+                                 progress_key=progress_key(run_id))
+    await asyncio.to_thread(compact, root, run_id, len(plan))
     summary = summarize_run(root, run_id, rollouts_per_task=config.rollouts_per_task,
                             pass_threshold=config.pass_threshold, wall_time_s=round(time.perf_counter() - started, 3))
     summary.flow_run_id = str(flow_run.id)
     failure = run_failure(summary, len(plan), config.max_error_fraction)
-    artifacts = [artifact_key(series, "summary")]
     compared = await finish_with_baseline(summary, baseline, config, root, series,
                                           completed=failure is None and not failures, ran=bool(todo))
-    artifacts += [compared] if compared else []
-    models = ", ".join(sorted({env.model for env in summary.environments if env.model}))
-    logger.info("%s\nsummary artifact: %s", summary.text(), "; comparison artifact: ".join(artifacts))
-    await acreate_table_artifact(table=summary.table(), key=artifacts[0], description=(
-        f"Summary of run {run_id} ({summary.rollouts} rollouts of {models or 'no model'}, traces in {root})"))
+    await publish_summary(summary, series, root, compared)
     if failures:
         raise RuntimeError(f"{len(plan) - summary.rollouts} of {len(plan)} rollouts have no row ({failures[0]}); "
                            f"resume with --resume {run_id}") from failures[0]
     return summary if failure is None else Failed(message=failure, data=EvalFailedError(failure, summary))
+
+
+def compact(root: DatasetRoot, run_id: str, rollouts: int) -> None:
+    """One file per table and day instead of one per flush, when the run has many small files
+    (``COMPACT_MIN_FILES``, ``COMPACT_ROWS_PER_FILE``); the rows are durable either way, so a failure is a warning."""
+    logger = get_run_logger()
+    try:
+        compacted = compact_run(root, run_id, min_files=max(COMPACT_MIN_FILES, rollouts // COMPACT_ROWS_PER_FILE))
+    except TraceStoreError as exc:
+        logger.warning("run %s: could not compact its files (%s); its rows stay as they were", run_id, exc)
+        return
+    if compacted.files_after != compacted.files_before:
+        logger.info("run %s: files per table %s, compacted to %s", run_id, compacted.files_before,
+                    compacted.files_after)
+
+
+async def publish_summary(summary: EvalSummary, series: str, root: DatasetRoot, comparison: str | None) -> None:
+    """Log the summary in the eval flow run and publish it as the series' table artifact (``eval-summary-<series>``)."""
+    artifacts = [summary_key(series), *([comparison] if comparison else [])]
+    models = ", ".join(sorted({env.model for env in summary.environments if env.model}))
+    get_run_logger().info("%s\nsummary artifact: %s", summary.text(), "; comparison artifact: ".join(artifacts))
+    await acreate_table_artifact(table=summary.table(), key=artifacts[0], description=(
+        f"Summary of run {summary.run_id} ({summary.rollouts} rollouts of {models or 'no model'}, traces in {root})"))
 
 
 async def run_eval(config: EvalConfig, resume: str | None = None, run_id: str | None = None,
@@ -164,35 +166,3 @@ async def run_eval(config: EvalConfig, resume: str | None = None, run_id: str | 
     if not isinstance(result, EvalSummary):
         raise RuntimeError(f"the eval flow run ended {final.name} without a summary: {final.message}")
     return result, None
-
-
-async def _run_on_work_pool(config: EvalConfig, root: DatasetRoot, run_id: str, todo: list[RolloutKey], *,
-                            total: int) -> list[BaseException]:
-    """``todo`` as shard flow runs on ``[dispatch] work_pool`` (``flows/dispatch.py``); progress from
-    durable rows. Returns one error per rollout left without a row."""
-    await tag_flow_run()
-    progress_id = await acreate_progress_artifact(progress=100.0 * (total - len(todo)) / max(total, 1),
-                                                  key=artifact_key(run_id, "progress"),
-                                                  description=f"Durable rollouts of run {run_id}")
-    reported = total - len(todo)
-
-    async def on_progress(durable: int) -> None:
-        nonlocal reported
-        if durable != reported:
-            reported = durable
-            await aupdate_progress_artifact(progress_id, progress=100.0 * durable / max(total, 1))
-            if (listener := progress_listener.get()) is not None:
-                listener(durable, total)
-
-    report = await dispatch(config, root, run_id, todo, on_progress=on_progress)
-    await on_progress(total - len(report.missing))
-    error = RuntimeError(f"shards {[s.index for s in report.failed]} ended "
-                         f"{[s.states for s in report.failed]} after {config.dispatch.shard_attempts} attempts")
-    return [error] * len(report.missing)
-
-
-def new_run_id(config: EvalConfig) -> str:
-    """``<run_name, else the taskset id or the suite's environments joined by +>-<UTC time>-<4 hex>``."""
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
-    return f"{config.default_name}-{stamp}-{uuid.uuid4().hex[:4]}"
-

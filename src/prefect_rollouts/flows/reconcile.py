@@ -26,8 +26,8 @@ from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFi
 from prefect.states import Completed, Crashed, Failed, State
 
 from prefect_rollouts.errors import ConfigError
-from prefect_rollouts.plan import plan_rollouts
-from prefect_rollouts.run_identity import stored_eval_config
+from prefect_rollouts.evals.identity import stored_eval_config
+from prefect_rollouts.evals.plan import plan_rollouts
 from prefect_rollouts.traces import DatasetRoot, dataset_root, read_rollouts, run_failure, summarize_run
 from prefect_rollouts.traces.run_config import read_run_config
 from prefect_rollouts.traces.summary import error_text

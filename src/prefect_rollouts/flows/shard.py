@@ -19,8 +19,8 @@ from prefect.runtime import flow_run
 
 from prefect_rollouts.blocks import resolve_trace_root
 from prefect_rollouts.eval_config import EvalConfig
+from prefect_rollouts.evals.plan import rebuild
 from prefect_rollouts.flows.execute import execute
-from prefect_rollouts.plan import rebuild
 from prefect_rollouts.traces import dataset_root, durable_keys
 
 ENTRYPOINT = "prefect_rollouts.flows.shard:shard_flow"

@@ -6,7 +6,7 @@ the whole eval config with secrets replaced by ``"***"`` and lists where it did 
 ``--resume`` can run exactly the config that started the run. Its layout is versioned like the
 Parquet schema: ``RUN_CONFIG_VERSION`` is bumped when a field is added or changes meaning, and a
 reader refuses a file newer than it knows. This module handles the file only; what may differ on
-resume is decided in ``prefect_rollouts.run_identity``. Must not import Prefect.
+resume is decided in ``prefect_rollouts.evals.identity``. Must not import Prefect.
 """
 
 from __future__ import annotations

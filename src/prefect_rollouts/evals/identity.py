@@ -62,6 +62,25 @@ def redact_eval_config(config: EvalConfig) -> tuple[dict[str, Any], list[str]]:
     return data, redacted
 
 
+def check_portable(config: EvalConfig, carrier: str) -> None:
+    """Refuse a config that cannot travel as flow-run parameters, which anyone with access to the
+    Prefect server can read: one that holds a secret (``redact_eval_config``: header values, a
+    password in a ``base_url``, literal environment values). For a work pool's shard flow runs and
+    the launch form.
+
+    Args:
+        carrier: What would carry the config, for the message (e.g. ``"a launch form"``).
+
+    Raises:
+        ConfigError: naming every key that holds a secret, and the fix.
+    """
+    if secret := redact_eval_config(config)[1]:
+        raise ConfigError(f"{', '.join(secret)}: {carrier} cannot carry these values (literal environment "
+                          "values and header values count as secrets, and flow-run parameters are visible). "
+                          'Write environment values as "${NAME}" set where the eval runs (or "${NAME:-value}" '
+                          "for a value that is no secret), and put headers in a ModelEndpoint block")
+
+
 def config_differences(stored: dict[str, Any], given: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """The keys outside ``HOW_KEYS`` whose values differ between two redacted config dicts.
 

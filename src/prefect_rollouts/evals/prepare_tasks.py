@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from prefect_rollouts.errors import ConfigError
-from prefect_rollouts.plan import Planned
+from prefect_rollouts.evals.plan import Planned
 from prefect_rollouts.task import Task
 
 CONCURRENCY = 2

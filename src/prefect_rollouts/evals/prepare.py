@@ -1,0 +1,134 @@
+"""An eval before its first rollout: the config it runs, every check, and its plan, in one function.
+
+``prepare_eval`` is what both callers run: ``prefect-rollouts eval`` as a dry run (nothing is
+written; a bad config exits 2 before Prefect starts) and ``eval_flow`` for real (a new run's config
+is stored). So a check added here holds for the CLI, the UI's launches and a notebook alike.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from prefect_rollouts.errors import ConfigError
+from prefect_rollouts.eval_config import EvalConfig, load_eval_config
+from prefect_rollouts.evals.identity import (
+    check_pinned_baseline,
+    check_portable,
+    check_run_id,
+    prepare_run,
+    traces_of_overrides,
+)
+from prefect_rollouts.evals.plan import Planned, RolloutKey, plan_rollouts
+from prefect_rollouts.traces.read import durable_keys
+from prefect_rollouts.traces.store import DatasetRoot
+
+LAST = "last"
+"""``baseline = "last"``: the series' last Completed run that did not regress (``flows/baseline.py``)."""
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedEval:
+    """An eval ready to run: its config, run id, dataset root, plan and what of it is already durable."""
+
+    config: EvalConfig
+    run_id: str
+    root: DatasetRoot | None
+    """None in a dry run whose ``[traces] store`` block only the Prefect layer can resolve."""
+    plan: list[Planned]
+    durable: set[RolloutKey]
+    """Keys of the plan with a durable row (a resume); empty for a new run."""
+
+    @property
+    def todo(self) -> list[Planned]:
+        """The rollouts of the plan still to run."""
+        return [planned for planned in self.plan if planned.key not in self.durable]
+
+    @property
+    def total(self) -> int:
+        return len(self.plan)
+
+    def describe(self) -> str:
+        """One line: ``run R: 12 rollouts (6 tasks x 2), 12 to run, traces in ROOT``."""
+        config = self.config
+        environments = config.environments()
+        suite = f" in {len(environments)} environments" if len(environments) > 1 else ""
+        return (f"run {self.run_id}: {self.total} rollouts ({self.total // config.rollouts_per_task} tasks x "
+                f"{config.rollouts_per_task}{suite}), {len(self.todo)} to run, traces in {self.root}")
+
+
+def load_eval(source: str | Path | None, overrides: Sequence[str], *, resume: str | None) -> EvalConfig:
+    """The config a run starts or resumes with: ``source`` (an eval config TOML) with the ``--set``
+    ``overrides``, or, with ``resume`` and no ``source``, the run's stored config with them.
+
+    Raises:
+        ConfigError: neither ``source`` nor ``resume``; the TOML or an override is invalid; the run
+            has no stored config, or one whose secrets were removed; ``--resume`` without a file
+            while the traces live in a ``TraceStore`` block (the stored config is read from ``[traces] path``).
+        TraceStoreError: the stored config cannot be read.
+    """
+    if source is not None:
+        return load_eval_config(source, list(overrides))
+    if resume is None:
+        raise ConfigError("eval: no config given. Give an eval config TOML, or --resume RUN_ID to continue "
+                          "a run with the config it started with")
+    traces = traces_of_overrides(overrides)
+    if traces.store:
+        raise ConfigError(f'--resume {resume} without a config file reads the stored config from [traces] path; '
+                          f"with [traces] store = {traces.store!r} give the config file: "
+                          f"prefect-rollouts eval CONFIG --resume {resume}")
+    return prepare_run(traces.dataset_root(), resume, None, resume=True, overrides=overrides, write=False)
+
+
+def prepare_eval(config: EvalConfig, *, run_id: str, resume: bool, force: bool = False,
+                 root: DatasetRoot | None = None, dry_run: bool = False) -> PreparedEval:
+    """Check ``config`` for run ``run_id`` and plan it; store a new run's config unless ``dry_run``.
+
+    In order: the run id, the traces path (writable), every ``${VAR}`` of the agent's env tables
+    (for a work pool instead: no secret in the config, which travels to its workers as flow-run
+    parameters, ``evals.identity.check_portable``; they resolve ``${VAR}`` themselves), a pinned
+    ``baseline`` (before the config is stored, so a bad one keeps the run id free), the run's
+    identity against its stored config (``evals.identity.prepare_run``), the plan (every taskset
+    loads), and on resume the keys already durable.
+
+    Args:
+        config: The eval config (``load_eval``).
+        run_id: The run's id (``new_run_id`` for a new, unnamed run).
+        resume: Continue ``run_id``; False: a new run, whose id must be free.
+        force: Run ``config`` even where it differs from the stored one (``--force-config``).
+        root: The dataset root; None: ``config.traces.dataset_root()``, or with a ``[traces] store``
+            block in a dry run, unknown (its run checks wait for the flow, which resolves the block).
+        dry_run: Check only; nothing is written.
+
+    Returns:
+        ``PreparedEval``; its ``config`` is ``config`` (or, resumed with ``force``, still ``config``).
+
+    Raises:
+        ConfigError: the first check that fails, naming the key and the fix.
+        ScoringEnvError: a ``${VAR}`` without default is unset.
+        TraceStoreError: the stored config or the durable keys cannot be read, or the config not written.
+    """
+    check_run_id(run_id)
+    config.traces.check_writable()
+    if config.dispatch.work_pool:   # its workers resolve ${VAR} in their own environment
+        check_portable(config, "a work pool's shard flow runs (their parameters)")
+    else:
+        config.check_env()
+    if root is None and not config.traces.store:
+        root = config.traces.dataset_root()
+    if root is not None:
+        if config.baseline not in (None, LAST):
+            check_pinned_baseline(config.baseline, root, run_id)
+        config = prepare_run(root, run_id, config, resume=resume, force=force, write=not dry_run)
+    plan = plan_rollouts(config)
+    durable = durable_keys(root, run_id) if resume and root is not None and not dry_run else set()
+    return PreparedEval(config=config, run_id=run_id, root=root, plan=plan, durable=durable)
+
+
+def new_run_id(config: EvalConfig) -> str:
+    """``<run_name, else the taskset id or the suite's environments joined by +>-<UTC time>-<4 hex>``."""
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
+    return f"{config.default_name}-{stamp}-{uuid.uuid4().hex[:4]}"
