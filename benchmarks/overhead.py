@@ -165,7 +165,7 @@ async def measure(mode: str, rollouts: int, concurrency: int, base_url: str, api
         assert failure is None and summary.rollouts == rollouts and summary.environments[0].mean_reward == 1.0, summary
         returned = time.perf_counter()
         flows = 1 + (rollouts if mode == "flow" else 0)
-        # stage task runs per rollout flow: segment, finalize, skip-check, scoring (tasks/stages.py IN_FLOW_BODY)
+        # stage task runs per rollout flow: segment, finalize, skip-check, scoring (tasks/stage_runner.py IN_FLOW_BODY)
         tasks = {"flow": 4 * rollouts, "task": rollouts, "batch": math.ceil(rollouts / 50)}[mode]
         await recorded(api_url, flows0 + flows, tasks0 + tasks)
     ended = time.perf_counter()

@@ -106,3 +106,10 @@ def test_the_prefect_layer_does_not_import_the_cli():
     offenders = sorted(f"{name} -> {target}" for name, targets in layer.items() for target in targets
                        if is_cli(target))
     assert offenders == []
+
+
+def test_the_stage_runner_does_not_import_the_flows():
+    """``tasks/`` translates a stage policy into a task run (its package docstring); flows compose it, not the reverse."""
+    offenders = sorted(f"{name} -> {target}" for name, targets in _imports_from("prefect_rollouts.tasks").items()
+                       for target in targets if target.startswith("prefect_rollouts.flows"))
+    assert offenders == []

@@ -8,7 +8,7 @@ Flows: ``eval.py`` (``eval_flow``: prepare -> run -> summarise -> publish, the e
 Prefect-only pieces, a module each: ``execute.py`` (the runners of the flow, task and batch
 granularities handed to the eval engine), ``dispatch.py`` and ``work_pool.py`` (shards on a work
 pool), ``outage.py`` (riding out an API outage), ``reconcile.py`` (states an outage left unwritten),
-``limits.py`` (``[limits]`` as global concurrency limits), ``run_lock.py`` (one eval per run id),
+``concurrency.py`` (``[limits]`` as global concurrency limits), ``run_lock.py`` (one eval per run id),
 ``ownership.py`` (owner tags and sandbox labels), ``baseline.py`` (the series' Variable, the
 comparison artifact, the events), ``alerts.py`` (the automation), ``keys.py`` (artifact and
 Variable names).

@@ -45,7 +45,7 @@ from prefect_rollouts.evals.engine import (
     run_stages,
 )
 from prefect_rollouts.evals.plan import Planned, RolloutKey
-from prefect_rollouts.flows.limits import eval_limits
+from prefect_rollouts.flows.concurrency import eval_limits
 from prefect_rollouts.flows.outage import (
     ApiOutageError,
     ApiWatch,

@@ -6,6 +6,6 @@ cached: stage state stays in the flow's process and is passed with ``quote()``.
 May import Prefect and the core; must not import ``flows``.
 """
 
-from prefect_rollouts.tasks.stages import PrefectOrchestrator
+from prefect_rollouts.tasks.stage_runner import PrefectOrchestrator
 
 __all__ = ["PrefectOrchestrator"]
