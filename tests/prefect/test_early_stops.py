@@ -104,7 +104,7 @@ def test_sigterm_removes_the_containers_of_the_rollouts_in_flight(tmp_path, open
                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     def of_run() -> list:
-        return docker_engine.containers.list(all=True, filters={"label": f"{LABEL}.run_id={run_id}"})
+        return docker_engine.containers.list(all=True, sparse=True, filters={"label": f"{LABEL}.run_id={run_id}"})
     try:
         deadline = time.monotonic() + 90
         while len(of_run()) < 3:

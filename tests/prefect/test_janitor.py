@@ -74,7 +74,7 @@ async def test_containers_go_on_a_dead_owner_a_final_run_on_this_api_or_age_only
         assert docker_engine.containers.get(old.id)                       # a dry run removes nothing
         removed = set(await janitor_flow(max_age_minutes=180))
         assert {of_finished.short_id, of_dead_owner.short_id, old.short_id} <= removed
-        remaining = {c.id for c in docker_engine.containers.list(all=True)}
+        remaining = {c.id for c in docker_engine.containers.list(all=True, sparse=True)}
         assert {why: c.id in remaining for why, c in keep.items()} == {why: True for why in keep}
         assert old.id not in remaining and of_dead_owner.id not in remaining
     finally:
@@ -127,8 +127,8 @@ async def test_after_kill_9_of_an_eval_the_janitor_reaps_its_containers_and_cras
     owner_label = f"{LABEL}.owner"
 
     def of_process() -> list:
-        return [c for c in docker_engine.containers.list(all=True, filters={"label": LABEL})
-                if (Owner.parse(c.labels.get(owner_label)) or Owner("", "", 0, 0)).pid == process.pid]
+        return [c for c in docker_engine.containers.list(all=True, sparse=True, filters={"label": LABEL})
+                if (Owner.parse(c.attrs["Labels"].get(owner_label)) or Owner("", "", 0, 0)).pid == process.pid]
     try:
         deadline = time.monotonic() + 90
         while len(of_process()) < 3:
@@ -139,7 +139,7 @@ async def test_after_kill_9_of_an_eval_the_janitor_reaps_its_containers_and_cras
         process.wait()
     containers = of_process()
     assert len(containers) == 3                                    # killed: nothing removed them
-    owner_tag = OWNER_TAG + containers[0].labels[owner_label]
+    owner_tag = OWNER_TAG + containers[0].attrs["Labels"][owner_label]
     await janitor_flow(max_age_minutes=180)
     assert of_process() == []
 
@@ -184,8 +184,8 @@ async def test_after_kill_9_of_an_eval_of_a_program_no_program_runs_on_and_the_j
     owner_label = f"{LABEL}.owner"
 
     def of_process() -> list:
-        return [c for c in docker_engine.containers.list(all=True, filters={"label": LABEL})
-                if (Owner.parse(c.labels.get(owner_label)) or Owner("", "", 0, 0)).pid == process.pid]
+        return [c for c in docker_engine.containers.list(all=True, sparse=True, filters={"label": LABEL})
+                if (Owner.parse(c.attrs["Labels"].get(owner_label)) or Owner("", "", 0, 0)).pid == process.pid]
 
     def running(container) -> int:
         """Processes of the program in ``container``: the bash agent and the command it runs."""
@@ -201,7 +201,7 @@ async def test_after_kill_9_of_an_eval_of_a_program_no_program_runs_on_and_the_j
         os.kill(process.pid, signal.SIGKILL)
         process.wait()
     containers = of_process()
-    owner = containers[0].labels[owner_label]
+    owner = containers[0].attrs["Labels"][owner_label]
     endpoints = glob.glob(os.path.join(tempfile.gettempdir(), f"rollout-{owner}-*.endpoint"))
     assert len(containers) == 2 and len(endpoints) == 1   # left behind by the kill
     # the launchers see their endpoint gone and kill the programs (two misses, 2 s apart)
