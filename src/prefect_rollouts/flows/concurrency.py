@@ -39,8 +39,8 @@ from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.settings import PREFECT_API_URL
 
 from prefect_rollouts import limits
+from prefect_rollouts.config.eval import EvalConfig
 from prefect_rollouts.errors import InfrastructureError
-from prefect_rollouts.eval_config import EvalConfig
 from prefect_rollouts.limits import ActiveLimits, Limit
 
 logger = logging.getLogger("prefect_rollouts.limits")

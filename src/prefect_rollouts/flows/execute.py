@@ -32,8 +32,8 @@ from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
 from prefect.states import Failed, State
 from prefect.utilities.annotations import quote
 
+from prefect_rollouts.config.eval import EvalConfig
 from prefect_rollouts.errors import TraceStoreError
-from prefect_rollouts.eval_config import EvalConfig
 from prefect_rollouts.evals.engine import (
     EvalRun,
     Runner,

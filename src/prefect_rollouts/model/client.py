@@ -32,7 +32,7 @@ import httpx
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, stop_after_delay, stop_never
 
 from prefect_rollouts import limits
-from prefect_rollouts.config import ClientConfig
+from prefect_rollouts.config.agent import ClientConfig
 from prefect_rollouts.errors import InfrastructureError, ProviderError, register_secret, scrub
 
 #: Connections per httpx client. httpcore's pool does work per request that grows with the
