@@ -47,7 +47,7 @@ def main() -> None:
     from typer.testing import CliRunner
 
     from prefect_rollouts.cli import app
-    from prefect_rollouts.eval_config import EvalConfig
+    from prefect_rollouts.config.eval import EvalConfig
 
     visits: collections.Counter[str] = collections.Counter()
     climbs: collections.Counter[str] = collections.Counter()

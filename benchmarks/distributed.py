@@ -42,7 +42,7 @@ PREFECT = str(Path(sys.executable).with_name("prefect"))
 
 def eval_config(rollouts: int, base_url: str, traces: Path, granularity: str, concurrency: int,
                 pool: str | None, shard_size: int):
-    from prefect_rollouts.eval_config import load_eval_config
+    from prefect_rollouts.config.eval import load_eval_config
 
     dispatch = f'[dispatch]\nwork_pool = "{pool}"\nshard_size = {shard_size}\nmax_shards_in_flight = 8\n' if pool else ""
     return load_eval_config(f"""

@@ -51,8 +51,8 @@ def serve_model(latency: float, ready: multiprocessing.Queue) -> None:
 async def measure(base_url: str, requests: int, concurrency: int, limited: str,
                   sessions: set[int]) -> tuple[float, float, float, float]:
     from prefect_rollouts import limits
-    from prefect_rollouts.config import ClientConfig
-    from prefect_rollouts.eval_config import LimitsConfig
+    from prefect_rollouts.config.agent import ClientConfig
+    from prefect_rollouts.config.eval import LimitsConfig
     from prefect_rollouts.flows.concurrency import ensure_limit, prefect_slot
     from prefect_rollouts.model.client import ModelClient
 

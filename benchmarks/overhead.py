@@ -101,7 +101,7 @@ async def recorded(api_url: str, flow_runs: int, task_runs: int, timeout_s: floa
 
 
 def eval_config(mode: str, rollouts: int, concurrency: int, base_url: str, traces: Path):
-    from prefect_rollouts.eval_config import load_eval_config
+    from prefect_rollouts.config.eval import load_eval_config
 
     return load_eval_config(f"""
 num_tasks = {rollouts}

@@ -1,7 +1,7 @@
 """prefect-rollouts: run and score LLM-agent rollouts; each rollout can be a Prefect flow."""
 
 from prefect_rollouts.agent import Agent, Interaction, make_agent
-from prefect_rollouts.config import (
+from prefect_rollouts.config.agent import (
     AgentConfig,
     ClientConfig,
     HarnessConfig,
@@ -14,6 +14,7 @@ from prefect_rollouts.config import (
     TimeoutConfig,
     load_config,
 )
+from prefect_rollouts.config.judge import JudgeConfig, ReferenceJudgeConfig, RubricCriterion, RubricJudgeConfig
 from prefect_rollouts.errors import (
     ConfigError,
     InfrastructureError,
@@ -25,7 +26,6 @@ from prefect_rollouts.errors import (
     StageTimeoutError,
     TaskError,
 )
-from prefect_rollouts.judge_config import JudgeConfig, ReferenceJudgeConfig, RubricCriterion, RubricJudgeConfig
 from prefect_rollouts.runtimes import ExecResult
 from prefect_rollouts.scoring.judges import Judge
 from prefect_rollouts.stages import Segment

@@ -13,15 +13,13 @@ import uuid
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-import httpx
-
-from prefect_rollouts.config import AgentConfig
+from prefect_rollouts.config.agent import AgentConfig
+from prefect_rollouts.config.redact import redact_agent_config
 from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.harnesses.oracle import NoModelClient
 from prefect_rollouts.model import ModelClient
 from prefect_rollouts.model.open import open_client
 from prefect_rollouts.rollout import Rollout
-from prefect_rollouts.scoring.env import is_template
 from prefect_rollouts.scoring.judges import JudgeClients, client_key, open_judges
 from prefect_rollouts.stages import Segment, new_state, opening_messages
 from prefect_rollouts.task import Task
@@ -50,7 +48,7 @@ class Agent:
         if not isinstance(config, AgentConfig):
             raise TypeError(f"make_agent(config=...) needs an AgentConfig, got {type(config).__name__}")
         self.config = config
-        self.info = redacted_config(config)
+        self.info = redact_agent_config(config)
         self._client: ModelClient | None = None
         self._server: Any = None
         self._judges: JudgeClients | None = None
@@ -375,21 +373,3 @@ class Interaction:
         for record in [*self._queue, *leftover]:
             record.status = "cancelled"
         self._queue.clear()
-
-
-def redacted_config(config: AgentConfig) -> dict[str, Any]:
-    """``config`` as a JSON dict with what may be a secret replaced by ``"***"``: header values
-    and a password in ``base_url`` (of the agent's client and every judge's), and environment
-    values (``runtime.env``, ``scoring.env``, ``scoring.runtime.env``) that are not pure
-    ``${VAR}`` templates."""
-    data = config.model_dump(mode="json")
-    judge_clients = [judge["client"] for judge in data["scoring"]["judges"] if judge["client"] is not None]
-    for client in [data["client"], *judge_clients]:
-        client["headers"] = {key: "***" for key in client["headers"]}
-        url = httpx.URL(client["base_url"])
-        if url.password or url.username:
-            client["base_url"] = str(url.copy_with(username="***", password=None))
-    for table in (data["runtime"], data["scoring"], data["scoring"].get("runtime") or {}):
-        if table.get("env"):
-            table["env"] = {key: value if is_template(value) else "***" for key, value in table["env"].items()}
-    return data

@@ -2,9 +2,9 @@
 
 A config past a bound is a config error that names the key, before anything starts: a typo such
 as ``rollouts_per_task = 100000000`` used to build its plan in memory until a ``MemoryError``
-(4.4 GB in 50 s). The bounds are generous for real evals and keep one eval's memory within a few
-hundred MB of plan, measured on 2026-12-01 with ``tracemalloc``: 100,000 ``arithmetic`` tasks took
-122 MB, 1,000,000 planned rollouts 96 MB and their durable-row keys 163 MB. Larger work is several runs.
+(gigabytes in under a minute). The bounds are generous for real evals and keep one eval's memory
+within a few hundred MB of plan and durable-row keys (``tracemalloc``; benchmarks/README.md,
+"Bounds"). Larger work is several runs.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ MAX_ROLLOUTS_PER_TASK = 1_000
 largest in common use); the summary reports pass@k for every k up to it."""
 
 MAX_ROLLOUTS = 1_000_000
-"""Rollouts of one eval, all environments together: about 70 minutes at the fastest granularity
-measured here (inline, ~250/s) and 35 to 75 hours at ``flow`` (3.7 to 8/s), with ~260 MB of
-plan and durable-row keys (see above). Split larger work into several runs."""
+"""Rollouts of one eval, all environments together: over an hour at the fastest granularity and
+days at ``flow``, with a few hundred MB of plan and durable-row keys (benchmarks/README.md,
+"Bounds"). Split larger work into several runs."""
 
 MAX_CONCURRENT = 1_000
 """Rollouts in flight at once in one process (``max_concurrent``): each holds a model connection

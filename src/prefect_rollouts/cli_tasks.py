@@ -40,8 +40,8 @@ def check_command(
     nop above 0 (or either errors); exit 1 if any is. Task directories that do not load are listed
     first, all of them, and nothing runs (exit 2)."""
     from prefect_rollouts.cli_traces import console
+    from prefect_rollouts.config.eval import EvalConfig
     from prefect_rollouts.environments import harbor
-    from prefect_rollouts.eval_config import EvalConfig
     from prefect_rollouts.traces import read_rollouts
 
     try:

@@ -14,16 +14,20 @@ Must not import Prefect.
 
 from __future__ import annotations
 
+import importlib
+import inspect
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from prefect_rollouts.config import HarnessId, validate_config
+from prefect_rollouts.config.agent import HarnessId
+from prefect_rollouts.config.eval import EvalConfig
+from prefect_rollouts.config.sources import Source, validate_config, validate_sources
+from prefect_rollouts.config.taskset import TasksetConfig
+from prefect_rollouts.environments import BUILTIN
 from prefect_rollouts.errors import ConfigError
-from prefect_rollouts.eval_config import EvalConfig
 from prefect_rollouts.evals.identity import check_portable
-from prefect_rollouts.taskset_config import TasksetConfig
 
 
 def _number_fields(schema: dict[str, Any]) -> None:
@@ -32,6 +36,45 @@ def _number_fields(schema: dict[str, Any]) -> None:
     (shortest first), so without positions the form came out as Model, Taskset, Advanced, ..."""
     for position, field in enumerate(schema.get("properties", {}).values()):
         field["position"] = position
+
+
+def _get(model: BaseModel, dotted: str) -> Any:
+    """The value at the dotted path of ``model`` (``env.agent.client.timeout``)."""
+    value: Any = model
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
+
+
+_CONFIG_DEFAULTS = EvalConfig.model_validate({"env": {"taskset": {"id": "arithmetic"}, "agent": {}}})
+"""A config with every default: where the form's fields that are config keys take theirs from."""
+
+
+def _config_field(key: str, *, title: str, description: str, **constraints: Any) -> Any:
+    """A form field for the eval config's dotted ``key``, its default the config's (None as ``""`` for
+    a text field, which ``to_eval_config`` turns back into None); see ``_described``."""
+    default = _get(_CONFIG_DEFAULTS, key)
+    return _described("" if default is None and key in _TEXT_KEYS else default, title, description, constraints)
+
+
+def _option_field(taskset_id: str, option: str, *, title: str, description: str, **constraints: Any) -> Any:
+    """A form field for an option of a built-in taskset, its default the loader's own (its signature)."""
+    module, _, function = BUILTIN[taskset_id].partition(":")
+    default = inspect.signature(getattr(importlib.import_module(module), function)).parameters[option].default
+    return _described(default, title, description, constraints)
+
+
+def _described(default: Any, title: str, description: str, constraints: dict[str, Any]) -> Any:
+    """A field whose description ends with ``Default <value>.``; a default of None or ``""`` must be
+    explained in ``description`` itself (``Empty: ...``)."""
+    if default not in (None, ""):
+        shown = f"{default:g}" if isinstance(default, float) else str(default)
+        description = f"{description} Default {shown}."
+    return Field(default, title=title, description=description, **constraints)
+
+
+_TEXT_KEYS = {"run_name", "traces.store", "baseline"}
+"""Config keys whose None is an empty text field in the form."""
 
 
 class _Form(BaseModel):
@@ -43,10 +86,12 @@ class ArithmeticTaskset(_Form):
 
     model_config = ConfigDict(title="arithmetic")
     id: Literal["arithmetic"] = Field("arithmetic", title="Name")
-    count: int = Field(100, ge=1, title="Questions", description="How many questions the taskset has. Default 100.")
-    seed: int = Field(0, title="Seed", description="Random seed of the questions; task ids are add-SEED-N. Default 0.")
-    max_value: int = Field(100, ge=0, title="Largest operand",
-                           description="Operands are drawn uniformly from 0 to this. Default 100.")
+    count: int = _option_field("arithmetic", "count", ge=1, title="Questions",
+                               description="How many questions the taskset has.")
+    seed: int = _option_field("arithmetic", "seed", title="Seed",
+                              description="Random seed of the questions; task ids are add-SEED-N.")
+    max_value: int = _option_field("arithmetic", "max_value", ge=0, title="Largest operand",
+                                   description="Operands are drawn uniformly from 0 to this.")
 
 
 BfclCategory = Literal["simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance", "multi_turn_base"]
@@ -58,18 +103,17 @@ class BfclTaskset(_Form):
 
     model_config = ConfigDict(title="bfcl")
     id: Literal["bfcl"] = Field("bfcl", title="Name")
-    category: BfclCategory = Field("simple_python", title="Category",
-                                   description="BFCL category. Default simple_python.")
-    count: int | None = Field(None, ge=1, title="Items",
-                              description="How many items from the start of the category (of each category). "
-                                          "Empty: all.")
-    force_tool_choice: bool | None = Field(
-        None, title="Force tool choice",
+    category: BfclCategory = _option_field("bfcl", "category", title="Category", description="BFCL category.")
+    count: int | None = _option_field(
+        "bfcl", "count", ge=1, title="Items",
+        description="How many items from the start of the category (of each category). Empty: all.")
+    force_tool_choice: bool | None = _option_field(
+        "bfcl", "force_tool_choice", title="Force tool choice",
         description="Single-turn categories: on forces a call of the task's function (small models call no tool "
                     "otherwise); off leaves tool_choice to the model. Empty: on, except for irrelevance and "
                     "multi_turn_base (which refuses on).")
-    categories: list[BfclCategory] | None = Field(
-        None, title="Categories",
+    categories: list[BfclCategory] | None = _option_field(
+        "bfcl", "categories", title="Categories",
         description="Several categories in one taskset, each reported on its own line (instead of Category). "
                     "Empty: the category above.")
 
@@ -79,10 +123,10 @@ class HumanEvalTaskset(_Form):
 
     model_config = ConfigDict(title="humaneval")
     id: Literal["humaneval"] = Field("humaneval", title="Name")
-    count: int | None = Field(None, ge=1, title="Problems",
-                              description="How many problems from the first (164 in all). Empty: all.")
-    timeout_s: float = Field(10.0, gt=0, title="Test timeout (s)",
-                             description="Limit of one test run, in seconds. Default 10.")
+    count: int | None = _option_field("humaneval", "count", ge=1, title="Problems",
+                                      description="How many problems from the first (164 in all). Empty: all.")
+    timeout_s: float = _option_field("humaneval", "timeout_s", gt=0, title="Test timeout (s)",
+                                     description="Limit of one test run, in seconds.")
 
 
 class HarborTaskset(_Form):
@@ -90,16 +134,17 @@ class HarborTaskset(_Form):
 
     model_config = ConfigDict(title="harbor")
     id: Literal["harbor"] = Field("harbor", title="Name")
-    path: str = Field("examples/harbor-tasks", min_length=1, title="Task directory",
-                      description="A Harbor task directory, or a directory of them, on the worker (relative to "
-                                  "the directory it runs in). Default examples/harbor-tasks.")
-    tasks: list[str] | None = Field(None, title="Tasks",
-                                    description="Only these task directories, by name. Empty: all.")
-    timeout_multiplier: float = Field(1.0, gt=0, title="Timeout multiplier",
-                                      description="Scales every agent, verifier and build deadline. Default 1.")
-    storage_mb: int | None = Field(None, ge=0, title="Disk quota (MiB)",
-                                   description="Every box's disk quota instead of the task's storage_mb; 0 = none. "
-                                               "Empty: each task's own.")
+    path: str = _option_field(
+        "harbor", "path", min_length=1, title="Task directory",
+        description="A Harbor task directory, or a directory of them, on the worker (relative to the directory it "
+                    "runs in).")
+    tasks: list[str] | None = _option_field("harbor", "tasks", title="Tasks",
+                                            description="Only these task directories, by name. Empty: all.")
+    timeout_multiplier: float = _option_field("harbor", "timeout_multiplier", gt=0, title="Timeout multiplier",
+                                              description="Scales every agent, verifier and build deadline.")
+    storage_mb: int | None = _option_field(
+        "harbor", "storage_mb", ge=0, title="Disk quota (MiB)",
+        description="Every box's disk quota instead of the task's storage_mb; 0 = none. Empty: each task's own.")
 
 
 class CustomTaskset(_Form):
@@ -151,45 +196,45 @@ class AdvancedSettings(_Form):
     """Settings that rarely change between launches; any other config key goes in Other config keys."""
 
     model_config = ConfigDict(title="Advanced")
-    run_name: str = Field(
-        "", title="Run id prefix",
+    run_name: str = _config_field(
+        "run_name", title="Run id prefix",
         description="Traces are stored under the run id PREFIX-YYYYmmdd-HHMMSS-XXXX. Empty: the taskset name. "
                     "(Prefect's Run Name above names the launch's flow run only.)")
-    rollout_granularity: Literal["flow", "task", "batch"] = Field(
-        "flow", title="Granularity",
+    rollout_granularity: Literal["flow", "task", "batch"] = _config_field(
+        "rollout_granularity", title="Granularity",
         description="What Prefect records of each rollout: flow = a flow run with a task run per stage (most "
-                    "visible); task = one task run; batch = one task run per batch of rollouts (fastest). "
-                    "Default flow.")
-    batch_size: int = Field(50, ge=1, title="Batch size",
-                            description="Rollouts per batch with granularity batch. Default 50.")
-    harness: HarnessId = Field(
-        "tools", title="Harness", description="chat = one model reply per turn; tools = the tool-calling loop with "
-                                              "bash, read_file and write_file; program = your agent program (its "
-                                              "command and files in overrides under env.agent.harness); bash = "
-                                              "the package's own agent program. Default tools.")
-    max_turns: int | None = Field(None, ge=1, title="Max model replies",
+                    "visible); task = one task run; batch = one task run per batch of rollouts (fastest).")
+    batch_size: int = _config_field("batch_size", ge=1, title="Batch size",
+                                    description="Rollouts per batch with granularity batch.")
+    harness: HarnessId = _config_field(
+        "env.agent.harness.id", title="Harness",
+        description="chat = one model reply per turn; tools = the tool-calling loop with bash, read_file and "
+                    "write_file; program = your agent program (its command and files in overrides under "
+                    "env.agent.harness); bash = the package's own agent program.")
+    max_turns: int | None = _config_field("env.agent.max_turns", ge=1, title="Max model replies",
                                   description="Cap on model replies per rollout. Empty: no cap.")
-    max_turn_tokens: int | None = Field(None, ge=1, title="Max tokens per reply",
+    max_turn_tokens: int | None = _config_field("env.agent.max_turn_tokens", ge=1, title="Max tokens per reply",
                                         description="Token cap of each model reply, in tokens. Empty: the server's.")
-    temperature: float | None = Field(None, ge=0, title="Temperature",
+    temperature: float | None = _config_field("env.agent.sampling.temperature", ge=0, title="Temperature",
                                       description="Sampling temperature. Empty: the server's default.")
-    api_key_env: str = Field(
-        "OPENAI_API_KEY", pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$", title="API key variable",
+    api_key_env: str = _config_field(
+        "env.agent.client.api_key_env", pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$", title="API key variable",
         description="Environment variable on the worker that holds the endpoint's API key (never the key itself). "
-                    "Empty: no key; a ModelEndpoint block brings its own. Default OPENAI_API_KEY.")
-    request_timeout_s: float = Field(600.0, gt=0, title="Request timeout (s)",
-                                     description="Timeout of one model request, in seconds. Default 600.")
-    runtime: Literal["local", "docker"] = Field(
-        "local", title="Runtime", description="Where tools and tests run: local = a temporary directory on the worker; "
-                                              "docker = a fresh container per rollout. Default local.")
-    traces_path: str = Field("./traces", min_length=1, title="Traces directory",
-                             description="Parquet dataset directory on the worker. Default ./traces.")
-    trace_store: str = Field("", title="TraceStore block",
+                    "Empty: no key; a ModelEndpoint block brings its own.")
+    request_timeout_s: float = _config_field("env.agent.client.timeout", gt=0, title="Request timeout (s)",
+                                             description="Timeout of one model request, in seconds.")
+    runtime: Literal["local", "docker"] = _config_field(
+        "env.agent.runtime.type", title="Runtime",
+        description="Where tools and tests run: local = a temporary directory on the worker; docker = a fresh "
+                    "container per rollout.")
+    traces_path: str = _config_field("traces.path", min_length=1, title="Traces directory",
+                                     description="Parquet dataset directory on the worker.")
+    trace_store: str = _config_field("traces.store", title="TraceStore block",
                              description="Name of a TraceStore block; wins over the directory. Empty: none.")
-    pass_threshold: float = Field(1.0, title="Pass threshold",
-                                  description="A rollout passes (for pass@k) at this reward or more. Default 1.0.")
-    baseline: str = Field(
-        "", title="Baseline",
+    pass_threshold: float = _config_field("pass_threshold", title="Pass threshold",
+                                          description="A rollout passes (for pass@k) at this reward or more.")
+    baseline: str = _config_field(
+        "baseline", title="Baseline",
         description='Run to compare with at the end: "last" = the last completed run of this deployment (it then '
                     "becomes this run if this one completes), or a run id. A change whose 95% interval excludes 0 "
                     "emits prefect-rollouts.eval.regressed or .improved. Empty: no comparison.")
@@ -212,20 +257,20 @@ class LaunchForm(_Form):
     taskset: Taskset = Field(ArithmeticTaskset(), title="Taskset",
                              description="A built-in taskset with its options, or your own by import path. "
                                          "Default arithmetic.")
-    model: str = Field("local/smollm2", min_length=1, title="Model",
-                       description="Model name sent to the endpoint; local/smollm2 or local/PATH.gguf start an "
-                                   "embedded llama.cpp server on the worker (the local extra). Default local/smollm2.")
+    model: str = _config_field("env.agent.model", min_length=1, title="Model",
+                               description="Model name sent to the endpoint; local/smollm2 or local/PATH.gguf start an "
+                                           "embedded llama.cpp server on the worker (the local extra).")
     endpoint: str = Field(
         "", title="Endpoint",
         description="OpenAI-compatible server as its base URL (http://HOST:PORT/v1), or the name of a "
                     "ModelEndpoint block (URL and API key). Empty: http://127.0.0.1:8000/v1; local/* models "
                     "ignore it.")
-    num_tasks: int | None = Field(None, ge=1, title="Number of tasks",
-                                  description="Tasks from the start of the taskset. Empty: all of them.")
-    rollouts_per_task: int = Field(1, ge=1, title="Rollouts per task",
-                                   description="Rollouts of each task; pass@k is reported up to this. Default 1.")
-    max_concurrent: int = Field(16, ge=1, title="Concurrency",
-                                description="Rollouts in flight at once. Default 16.")
+    num_tasks: int | None = _config_field("num_tasks", ge=1, title="Number of tasks",
+                                          description="Tasks from the start of the taskset. Empty: all of them.")
+    rollouts_per_task: int = _config_field("rollouts_per_task", ge=1, title="Rollouts per task",
+                                           description="Rollouts of each task; pass@k is reported up to this.")
+    max_concurrent: int = _config_field("max_concurrent", ge=1, title="Concurrency",
+                                        description="Rollouts in flight at once.")
     more_tasksets: list[SuiteEntry] = Field(
         [], title="More tasksets (a suite)",
         description="Tasksets run in the same eval after the one above, each its own environment with its own "
@@ -246,23 +291,20 @@ class LaunchForm(_Form):
                 that has its own field in the form or is no config key, or a value the config
                 refuses; the message names the form field or the override's key.
         """
-        data: dict[str, Any] = {}
         first = _taskset_entry(self.taskset)
-        if self.more_tasksets:
-            _put(data, "env.tasksets", [first, *(entry.entry() for entry in self.more_tasksets)])
-        else:
-            _put(data, "env.taskset", first)
-        for field, key in _FIELDS:
-            value = _get(self, field)
-            _put(data, key, None if value == "" else value)
+        sets: list[tuple[list[str], Any]] = [
+            (["env", "tasksets"], [first, *(entry.entry() for entry in self.more_tasksets)]) if self.more_tasksets
+            else (["env", "taskset"], first)]
+        sets += [(key.split("."), None if (value := _get(self, field)) == "" else value) for field, key in _FIELDS]
         if self.endpoint:
-            _put(data, _endpoint_key(self.endpoint), self.endpoint)
-        for key, value in self.advanced.overrides.items():
+            sets.append((_endpoint_key(self.endpoint).split("."), self.endpoint))
+        for key in self.advanced.overrides:
             if (title := _field_of(key, self.endpoint)) is not None:
                 raise ConfigError(f'advanced.overrides["{key}"]: the form has a field for it ({title}). '
                                   "Set it there and remove the key")
-            _put(data, key, value)
-        return validate_config(EvalConfig, data, "")
+        overrides = [(key.split("."), value) for key, value in self.advanced.overrides.items()]
+        return validate_sources(EvalConfig, [Source("the launch form", sets=sets),
+                                             Source("advanced.overrides", sets=overrides)])
 
     @classmethod
     def from_eval_config(cls, config: EvalConfig) -> LaunchForm:
@@ -376,13 +418,6 @@ def _field_of(key: str, endpoint: str) -> str | None:
     return None
 
 
-def _get(model: BaseModel, dotted: str) -> Any:
-    value: Any = model
-    for part in dotted.split("."):
-        value = getattr(value, part)
-    return value
-
-
 def _put(data: dict[str, Any], dotted: str, value: Any) -> None:
     """Set ``data[a][b][c] = value`` for ``dotted = "a.b.c"``, creating the tables on the way.
 
@@ -394,7 +429,7 @@ def _put(data: dict[str, Any], dotted: str, value: Any) -> None:
     for part in parts[:-1]:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
-            raise ConfigError(f'advanced.overrides["{dotted}"]: {part!r} is a value, not a table. Check the key')
+            raise ConfigError(f"{dotted}: {part!r} is a value, not a table")
     node[parts[-1]] = value
 
 

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from prefect_rollouts.config_base import ClientConfig
+from prefect_rollouts.config.base import ClientConfig
 
 if TYPE_CHECKING:
-    from prefect_rollouts.eval_config import LimitsConfig
+    from prefect_rollouts.config.eval import LimitsConfig
 
 #: Characters Prefect refuses in a concurrency limit's name.
 BANNED = re.compile(r"[/%&<>]")

@@ -45,11 +45,10 @@ SERVER_SETTINGS = {
 
 The task-run recorder writes task-run states from events; by default it writes one event per
 transaction. Batching 100 per transaction, flushed at least every second (task-run states reach
-the UI up to 1 s later; Prefect 3.9 rounds the interval down to whole seconds, and 0 would spin):
-``benchmarks/overhead.py``, 200 one-call rollouts, 32 at once,
-measured 2026-12-01 in one session: flow granularity 5.3-5.5 -> 7.4-7.5 rollouts/s and server CPU
-169-171 -> 115 ms per rollout flow; task granularity 37-39 -> 73-98 rollouts/s and 27 -> 7-9 ms
-per rollout. Batching the event persister the same way changed nothing measurable (5.5/s, 169 ms).
+the UI up to 1 s later; Prefect 3.9 rounds the interval down to whole seconds, and 0 would spin)
+raised the rollouts per second of both the flow and task granularities and cut the server's CPU
+per rollout by a third to three quarters; batching the event persister the same way changed
+nothing measurable (``benchmarks/overhead.py``; benchmarks/README.md, "Task-run recorder batching").
 """
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from prefect_rollouts import stages
-from prefect_rollouts.config import AgentConfig, ScoringConfig
+from prefect_rollouts.config.agent import AgentConfig, ScoringConfig
 from prefect_rollouts.errors import InfrastructureError, ProviderError, RuntimeUnavailableError, StageTimeoutError
 from prefect_rollouts.stages import RolloutState, Segment
 from prefect_rollouts.task import Task

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from prefect_rollouts.config import AgentConfig, ScoringConfig, effective_scoring
+from prefect_rollouts.config.agent import AgentConfig, ScoringConfig, effective_scoring
 from prefect_rollouts.errors import InfrastructureError, StageTimeoutError
 from prefect_rollouts.harnesses import Harness, make_harness
 from prefect_rollouts.model.local import is_local

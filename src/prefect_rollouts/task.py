@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
-from prefect_rollouts.config import AgentConfig, ScoringConfig
+from prefect_rollouts.config.agent import AgentConfig, ScoringConfig
 from prefect_rollouts.errors import TaskError
 from prefect_rollouts.threads import run_sync
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from prefect_rollouts import bounds
 from prefect_rollouts.cli import app
 from prefect_rollouts.errors import ConfigError
-from prefect_rollouts.eval_config import load_eval_config
+from prefect_rollouts.config.eval import load_eval_config
 from prefect_rollouts.evals.plan import plan_rollouts
 
 BASE = '[env.taskset]\nid = "arithmetic"\ncount = {count}\n[env.agent]\nmodel = "m"\n'

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import prefect_rollouts as vf
-from prefect_rollouts.config import effective_scoring
+from prefect_rollouts.config.agent import effective_scoring
 from prefect_rollouts.scoring.env import resolve_env
 from tests.fakes.openai_server import reply
 
@@ -154,7 +154,7 @@ async def test_scoring_env_reaches_scoring_commands_and_a_missing_variable_is_a_
 
 
 def test_an_eval_has_one_orchestration_setting_rollout_granularity():
-    from prefect_rollouts.eval_config import load_eval_config
+    from prefect_rollouts.config.eval import load_eval_config
 
     base = '[env.taskset]\nid = "arithmetic"\n[env.agent]\nmodel = "m"\n'
     assert load_eval_config(base + 'orchestrator = "prefect"').env.agent.orchestrator == "prefect"
@@ -164,7 +164,7 @@ def test_an_eval_has_one_orchestration_setting_rollout_granularity():
 
 
 def test_literal_env_values_read_as_stars_in_every_json_dump_and_templates_stay():
-    from prefect_rollouts.eval_config import load_eval_config
+    from prefect_rollouts.config.eval import load_eval_config
 
     config = load_eval_config('[env.taskset]\nid = "arithmetic"\n[env.agent]\nmodel = "m"\n[env.agent.runtime]\n'
                               'env = { TOKEN = "sk-Lit3ral9", HOME_DIR = "${HOME}" }\n')
@@ -176,7 +176,7 @@ def test_literal_env_values_read_as_stars_in_every_json_dump_and_templates_stay(
 def test_a_launch_form_and_a_work_pool_refuse_literal_env_values():
     import pytest
 
-    from prefect_rollouts.eval_config import load_eval_config
+    from prefect_rollouts.config.eval import load_eval_config
     from prefect_rollouts.errors import ConfigError
     from prefect_rollouts.launch_form import LaunchForm
     from prefect_rollouts.evals.identity import check_portable

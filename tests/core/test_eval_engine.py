@@ -8,7 +8,7 @@ import re
 import pytest
 
 from prefect_rollouts.errors import ConfigError
-from prefect_rollouts.eval_config import load_eval_config
+from prefect_rollouts.config.eval import load_eval_config
 from prefect_rollouts.evals.engine import inline_runner, progress_listener, run_rollouts
 from prefect_rollouts.evals.prepare import load_eval, prepare_eval
 from prefect_rollouts.traces import read_rollouts

@@ -7,7 +7,7 @@ import time
 import pytest
 
 import prefect_rollouts as vf
-from prefect_rollouts.agent import redacted_config
+from prefect_rollouts.config.redact import redact_agent_config
 from prefect_rollouts.model import ModelClient
 from prefect_rollouts.runtimes import make_runtime
 from tests.fakes.openai_server import delayed, reply, status, tool_call
@@ -113,7 +113,7 @@ def test_redaction_covers_headers_and_literal_env_values_and_a_url_password_is_r
         model="m", client=vf.ClientConfig(base_url="http://127.0.0.1:9/v1", headers={"X-Key": "h"}),
         runtime=vf.RuntimeConfig(env={"TOKEN": "rt-secret", "HOME2": "${HOME}"}),
         scoring=vf.ScoringConfig(env={"A": "sc-secret"}, runtime=vf.RuntimeConfig(env={"B": "sr-secret"})))
-    text = str(redacted_config(config))
+    text = str(redact_agent_config(config))
     for secret in ("pw-secret", "rt-secret", "sc-secret", "sr-secret", "'h'"):
         assert secret not in text
     assert "${HOME}" in text

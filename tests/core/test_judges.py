@@ -324,7 +324,7 @@ def test_a_rubric_file_is_relative_to_its_config_read_once_and_dumped_as_criteri
     monkeypatch.chdir("/")
     config = vf.load_config(tmp_path / "eval.toml")
     (tmp_path / "rubric.toml").unlink()                      # later merges and round trips do not re-read it
-    from prefect_rollouts.config import effective_scoring
+    from prefect_rollouts.config.agent import effective_scoring
 
     task_scoring = vf.ScoringConfig(judges=config.scoring.judges)
     merged = effective_scoring(vf.ScoringConfig(), task_scoring)
@@ -352,9 +352,9 @@ async def test_judge_clients_are_shared_across_rollouts_and_closed_with_the_agen
 def test_judge_secrets_are_redacted_from_the_trace_config(judged):
     config = judged({"id": "reference", "client": {"base_url": "https://judge.example/v1",
                                                    "headers": {"X-Key": "secret-123"}}})
-    from prefect_rollouts.agent import redacted_config
+    from prefect_rollouts.config.redact import redact_agent_config
 
-    (judge,) = redacted_config(config)["scoring"]["judges"]
+    (judge,) = redact_agent_config(config)["scoring"]["judges"]
     assert judge["client"]["headers"] == {"X-Key": "***"}
 
 

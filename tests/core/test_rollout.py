@@ -8,7 +8,7 @@ import pytest
 
 import prefect_rollouts as vf
 from prefect_rollouts.environments import load_taskset
-from prefect_rollouts.eval_config import EvalConfig, load_eval_config
+from prefect_rollouts.config.eval import EvalConfig, load_eval_config
 from prefect_rollouts.evals.identity import check_portable
 from prefect_rollouts.evals.plan import rebuild
 from prefect_rollouts.rollout import StagePolicy, stage_policies

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from prefect_rollouts.eval_config import load_eval_config
+from prefect_rollouts.config.eval import load_eval_config
 from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.traces import read_rollouts
 from tests.eval_toml import eval_toml

@@ -9,7 +9,7 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-from prefect_rollouts.eval_config import load_eval_config
+from prefect_rollouts.config.eval import load_eval_config
 from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.traces import read_model_calls, read_rollouts
 from tests.eval_toml import eval_toml

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 import prefect_rollouts as vf
 from prefect_rollouts.cli import app
-from prefect_rollouts.eval_config import load_eval_config
+from prefect_rollouts.config.eval import load_eval_config
 from prefect_rollouts.flows.eval import run_eval
 from prefect_rollouts.traces import read_model_calls, read_rollouts
 from tests.eval_toml import eval_toml

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from prefect_rollouts.cli import app
-from prefect_rollouts.eval_config import load_eval_config
+from prefect_rollouts.config.eval import load_eval_config
 from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.runtimes.docker import LABEL, docker_client
 from prefect_rollouts.traces import read_rollouts, read_traces

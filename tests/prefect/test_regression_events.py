@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 
 import prefect_rollouts as vf
 from prefect_rollouts.cli import app
-from prefect_rollouts.eval_config import load_eval_config
+from prefect_rollouts.config.eval import load_eval_config
 from prefect_rollouts.evals.baseline import IMPROVED, REGRESSED
 from prefect_rollouts.flows.keys import variable_name
 from prefect_rollouts.traces import EvalSummary
@@ -76,7 +76,7 @@ def answers(wrong_every: int | None):
 
 
 EVAL = """import asyncio, sys
-from prefect_rollouts.eval_config import load_eval_config
+from prefect_rollouts.config.eval import load_eval_config
 from prefect_rollouts.flows.eval import run_eval
 summary, _ = asyncio.run(run_eval(load_eval_config(sys.argv[1]), run_id=sys.argv[2]))
 print(summary.model_dump_json())"""

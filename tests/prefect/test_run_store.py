@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from prefect_rollouts.blocks import TraceStore, resolve_trace_root
 from prefect_rollouts.cli import app
-from prefect_rollouts.eval_config import load_eval_config
+from prefect_rollouts.config.eval import load_eval_config
 from prefect_rollouts.evals.identity import prepare_run
 from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.traces import TraceWriter, read_rollouts

@@ -22,7 +22,7 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, Fl
 from prefect.client.schemas.filters import LogFilterFlowRunId
 from prefect.settings import PREFECT_API_URL
 
-from prefect_rollouts.eval_config import load_eval_config
+from prefect_rollouts.config.eval import load_eval_config
 from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.traces import error_text, read_rollouts
 from tests.eval_toml import eval_toml

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
 from prefect_rollouts.blocks import ModelEndpoint
-from prefect_rollouts.eval_config import load_eval_config
+from prefect_rollouts.config.eval import load_eval_config
 from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.traces import read_rollouts
 from tests.fakes.openai_server import echo_header, reply, secret_fragments, status

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from prefect_rollouts.errors import ConfigError
-from prefect_rollouts.eval_config import load_eval_config
+from prefect_rollouts.config.eval import load_eval_config
 from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.flows.shard import shard_flow
 from prefect_rollouts.traces import durable_keys, read_rollouts

@@ -15,7 +15,7 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
 
-from prefect_rollouts.eval_config import DispatchConfig, load_eval_config
+from prefect_rollouts.config.eval import DispatchConfig, load_eval_config
 from prefect_rollouts.flows import dispatch
 from prefect_rollouts.flows.dispatch import (
     PENDING_LIMIT_FACTOR,

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from prefect_rollouts.errors import ConfigError, TraceStoreError
-from prefect_rollouts.eval_config import load_eval_config
+from prefect_rollouts.config.eval import load_eval_config
 from prefect_rollouts.evals.identity import HOW_KEYS, prepare_run
 from prefect_rollouts.traces.run_config import RUN_CONFIG_VERSION, read_run_config, run_config_path
 from prefect_rollouts.traces.store import dataset_root

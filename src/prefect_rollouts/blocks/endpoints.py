@@ -8,8 +8,8 @@ from prefect.blocks.core import Block
 from pydantic import Field, SecretStr
 from pydantic_core import PydanticCustomError
 
-from prefect_rollouts.config import ClientConfig
-from prefect_rollouts.config_base import check_base_url
+from prefect_rollouts.config.agent import ClientConfig
+from prefect_rollouts.config.base import check_base_url
 from prefect_rollouts.errors import ConfigError
 
 

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from prefect_rollouts.config import AgentConfig, NetworkPolicy, ScoringConfig
+from prefect_rollouts.config.agent import AgentConfig, NetworkPolicy, ScoringConfig
 from prefect_rollouts.environments.harbor_config import NetworkMode, TaskToml, read_task_toml, refuse_unsupported
 from prefect_rollouts.environments.harbor_reward import read_reward
 from prefect_rollouts.errors import ConfigError, TaskError, register_secret

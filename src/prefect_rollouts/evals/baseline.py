@@ -58,8 +58,8 @@ def comparison_events(result: RunComparison, series: str) -> list[dict[str, Any]
 
     With a few dozen tasks or fewer a percentile bootstrap interval is too narrow (``traces.compare``),
     so where a test applies (pass/fail rewards) its ``p_value`` must also be below ``1 - confidence``
-    (0.05): pairs of equal runs of 10 tasks had an interval excluding 0 in 8% of simulations, most
-    with p >= 0.05 (an adversarial review, 2026-12-01).
+    (0.05): pairs of equal runs of 10 tasks had an interval excluding 0 far more often than 5% of
+    the time, most with p >= 0.05 (benchmarks/README.md, "Regression events need the exact test too").
     """
     events = []
     for group in result.environments:

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from prefect_rollouts.agent import Agent, make_agent
+from prefect_rollouts.config.eval import EvalConfig
 from prefect_rollouts.errors import TraceStoreError
-from prefect_rollouts.eval_config import EvalConfig
 from prefect_rollouts.evals.plan import Planned, RolloutKey
 from prefect_rollouts.evals.prepare_tasks import prepare_tasks
 from prefect_rollouts.rollout import Rollout

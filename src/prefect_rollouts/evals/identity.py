@@ -12,15 +12,15 @@ keys, unless the caller forces it. Must not import Prefect.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from prefect_rollouts.agent import redacted_config
-from prefect_rollouts.config_base import REVEAL_SECRETS
+from prefect_rollouts.config.eval import EvalConfig, TracesConfig, load_eval_config
+from prefect_rollouts.config.redact import leaves, redact_eval_config, render_key
+from prefect_rollouts.config.sources import Source, merge, set_source
+from prefect_rollouts.config.taskset import RUN_ID_MAX_BYTES, path_safe
 from prefect_rollouts.errors import ConfigError, TraceStoreError
-from prefect_rollouts.eval_config import EvalConfig, TracesConfig, apply_overrides, load_eval_config
-from prefect_rollouts.taskset_config import RUN_ID_MAX_BYTES, path_safe
 from prefect_rollouts.traces.read import durable_keys
 from prefect_rollouts.traces.run_config import StoredRunConfig, read_run_config, run_config_path, write_run_config
 from prefect_rollouts.traces.store import DatasetRoot
@@ -46,20 +46,6 @@ HOW_KEYS: tuple[str, ...] = (
 )
 
 _ABSENT = object()
-
-
-def redact_eval_config(config: EvalConfig) -> tuple[dict[str, Any], list[str]]:
-    """``config`` as JSON with every secret replaced by ``"***"`` (``agent.redacted_config``: header
-    values, a password in a ``base_url``, environment values that are not ``${VAR}`` templates).
-
-    Returns:
-        ``(data, redacted)``: the JSON dict and the dotted keys whose values were replaced.
-    """
-    data = config.model_dump(mode="json")   # literal env values are "***" already (config_base.EnvTable)
-    data["env"]["agent"] = redacted_config(config.env.agent)
-    plain = dict(_leaves(config.model_dump(mode="json", context=REVEAL_SECRETS)))
-    redacted = [_render(key) for key, value in _leaves(data) if plain.get(key, _ABSENT) != value]
-    return data, redacted
 
 
 def check_portable(config: EvalConfig, carrier: str) -> None:
@@ -88,10 +74,10 @@ def config_differences(stored: dict[str, Any], given: dict[str, Any]) -> list[tu
         ``(dotted key, stored value, given value)`` sorted by key; a key missing on one side has
         the value ``None`` there.
     """
-    left, right = dict(_leaves(stored)), dict(_leaves(given))
+    left, right = dict(leaves(stored)), dict(leaves(given))
     patterns = [tuple(pattern.split(".")) for pattern in HOW_KEYS]
-    keys = sorted(set(left) | set(right), key=_render)
-    return [(_render(key), left.get(key), right.get(key)) for key in keys
+    keys = sorted(set(left) | set(right), key=render_key)
+    return [(render_key(key), left.get(key), right.get(key)) for key in keys
             if left.get(key, _ABSENT) != right.get(key, _ABSENT) and not any(_matches(p, key) for p in patterns)]
 
 
@@ -192,9 +178,9 @@ def stored_eval_config(stored: StoredRunConfig, overrides: Sequence[str] = (), w
         raise ConfigError(f"--resume {stored.run_id}: the stored config ({where}) had secret values, which are not "
                           f"stored: {', '.join(stored.redacted)}. Give the eval config it started with: "
                           f"prefect-rollouts eval CONFIG --resume {stored.run_id}")
-    data = apply_overrides(json.loads(json.dumps(stored.config)), overrides)
+    sources = [Source(f"the stored config of run {stored.run_id}", stored.config), set_source(overrides)]
     try:
-        return EvalConfig.model_validate(data)
+        return EvalConfig.model_validate(merge(sources))
     except ValueError as exc:
         raise ConfigError(f"--resume {stored.run_id}: the stored config ({where}) is not valid for this "
                           f"prefect-rollouts ({exc}). Give the eval config: prefect-rollouts eval CONFIG "
@@ -208,7 +194,7 @@ def traces_of_overrides(overrides: Sequence[str]) -> TracesConfig:
     Raises:
         ConfigError: an override is malformed or ``traces`` holds an unknown key.
     """
-    data = apply_overrides({}, overrides).get("traces", {})
+    data = merge([set_source(overrides)]).get("traces", {})
     try:
         return TracesConfig.model_validate(data)
     except ValueError as exc:
@@ -224,27 +210,8 @@ def _normalised(stored: dict[str, Any]) -> dict[str, Any]:
         return stored
 
 
-def _leaves(value: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Any]]:
-    """``(key path, value)`` of every leaf; an empty dict or list is a leaf."""
-    if isinstance(value, dict) and value:
-        for key, item in value.items():
-            yield from _leaves(item, (*prefix, str(key)))
-    elif isinstance(value, list) and value:
-        for index, item in enumerate(value):
-            yield from _leaves(item, (*prefix, index))
-    else:
-        yield prefix, value
-
-
 def _matches(pattern: tuple[str, ...], key: tuple[Any, ...]) -> bool:
     return len(key) >= len(pattern) and all(p == "*" or p == str(k) for p, k in zip(pattern, key, strict=False))
-
-
-def _render(key: tuple[Any, ...]) -> str:
-    text = ""
-    for part in key:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
-    return text
 
 
 def _show(value: Any) -> str:

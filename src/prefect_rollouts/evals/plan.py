@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from prefect_rollouts.bounds import MAX_ROLLOUTS
+from prefect_rollouts.config.eval import EvalConfig
+from prefect_rollouts.config.taskset import EnvironmentSpec
 from prefect_rollouts.environments import find_task, load_taskset
 from prefect_rollouts.errors import ConfigError
-from prefect_rollouts.eval_config import EvalConfig
 from prefect_rollouts.task import Task
-from prefect_rollouts.taskset_config import EnvironmentSpec
 
 RolloutKey = tuple[str, str, int]
 """``(environment, task id, rollout index)``: a rollout of a run, wherever it ran."""

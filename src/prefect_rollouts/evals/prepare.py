@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from prefect_rollouts.config.eval import EvalConfig, load_eval_config
 from prefect_rollouts.errors import ConfigError
-from prefect_rollouts.eval_config import EvalConfig, load_eval_config
 from prefect_rollouts.evals.identity import (
     check_pinned_baseline,
     check_portable,

@@ -29,8 +29,8 @@ from prefect.context import FlowRunContext
 from prefect.events import emit_event
 from prefect.variables import Variable
 
+from prefect_rollouts.config.eval import EvalConfig
 from prefect_rollouts.errors import ConfigError, TraceStoreError
-from prefect_rollouts.eval_config import EvalConfig
 from prefect_rollouts.evals.baseline import (
     LAST,
     REGRESSED,

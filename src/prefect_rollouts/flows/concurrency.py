@@ -9,10 +9,9 @@ A slot is a lease from Prefect's concurrency API, the one ``prefect.concurrency.
 uses (``increment-with-lease``, waiting out HTTP 423 by its ``Retry-After``; ``decrement-with-lease``
 to give it back), without the rest of that context manager, which costs more than the model
 request it guards: it starts a thread per slot that opens a new API client (~19 ms CPU) to renew
-the lease at once, and emits two events. ``benchmarks/limits.py``, 50 ms model, a non-binding limit,
-measured 2026-12-01: ``concurrency()`` added 29-32 ms client CPU and 19-28 ms server CPU per request
-and fell from 147 to 17 requests/s at concurrency 8; this lease slot adds 3.5-5 ms and 7-17 ms, 45/s.
-Here a lease is renewed only when a slot is held past 45 s.
+the lease at once, and emits two events: per request it cost several times this lease slot's CPU
+and most of the throughput (``benchmarks/limits.py``; benchmarks/README.md, "Concurrency-limit
+slots"). Here a lease is renewed only when a slot is held past 45 s.
 
 How Prefect 3.9 gives slots back (read in ``prefect/concurrency`` and ``prefect/server``): a lease
 lasts ``LEASE_DURATION_S`` unless renewed; a process killed while holding slots stops renewing,
@@ -39,8 +38,8 @@ from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.settings import PREFECT_API_URL
 
 from prefect_rollouts import limits
+from prefect_rollouts.config.eval import EvalConfig
 from prefect_rollouts.errors import InfrastructureError
-from prefect_rollouts.eval_config import EvalConfig
 from prefect_rollouts.limits import ActiveLimits, Limit
 
 logger = logging.getLogger("prefect_rollouts.limits")

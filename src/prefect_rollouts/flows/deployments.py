@@ -13,7 +13,7 @@ from prefect import serve
 from prefect.deployments.runner import RunnerDeployment
 from prefect.schedules import Cron
 
-from prefect_rollouts.eval_config import load_eval_config
+from prefect_rollouts.config.eval import load_eval_config
 from prefect_rollouts.flows.launch import launch_flow
 from prefect_rollouts.launch_form import LaunchForm
 

@@ -39,8 +39,8 @@ from prefect.exceptions import ObjectNotFound
 from prefect.runtime import flow_run
 from prefect.states import Cancelling, Crashed
 
+from prefect_rollouts.config.eval import DispatchConfig, EvalConfig
 from prefect_rollouts.errors import ConfigError
-from prefect_rollouts.eval_config import DispatchConfig, EvalConfig
 from prefect_rollouts.evals.plan import RolloutKey
 from prefect_rollouts.flows.shard import ENTRYPOINT, shard_flow
 from prefect_rollouts.traces import DatasetRoot, durable_keys

@@ -28,8 +28,8 @@ from prefect.runtime import flow_run
 from prefect.states import Failed, State
 
 from prefect_rollouts.blocks import resolve_trace_root
+from prefect_rollouts.config.eval import EvalConfig
 from prefect_rollouts.errors import EvalFailedError, TraceStoreError
-from prefect_rollouts.eval_config import EvalConfig
 from prefect_rollouts.evals.identity import check_run_id
 from prefect_rollouts.evals.prepare import new_run_id, prepare_eval
 from prefect_rollouts.flows.baseline import finish_with_baseline, resolve_baseline, series_name, series_tag

@@ -32,8 +32,8 @@ from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
 from prefect.states import Failed, State
 from prefect.utilities.annotations import quote
 
+from prefect_rollouts.config.eval import EvalConfig
 from prefect_rollouts.errors import TraceStoreError
-from prefect_rollouts.eval_config import EvalConfig
 from prefect_rollouts.evals.engine import (
     EvalRun,
     Runner,
@@ -84,7 +84,8 @@ async def execute(config: EvalConfig, root: str | DatasetRoot, run_id: str, todo
     concurrency limits (``[limits]``), and keeps going while the Prefect API is away for up to
     ``config.api_outage_limit_s``; at the end writes what an outage left unwritten. Rollout flow
     runs send no heartbeats: the enclosing eval or shard flow run's heartbeats already say whether
-    this process lives (Prefect starts a thread and sends an event per heartbeating flow run).
+    this process lives (Prefect starts a thread and sends an event per heartbeating flow run; see
+    ``_no_heartbeats``).
 
     Args:
         total: Rollouts of the whole run (the progress bar's denominator).
@@ -157,8 +158,8 @@ def _preparation_report() -> Callable[[str], None]:
 
 def _no_heartbeats() -> contextlib.AbstractContextManager[Any]:
     """No heartbeat thread per rollout flow run (the eval's or shard's heartbeats say this process lives).
-    Only ``flow`` granularity enters it: building the changed settings costs ~30 ms of CPU (py-spy,
-    2026-12-01), a fixed cost of every eval that runs no rollout flow run."""
+    Only ``flow`` granularity enters it: building the changed settings costs tens of ms of CPU, a
+    fixed cost of every eval that runs no rollout flow run (benchmarks/README.md, "No heartbeats")."""
     return temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
 
 

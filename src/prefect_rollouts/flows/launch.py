@@ -18,7 +18,8 @@ from prefect.states import Failed
 
 from prefect_rollouts.errors import EvalFailedError
 from prefect_rollouts.evals.baseline import LAST
-from prefect_rollouts.flows.eval import new_run_id, run_eval
+from prefect_rollouts.evals.prepare import new_run_id
+from prefect_rollouts.flows.eval import run_eval
 from prefect_rollouts.launch_form import LaunchForm
 from prefect_rollouts.traces import EvalSummary
 

@@ -18,7 +18,7 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from prefect_rollouts.blocks import resolve_trace_root
-from prefect_rollouts.eval_config import EvalConfig
+from prefect_rollouts.config.eval import EvalConfig
 from prefect_rollouts.evals.plan import rebuild
 from prefect_rollouts.flows.execute import execute
 from prefect_rollouts.traces import dataset_root, durable_keys

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from prefect.artifacts import acreate_progress_artifact, aupdate_progress_artifact
 
-from prefect_rollouts.eval_config import EvalConfig
+from prefect_rollouts.config.eval import EvalConfig
 from prefect_rollouts.evals.engine import progress_listener
 from prefect_rollouts.evals.plan import RolloutKey
 from prefect_rollouts.flows.dispatch import dispatch

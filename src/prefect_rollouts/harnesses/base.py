@@ -6,7 +6,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from prefect_rollouts.config import AgentConfig
+from prefect_rollouts.config.agent import AgentConfig
 from prefect_rollouts.errors import ProviderError, scrub
 from prefect_rollouts.trace import ModelCall, SendRecord, Trace
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prefect_rollouts.config import HarnessConfig, NetworkPolicy
+from prefect_rollouts.config.agent import HarnessConfig, NetworkPolicy
 from prefect_rollouts.errors import ConfigError, TaskError, register_secret, scrub
 from prefect_rollouts.harnesses import mini_swe_agent
 from prefect_rollouts.harnesses.base import SegmentContext

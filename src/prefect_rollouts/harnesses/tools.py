@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from prefect_rollouts.config import HarnessConfig
+from prefect_rollouts.config.agent import HarnessConfig
 from prefect_rollouts.errors import scrub
 from prefect_rollouts.harnesses.base import SegmentContext, request_template, sample
 from prefect_rollouts.harnesses.schema import ToolSpec, tool_spec

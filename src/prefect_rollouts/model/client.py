@@ -32,13 +32,13 @@ import httpx
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, stop_after_delay, stop_never
 
 from prefect_rollouts import limits
-from prefect_rollouts.config import ClientConfig
+from prefect_rollouts.config.agent import ClientConfig
 from prefect_rollouts.errors import InfrastructureError, ProviderError, register_secret, scrub
 
 #: Connections per httpx client. httpcore's pool does work per request that grows with the
-#: square of its connections (it re-checks every connection's idleness for each one); measured
-#: here (benchmarks/inline_throughput.py setup, 32 in flight, 50 ms server): one 32-connection
-#: client 118-175 requests/s at 5.6-8.4 ms CPU each, two 16-connection lanes 537/s at 1.5 ms.
+#: square of its connections (it re-checks every connection's idleness for each one): two
+#: 16-connection lanes served 32 in flight at 3 to 4 times one 32-connection client's rate
+#: (benchmarks/README.md, "Model client lanes").
 _LANE_CONNECTIONS = 16
 
 logger = logging.getLogger("prefect_rollouts.model")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from prefect_rollouts.config import ClientConfig
+from prefect_rollouts.config.agent import ClientConfig
 from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.model.client import ModelClient
 from prefect_rollouts.model.local import is_local

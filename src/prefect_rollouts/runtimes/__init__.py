@@ -6,7 +6,7 @@ Contract: ``Runtime`` in ``base.py`` (exec, read_file, write_file, artifacts, st
 
 from __future__ import annotations
 
-from prefect_rollouts.config import NetworkPolicy, RuntimeConfig
+from prefect_rollouts.config.agent import NetworkPolicy, RuntimeConfig
 from prefect_rollouts.runtimes.base import ExecResult, Runtime
 from prefect_rollouts.scoring.env import resolve_env
 

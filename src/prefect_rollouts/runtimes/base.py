@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from prefect_rollouts.config import NetworkPolicy, RuntimeConfig
+from prefect_rollouts.config.agent import NetworkPolicy, RuntimeConfig
 from prefect_rollouts.errors import scrub
 
 SCRUB_SLACK_BYTES = 4096

@@ -38,7 +38,7 @@ import docker.errors
 from docker.types import Mount
 
 from prefect_rollouts import limits
-from prefect_rollouts.config import NetworkPolicy, RuntimeConfig
+from prefect_rollouts.config.agent import NetworkPolicy, RuntimeConfig
 from prefect_rollouts.errors import InfrastructureError, RuntimeUnavailableError, TaskError
 from prefect_rollouts.runtimes import docker_storage as storage
 from prefect_rollouts.runtimes.base import SCRUB_SLACK_BYTES, ExecResult, output_text

@@ -32,7 +32,7 @@ import docker
 import docker.errors
 from docker.types import DriverConfig, Mount
 
-from prefect_rollouts.config import RuntimeConfig
+from prefect_rollouts.config.agent import RuntimeConfig
 
 QuotaMode = Literal["size", "tmpfs"]
 

@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from prefect_rollouts.config.judge import JudgeConfig
 from prefect_rollouts.errors import JudgeError, ProviderError, scrub, scrub_cut
-from prefect_rollouts.judge_config import JudgeConfig
 from prefect_rollouts.model.client import ModelClient
 from prefect_rollouts.task import Task, qualname
 from prefect_rollouts.threads import note_in, run_sync

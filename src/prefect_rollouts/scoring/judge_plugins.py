@@ -6,8 +6,8 @@ import json
 import re
 from typing import Any
 
+from prefect_rollouts.config.judge import ReferenceJudgeConfig, RubricJudgeConfig
 from prefect_rollouts.errors import JudgeError, scrub
-from prefect_rollouts.judge_config import ReferenceJudgeConfig, RubricJudgeConfig
 from prefect_rollouts.scoring.judge_base import TOOL_OUTPUT_CAP_CHARS, Judge, cap_text
 from prefect_rollouts.task import Task
 from prefect_rollouts.trace import Trace, content_text

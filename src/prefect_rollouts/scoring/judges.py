@@ -23,9 +23,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from prefect_rollouts.config import ClientConfig
+from prefect_rollouts.config.agent import ClientConfig
+from prefect_rollouts.config.judge import JudgeConfig
 from prefect_rollouts.errors import ConfigError, JudgeError, TaskError
-from prefect_rollouts.judge_config import JudgeConfig
 from prefect_rollouts.model.client import ModelClient
 from prefect_rollouts.model.open import open_client
 from prefect_rollouts.scoring.judge_base import (  # noqa: F401  (Judge: plugins subclass it from here)

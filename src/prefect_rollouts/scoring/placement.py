@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from prefect_rollouts.config import RuntimeConfig, ScoringConfig
+from prefect_rollouts.config.agent import RuntimeConfig, ScoringConfig
 from prefect_rollouts.errors import RuntimeUnavailableError
 from prefect_rollouts.runtimes import make_runtime
 from prefect_rollouts.scoring.env import resolve_env

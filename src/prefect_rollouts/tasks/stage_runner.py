@@ -52,10 +52,9 @@ IN_FLOW_BODY = frozenset({"setup", "teardown"})
 """Stages that run in the flow run's body (with the same policy, retried inline) instead of as task
 runs of their own. The design names segments, finalize, skip-check and scoring as task runs;
 setup and teardown may move. Each task run costs the Prefect server CPU (its events, recorder
-and persister work); measured with ``benchmarks/overhead.py`` (200 one-call rollouts, 32 at
-once, flow granularity, two runs each, Prefect's default recorder settings): 4.2-4.3 rollouts/s,
-222-225 ms server and 57-58 ms client CPU per rollout with six task runs; 5.4/s, 172 ms and 50
-ms with four."""
+and persister work): four task runs per rollout instead of six gave about a quarter more
+rollouts per second for a quarter less server CPU (``benchmarks/overhead.py``; benchmarks/README.md,
+"Setup and teardown in the flow body")."""
 
 
 class PrefectOrchestrator:

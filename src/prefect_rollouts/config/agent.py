@@ -8,22 +8,21 @@ TOML uses the seed's layout: ``[env.agent]`` holds ``AgentConfig``; its sub-tabl
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, ValidationInfo, model_validator
+from pydantic import Field, ValidationInfo, model_validator
 
-from prefect_rollouts.config_base import (
+from prefect_rollouts.config.base import (
     ClientConfig,
+    ConfigModel,
     EnvTable,
     RetryConfig,
     SamplingConfig,
-    _Config,
-    _explain,
 )
+from prefect_rollouts.config.judge import AnyJudgeConfig
+from prefect_rollouts.config.sources import config_dir, read_toml, validate_config
 from prefect_rollouts.errors import ConfigError
-from prefect_rollouts.judge_config import AnyJudgeConfig
 
 HarnessId = Literal["chat", "tools", "program", "bash", "mini-swe-agent", "oracle", "nop"]
 """The built-in harness ids (``HarnessConfig.id``)."""
@@ -37,7 +36,7 @@ PROGRAM_HARNESSES = ("program", "bash", "mini-swe-agent")
 runs ``command``; ``bash`` (our reference program) and ``mini-swe-agent`` are built in."""
 
 
-class HarnessConfig(_Config):
+class HarnessConfig(ConfigModel):
     """Which harness drives the model. TOML and Python also accept the id alone as a string (``"tools"``).
 
     ``chat`` and ``tools`` are loops in this process. ``program``, ``bash`` and ``mini-swe-agent``
@@ -139,7 +138,7 @@ class HarnessConfig(_Config):
         return self.id not in MODEL_FREE_HARNESSES
 
 
-class NetworkPolicy(_Config):
+class NetworkPolicy(ConfigModel):
     """Network access of a runtime. TOML and Python also accept the string ``"open"`` or ``"none"``."""
 
     mode: Literal["open", "none"] = "open"
@@ -159,7 +158,7 @@ class NetworkPolicy(_Config):
         return self
 
 
-class RuntimeConfig(_Config):
+class RuntimeConfig(ConfigModel):
     """Where the agent's tools and the task's commands run (``[env.agent.runtime]``)."""
 
     type: Literal["local", "docker"] = "local"
@@ -176,7 +175,7 @@ class RuntimeConfig(_Config):
     env: EnvTable = {}
     """Environment variables set for commands (local: over a minimal PATH/HOME/LANG base); values may
     use ``${VAR}`` and ``${VAR:-default}``, resolved where the runtime starts. Literal values count
-    as secrets: ``"***"`` in every JSON dump (``config_base.EnvTable``)."""
+    as secrets: ``"***"`` in every JSON dump (``config.base.EnvTable``)."""
     image: str = "prefect-rollouts-sandbox:latest"
     """docker: the container image (build the default with ``prefect-rollouts sandbox build``)."""
     workdir: str = "/workspace"
@@ -212,7 +211,7 @@ class RuntimeConfig(_Config):
         return self
 
 
-class TimeoutConfig(_Config):
+class TimeoutConfig(ConfigModel):
     """Stage deadlines in seconds; None = no deadline. An expired one stops the run as ``<stage>_timeout``."""
 
     setup: float | None = Field(None, gt=0)
@@ -222,7 +221,7 @@ class TimeoutConfig(_Config):
     scoring: float | None = Field(None, gt=0)
 
 
-class ScoringConfig(_Config):
+class ScoringConfig(ConfigModel):
     """Where and how task scoring runs.
 
     ``TaskData.scoring`` gives a task's defaults; every field explicitly set on
@@ -255,7 +254,7 @@ class ScoringConfig(_Config):
         return self
 
 
-class StageRetryConfig(_Config):
+class StageRetryConfig(ConfigModel):
     """Stage retries, the ``[env.agent.retries]`` table (the model client retries each request first).
 
     A retried segment resumes where its failed model call left it (tool results already
@@ -272,7 +271,7 @@ class StageRetryConfig(_Config):
     """Wait before a stage retry, in seconds (doubled each time, jittered)."""
 
 
-class AgentConfig(_Config):
+class AgentConfig(ConfigModel):
     """A harness driving a model inside a runtime; the ``[env.agent]`` table."""
 
     model: str = "local/smollm2"
@@ -333,7 +332,7 @@ def load_config(source: str | Path, *, section: str = "env.agent") -> AgentConfi
         ConfigError: the file is missing or not TOML, the section is absent, or a key is unknown
             or invalid; the message names the key with its ``[section]`` and the fix.
     """
-    data = _read_toml(source)
+    data = read_toml(source)
     table: Any = data
     for part in section.split("."):
         if not isinstance(table, dict) or part not in table:
@@ -341,54 +340,3 @@ def load_config(source: str | Path, *, section: str = "env.agent") -> AgentConfi
                               f"Add a [{section}] table (model defaults to \"local/smollm2\")")
         table = table[part]
     return validate_config(AgentConfig, table, section, config_dir(source))
-
-
-def validate_config(model: type[BaseModel], data: Any, section: str, config_dir: Path | None = None) -> Any:
-    """Validate ``data`` as ``model``, turning pydantic errors into a ``ConfigError`` naming ``[section] key``.
-
-    ``config_dir``: the directory of the config file; relative paths in it (e.g. ``rubric``) are
-    relative to it. None: relative to the working directory.
-    """
-    try:
-        return model.model_validate(data, context={"config_dir": config_dir} if config_dir else None)
-    except ValidationError as exc:
-        raise ConfigError("\n".join(_explain(err, section) for err in exc.errors())) from None
-
-
-def _read_toml(source: str | Path) -> dict[str, Any]:
-    """Parse ``source``: a ``Path``, a string naming an existing file, or TOML text.
-
-    A one-line string without ``=`` or ``[`` is taken as a path (so a typo in a file name
-    says "not found" rather than "not valid TOML").
-    """
-    text_like = isinstance(source, str) and ("\n" in source or "=" in source or source.lstrip().startswith("["))
-    path = None if text_like and not _is_file(str(source)) else Path(source)
-    try:
-        text = path.read_text(encoding="utf-8") if path is not None else str(source)
-        return tomllib.loads(text)
-    except FileNotFoundError:
-        raise ConfigError(f"config file {str(path)!r}: not found. Check the path") from None
-    except IsADirectoryError:
-        raise ConfigError(f"config file {str(path)!r}: is a directory. Name the .toml file inside it") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"config file {str(path)!r}: not UTF-8 text ({exc.reason}). Save it as UTF-8") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{_describe(source, path)}: not valid TOML ({exc})") from None
-
-
-def config_dir(source: str | Path) -> Path | None:
-    """The directory of the config file ``source`` names; None for TOML text."""
-    if isinstance(source, Path) or _is_file(str(source)):
-        return Path(source).resolve().parent
-    return None
-
-
-def _is_file(name: str) -> bool:
-    try:
-        return Path(name).is_file()
-    except (OSError, ValueError):  # TOML text longer than a file name may be, or holding NUL
-        return False
-
-
-def _describe(source: str | Path, path: Path | None = None) -> str:
-    return f"config file {str(path)!r}" if path is not None else "TOML text"

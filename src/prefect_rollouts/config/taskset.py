@@ -1,6 +1,6 @@
 """Which tasksets an eval runs: ``[env.taskset]``, or a suite's ``[[env.tasksets]]`` entries with
 their environment names, task counts and agent keys, and each environment as ``EnvironmentSpec``.
-Part of the eval config (``eval_config.py``). Must not import Prefect."""
+Part of the eval config (``config.eval``). Must not import Prefect."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from prefect_rollouts.bounds import MAX_TASKS
-from prefect_rollouts.config import AgentConfig, validate_config
+from prefect_rollouts.config.agent import AgentConfig
+from prefect_rollouts.config.sources import validate_config
 from prefect_rollouts.scoring.env import is_template
 
 

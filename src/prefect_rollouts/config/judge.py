@@ -14,10 +14,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, ValidationError, ValidationInfo, model_validator
 
-from prefect_rollouts.config_base import _JUDGE_TAGS, ClientConfig, SamplingConfig, _Config, _explain
+from prefect_rollouts.config.base import JUDGE_TAGS, ClientConfig, ConfigModel, SamplingConfig, explain_error
 
 
-class JudgeConfig(_Config):
+class JudgeConfig(ConfigModel):
     """A judge: a model of its own that grades the finished trace; one ``[[...scoring.judges]]`` entry.
 
     ``id`` picks the plugin: ``"reference"`` (``ReferenceJudgeConfig``), ``"rubric"``
@@ -56,7 +56,7 @@ class ReferenceJudgeConfig(JudgeConfig):
     """What the judge sees as the response: the last assistant reply or the whole transcript."""
 
 
-class RubricCriterion(_Config):
+class RubricCriterion(ConfigModel):
     """One rubric criterion; ``choices`` run from worst to best and score evenly from 0 to 1."""
 
     name: str = Field(min_length=1, pattern=r"^\S(.*\S)?$")
@@ -128,7 +128,7 @@ class PluginJudgeConfig(JudgeConfig):
 
 def _judge_kind(value: Any) -> str:
     judge_id = value.get("id") if isinstance(value, dict) else getattr(value, "id", None)
-    return judge_id if judge_id in _JUDGE_TAGS[:2] else "plugin"
+    return judge_id if judge_id in JUDGE_TAGS[:2] else "plugin"
 
 
 AnyJudgeConfig = Annotated[
@@ -150,6 +150,6 @@ def _read_rubric(path: Path) -> list[RubricCriterion]:
         try:
             criteria.append(RubricCriterion.model_validate(criterion))
         except ValidationError as exc:
-            problems = "; ".join(_explain(err, "") for err in exc.errors())
+            problems = "; ".join(explain_error(err, "") for err in exc.errors())
             raise ValueError(f"rubric = {str(path)!r}: criteria[{index}] is invalid ({problems})") from None
     return criteria

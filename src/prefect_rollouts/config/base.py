@@ -1,7 +1,7 @@
 """The config pieces every config module shares: the strict base model, ``RetryConfig``,
 ``ClientConfig``, ``SamplingConfig``, and the wording of validation errors.
 
-``config.py`` (the agent) and ``judge_config.py`` (judges, which have their own client and
+``agent.py`` (the agent) and ``judge.py`` (judges, which have their own client and
 sampling) both build on it, so neither imports the other's internals.
 """
 
@@ -62,12 +62,12 @@ def check_base_url(url: str) -> str:
     return url
 
 
-class _Config(BaseModel):
+class ConfigModel(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True,
                               allow_inf_nan=False)
 
 
-class RetryConfig(_Config):
+class RetryConfig(ConfigModel):
     """How often and how patiently to retry a retryable failure.
 
     Used by ``ScoringConfig.retries`` (isolated scoring; the seed's default ``max_retries=2``)
@@ -86,7 +86,7 @@ class RetryConfig(_Config):
     """Stop retrying once this many seconds have passed since the first attempt; None = no bound."""
 
 
-class ClientConfig(_Config):
+class ClientConfig(ConfigModel):
     """An OpenAI-compatible endpoint. The API key is read from ``api_key_env`` at request time."""
 
     base_url: str = "http://127.0.0.1:8000/v1"
@@ -119,7 +119,7 @@ class ClientConfig(_Config):
         return check_base_url(value)
 
 
-class SamplingConfig(_Config):
+class SamplingConfig(ConfigModel):
     """Sampling parameters sent with every request; None leaves the server default."""
 
     temperature: float | None = None
@@ -139,11 +139,11 @@ class SamplingConfig(_Config):
                 if (value := getattr(self, key)) is not None}
 
 
-#: Tags of the judge config union; pydantic puts them in error locations, which ``_explain`` drops.
-_JUDGE_TAGS = ("reference", "rubric", "plugin")
+#: Tags of the judge config union; pydantic puts them in error locations, which ``explain_error`` drops.
+JUDGE_TAGS = ("reference", "rubric", "plugin")
 
 
-def _explain(err: Any, section: str) -> str:
+def explain_error(err: Any, section: str) -> str:
     loc: list[str] = []
     tagged = False
     for part in err["loc"]:
@@ -151,7 +151,7 @@ def _explain(err: Any, section: str) -> str:
             loc[-1] += f"[{part}]"      # judges[0]: the first [[...judges]] entry
         elif str(part).startswith("function-"):
             continue
-        elif loc and loc[-1].endswith("]") and part in _JUDGE_TAGS and not tagged:
+        elif loc and loc[-1].endswith("]") and part in JUDGE_TAGS and not tagged:
             tagged = True                  # the union member pydantic tried, right after the index
         else:
             loc.append(str(part))

@@ -25,18 +25,17 @@ model = "some/model"
 from __future__ import annotations
 
 import tempfile
-import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from prefect_rollouts.bounds import MAX_BATCH, MAX_CONCURRENT, MAX_ROLLOUTS_PER_TASK, MAX_TASKS
-from prefect_rollouts.config import AgentConfig, _Config, _read_toml, config_dir, validate_config
-from prefect_rollouts.errors import ConfigError, TraceStoreError
-from prefect_rollouts.scoring.env import resolve_env
-from prefect_rollouts.taskset_config import (
+from prefect_rollouts.config.agent import AgentConfig
+from prefect_rollouts.config.base import ConfigModel
+from prefect_rollouts.config.sources import set_source, toml_source, validate_sources
+from prefect_rollouts.config.taskset import (
     NAME_MAX_BYTES,
     EnvironmentSpec,
     SuiteTasksetConfig,
@@ -44,12 +43,14 @@ from prefect_rollouts.taskset_config import (
     merged_agent,
     path_safe,
 )
+from prefect_rollouts.errors import ConfigError, TraceStoreError
+from prefect_rollouts.scoring.env import resolve_env
 
 if TYPE_CHECKING:
     from prefect_rollouts.traces.store import DatasetRoot
 
 
-class EnvConfig(_Config):
+class EnvConfig(ConfigModel):
     """``[env]``: the taskset (``[env.taskset]``) or a suite of them (``[[env.tasksets]]``), and the agent."""
 
     taskset: TasksetConfig | None = None
@@ -74,7 +75,7 @@ class EnvConfig(_Config):
         return self
 
 
-class TracesConfig(_Config):
+class TracesConfig(ConfigModel):
     """``[traces]``: where the Parquet dataset goes: a ``path`` (directory or URI) or a ``TraceStore`` block."""
 
     path: str | None = "./traces"
@@ -129,7 +130,7 @@ class TracesConfig(_Config):
                               f"{fix}") from None
 
 
-class DispatchConfig(_Config):
+class DispatchConfig(ConfigModel):
     """``[dispatch]``: run the eval's rollouts on a Prefect work pool, as shard flow runs that
     workers on any machine pick up. Without ``work_pool`` everything runs in the eval's process."""
 
@@ -160,7 +161,7 @@ class DispatchConfig(_Config):
         return self
 
 
-class LimitsConfig(_Config):
+class LimitsConfig(ConfigModel):
     """``[limits]``: Prefect global concurrency limits, shared by every process that runs the
     eval's rollouts (workers on other machines included) and by other evals naming the same limit.
 
@@ -198,7 +199,7 @@ class LimitsConfig(_Config):
         return value
 
 
-class EvalConfig(_Config):
+class EvalConfig(ConfigModel):
     """A whole evaluation: ``num_tasks`` tasks x ``rollouts_per_task`` rollouts of one agent."""
 
     run_name: str | None = None
@@ -335,35 +336,4 @@ def load_eval_config(source: str | Path, overrides: list[str] | None = None) -> 
         ConfigError: unreadable TOML, a malformed override, or an invalid or unknown key (the
             message names the key and its table).
     """
-    data = apply_overrides(_read_toml(source), overrides or [])
-    return validate_config(EvalConfig, data, "", config_dir(source))
-
-
-def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """Apply ``--set`` items (``dotted.key=value``, the value parsed as TOML) to ``data`` in place.
-
-    Raises:
-        ConfigError: an item is not ``dotted.key=value``, or a dotted part names a value, not a table.
-    """
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--set {item!r}: expected dotted.key=value, e.g. --set env.agent.max_turns=4")
-        _assign(data, key.strip().split("."), _parse_value(raw.strip()))
-    return data
-
-
-def _parse_value(raw: str) -> Any:
-    try:
-        return tomllib.loads(f"value = {raw}")["value"]
-    except tomllib.TOMLDecodeError:
-        return raw
-
-
-def _assign(data: dict[str, Any], path: list[str], value: Any) -> None:
-    for part in path[:-1]:
-        node = data.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"--set {'.'.join(path)}: {part!r} is a value, not a table")
-        data = node
-    data[path[-1]] = value
+    return validate_sources(EvalConfig, [toml_source(source), set_source(overrides or [])])
