@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 
@@ -50,6 +51,30 @@ async def test_a_container_is_locked_down_labelled_and_removed(docker_engine):
     finally:
         await runtime.stop()
     assert containers_of(docker_engine, run_id) == []
+
+
+async def test_a_start_cancelled_while_its_container_is_created_leaves_no_container(docker_engine, monkeypatch):
+    """SIGTERM or Ctrl-C during a rollout's setup: the engine's thread creates the container after the
+    await was cancelled; the start waits for it and removes it (an eval stopped early left one behind)."""
+    from prefect_rollouts.runtimes.docker import DockerRuntime
+
+    created, real = threading.Event(), DockerRuntime._create
+
+    def create_then_linger(self):
+        container = real(self)
+        created.set()
+        time.sleep(1.0)   # the cancellation lands while the thread still holds the new container
+        return container
+    monkeypatch.setattr(DockerRuntime, "_create", create_then_linger)
+    run_id = uuid.uuid4().hex
+    runtime = make_runtime(docker_config(), labels={"run_id": run_id})
+    starting = asyncio.ensure_future(runtime.start())
+    assert await asyncio.to_thread(created.wait, 60)
+    assert len(containers_of(docker_engine, run_id)) == 1
+    starting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    assert containers_of(docker_engine, run_id) == [] and runtime.container is None
 
 
 async def test_a_missing_image_names_the_build_command():

@@ -183,8 +183,15 @@ class DockerRuntime:
                 self._slot = await limits.hold_container_slot()
             except InfrastructureError as exc:
                 raise RuntimeUnavailableError(f'runtime "docker": no slot of [limits] containers: {exc}') from exc
+        job = asyncio.ensure_future(_in_thread(self._create))
         try:
-            self.container = await _in_thread(self._create)
+            self.container = await asyncio.shield(job)
+        except asyncio.CancelledError:   # the thread creates the container all the same: wait for it, remove it
+            with contextlib.suppress(BaseException):
+                self.container = await job
+            await self.stop()
+            await self._release_slot()
+            raise
         except BaseException:
             await self._release_slot()
             raise
