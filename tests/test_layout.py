@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import ast
+import importlib.metadata
+import os
 from pathlib import Path
+
+import pytest
 
 import prefect_rollouts
 
@@ -22,9 +26,16 @@ def is_cli(name: str) -> bool:
     return leaf == "cli" or leaf.startswith("cli_")
 
 
+def _python_files(root: Path) -> list[Path]:
+    """Every ``.py`` under ``root``, through the symlinks that put ``flows/``, ``tasks/`` and
+    ``blocks/`` of the repository root into the package (``Path.rglob`` does not follow them)."""
+    return [Path(folder) / name for folder, _, names in os.walk(root, followlinks=True)
+            for name in names if name.endswith(".py")]
+
+
 def modules() -> dict[str, Path]:
     found = {}
-    for path in ROOT.rglob("*.py"):
+    for path in _python_files(ROOT):
         parts = path.relative_to(ROOT.parent).with_suffix("").parts
         found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return found
@@ -113,3 +124,21 @@ def test_the_stage_runner_does_not_import_the_flows():
     offenders = sorted(f"{name} -> {target}" for name, targets in _imports_from("prefect_rollouts.tasks").items()
                        for target in targets if target.startswith("prefect_rollouts.flows"))
     assert offenders == []
+
+
+def test_the_prefect_layer_sits_at_the_repository_root_and_in_the_package():
+    """The design card's top level: ``flows/``, ``tasks/``, ``blocks/`` beside ``src/``; each is the
+    package's ``prefect_rollouts.<name>`` (a symlink from ``src/prefect_rollouts/<name>``), one import
+    name space, no top-level ``flows`` import name."""
+    repository = ROOT.parents[1]
+    if not (repository / "pyproject.toml").is_file():
+        pytest.skip("an installed package, not a checkout")
+    for name in ("flows", "tasks", "blocks"):
+        assert (repository / name / "__init__.py").is_file() and not (repository / name).is_symlink(), name
+        link = ROOT / name
+        assert link.is_symlink() and link.resolve() == (repository / name).resolve(), name
+    import prefect_rollouts.flows.eval as eval_module
+
+    assert Path(eval_module.__file__).resolve() == (repository / "flows" / "eval.py").resolve()
+    top_level = importlib.metadata.distribution("prefect-rollouts").read_text("top_level.txt") or ""
+    assert top_level.split() == ["prefect_rollouts"]   # no top-level flows, tasks or blocks in users' environments

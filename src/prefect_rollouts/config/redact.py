@@ -9,14 +9,16 @@ are ``"***"`` in every JSON dump already: ``config.base.EnvTable``). Must not im
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from prefect_rollouts.config.agent import AgentConfig
 from prefect_rollouts.config.base import REVEAL_SECRETS
-from prefect_rollouts.config.eval import EvalConfig
 from prefect_rollouts.scoring.env import is_template
+
+if TYPE_CHECKING:   # the eval config loads only where an eval is run, not with the agent
+    from prefect_rollouts.config.eval import EvalConfig
 
 _ABSENT = object()
 
