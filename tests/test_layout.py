@@ -5,7 +5,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import prefect_rollouts
+
+pytestmark = pytest.mark.unit
 
 ROOT = Path(prefect_rollouts.__file__).parent
 PREFECT_LAYER = ("prefect_rollouts.flows", "prefect_rollouts.tasks", "prefect_rollouts.blocks", "prefect_rollouts.cli")

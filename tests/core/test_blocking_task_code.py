@@ -17,6 +17,8 @@ import pytest
 import prefect_rollouts as vf
 from tests.fakes.openai_server import delayed, reply
 
+pytestmark = pytest.mark.unit
+
 RELEASE = threading.Event()
 """Set when a test ends, so no blocked thread outlives it (the blocking calls wait on it)."""
 

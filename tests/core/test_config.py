@@ -9,6 +9,8 @@ from prefect_rollouts.config import effective_scoring
 from prefect_rollouts.scoring.env import resolve_env
 from tests.fakes.openai_server import reply
 
+pytestmark = pytest.mark.unit
+
 SEED_TOML = """
 [env.agent]
 max_turns = 10
@@ -176,8 +178,8 @@ def test_literal_env_values_read_as_stars_in_every_json_dump_and_templates_stay(
 def test_a_launch_form_and_a_rollout_spec_refuse_literal_env_values():
     import pytest
 
-    from prefect_rollouts.eval_config import load_eval_config
     from prefect_rollouts.errors import ConfigError
+    from prefect_rollouts.eval_config import load_eval_config
     from prefect_rollouts.launch_form import LaunchForm
     from prefect_rollouts.rollout import RolloutSpec
 

@@ -12,6 +12,8 @@ from prefect_rollouts.model import ModelClient
 from prefect_rollouts.runtimes import make_runtime
 from tests.fakes.openai_server import delayed, reply, status, tool_call
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture
 async def runtime():

@@ -9,6 +9,8 @@ import pytest
 import prefect_rollouts as vf
 from tests.fakes.openai_server import delayed, reply, tool_call
 
+pytestmark = pytest.mark.unit
+
 
 class Echo(vf.Task):
     @vf.reward

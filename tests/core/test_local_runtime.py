@@ -13,6 +13,8 @@ import prefect_rollouts as vf
 from prefect_rollouts.runtimes import make_runtime
 from tests.fakes.openai_server import reply, tool_call
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture
 async def runtime():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 
 import pytest
@@ -10,6 +9,9 @@ import pytest
 import prefect_rollouts as vf
 from prefect_rollouts.model import ModelClient
 from tests.fakes.openai_server import echo_header, malformed, reply, secret_fragments, status, tool_call
+from tests.support.ports import free_port
+
+pytestmark = pytest.mark.unit
 
 BODY = {"model": "scripted", "messages": [{"role": "user", "content": "hi"}]}
 ECHOED_KEY = "sk-Qz8vKx3Lw7Rj2Tn5"
@@ -79,9 +81,7 @@ async def test_a_malformed_body_is_retried_then_reported_as_502(openai_server):
 
 
 async def test_connection_refused_is_retried_then_reported_without_an_http_status():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()   # nothing listens on it
     client = client_for(f"http://127.0.0.1:{port}/v1", max_retries=1)
     try:
         with pytest.raises(vf.ProviderError) as caught:

@@ -15,7 +15,7 @@ from prefect_rollouts.harnesses.endpoint import InterceptionEndpoint
 from tests.core.test_program_harness import KEY, Said, program
 from tests.fakes.openai_server import reply, status
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.unit
 
 POST = """
     import json, os, urllib.request, urllib.error

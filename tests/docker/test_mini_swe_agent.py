@@ -14,7 +14,7 @@ import prefect_rollouts as vf
 from prefect_rollouts.harnesses import mini_swe_agent
 from tests.fakes.openai_server import reply, tool_call
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(900)]
 
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && cat answer.txt"
 

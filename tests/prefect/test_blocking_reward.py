@@ -15,6 +15,8 @@ from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import reply
 from tests.prefect.tasksets import BLOCKING_RELEASE
 
+pytestmark = pytest.mark.prefect
+
 
 @pytest.fixture(autouse=True)
 def _release_the_blocked_reward():

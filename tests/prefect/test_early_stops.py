@@ -40,6 +40,7 @@ def disk_full_after(rollout_files: int, monkeypatch) -> None:
     monkeypatch.setattr(store, "_write_local", write)
 
 
+@pytest.mark.prefect
 def test_a_full_traces_disk_stops_the_eval_at_once_with_the_true_count_and_runs_nothing_twice(
         tmp_path, openai_server, monkeypatch):
     openai_server.default = delayed(0.05, reply("0"))
@@ -66,6 +67,7 @@ def test_a_full_traces_disk_stops_the_eval_at_once_with_the_true_count_and_runs_
         in output
 
 
+@pytest.mark.prefect
 @pytest.mark.parametrize(("signal_number", "exit_code", "reason"), [
     (signal.SIGTERM, 143, "terminated (SIGTERM)"), (signal.SIGINT, 130, "interrupted (Ctrl-C)")])
 def test_sigterm_ends_an_eval_as_ctrl_c_does(tmp_path, openai_server, signal_number, exit_code, reason):
@@ -93,6 +95,8 @@ def test_sigterm_ends_an_eval_as_ctrl_c_does(tmp_path, openai_server, signal_num
     assert flow_run.state.name == "Crashed", flow_run.state     # as Prefect marks a run whose process was stopped
 
 
+@pytest.mark.system
+@pytest.mark.usefixtures("prefect_harness")
 def test_sigterm_removes_the_containers_of_the_rollouts_in_flight(tmp_path, openai_server, docker_engine):
     openai_server.default = delayed(60, reply("0"))
     run_id = f"sigterm-docker-{uuid.uuid4().hex[:6]}"

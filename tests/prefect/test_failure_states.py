@@ -7,7 +7,6 @@ import asyncio
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,15 +24,11 @@ from prefect_rollouts.flows.eval import run_eval
 from prefect_rollouts.traces import read_model_calls, read_rollouts
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply, status
-from tests.prefect.conftest import wait_for
 from tests.prefect.tasksets import Numbered
+from tests.support.ports import free_port
+from tests.support.waiting import wait_for
 
-
-def closed_port() -> int:
-    """A loopback port nobody listens on."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+pytestmark = pytest.mark.prefect
 
 
 def run_cli(config_path, *args: str):
@@ -66,7 +61,7 @@ def eval_run(run_id: str):
 
 
 def test_an_eval_against_an_endpoint_that_is_down_fails_everywhere_and_exits_1(tmp_path):
-    port = closed_port()
+    port = free_port()
     config = tmp_path / "eval.toml"
     config.write_text(eval_toml(tmp_path / "traces", f"http://127.0.0.1:{port}/v1", num_tasks=3,
                                 rollout_granularity="flow"))
@@ -147,7 +142,7 @@ async def test_errored_rollouts_are_failed_task_runs_at_task_and_batch_granulari
 
 
 async def test_agent_run_returns_the_errored_trace_of_its_failed_flow_run(agent_config):
-    port = closed_port()
+    port = free_port()
     client = vf.ClientConfig(base_url=f"http://127.0.0.1:{port}/v1", api_key_env=None,
                              retries=vf.RetryConfig(max_retries=0))
     async with vf.make_agent(agent_config(orchestrator="prefect", client=client)) as agent:

@@ -23,6 +23,8 @@ from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply
 from tests.prefect.test_resume_kill import durable_rows
 
+pytestmark = pytest.mark.prefect
+
 LONG_FLUSH = ("import sys, prefect_rollouts.flows.execute as e; e.FLUSH_INTERVAL_S = 30.0; "
               "from prefect_rollouts.cli import app; sys.argv[0] = 'prefect-rollouts'; app()")
 

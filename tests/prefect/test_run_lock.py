@@ -23,7 +23,7 @@ from prefect_rollouts.traces import read_rollouts
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.prefect, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[2]
 ROLLOUTS = 16

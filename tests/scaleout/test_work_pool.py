@@ -18,9 +18,11 @@ from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.traces import read_rollouts
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply
-from tests.scaleout.conftest import Worker, descendants, raw_keys, wait_until
+from tests.scaleout.conftest import raw_keys
+from tests.support.waiting import wait_until
+from tests.support.workers import PREFECT, Worker, descendants, prefect_env
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(600)]
 
 
 def answer(delay_s: float):
@@ -139,7 +141,6 @@ def test_cli_dispatches_to_the_pool_and_prints_the_eval_flow_run_url(work_pool, 
     import sys
     import urllib.request
 
-    from tests.scaleout.conftest import prefect_env
 
     pool, _ = work_pool
     openai_server.default = answer(0.0)
@@ -171,7 +172,6 @@ def test_a_resume_after_the_eval_died_cancels_its_live_shards_first(work_pool, p
     import subprocess
     import sys
 
-    from tests.scaleout.conftest import prefect_env
 
     pool, _ = work_pool
     openai_server.default = answer(2.0)   # a shard of 10 takes ~20 s: still running when the eval is resumed
@@ -223,7 +223,6 @@ def test_shards_waiting_on_a_pool_no_worker_polls_are_reported(pg_api, openai_se
     import logging
     import subprocess
 
-    from tests.scaleout.conftest import PREFECT, prefect_env
 
     subprocess.run([PREFECT, "work-pool", "create", "idle", "--type", "process"], env=prefect_env(pg_api),
                    check=True, capture_output=True, timeout=120)

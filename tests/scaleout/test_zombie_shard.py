@@ -28,10 +28,12 @@ from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.traces import read_rollouts
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import reply
-from tests.scaleout.conftest import PREFECT, Worker, prefect_env, raw_keys, wait_until
+from tests.scaleout.conftest import raw_keys
 from tests.scaleout.test_work_pool import flow_runs
+from tests.support.waiting import wait_until
+from tests.support.workers import PREFECT, Worker, prefect_env
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(600)]
 
 CRASH_AFTER_S = 60
 
