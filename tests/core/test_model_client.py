@@ -108,13 +108,12 @@ async def test_an_unresolvable_host_is_reported_as_such_without_an_http_status()
 async def test_retrying_stops_at_max_elapsed_time(openai_server):
     openai_server.default = status(503, headers={"Retry-After": "0.2"})
     client = client_for(openai_server.base_url, max_retries=50, max_elapsed_s=0.5, max_backoff_s=0.2)
-    started = time.perf_counter()
     try:
         with pytest.raises(vf.ProviderError):
             await client.complete(BODY)
     finally:
         await client.aclose()
-    assert 2 <= len(openai_server.requests) <= 5 and time.perf_counter() - started < 2
+    assert 2 <= len(openai_server.requests) <= 5   # 0.5 s of 0.2 s waits, not the 51 requests max_retries allows
 
 
 async def test_the_error_message_never_holds_the_api_key(openai_server, monkeypatch):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +110,8 @@ def test_a_killed_worker_s_shard_is_crashed_and_run_again_on_the_other(work_pool
                      and r.infrastructure_pid), None)
     shard = wait_until(running_shard, timeout_s=120)
     assert shard is not None, "no shard started"
-    time.sleep(3)   # let it write a row or two, so only some of its rollouts run again
+    # until it wrote a row or two, so only some of its rollouts run again
+    assert wait_until(lambda: shard_rows(traces, "killed-worker", shard.id) >= 2, timeout_s=120), "it wrote no row"
     pid = int(str(shard.infrastructure_pid).rsplit(":", 1)[-1])   # "PID" or "HOST:PID"
     victim = next(w for w in workers if pid in descendants(w.process.pid))
     victim.kill()
@@ -128,6 +128,19 @@ def test_a_killed_worker_s_shard_is_crashed_and_run_again_on_the_other(work_pool
     assert retried and all(r.state_type.value == "COMPLETED" for r in retried)
     rerun_rows = rows[rows["shard_flow_run_id"].isin({str(r.id) for r in retried})]
     assert len(rerun_rows) > 0 and pid not in set(rerun_rows["worker_pid"])
+
+
+def shard_rows(traces: Path, run_id: str, shard_id: object) -> int:
+    """How many rows of ``run_id`` the shard flow run ``shard_id`` has made durable so far."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    try:
+        table = ds.dataset(traces / "rollouts", format="parquet", partitioning="hive", exclude_invalid_files=True
+                           ).to_table(columns=["shard_flow_run_id"], filter=ds.field("run_id") == run_id)
+    except (OSError, pa.ArrowInvalid):   # no file yet
+        return 0
+    return table["shard_flow_run_id"].to_pylist().count(str(shard_id))
 
 
 def victim_args(worker: Worker, pool: str) -> tuple[str, str, str, int, Path]:
