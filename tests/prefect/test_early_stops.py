@@ -25,6 +25,7 @@ from prefect_rollouts.traces import read_rollouts, store
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply
 from tests.prefect.test_failure_states import final_flow_runs
+from tests.support.waiting import wait_until
 
 
 def disk_full_after(rollout_files: int, monkeypatch) -> None:
@@ -79,8 +80,9 @@ def test_sigterm_ends_an_eval_as_ctrl_c_does(tmp_path, openai_server, signal_num
     process = subprocess.Popen([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(config), "--run-id", run_id],
                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     rows = tmp_path / "traces" / "rollouts"
-    while process.poll() is None and len(list(rows.rglob("part-*.parquet")) if rows.exists() else []) < 2:
-        time.sleep(0.05)
+    def two_durable_or_ended() -> bool:   # (an eval that ended: the asserts below say how)
+        return process.poll() is not None or len(list(rows.rglob("part-*.parquet")) if rows.exists() else []) >= 2
+    wait_until(two_durable_or_ended, timeout_s=120, interval_s=0.05)
     process.send_signal(signal_number)
     output = " ".join(process.communicate(timeout=120)[0].split())
 

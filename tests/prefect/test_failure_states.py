@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from prefect.client.orchestration import get_client
@@ -26,7 +25,7 @@ from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply, status
 from tests.prefect.tasksets import Numbered
 from tests.support.ports import free_port
-from tests.support.waiting import wait_for
+from tests.support.waiting import wait_for, wait_until
 
 pytestmark = pytest.mark.prefect
 
@@ -162,8 +161,9 @@ def test_ctrl_c_prints_how_many_rollouts_are_durable_and_the_resume_command(tmp_
     process = subprocess.Popen([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(config), "--run-id", "ctrl-c"],
                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     rows = tmp_path / "traces" / "rollouts"
-    while process.poll() is None and len(list(rows.rglob("part-*.parquet")) if rows.exists() else []) < 2:
-        time.sleep(0.05)
+    def two_durable_or_ended() -> bool:   # (an eval that ended: the asserts below say how)
+        return process.poll() is not None or len(list(rows.rglob("part-*.parquet")) if rows.exists() else []) >= 2
+    wait_until(two_durable_or_ended, timeout_s=120, interval_s=0.05)
     process.send_signal(signal.SIGINT)
     output = " ".join(process.communicate(timeout=120)[0].split())
     durable = len(read_rollouts(tmp_path / "traces", run_id="ctrl-c"))
