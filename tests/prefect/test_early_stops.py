@@ -10,7 +10,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections import Counter
 
@@ -111,11 +110,11 @@ def test_sigterm_removes_the_containers_of_the_rollouts_in_flight(tmp_path, open
 
     def of_run() -> list:
         return docker_engine.containers.list(all=True, filters={"label": f"{LABEL}.run_id={run_id}"})
+    def started() -> bool:
+        assert process.poll() is None, "the eval exited before it started its containers"
+        return len(of_run()) >= 3
     try:
-        deadline = time.monotonic() + 90
-        while len(of_run()) < 3:
-            assert process.poll() is None and time.monotonic() < deadline, "the eval started no containers"
-            time.sleep(0.2)
+        assert wait_until(started, timeout_s=90), "the eval started no containers"
     finally:
         process.send_signal(signal.SIGTERM)
     output = " ".join(process.communicate(timeout=120)[0].split())

@@ -13,20 +13,23 @@ def needs_harness(item: pytest.Item) -> bool:
     return item.get_closest_marker("prefect") is not None or "prefect_harness" in getattr(item, "fixturenames", ())
 
 
-@pytest.fixture(scope="session")
-def prefect_harness() -> Iterator[None]:
-    """This process's Prefect client pointed at ``prefect_test_harness`` for the rest of the session."""
+@pytest.hookimpl(wrapper=True)
+def pytest_runtestloop(session: pytest.Session) -> Iterator[None]:
+    """Run the session's tests inside ``prefect_test_harness`` when one of them needs it. Started here,
+    before the first test: its start-up (up to a minute on a busy machine) counts against no test's
+    timeout, and a fixture that points Prefect's settings at another server (``pg_api``) nests inside
+    the harness's settings, so its exit cannot drop them."""
+    if session.config.option.collectonly or not any(needs_harness(item) for item in session.items):
+        return (yield)
     from prefect.testing.utilities import prefect_test_harness
 
     with prefect_test_harness(server_startup_timeout=120):
-        yield
+        return (yield)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _prefect_harness_first(request: pytest.FixtureRequest) -> None:
-    """Start the harness as the session starts when a selected test needs it (``needs_harness``), before
-    any module fixture: one that points Prefect's settings at another server (``pg_api``) must nest
-    inside the harness's settings, as when the harness was always on, or its exit would drop them too."""
-    if any(needs_harness(item) for item in request.session.items):
-        request.getfixturevalue("prefect_harness")
+@pytest.fixture(scope="session")
+def prefect_harness() -> None:
+    """A test that asks for this runs with the harness up (``pytest_runtestloop`` above starts it)."""
+    from prefect.settings import PREFECT_API_URL
 
+    assert PREFECT_API_URL.value(), "the Prefect test harness is not running"
