@@ -9,7 +9,8 @@ from tests.support.tiers import TIMEOUT_S
 
 pytestmark = pytest.mark.unit
 
-MARKERS = "[pytest]\nasyncio_default_fixture_loop_scope = function\nmarkers =\n    unit: u\n    prefect: p\n    system: s\n"
+MARKERS = ("[pytest]\nasyncio_default_fixture_loop_scope = function\n"
+           "markers =\n    unit: u\n    prefect: p\n    system: s\n")
 
 
 def test_a_test_with_no_tier_or_two_stops_the_run_naming_each(pytester: pytest.Pytester):
@@ -37,7 +38,8 @@ def test_a_test_with_no_tier_or_two_stops_the_run_naming_each(pytester: pytest.P
                                  "*test_tiers_example.py::test_two_tiers: system, unit",
                                  "*test_tiers_example.py::test_two_tiers_in_one_parameter[[]2[]]: prefect, unit",
                                  "*test_untiered.py::test_no_tier: no tier"])
-    assert "test_one_tier" not in result.stderr.str() and "test_two_tiers_in_one_parameter[1]" not in result.stderr.str()
+    named = result.stderr.str()
+    assert "test_one_tier" not in named and "test_two_tiers_in_one_parameter[1]" not in named
 
 
 def test_each_test_gets_its_tiers_timeout_unless_it_sets_its_own(pytester: pytest.Pytester):

@@ -6,7 +6,6 @@ The first test of a fresh machine installs mini-swe-agent into the host cache (p
 
 from __future__ import annotations
 
-
 import pytest
 
 import prefect_rollouts as vf
