@@ -1,15 +1,21 @@
-"""Shared fixtures: the scripted OpenAI-compatible server and agent configs pointing at it."""
+"""Shared fixtures: the scripted OpenAI-compatible server and agent configs pointing at it, the Docker
+engine, moto's S3 server. The test tiers, the Prefect harness and the servers are plugins in tests/support/."""
 
 from __future__ import annotations
 
 import os
-import shutil
 from typing import Any
 
 import pytest
 
 import prefect_rollouts as vf
 from tests.fakes.openai_server import ScriptedOpenAIServer
+from tests.support.extras import unavailable
+
+pytest_plugins = ["pytester", "tests.support.tiers", "tests.support.harness", "tests.support.servers"]
+
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
 @pytest.fixture(autouse=True)
@@ -23,18 +29,6 @@ def _environment_restored():
     for name in set(os.environ) - set(saved):
         del os.environ[name]
     os.environ.update(saved)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _no_server_home_left():
-    """At the session's end no PostgreSQL cluster of a test is left in /tmp (each was 49-95 MB):
-    every server home is made by ``tests.pg_api.server_home``, under a directory of this session."""
-    from tests.pg_api import SESSION_DIR
-
-    yield
-    left = sorted(path.name for path in SESSION_DIR.iterdir()) if SESSION_DIR.exists() else []
-    shutil.rmtree(SESSION_DIR, ignore_errors=True)
-    assert not left, f"server homes left in {SESSION_DIR}: {left}"
 
 
 @pytest.fixture(scope="session")
@@ -66,8 +60,6 @@ def agent_config(openai_server):
 @pytest.fixture(scope="session")
 def docker_engine():
     """The Docker engine and the sandbox image. Without them: a skip locally, a failure in CI."""
-    import os
-
     from prefect_rollouts.errors import RuntimeUnavailableError
     from prefect_rollouts.runtimes.docker import docker_client
 
@@ -75,10 +67,8 @@ def docker_engine():
         client = docker_client()
         client.images.get(vf.RuntimeConfig().image)
     except Exception as exc:  # no engine, or no sandbox image
-        reason = f"Docker tests need a running engine and the sandbox image ({exc})"
-        if os.environ.get("CI"):
-            pytest.fail(reason + "; CI must provide them (.ci/run)")
-        pytest.skip(reason)
+        unavailable(f"Docker tests need a running engine and the sandbox image ({exc})",
+                    "CI must provide them (.ci/run)")
     assert not isinstance(client, RuntimeUnavailableError)
     return client
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from typer.testing import CliRunner
 
 from prefect_rollouts.cli import app
+
+pytestmark = pytest.mark.unit
 
 
 def test_a_config_error_prints_its_table_name_and_exits_2(tmp_path):

@@ -6,9 +6,12 @@ from __future__ import annotations
 import io
 import logging
 
+import pytest
 from rich.console import Console
 
 from prefect_rollouts.console import brief_failures
+
+pytestmark = pytest.mark.unit
 
 
 class RichHandler(logging.Handler):

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import hashlib
 
+import pytest
+
 from prefect_rollouts.flows.keys import comparison_key, prefect_key, progress_key, summary_key, variable_name
+
+pytestmark = pytest.mark.unit
 
 
 def test_a_name_that_is_a_key_keeps_it():

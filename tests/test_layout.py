@@ -11,6 +11,8 @@ import pytest
 
 import prefect_rollouts
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(prefect_rollouts.__file__).parent
 PREFECT_LAYER = ("prefect_rollouts.flows", "prefect_rollouts.tasks", "prefect_rollouts.blocks")
 

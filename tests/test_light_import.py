@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.unit
 
 HEAVY = ("prefect", "pandas", "pyarrow", "numpy", "docker", "uvicorn", "starlette")
 

@@ -16,6 +16,8 @@ import pytest
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 
+pytestmark = pytest.mark.system
+
 
 @pytest.mark.timeout(600)
 def test_the_wheel_holds_flows_tasks_and_blocks_inside_the_package(tmp_path):

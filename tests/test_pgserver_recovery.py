@@ -5,35 +5,38 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import time
+from pathlib import Path
 
 import httpx
 import pytest
 
 from prefect_rollouts import pgserver
 from prefect_rollouts.errors import RuntimeUnavailableError
-from tests.pg_api import server_home
-
-pytestmark = pytest.mark.timeout(300)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.support.ports import free_port
+from tests.support.servers import server_home
+from tests.support.waiting import wait_until
+from tests.support.workers import descendants, is_running
 
 
+def kill_postgres(home: Path) -> None:
+    """``kill -9`` the postmaster (its postmaster.pid stays) and wait until it and its children, which
+    leave on their own, are gone: a PostgreSQL started meanwhile finds the old shared memory in use."""
+    postmaster = int((home / "pgdata" / "postmaster.pid").read_text().splitlines()[0])
+    processes = [postmaster, *descendants(postmaster)]
+    os.kill(postmaster, signal.SIGKILL)
+    assert wait_until(lambda: not any(map(is_running, processes)), timeout_s=30), "PostgreSQL outlived kill -9"
+
+
+@pytest.mark.system
+@pytest.mark.timeout(300)
 def test_a_killed_postgres_is_stopped_and_started_again_and_a_taken_port_is_refused():
     with server_home("recovery-") as home, server_home("other-") as other:
         port, pg_port = free_port(), free_port()
         api = pgserver.start(home, port=port, pg_port=pg_port)
-        postmaster = int((home / "pgdata" / "postmaster.pid").read_text().splitlines()[0])
-        os.kill(postmaster, signal.SIGKILL)   # kill -9: its postmaster.pid stays
-        time.sleep(1)
+        kill_postgres(home)
         assert pgserver.start(home) == api   # the API answered; PostgreSQL is back, on the ports the home recorded
         assert httpx.post(f"{api}/flow_runs/count", json={}, timeout=30).status_code == 200
-        os.kill(int((home / "pgdata" / "postmaster.pid").read_text().splitlines()[0]), signal.SIGKILL)
-        time.sleep(1)
+        kill_postgres(home)
         pgserver.stop(home)                                               # no "could not send stop signal"
         assert pgserver.start(home) == api                                # the recorded ports, still free
         assert httpx.post(f"{api}/flow_runs/count", json={}, timeout=30).status_code == 200
@@ -42,6 +45,7 @@ def test_a_killed_postgres_is_stopped_and_started_again_and_a_taken_port_is_refu
             pgserver.start(other, port=port, pg_port=free_port())
 
 
+@pytest.mark.unit
 def test_without_ports_a_server_takes_the_recorded_one_else_the_default_else_a_free_one(tmp_path):
     record = tmp_path / "prefect-server.port"
     with socket.socket() as taken:

@@ -6,7 +6,11 @@ import inspect
 import subprocess
 import sys
 
+import pytest
+
 import prefect_rollouts as vf
+
+pytestmark = pytest.mark.unit
 
 SEED_NAMES = {
     "make_agent", "Agent", "Interaction", "AgentConfig", "ClientConfig", "SamplingConfig", "HarnessConfig",

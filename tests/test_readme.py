@@ -17,6 +17,8 @@ from typer.testing import CliRunner
 
 from prefect_rollouts.cli import app
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.DOTALL | re.MULTILINE)

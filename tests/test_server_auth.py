@@ -6,9 +6,6 @@ from __future__ import annotations
 import base64
 import os
 import socket
-import subprocess
-import sys
-import time
 
 import httpx
 import pytest
@@ -16,15 +13,12 @@ from typer.testing import CliRunner
 
 from prefect_rollouts import pgserver
 from prefect_rollouts.cli import app
-from tests.pg_api import server_home
+from tests.support.ports import free_port
+from tests.support.servers import server_home
+from tests.support.waiting import wait_until
+from tests.support.workers import Worker, run_prefect, worker_names
 
 SECRET = "s3cret-auth-string-for-the-test-7f2c"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def outside_address() -> str:
@@ -42,6 +36,7 @@ def home():
         yield path
 
 
+@pytest.mark.unit
 def test_a_server_beyond_loopback_without_an_auth_string_does_not_start(home, monkeypatch):
     monkeypatch.delenv(pgserver.AUTH_ENV, raising=False)
     result = CliRunner().invoke(app, ["server", "start", "--home", str(home), "--host", "0.0.0.0",
@@ -53,6 +48,7 @@ def test_a_server_beyond_loopback_without_an_auth_string_does_not_start(home, mo
     assert not (home / "pgdata").exists() and not (home / "prefect-server.pid").exists()
 
 
+@pytest.mark.unit
 def test_loopback_needs_no_auth_string():
     pgserver.check_host("127.0.0.1", {})
     pgserver.check_host("::1", {})
@@ -60,6 +56,7 @@ def test_loopback_needs_no_auth_string():
         pgserver.check_host("10.1.2.3", {pgserver.AUTH_ENV: "  "})
 
 
+@pytest.mark.system
 def test_only_requests_with_the_auth_string_are_served_and_postgres_stays_on_loopback(home, monkeypatch, tmp_path):
     monkeypatch.setenv(pgserver.AUTH_ENV, SECRET)
     port, pg_port, address = free_port(), free_port(), outside_address()
@@ -80,23 +77,17 @@ def test_only_requests_with_the_auth_string_are_served_and_postgres_stays_on_loo
     env = {**os.environ, "PREFECT_API_URL": api, "DO_NOT_TRACK": "1", "PREFECT_HOME": str(tmp_path / "client"),
            "PREFECT_CLIENT_MAX_RETRIES": "0"}
     env.pop(pgserver.AUTH_ENV)
-    refused = prefect("work-pool", "create", "rollouts", "--type", "process", env=env)
+    refused = run_prefect("work-pool", "create", "rollouts", "--type", "process", env=env)
     assert refused.returncode != 0 and "401" in refused.stdout + refused.stderr
     env["PREFECT_API_AUTH_STRING"] = SECRET
-    assert prefect("work-pool", "create", "rollouts", "--type", "process", env=env).returncode == 0
+    assert run_prefect("work-pool", "create", "rollouts", "--type", "process", env=env).returncode == 0
 
-    worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", "rollouts",
-                               "--name", "auth-test-worker"], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    worker = Worker(api, "rollouts", "auth-test-worker", None, tmp_path / "worker.log", env=env)
     try:
-        deadline, workers = time.monotonic() + 90, []
-        with httpx.Client(timeout=30, headers=good) as http:
-            while time.monotonic() < deadline and not workers:
-                time.sleep(1)
-                workers = [w["name"] for w in http.post(f"{api}/work_pools/rollouts/workers/filter", json={}).json()]
+        workers = wait_until(lambda: worker_names(api, "rollouts", status=None, headers=good), timeout_s=90)
     finally:
-        worker.terminate()
-        output = worker.communicate(timeout=30)[0]
+        worker.stop()
+    output = worker.output()
     assert workers == ["auth-test-worker"], output                                 # the worker polled, and was served
 
     with pytest.raises(OSError):                                                   # PostgreSQL: loopback only
@@ -104,8 +95,3 @@ def test_only_requests_with_the_auth_string_are_served_and_postgres_stays_on_loo
     socket.create_connection(("127.0.0.1", pg_port), timeout=5).close()
     log = (home / "prefect-server.log").read_text(errors="replace")
     assert SECRET not in started.output + log + output
-
-
-def prefect(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "prefect", *args], env=env, capture_output=True, text=True,
-                          timeout=120)

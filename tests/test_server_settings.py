@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from prefect_rollouts.pgserver import SERVER_SETTINGS, server_env
+
+pytestmark = pytest.mark.unit
 
 
 def test_server_settings_are_added_and_the_users_own_win():

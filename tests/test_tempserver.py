@@ -10,9 +10,12 @@ import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply
+
+pytestmark = pytest.mark.prefect
 
 
 def eval_config(tmp_path: Path, base_url: str, count: int) -> Path:
@@ -121,7 +124,7 @@ def test_the_temporary_server_takes_the_port_its_variable_names_and_refuses_a_ta
     from prefect_rollouts.errors import ConfigError, RuntimeUnavailableError
     from prefect_rollouts.pgserver import healthy
     from prefect_rollouts.tempserver import PORT_ENV, TemporaryServer
-    from tests.pg_api import free_port
+    from tests.support.ports import free_port
 
     port = free_port()
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect-home"))

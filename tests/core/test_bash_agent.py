@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import os
-import socket
 import subprocess
 import sys
 from importlib import resources
@@ -14,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.openai_server import echo_header, reply, secret_fragments, status, tool_call, tool_calls
+from tests.support.ports import free_port
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.unit
 
 SCRIPT = resources.files("prefect_rollouts.harnesses") / "programs" / "bash_agent.py"
 KEY = "sk-QzX9wV7uPp3LmN8k"
@@ -135,9 +135,7 @@ def test_a_server_error_exits_2_with_status_and_message(openai_server, tmp_path)
 
 
 def test_a_refused_connection_exits_2_naming_the_url(tmp_path):
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        base_url = f"http://127.0.0.1:{probe.getsockname()[1]}/v1"
+    base_url = f"http://127.0.0.1:{free_port()}/v1"   # a port nothing listens on
     done = run_agent(base_url, tmp_path)
     assert done.returncode == 2
     assert done.stderr.startswith(f"bash_agent: POST {base_url}/chat/completions failed: ")

@@ -14,6 +14,8 @@ from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.config.eval import load_eval_config
 from prefect_rollouts.evals.plan import plan_rollouts
 
+pytestmark = pytest.mark.unit
+
 BASE = '[env.taskset]\nid = "arithmetic"\ncount = {count}\n[env.agent]\nmodel = "m"\n'
 
 

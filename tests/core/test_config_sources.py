@@ -8,7 +8,10 @@ from prefect_rollouts.config.eval import EvalConfig
 from prefect_rollouts.config.sources import Source, merge, set_source, toml_source, validate_sources
 from prefect_rollouts.errors import ConfigError
 
-TOML = '[env.taskset]\nid = "arithmetic"\ncount = 5\n[env.agent]\nmodel = "m"\n[env.agent.sampling]\ntemperature = 0.5\n'
+TOML = ('[env.taskset]\nid = "arithmetic"\ncount = 5\n[env.agent]\nmodel = "m"\n'
+        '[env.agent.sampling]\ntemperature = 0.5\n')
+
+pytestmark = pytest.mark.unit
 
 
 def test_later_sources_win_key_by_key_and_tables_merge():

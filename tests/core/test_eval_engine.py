@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 
 import pytest
 
-from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.config.eval import load_eval_config
+from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.evals.engine import inline_runner, progress_listener, run_rollouts
 from prefect_rollouts.evals.prepare import load_eval, prepare_eval
 from prefect_rollouts.traces import read_rollouts
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.unit
 
 
 def says_its_number(request):
@@ -49,8 +51,8 @@ async def test_a_stop_from_beside_ends_the_work_and_keeps_the_finished_rows(tmp_
     prepared = prepare_eval(config, run_id="stopped", resume=False)
 
     async def stop_after_two(run_state, stop):   # the Prefect layer's outage watch stops the work this way
-        while len(run_state.writer.durable) + run_state.writer.pending < 2:
-            await asyncio.sleep(0.01)
+        assert await wait_for(lambda: len(run_state.writer.durable) + run_state.writer.pending >= 2,
+                              timeout_s=8, interval_s=0.01)
         stop()
     run_state, complete = await run(prepared, concurrency=2, beside=stop_after_two)
     assert not complete

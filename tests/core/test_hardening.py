@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import threading
 
 import pytest
 
@@ -11,6 +11,8 @@ from prefect_rollouts.config.redact import redact_agent_config
 from prefect_rollouts.model import ModelClient
 from prefect_rollouts.runtimes import make_runtime
 from tests.fakes.openai_server import delayed, reply, status, tool_call
+
+pytestmark = pytest.mark.unit
 
 
 @pytest.fixture
@@ -22,9 +24,8 @@ async def runtime():
 
 
 async def test_a_background_job_neither_hangs_the_command_nor_outlives_it(runtime):
-    started = time.perf_counter()
     result = await runtime.exec("sleep 31.25 & echo started")   # a duration no other test's process has (pgrep
-    assert (result.exit_code, result.stdout) == (0, "started\n") and time.perf_counter() - started < 3
+    assert (result.exit_code, result.stdout, result.timed_out) == (0, "started\n", False)   # not held to 5 s
     survivors = await runtime.exec("pgrep -f 'slee[p] 31.25' || true")   # sees the whole host, containers too)
     assert survivors.stdout == ""
 
@@ -54,11 +55,9 @@ async def test_artifacts_follow_links_inside_the_workspace_and_drop_links_leavin
 
 
 async def test_the_artifact_cap_is_checked_before_anything_is_read(runtime):
-    await runtime.exec("truncate -s 2G big.bin")
-    started = time.perf_counter()
+    await runtime.exec("truncate -s 200G big.bin")   # sparse: reading it would take minutes, past the tier's timeout
     with pytest.raises(vf.TaskError, match="exceed artifact_max_bytes"):
         await runtime.collect_artifacts(["big.bin"])
-    assert time.perf_counter() - started < 2
 
 
 async def test_a_key_with_a_trailing_newline_is_stripped_and_never_echoed(openai_server, monkeypatch):
@@ -167,17 +166,22 @@ async def test_a_slow_tool_times_out_with_an_error_for_the_model_and_does_not_bl
         def tools(self):
             def nap() -> str:
                 """Sleep (a blocking call)."""
-                time.sleep(1.0)
+                release.wait(10)
+                rested.set()
                 return "rested"
             return [nap]
 
+    release, rested = threading.Event(), threading.Event()
+
     openai_server.play([tool_call("nap"), reply("done")])
     config = agent_config(harness=vf.HarnessConfig(runtime_tools=[], tool_timeout_s=0.2))
-    async with vf.make_agent(config) as agent:
-        started = time.perf_counter()
-        trace = await agent.run(Slow(vf.TaskData(prompt="x")))
+    try:
+        async with vf.make_agent(config) as agent:
+            trace = await agent.run(Slow(vf.TaskData(prompt="x")))
+        assert not rested.is_set(), "the rollout waited for the blocking tool"
+    finally:
+        release.set()
     assert trace.tool_calls[0].is_error and "did not finish within 0.2 s" in trace.tool_calls[0].output
-    assert time.perf_counter() - started < 0.9
 
 
 async def test_an_interaction_cannot_be_entered_twice(openai_server, agent_config):

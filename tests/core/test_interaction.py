@@ -9,6 +9,8 @@ import pytest
 import prefect_rollouts as vf
 from tests.fakes.openai_server import delayed, reply, tool_call
 
+pytestmark = pytest.mark.unit
+
 
 class Echo(vf.Task):
     @vf.reward
@@ -98,14 +100,14 @@ async def test_two_queued_sends_are_delivered_together_in_order_at_the_next_turn
 
 
 async def test_steer_lands_between_a_tool_call_and_the_next_model_call(openai_server, agent_config):
-    started = asyncio.Event()
+    started, steered = asyncio.Event(), asyncio.Event()
 
     class Slow(vf.Task):
         def tools(self):
             async def wait() -> str:
-                """Wait a moment."""
+                """Wait until the test has steered."""
                 started.set()
-                await asyncio.sleep(0.2)
+                await asyncio.wait_for(steered.wait(), timeout=5)
                 return "waited"
             return [wait]
 
@@ -115,6 +117,7 @@ async def test_steer_lands_between_a_tool_call_and_the_next_model_call(openai_se
             opening = asyncio.create_task(interaction.turn())
             await started.wait()
             receipt = await interaction.send("use the fast path", mode="steer", message_id="s1")
+            steered.set()
             segment = await opening
     assert receipt.accepted and receipt.mode == "steer"
     roles = [(m["role"], m.get("content")) for m in openai_server.requests[1].messages]

@@ -4,13 +4,15 @@ scoring errors, plugins by import path, bookkeeping on the trace and in Parquet 
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 
 import prefect_rollouts as vf
 from prefect_rollouts.traces.schema import rollout_row
 from tests.fakes.openai_server import reply, status
+from tests.support.ports import free_port
+
+pytestmark = pytest.mark.unit
 
 JUDGE_USAGE = {"prompt_tokens": 40, "completion_tokens": 2, "total_tokens": 42}
 
@@ -105,9 +107,7 @@ async def test_an_unparseable_verdict_is_a_scoring_error_never_zero(openai_serve
 
 
 async def test_an_unreachable_judge_endpoint_is_a_scoring_error(openai_server, agent_config):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]                                 # closed once the block ends
+    port = free_port()   # nothing listens on it
     client = vf.ClientConfig(base_url=f"http://127.0.0.1:{port}/v1", api_key_env="",
                              retries=vf.RetryConfig(max_retries=1, backoff_s=0.01))
     scoring = vf.ScoringConfig(judges=[vf.ReferenceJudgeConfig(model="judge", client=client)])

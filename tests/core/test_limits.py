@@ -14,6 +14,8 @@ from prefect_rollouts.config.eval import LimitsConfig
 from prefect_rollouts.model.client import ModelClient
 from tests.fakes.openai_server import delayed, reply
 
+pytestmark = pytest.mark.unit
+
 BODY = {"model": "scripted", "messages": [{"role": "user", "content": "hi"}]}
 
 

@@ -22,6 +22,7 @@ CALLED = [*ASKED, {"role": "assistant", "content": "", "tool_calls": [
     {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}]
 
 
+@pytest.mark.unit
 def test_tool_results_become_user_messages_and_tools_get_a_system_message():
     prepared = prepare_messages([*CALLED, {"role": "tool", "tool_call_id": "c1", "content": "sunny"}], TOOLS)
     assert prepared[0] == {"role": "system", "content": ""}
@@ -29,6 +30,7 @@ def test_tool_results_become_user_messages_and_tools_get_a_system_message():
     assert prepare_messages(ASKED, None) == ASKED                       # no tools: nothing added
 
 
+@pytest.mark.unit
 def test_parts_missing_content_and_several_system_messages_are_made_renderable():
     prepared = prepare_messages([
         {"role": "developer", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "a"}, "b"]},
@@ -53,6 +55,7 @@ async def prompt_tokens(url: str, messages: list, **body) -> int:
     return response.json()["usage"]["prompt_tokens"]
 
 
+@pytest.mark.system
 async def test_the_model_sees_tools_tool_results_and_unescaped_text(smollm2):
     bare = await prompt_tokens(smollm2, ASKED)
     assert await prompt_tokens(smollm2, ASKED, tools=TOOLS) > bare + 100        # the schema is in the prompt
@@ -71,6 +74,7 @@ def tmpdir_for_logs(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.system
 async def test_traces_record_the_local_servers_address_and_a_normal_stop_deletes_its_log(tmpdir_for_logs):
     config = vf.AgentConfig(model="local/smollm2", orchestrator="inline", harness="chat", max_turn_tokens=4)
     async with vf.make_agent(config) as agent:
@@ -84,6 +88,7 @@ async def test_traces_record_the_local_servers_address_and_a_normal_stop_deletes
     assert list(tmpdir_for_logs.iterdir()) == []
 
 
+@pytest.mark.system
 async def test_a_server_that_exited_on_its_own_keeps_its_log_and_names_it(tmpdir_for_logs, caplog):
     server = LocalModelServer("local/smollm2")
     await server.start()
@@ -94,6 +99,7 @@ async def test_a_server_that_exited_on_its_own_keeps_its_log_and_names_it(tmpdir
     assert f"exited with code -9 before it was stopped; see {server.log_path}" in caplog.text
 
 
+@pytest.mark.system
 async def test_a_server_that_cannot_start_keeps_its_log_and_names_it(tmpdir_for_logs):
     bad = tmpdir_for_logs / "bad.gguf"
     bad.write_bytes(b"not a gguf file")

@@ -13,7 +13,7 @@ import pytest
 import prefect_rollouts as vf
 from tests.fakes.openai_server import reply, status, tool_call
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.unit
 
 KEY = "sk-provider-KEY-7f3a9c1e5b2d"
 

@@ -14,8 +14,10 @@ import prefect_rollouts as vf
 from prefect_rollouts.harnesses.endpoint import InterceptionEndpoint
 from tests.core.test_program_harness import KEY, Said, program
 from tests.fakes.openai_server import reply, status
+from tests.support.waiting import wait_for
+from tests.support.workers import descendants
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.unit
 
 POST = """
     import json, os, urllib.request, urllib.error
@@ -120,11 +122,10 @@ async def test_the_launcher_kills_the_program_when_its_endpoint_dies():
         sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)",
         env={**os.environ, "OPENAI_API_KEY": session.secret}, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, start_new_session=True)
-    await asyncio.sleep(1.0)
+    assert await wait_for(lambda: descendants(proc.pid), timeout_s=5), "the launcher started no program"
     server = endpoint._server
     assert server is not None
     server.should_exit = True   # stop listening but leave the directory, as a killed process does
-    await asyncio.sleep(0.5)
     try:
         _, err = await asyncio.wait_for(proc.communicate(), timeout=15)
     finally:

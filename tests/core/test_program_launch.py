@@ -10,7 +10,7 @@ import pytest
 
 from prefect_rollouts.harnesses.endpoint import InterceptionEndpoint
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.unit
 
 
 async def test_a_launch_with_an_unknown_secret_exits_naming_the_refusal():

@@ -15,6 +15,8 @@ from prefect_rollouts.rollout import StagePolicy, stage_policies
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import reply
 
+pytestmark = pytest.mark.unit
+
 TASKSET = "tests.prefect.tasksets:numbered"
 
 

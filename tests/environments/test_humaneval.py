@@ -11,6 +11,8 @@ import prefect_rollouts as vf
 from prefect_rollouts.environments.humaneval import STDERR_LINES, load
 from tests.fakes.openai_server import reply
 
+pytestmark = pytest.mark.unit
+
 
 def passes(task, reply: str) -> bool:
     info = task.data.info

@@ -11,7 +11,17 @@ import httpx
 import pytest
 
 from tests.fakes.openai_server import (
-    RecordedRequest, ScriptedOpenAIServer, delayed, malformed, reply, status, tool_call, tool_calls)
+    RecordedRequest,
+    ScriptedOpenAIServer,
+    delayed,
+    malformed,
+    reply,
+    status,
+    tool_call,
+    tool_calls,
+)
+
+pytestmark = pytest.mark.unit
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
 

@@ -20,6 +20,8 @@ from prefect_rollouts.trace import ErrorRecord, ModelCall
 from prefect_rollouts.traces import TraceWriter
 from prefect_rollouts.traces.schema import ROLLOUTS
 
+pytestmark = pytest.mark.unit
+
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 NOTEBOOK = NOTEBOOKS / "traces.ipynb"
 T0 = 1_800_000_000.0

@@ -19,15 +19,25 @@ def numbered(count: int = 10) -> list[Numbered]:
     return [Numbered(vf.TaskData(id=f"n{i}", prompt=f"task {i}: say {i}", answer=str(i))) for i in range(count)]
 
 
-BLOCKING_RELEASE = threading.Event()
-"""Releases the blocked reward of the ``blocking`` taskset (a test sets it when it ends)."""
+class Gate:
+    """Holds the blocked reward of the ``blocking`` taskset until ``release`` is set (a test sets it when it
+    ends); ``returned`` is set when that reward came back: an eval that ended before did not wait for it."""
+
+    def __init__(self) -> None:
+        self.release, self.returned = threading.Event(), threading.Event()
+
+
+BLOCKING_GATE = Gate()
+"""The gate of the test that runs (each test puts in its own: a reward released late sets only its own)."""
 
 
 class Blocking(Numbered):
     @vf.reward
     def correct(self, trace: vf.Trace) -> float:
         if self.data.id == "n0":
-            BLOCKING_RELEASE.wait(120)   # like time.sleep(120): a sync reward that blocks
+            gate = BLOCKING_GATE
+            gate.release.wait(120)   # like time.sleep(120): a sync reward that blocks
+            gate.returned.set()
         return float(trace.last_reply == self.data.answer)
 
 

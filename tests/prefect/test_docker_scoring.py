@@ -8,7 +8,7 @@ import prefect_rollouts as vf
 from tests.docker.test_docker_runtime import KilledOnce, docker_config, play_solution
 from tests.prefect.test_rollout_flow import task_runs_of
 
-pytestmark = pytest.mark.usefixtures("docker_engine")
+pytestmark = [pytest.mark.system, pytest.mark.usefixtures("docker_engine", "prefect_harness")]
 
 
 async def test_a_killed_scoring_container_shows_as_a_retried_scoring_task_run(openai_server, agent_config):

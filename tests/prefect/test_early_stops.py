@@ -10,7 +10,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections import Counter
 
@@ -25,6 +24,7 @@ from prefect_rollouts.traces import read_rollouts, store
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply
 from tests.prefect.test_failure_states import final_flow_runs
+from tests.support.waiting import wait_until
 
 
 def disk_full_after(rollout_files: int, monkeypatch) -> None:
@@ -40,6 +40,7 @@ def disk_full_after(rollout_files: int, monkeypatch) -> None:
     monkeypatch.setattr(store, "_write_local", write)
 
 
+@pytest.mark.prefect
 def test_a_full_traces_disk_stops_the_eval_at_once_with_the_true_count_and_runs_nothing_twice(
         tmp_path, openai_server, monkeypatch):
     openai_server.default = delayed(0.05, reply("0"))
@@ -66,6 +67,7 @@ def test_a_full_traces_disk_stops_the_eval_at_once_with_the_true_count_and_runs_
         in output
 
 
+@pytest.mark.prefect
 @pytest.mark.parametrize(("signal_number", "exit_code", "reason"), [
     (signal.SIGTERM, 143, "terminated (SIGTERM)"), (signal.SIGINT, 130, "interrupted (Ctrl-C)")])
 def test_sigterm_ends_an_eval_as_ctrl_c_does(tmp_path, openai_server, signal_number, exit_code, reason):
@@ -77,8 +79,9 @@ def test_sigterm_ends_an_eval_as_ctrl_c_does(tmp_path, openai_server, signal_num
     process = subprocess.Popen([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(config), "--run-id", run_id],
                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     rows = tmp_path / "traces" / "rollouts"
-    while process.poll() is None and len(list(rows.rglob("part-*.parquet")) if rows.exists() else []) < 2:
-        time.sleep(0.05)
+    def two_durable_or_ended() -> bool:   # (an eval that ended: the asserts below say how)
+        return process.poll() is not None or len(list(rows.rglob("part-*.parquet")) if rows.exists() else []) >= 2
+    wait_until(two_durable_or_ended, timeout_s=120, interval_s=0.05)
     process.send_signal(signal_number)
     output = " ".join(process.communicate(timeout=120)[0].split())
 
@@ -93,6 +96,8 @@ def test_sigterm_ends_an_eval_as_ctrl_c_does(tmp_path, openai_server, signal_num
     assert flow_run.state.name == "Crashed", flow_run.state     # as Prefect marks a run whose process was stopped
 
 
+@pytest.mark.system
+@pytest.mark.usefixtures("prefect_harness")
 def test_sigterm_removes_the_containers_of_the_rollouts_in_flight(tmp_path, openai_server, docker_engine):
     openai_server.default = delayed(60, reply("0"))
     run_id = f"sigterm-docker-{uuid.uuid4().hex[:6]}"
@@ -105,11 +110,12 @@ def test_sigterm_removes_the_containers_of_the_rollouts_in_flight(tmp_path, open
 
     def of_run() -> list:
         return docker_engine.containers.list(all=True, sparse=True, filters={"label": f"{LABEL}.run_id={run_id}"})
+
+    def started() -> bool:
+        assert process.poll() is None, "the eval exited before it started its containers"
+        return len(of_run()) >= 3
     try:
-        deadline = time.monotonic() + 90
-        while len(of_run()) < 3:
-            assert process.poll() is None and time.monotonic() < deadline, "the eval started no containers"
-            time.sleep(0.2)
+        assert wait_until(started, timeout_s=90), "the eval started no containers"
     finally:
         process.send_signal(signal.SIGTERM)
     output = " ".join(process.communicate(timeout=120)[0].split())

@@ -15,6 +15,8 @@ from prefect_rollouts.traces import read_model_calls, read_rollouts
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import reply, status
 
+pytestmark = pytest.mark.prefect
+
 
 def even_tasks_right_task_9_down(request):
     number = int(re.search(r"task (\d+)", request.messages[-1]["content"]).group(1))

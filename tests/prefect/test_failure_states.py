@@ -7,10 +7,8 @@ import asyncio
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
 from prefect.client.orchestration import get_client
@@ -25,15 +23,11 @@ from prefect_rollouts.flows.eval import run_eval
 from prefect_rollouts.traces import read_model_calls, read_rollouts
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply, status
-from tests.prefect.conftest import wait_for
 from tests.prefect.tasksets import Numbered
+from tests.support.ports import free_port
+from tests.support.waiting import wait_for, wait_until
 
-
-def closed_port() -> int:
-    """A loopback port nobody listens on."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+pytestmark = pytest.mark.prefect
 
 
 def run_cli(config_path, *args: str):
@@ -66,7 +60,7 @@ def eval_run(run_id: str):
 
 
 def test_an_eval_against_an_endpoint_that_is_down_fails_everywhere_and_exits_1(tmp_path):
-    port = closed_port()
+    port = free_port()
     config = tmp_path / "eval.toml"
     config.write_text(eval_toml(tmp_path / "traces", f"http://127.0.0.1:{port}/v1", num_tasks=3,
                                 rollout_granularity="flow"))
@@ -147,7 +141,7 @@ async def test_errored_rollouts_are_failed_task_runs_at_task_and_batch_granulari
 
 
 async def test_agent_run_returns_the_errored_trace_of_its_failed_flow_run(agent_config):
-    port = closed_port()
+    port = free_port()
     client = vf.ClientConfig(base_url=f"http://127.0.0.1:{port}/v1", api_key_env=None,
                              retries=vf.RetryConfig(max_retries=0))
     async with vf.make_agent(agent_config(orchestrator="prefect", client=client)) as agent:
@@ -167,8 +161,9 @@ def test_ctrl_c_prints_how_many_rollouts_are_durable_and_the_resume_command(tmp_
     process = subprocess.Popen([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(config), "--run-id", "ctrl-c"],
                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     rows = tmp_path / "traces" / "rollouts"
-    while process.poll() is None and len(list(rows.rglob("part-*.parquet")) if rows.exists() else []) < 2:
-        time.sleep(0.05)
+    def two_durable_or_ended() -> bool:   # (an eval that ended: the asserts below say how)
+        return process.poll() is not None or len(list(rows.rglob("part-*.parquet")) if rows.exists() else []) >= 2
+    wait_until(two_durable_or_ended, timeout_s=120, interval_s=0.05)
     process.send_signal(signal.SIGINT)
     output = " ".join(process.communicate(timeout=120)[0].split())
     durable = len(read_rollouts(tmp_path / "traces", run_id="ctrl-c"))

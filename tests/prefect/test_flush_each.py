@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,9 @@ from prefect_rollouts.traces import read_rollouts
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply
 from tests.prefect.test_resume_kill import durable_rows
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.prefect
 
 LONG_FLUSH = ("import sys, prefect_rollouts.evals.engine as e; e.FLUSH_INTERVAL_S = 30.0; "
               "from prefect_rollouts.cli import app; sys.argv[0] = 'prefect-rollouts'; app()")
@@ -70,14 +72,12 @@ def test_kill_9_after_scoring_does_not_score_a_finished_rollout_again(tmp_path, 
                                 rollouts_per_task=rollouts_per_task, max_concurrent=total))
     process = run_cli(config, "--run-id", "charged")
     try:
-        deadline = time.monotonic() + 120
-        while len(log.read_text().split()) < 3:
+        def three_scored() -> bool:
             assert process.poll() is None, process.stdout.read().decode()[-3000:]
-            assert time.monotonic() < deadline, "no rollout finished"
-            time.sleep(0.05)
-        deadline = time.monotonic() + 3                  # a row takes milliseconds to write; a batch waits 30 s
-        while durable_rows(tmp_path / "traces") < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
+            return len(log.read_text().split()) >= 3
+        assert wait_until(three_scored, timeout_s=120, interval_s=0.05), "no rollout finished"
+        # a row takes milliseconds to write; a batch waits 30 s (the test then finds the rows missing)
+        wait_until(lambda: durable_rows(tmp_path / "traces") >= 3, timeout_s=3, interval_s=0.05)
         os.kill(process.pid, signal.SIGKILL)
         process.wait()
     finally:

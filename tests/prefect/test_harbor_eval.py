@@ -18,7 +18,7 @@ from prefect_rollouts.traces import read_rollouts, read_traces
 from tests.docker.test_harbor_docker import task_dir
 from tests.fakes.openai_server import reply, tool_call
 
-pytestmark = [pytest.mark.usefixtures("docker_engine"), pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.system, pytest.mark.usefixtures("docker_engine", "prefect_harness"), pytest.mark.timeout(900)]
 
 SHIPPED = Path(__file__).parent.parent.parent / "examples" / "harbor-tasks"
 

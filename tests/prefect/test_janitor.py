@@ -10,6 +10,7 @@ import sys
 import time
 import uuid
 
+import pytest
 from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
@@ -21,9 +22,9 @@ from prefect_rollouts.flows.janitor import janitor_flow
 from prefect_rollouts.flows.ownership import OWNER_TAG
 from prefect_rollouts.runtimes.docker import LABEL
 from prefect_rollouts.runtimes.owner import Owner, boot_id, current_owner, process_start
-from tests.fakes.openai_server import delayed, reply
-from tests.prefect.conftest import wait_for
 from tests.eval_toml import eval_toml
+from tests.fakes.openai_server import delayed, reply
+from tests.support.waiting import wait_for
 
 
 @flow
@@ -46,6 +47,8 @@ async def api_url() -> str:
         return str(client.api_url).rstrip("/")
 
 
+@pytest.mark.system
+@pytest.mark.usefixtures("prefect_harness")
 async def test_containers_go_on_a_dead_owner_a_final_run_on_this_api_or_age_only(docker_engine):
     image = vf.RuntimeConfig().image
     finished_id, api, now = await finished_flow(), await api_url(), int(time.time())
@@ -85,6 +88,7 @@ async def test_containers_go_on_a_dead_owner_a_final_run_on_this_api_or_age_only
                 pass
 
 
+@pytest.mark.prefect
 async def test_workspaces_go_on_a_dead_owner_or_age_only(tmp_path):
     dead = tmp_path / f"rollout-{dead_owner()}-abc123"
     live = tmp_path / f"rollout-{current_owner()}-def456"
@@ -98,6 +102,7 @@ async def test_workspaces_go_on_a_dead_owner_or_age_only(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, fresh_unnamed.name])
 
 
+@pytest.mark.prefect
 async def test_running_flow_runs_of_a_dead_process_are_marked_crashed():
     async with get_client() as client:
         flow_id = await client.create_flow(finished_flow)
@@ -112,6 +117,8 @@ async def test_running_flow_runs_of_a_dead_process_are_marked_crashed():
     assert states == {"dead": "CRASHED", "live": "RUNNING", "untagged": "RUNNING"}
 
 
+@pytest.mark.system
+@pytest.mark.usefixtures("prefect_harness")
 async def test_after_kill_9_of_an_eval_the_janitor_reaps_its_containers_and_crashes_its_flow_runs(
         tmp_path, openai_server, docker_engine):
     openai_server.default = delayed(60, reply("0"))
@@ -129,11 +136,12 @@ async def test_after_kill_9_of_an_eval_the_janitor_reaps_its_containers_and_cras
     def of_process() -> list:
         return [c for c in docker_engine.containers.list(all=True, sparse=True, filters={"label": LABEL})
                 if (Owner.parse(c.attrs["Labels"].get(owner_label)) or Owner("", "", 0, 0)).pid == process.pid]
+
+    def started() -> bool:
+        assert process.poll() is None, "the eval exited before it started its containers"
+        return len(of_process()) >= 3
     try:
-        deadline = time.monotonic() + 90
-        while len(of_process()) < 3:
-            assert process.poll() is None and time.monotonic() < deadline, "the eval started no containers"
-            time.sleep(0.2)
+        assert await wait_for(started, timeout_s=90), "the eval started no containers"
     finally:
         os.kill(process.pid, signal.SIGKILL)
         process.wait()
@@ -151,6 +159,7 @@ async def test_after_kill_9_of_an_eval_the_janitor_reaps_its_containers_and_cras
 
 
 
+@pytest.mark.prefect
 async def test_a_rollout_flow_run_names_its_owner_and_its_task_runs_carry_no_tag(openai_server, agent_config):
     from tests.prefect.test_rollout_flow import task_runs_of
 
@@ -164,6 +173,8 @@ async def test_a_rollout_flow_run_names_its_owner_and_its_task_runs_carry_no_tag
     assert len(runs) == 4 and [r.tags for r in runs] == [[]] * 4   # a tag costs an API call per task run
 
 
+@pytest.mark.system
+@pytest.mark.usefixtures("prefect_harness")
 async def test_after_kill_9_of_an_eval_of_a_program_no_program_runs_on_and_the_janitor_leaves_nothing(
         tmp_path, openai_server, docker_engine):
     import glob
@@ -192,11 +203,11 @@ async def test_after_kill_9_of_an_eval_of_a_program_no_program_runs_on_and_the_j
         probe = ("for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done "
                  "| grep -c -e '^python3 -I [^ ]*/bash_agent.py' -e '^sleep 600'")
         return int(container.exec_run(["sh", "-c", probe]).output.decode().strip() or 0)
+    def launched() -> bool:
+        assert process.poll() is None, "the eval exited before it launched its programs"
+        return len(of_process()) >= 2 and all(running(c) == 2 for c in of_process())
     try:
-        deadline = time.monotonic() + 90
-        while len(of_process()) < 2 or not all(running(c) == 2 for c in of_process()):
-            assert process.poll() is None and time.monotonic() < deadline, "the eval launched no programs"
-            time.sleep(0.3)
+        assert await wait_for(launched, timeout_s=90, interval_s=0.3), "the eval launched no programs"
     finally:
         os.kill(process.pid, signal.SIGKILL)
         process.wait()
@@ -205,9 +216,7 @@ async def test_after_kill_9_of_an_eval_of_a_program_no_program_runs_on_and_the_j
     endpoints = glob.glob(os.path.join(tempfile.gettempdir(), f"rollout-{owner}-*.endpoint"))
     assert len(containers) == 2 and len(endpoints) == 1   # left behind by the kill
     # the launchers see their endpoint gone and kill the programs (two misses, 2 s apart)
-    deadline = time.monotonic() + 20
-    while any(running(c) for c in containers):
-        assert time.monotonic() < deadline, "a program outlived its killed agent"
-        time.sleep(0.5)
+    assert await wait_for(lambda: not any(running(c) for c in containers), timeout_s=20, interval_s=0.5), \
+        "a program outlived its killed agent"
     await janitor_flow(max_age_minutes=180)
     assert of_process() == [] and not any(os.path.exists(path) for path in endpoints)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 import prefect_rollouts as vf
 from prefect_rollouts.blocks import ModelEndpoint
 from tests.fakes.openai_server import reply
 from tests.prefect.test_rollout_flow import task_runs_of
+
+pytestmark = pytest.mark.prefect
 
 JUDGE_KEY = "sk-judge-secret-4242"
 

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import socket
+import pytest
 
 from prefect_rollouts.flows.launch import launch_flow
 from prefect_rollouts.launch_form import AdvancedSettings, ArithmeticTaskset, LaunchForm
+from tests.support.ports import free_port
+
+pytestmark = pytest.mark.prefect
 
 
 def refused_url() -> str:
-    with socket.socket() as sock:   # a port nothing listens on once the socket is closed
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    return f"http://127.0.0.1:{free_port()}/v1"   # a port nothing listens on
 
 
 async def test_a_launch_whose_rollouts_all_error_is_failed_with_the_evals_message(tmp_path):

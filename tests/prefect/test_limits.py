@@ -30,6 +30,7 @@ async def read_limit(name: str):
         return await client.read_global_concurrency_limit_by_name(name)
 
 
+@pytest.mark.prefect
 async def test_an_endpoint_limit_of_2_holds_requests_in_flight_to_2_at_concurrency_8(tmp_path, openai_server):
     openai_server.default = delayed(0.1, reply("ok"))
     name = f"model-requests-test-{uuid.uuid4().hex[:8]}"
@@ -44,6 +45,7 @@ async def test_an_endpoint_limit_of_2_holds_requests_in_flight_to_2_at_concurren
     assert (limit.limit, limit.active_slots, limit.active) == (2, 0, True)
 
 
+@pytest.mark.prefect
 async def test_without_limits_the_same_eval_has_more_requests_in_flight(tmp_path, openai_server):
     openai_server.default = delayed(0.1, reply("ok"))
     await eval_flow(load_eval_config(eval_toml(tmp_path, openai_server.base_url, max_concurrent=8, num_tasks=10)),
@@ -51,6 +53,7 @@ async def test_without_limits_the_same_eval_has_more_requests_in_flight(tmp_path
     assert openai_server.max_in_flight > 2
 
 
+@pytest.mark.prefect
 async def test_the_default_limit_name_comes_from_the_endpoint_and_an_existing_size_is_kept(
         tmp_path, openai_server, caplog):
     openai_server.default = delayed(0.05, reply("ok"))
@@ -67,11 +70,14 @@ async def test_the_default_limit_name_comes_from_the_endpoint_and_an_existing_si
     assert f"prefect gcl update {name!r} --limit 2" in caplog.text   # ... but the difference is said
 
 
+@pytest.mark.unit
 def test_a_limit_name_prefect_refuses_is_a_config_error(tmp_path, openai_server):
     with pytest.raises(ConfigError, match=r"\[limits\] containers_name = 'a/b': .*cannot hold /"):
         load_eval_config(limited_toml(tmp_path, openai_server.base_url, 'containers = 2\ncontainers_name = "a/b"'))
 
 
+@pytest.mark.system
+@pytest.mark.usefixtures("prefect_harness")
 @pytest.mark.usefixtures("docker_engine")
 async def test_a_container_limit_of_2_holds_containers_alive_to_2(tmp_path, openai_server, docker_engine):
     openai_server.default = delayed(0.2, reply("ok"))

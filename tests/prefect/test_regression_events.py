@@ -12,7 +12,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -34,17 +33,10 @@ from prefect_rollouts.flows.keys import variable_name
 from prefect_rollouts.traces import EvalSummary
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import reply
-from tests.pg_api import pg_api_server
+from tests.support.waiting import stays_false, wait_until
 
-pytestmark = pytest.mark.timeout(900)
 REPO = Path(__file__).resolve().parents[2]
 TASKS = 40
-
-
-@pytest.fixture(scope="module")
-def pg_api():
-    with pg_api_server() as api_url:
-        yield api_url
 
 
 @pytest.fixture
@@ -105,13 +97,8 @@ def events(api_url: str) -> list[dict[str, Any]]:
     return response.json()["events"]
 
 
-def wait_until(predicate, timeout_s: float = 90.0):
-    deadline = time.monotonic() + timeout_s
-    while not (value := predicate()) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    return value
-
-
+@pytest.mark.system
+@pytest.mark.timeout(900)
 def test_a_worse_run_emits_regressed_the_automation_notifies_and_the_baseline_stays(pg_api, openai_server, tmp_path,
                                                                                     webhook):
     url, received = webhook
@@ -142,7 +129,7 @@ def test_a_worse_run_emits_regressed_the_automation_notifies_and_the_baseline_st
                                     "same: prefect-rollouts traces baseline set regress-2")
     assert asyncio.run(Variable.aget(variable_name("regress"))) == "regress-1", "a regressed run does not replace it"
 
-    feed = wait_until(lambda: events(pg_api))
+    feed = wait_until(lambda: events(pg_api), timeout_s=90)
     assert [e["event"] for e in feed] == [REGRESSED], "one environment, one event; nothing improved"
     payload, resource = feed[0]["payload"], feed[0]["resource"]
     assert (payload["run_id"], payload["baseline_run_id"]) == ("regress-2", "regress-1")
@@ -152,7 +139,7 @@ def test_a_worse_run_emits_regressed_the_automation_notifies_and_the_baseline_st
     assert any(r["prefect.resource.role"] == "flow-run" for r in feed[0]["related"]), "the eval flow run is named"
     assert payload["n_flipped_to_fail"] == 14 and len(payload["flipped_to_fail"]) == 14
 
-    notified = wait_until(lambda: received)
+    notified = wait_until(lambda: received, timeout_s=90)
     assert notified, "the automation sent the webhook block a message"
     assert "tests.prefect.tasksets:numbered regressed in regress" in notified[0]["subject"]
     body = notified[0]["body"]
@@ -173,9 +160,8 @@ def test_a_worse_run_emits_regressed_the_automation_notifies_and_the_baseline_st
     third = run(tmp_path, openai_server, "regress-3", wrong_every=None)           # back to right: improved
     assert third.baseline == "regress-2" and "improved" in third.against_baseline[0]
     assert third.baseline_moved and third.baseline_note == "this run is now the baseline (it was regress-2)"
-    assert wait_until(lambda: IMPROVED in [e["event"] for e in events(pg_api)])
-    time.sleep(3)
-    assert len(received) == 1, "the automation is on regressions only"
+    assert wait_until(lambda: IMPROVED in [e["event"] for e in events(pg_api)], timeout_s=90)
+    assert stays_false(lambda: len(received) > 1, for_s=3), "the automation is on regressions only"
 
     toml = tmp_path / "eval.toml"                                                 # the CLI, for a cron job
     openai_server.default = answers(2)
@@ -193,6 +179,8 @@ def test_a_worse_run_emits_regressed_the_automation_notifies_and_the_baseline_st
     assert asyncio.run(Variable.aget(variable_name("regress"))) == "regress-3", "a smaller run does not replace it"
 
 
+@pytest.mark.system
+@pytest.mark.timeout(900)
 def test_the_baseline_command_finds_the_series_of_a_run_and_lists_baselines(pg_api, openai_server, tmp_path):
     run(tmp_path, openai_server, "series-1", wrong_every=None, run_name="series-x")
     run(tmp_path, openai_server, "series-2", wrong_every=None, run_name="series-x")
@@ -207,6 +195,7 @@ def test_the_baseline_command_finds_the_series_of_a_run_and_lists_baselines(pg_a
     assert unknown.exit_code == 2 and "RUN = 'no-such-run': this Prefect server has no eval flow run" in unknown.output
 
 
+@pytest.mark.unit
 def test_a_pinned_baseline_that_the_dataset_lacks_is_a_config_error_before_any_rollout(openai_server, tmp_path):
     toml = tmp_path / "eval.toml"
     toml.write_text(eval_toml(tmp_path / "traces", openai_server.base_url, baseline="nightly-0"))
@@ -216,6 +205,7 @@ def test_a_pinned_baseline_that_the_dataset_lacks_is_a_config_error_before_any_r
     assert openai_server.requests == []
 
 
+@pytest.mark.unit
 def test_events_only_where_the_interval_excludes_zero():
     import pandas as pd
 
@@ -237,6 +227,7 @@ def test_events_only_where_the_interval_excludes_zero():
     assert len(regressed["payload"]["flipped_to_fail"]) == 20
 
 
+@pytest.mark.unit
 def test_series_names_map_to_distinct_valid_variable_and_artifact_names():
     from prefect.client.schemas.actions import VariableCreate
     from prefect.types.names import ArtifactKey
@@ -255,6 +246,7 @@ def test_series_names_map_to_distinct_valid_variable_and_artifact_names():
         assert len(variable) <= 255 and len(key) <= 100
 
 
+@pytest.mark.unit
 def test_a_run_that_did_not_score_every_rollout_of_the_baseline_does_not_replace_it():
     import pandas as pd
 
@@ -272,6 +264,7 @@ def test_a_run_that_did_not_score_every_rollout_of_the_baseline_does_not_replace
     assert not replaces_baseline(compare(baseline, rows([1.0] * 9 + [None])))        # one errored
 
 
+@pytest.mark.unit
 async def test_a_comparison_that_fails_is_a_note_not_the_run_s_failure(tmp_path):
     from prefect_rollouts.evals.baseline import Baseline
     from prefect_rollouts.flows.baseline import finish_with_baseline
@@ -285,6 +278,7 @@ async def test_a_comparison_that_fails_is_a_note_not_the_run_s_failure(tmp_path)
     assert summary.baseline_note.startswith("no comparison with gone: ")
 
 
+@pytest.mark.prefect
 async def test_a_regressed_or_failed_run_does_not_replace_the_baseline_and_the_summary_says_so(tmp_path):
     from prefect_rollouts.evals.baseline import Baseline
     from prefect_rollouts.flows.baseline import finish_with_baseline

@@ -9,11 +9,14 @@ import sys
 import time
 
 import pyarrow.parquet as pq
+import pytest
 from prefect.settings import PREFECT_API_URL
 
 from prefect_rollouts.traces import read_rollouts
-from tests.fakes.openai_server import delayed, reply
 from tests.eval_toml import eval_toml
+from tests.fakes.openai_server import delayed, reply
+
+pytestmark = pytest.mark.prefect
 
 ROLLOUTS = 24
 

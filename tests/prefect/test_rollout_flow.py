@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
 import prefect_rollouts as vf
 from tests.fakes.openai_server import delayed, reply, status, tool_call
-from tests.prefect.conftest import wait_for
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.prefect
 
 
 class Add(vf.Task):

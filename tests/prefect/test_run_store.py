@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from typer.testing import CliRunner
 
 from prefect_rollouts.blocks import TraceStore, resolve_trace_root
@@ -17,6 +18,8 @@ from tests.eval_toml import eval_toml
 from tests.fakes.object_store import CREDENTIALS
 from tests.fakes.openai_server import reply
 from tests.traces.test_dataset import add, make_trace
+
+pytestmark = pytest.mark.prefect
 
 
 def invoke(*args):

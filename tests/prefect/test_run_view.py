@@ -17,9 +17,16 @@ import sys
 import termios
 
 import pyte
+import pytest
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId, LogFilter
-from prefect.client.schemas.filters import LogFilterFlowRunId
+from prefect.client.schemas.filters import (
+    ArtifactFilter,
+    ArtifactFilterKey,
+    FlowRunFilter,
+    FlowRunFilterId,
+    LogFilter,
+    LogFilterFlowRunId,
+)
 from prefect.settings import PREFECT_API_URL
 
 from prefect_rollouts.config.eval import load_eval_config
@@ -27,7 +34,9 @@ from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.traces import error_text, read_rollouts
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply, status
-from tests.prefect.conftest import wait_for
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.prefect
 
 JUDGE = '[[env.agent.scoring.judges]]\nid = "reference"\nname = "judge"\nmodel = "judge"\n'
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 
+import pytest
 from prefect.client.orchestration import get_client
 
 from prefect_rollouts.errors import ConfigError
@@ -15,6 +16,8 @@ from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.traces import read_rollouts
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import reply
+
+pytestmark = pytest.mark.prefect
 
 RUNTIME_SECRET = "rt-8Kd3Wq7Zp2Lx5Vn"     # no word in them, so any 4 characters found are a leak
 SCORING_SECRET = "sc-4Hm9Tb6Yc1Rj8Gs"

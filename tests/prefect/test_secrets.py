@@ -7,16 +7,19 @@ import json
 import logging
 import re
 
-from prefect.client.orchestration import get_client
 import pyarrow.parquet as pq
+import pytest
+from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
 from prefect_rollouts.blocks import ModelEndpoint
 from prefect_rollouts.config.eval import load_eval_config
 from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.traces import read_rollouts
-from tests.fakes.openai_server import echo_header, reply, secret_fragments, status
 from tests.eval_toml import eval_toml
+from tests.fakes.openai_server import echo_header, reply, secret_fragments, status
+
+pytestmark = pytest.mark.prefect
 
 BLOCK_KEY = "sk-7Hq2Zr9Wm4Xv8Bd"     # no word in them, so any 4 characters found are a leak
 ENV_KEY = "sk-3Jt8Pd6Ky1Nc5Rf"

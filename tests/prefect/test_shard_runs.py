@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from uuid import uuid4
 
+import pytest
 from prefect import flow, get_client
 from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.states import Completed, Crashed
@@ -17,6 +18,7 @@ def stand_in(shard_index: int = 0) -> None:
     """Only its flow runs are made, never run."""
 
 
+@pytest.mark.prefect
 async def test_a_resumed_runs_shards_are_numbered_on_from_its_earlier_shards():
     run_id = f"resumed-{uuid4().hex[:6]}"
     async with get_client() as client:
@@ -29,6 +31,7 @@ async def test_a_resumed_runs_shards_are_numbered_on_from_its_earlier_shards():
         assert await next_shard_index(client, run_id, page=2) == 3     # read page by page
 
 
+@pytest.mark.unit
 def test_a_crashed_shard_is_reported_as_a_dead_process():
     crashed = FlowRun(flow_id=uuid4(), state=Crashed(message="no heartbeat for 30 s"), state_type=StateType.CRASHED,
                       state_name="Crashed")

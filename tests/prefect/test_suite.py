@@ -17,8 +17,6 @@ from prefect_rollouts.traces import durable_keys, read_rollouts
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import reply
 
-pytestmark = pytest.mark.timeout(300)
-
 SUITE = '''
 [[env.tasksets]]
 id = "tests.prefect.tasksets:numbered"
@@ -47,6 +45,7 @@ def right_for_easy_wrong_for_hard(request: Any) -> Any:
     return reply(str(number + (request.body["model"] == "scripted-hard")))
 
 
+@pytest.mark.prefect
 async def test_a_suite_runs_each_environment_with_its_own_tasks_and_agent_and_reports_each_and_all(
         tmp_path, openai_server):
     openai_server.default = right_for_easy_wrong_for_hard
@@ -66,6 +65,7 @@ async def test_a_suite_runs_each_environment_with_its_own_tasks_and_agent_and_re
     assert [row["environment"] for row in summary.table()] == ["easy", "hard", "all"]
 
 
+@pytest.mark.prefect
 async def test_resume_and_shards_key_rollouts_by_environment(tmp_path, openai_server):
     openai_server.default = right_for_easy_wrong_for_hard
     config = suite_config(tmp_path, openai_server.base_url, rollout_granularity="batch", batch_size=2)
@@ -83,6 +83,7 @@ async def test_resume_and_shards_key_rollouts_by_environment(tmp_path, openai_se
     assert summary.rollouts == 9 and len(openai_server.requests) == 9, "the resume ran only the 6 without a row"
 
 
+@pytest.mark.unit
 def test_a_suite_config_is_checked_entry_by_entry(tmp_path):
     base = eval_toml(tmp_path, "http://127.0.0.1:9/v1")
     both = base.replace("[env.agent]", '[[env.tasksets]]\nid = "arithmetic"\n[env.agent]', 1)
@@ -103,6 +104,7 @@ def test_a_suite_config_is_checked_entry_by_entry(tmp_path):
         load_eval_config(bad_agent)
 
 
+@pytest.mark.unit
 def test_a_suite_entry_holds_no_secret_and_names_no_path(tmp_path):
     suite = eval_toml(tmp_path, "http://127.0.0.1:9/v1").replace(
         '[env.taskset]\nid = "tests.prefect.tasksets:numbered"\ncount = 10\n', "")
@@ -123,6 +125,7 @@ def test_a_suite_entry_holds_no_secret_and_names_no_path(tmp_path):
             entry(f'name = "{name}"')
 
 
+@pytest.mark.unit
 def test_a_taskset_error_in_a_suite_names_the_entry(tmp_path):
     from prefect_rollouts.evals.plan import plan_rollouts
 
@@ -135,6 +138,7 @@ def test_a_taskset_error_in_a_suite_names_the_entry(tmp_path):
         plan_rollouts(config)
 
 
+@pytest.mark.prefect
 async def test_traces_show_tells_the_environments_of_one_task_id_apart(tmp_path, openai_server):
     from typer.testing import CliRunner
 

@@ -9,7 +9,8 @@ import prefect_rollouts as vf
 from prefect_rollouts.runtimes import make_runtime
 
 
-@pytest.fixture(params=["local", "docker"])
+@pytest.fixture(params=[pytest.param("local", marks=pytest.mark.unit),
+                        pytest.param("docker", marks=pytest.mark.system)])   # each case, once per tier
 async def runtime(request):
     if request.param == "docker":
         request.getfixturevalue("docker_engine")   # a skip locally without an engine, a failure in CI

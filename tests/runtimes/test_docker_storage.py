@@ -7,6 +7,8 @@ import pytest
 import prefect_rollouts as vf
 from prefect_rollouts.runtimes.docker_storage import full_places, quota_mode, quota_options
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(("driver", "backing", "mode"), [
     ("overlay2", "xfs", "size"), ("btrfs", "btrfs", "size"), ("zfs", "zfs", "size"),

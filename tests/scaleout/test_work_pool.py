@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +17,11 @@ from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.traces import read_rollouts
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply
-from tests.scaleout.conftest import Worker, descendants, raw_keys, wait_until
+from tests.scaleout.conftest import raw_keys
+from tests.support.waiting import wait_until
+from tests.support.workers import PREFECT, Worker, descendants, prefect_env
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(600)]
 
 
 def answer(delay_s: float):
@@ -109,7 +110,8 @@ def test_a_killed_worker_s_shard_is_crashed_and_run_again_on_the_other(work_pool
                      and r.infrastructure_pid), None)
     shard = wait_until(running_shard, timeout_s=120)
     assert shard is not None, "no shard started"
-    time.sleep(3)   # let it write a row or two, so only some of its rollouts run again
+    # until it wrote a row or two, so only some of its rollouts run again
+    assert wait_until(lambda: shard_rows(traces, "killed-worker", shard.id) >= 2, timeout_s=120), "it wrote no row"
     pid = int(str(shard.infrastructure_pid).rsplit(":", 1)[-1])   # "PID" or "HOST:PID"
     victim = next(w for w in workers if pid in descendants(w.process.pid))
     victim.kill()
@@ -128,6 +130,19 @@ def test_a_killed_worker_s_shard_is_crashed_and_run_again_on_the_other(work_pool
     assert len(rerun_rows) > 0 and pid not in set(rerun_rows["worker_pid"])
 
 
+def shard_rows(traces: Path, run_id: str, shard_id: object) -> int:
+    """How many rows of ``run_id`` the shard flow run ``shard_id`` has made durable so far."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    try:
+        table = ds.dataset(traces / "rollouts", format="parquet", partitioning="hive", exclude_invalid_files=True
+                           ).to_table(columns=["shard_flow_run_id"], filter=ds.field("run_id") == run_id)
+    except (OSError, pa.ArrowInvalid):   # no file yet
+        return 0
+    return table["shard_flow_run_id"].to_pylist().count(str(shard_id))
+
+
 def victim_args(worker: Worker, pool: str) -> tuple[str, str, str, int, Path]:
     import os
     return os.environ["PREFECT_API_URL"], pool, worker.name + "-again", 2, worker.log
@@ -139,7 +154,6 @@ def test_cli_dispatches_to_the_pool_and_prints_the_eval_flow_run_url(work_pool, 
     import sys
     import urllib.request
 
-    from tests.scaleout.conftest import prefect_env
 
     pool, _ = work_pool
     openai_server.default = answer(0.0)
@@ -171,7 +185,6 @@ def test_a_resume_after_the_eval_died_cancels_its_live_shards_first(work_pool, p
     import subprocess
     import sys
 
-    from tests.scaleout.conftest import prefect_env
 
     pool, _ = work_pool
     openai_server.default = answer(2.0)   # a shard of 10 takes ~20 s: still running when the eval is resumed
@@ -223,7 +236,6 @@ def test_shards_waiting_on_a_pool_no_worker_polls_are_reported(pg_api, openai_se
     import logging
     import subprocess
 
-    from tests.scaleout.conftest import PREFECT, prefect_env
 
     subprocess.run([PREFECT, "work-pool", "create", "idle", "--type", "process"], env=prefect_env(pg_api),
                    check=True, capture_output=True, timeout=120)

@@ -28,10 +28,12 @@ from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.traces import read_rollouts
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import reply
-from tests.scaleout.conftest import PREFECT, Worker, prefect_env, raw_keys, wait_until
+from tests.scaleout.conftest import raw_keys
 from tests.scaleout.test_work_pool import flow_runs
+from tests.support.waiting import wait_until
+from tests.support.workers import PREFECT, Worker, prefect_env
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(600)]
 
 CRASH_AFTER_S = 60
 
@@ -81,8 +83,8 @@ def run_with_a_dying_shard(api_url: str, pool: str, base_url: str, tmp_path: Pat
     fault.mkdir()
     stopped.mkdir()
     (fault / "sitecustomize.py").write_text(STOP)
-    env = {"PYTHONPATH": f"{fault}:{prefect_env(api_url)['PYTHONPATH']}", "STOP_DIR": str(stopped),
-           "STOP_AT": stop_at}
+    env = {**prefect_env(api_url), "PYTHONPATH": f"{fault}:{prefect_env(api_url)['PYTHONPATH']}",
+           "STOP_DIR": str(stopped), "STOP_AT": stop_at}
     doomed = Worker(api_url, pool, f"doomed-{run_id}", 1, tmp_path / "doomed.log", env=env)
     text = eval_toml(tmp_path / "traces", base_url, rollout_granularity="flow",
                      taskset={"id": "tests.prefect.tasksets:numbered", "count": 6})

@@ -13,7 +13,7 @@ from prefect_rollouts.cli import app
 from prefect_rollouts.traces.by_task import run_task_lines, task_changes
 from tests.traces.test_compare import rollout, write
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.unit
 
 
 def runs(root) -> None:

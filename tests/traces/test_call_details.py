@@ -7,6 +7,7 @@ import json
 import math
 
 import pyarrow as pa
+import pytest
 
 import prefect_rollouts as vf
 from prefect_rollouts.trace import ModelCall
@@ -14,6 +15,8 @@ from prefect_rollouts.traces import TraceWriter, read_model_calls, read_rollouts
 from prefect_rollouts.traces.schema import MODEL_CALLS, ROLLOUTS, model_call_rows, rollout_row
 from prefect_rollouts.traces.writer import write_table
 from tests.fakes.openai_server import reply, status, tool_call
+
+pytestmark = pytest.mark.unit
 
 
 def usage(prompt, completion, cached=None, reasoning=None):

@@ -16,6 +16,8 @@ from prefect_rollouts.traces.store import DatasetRoot, dataset_root
 from prefect_rollouts.traces.writer import write_table
 from tests.traces.test_dataset import add, make_trace
 
+pytestmark = pytest.mark.unit
+
 COLUMNS = ["task_id", "rollout_index", "reward", "is_error", "total_tokens", "trace"]
 
 

@@ -20,6 +20,8 @@ from prefect_rollouts.traces import TraceWriter
 from prefect_rollouts.traces.compare import compare, compare_runs
 from prefect_rollouts.traces.paired_stats import mcnemar_exact
 
+pytestmark = pytest.mark.unit
+
 
 def rollout(task_id: str, reward: float | None, *, latencies=(100.0,), info: dict | None = None,
             skipped: str | None = None) -> vf.Trace:

@@ -11,10 +11,20 @@ import pytest
 
 import prefect_rollouts as vf
 from prefect_rollouts.trace import ErrorRecord, ModelCall
+from prefect_rollouts.traces import (
+    SCHEMA_VERSION,
+    TraceWriter,
+    durable_keys,
+    pass_at_k,
+    read_model_calls,
+    read_rollouts,
+    read_traces,
+    summarize,
+)
 from prefect_rollouts.traces.schema import MODEL_CALLS, model_call_rows
 from prefect_rollouts.traces.writer import write_table
-from prefect_rollouts.traces import (
-    SCHEMA_VERSION, TraceWriter, durable_keys, pass_at_k, read_model_calls, read_rollouts, read_traces, summarize)
+
+pytestmark = pytest.mark.unit
 
 
 def make_trace(task_id: str, reward: float | None, calls: int = 1, **fields) -> vf.Trace:

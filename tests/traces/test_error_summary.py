@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 import prefect_rollouts as vf
 from prefect_rollouts.trace import ErrorRecord
 from prefect_rollouts.traces import TraceWriter, run_failure, summarize_run
+
+pytestmark = pytest.mark.unit
 
 
 def write(root, outcomes: list[tuple[str, str] | float]) -> None:

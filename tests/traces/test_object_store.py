@@ -8,9 +8,18 @@ from typer.testing import CliRunner
 
 from prefect_rollouts.cli import app
 from prefect_rollouts.errors import ConfigError
-from prefect_rollouts.traces import TraceWriter, durable_keys, read_model_calls, read_rollouts, read_traces, summarize_run
+from prefect_rollouts.traces import (
+    TraceWriter,
+    durable_keys,
+    read_model_calls,
+    read_rollouts,
+    read_traces,
+    summarize_run,
+)
 from prefect_rollouts.traces.store import dataset_root
 from tests.traces.test_dataset import add, make_trace
+
+pytestmark = pytest.mark.unit
 
 
 def test_writers_of_one_run_on_two_machines_write_their_own_files_and_readers_see_all_rows(s3_dataset):

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 
 import polars as pl
+import pytest
 
 import prefect_rollouts as vf
 from prefect_rollouts.trace import ModelCall
 from prefect_rollouts.traces import TraceWriter, read_model_calls, read_rollouts
+
+pytestmark = pytest.mark.unit
 
 #: Partition values as text: a run id such as "20261201" would otherwise be read as a number.
 HIVE_SCHEMA = {"date": pl.String, "run_id": pl.String}

@@ -13,6 +13,8 @@ from prefect_rollouts.cli import app
 from prefect_rollouts.trace import ErrorRecord, JudgeCall, ModelCall
 from prefect_rollouts.traces import TraceWriter
 
+pytestmark = pytest.mark.unit
+
 T0 = 1_800_000_000.0   # 2027-01-15 08:00 UTC
 
 

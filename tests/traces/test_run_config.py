@@ -13,6 +13,8 @@ from prefect_rollouts.traces.run_config import RUN_CONFIG_VERSION, read_run_conf
 from prefect_rollouts.traces.store import dataset_root
 from tests.eval_toml import eval_toml
 
+pytestmark = pytest.mark.unit
+
 
 def config(tmp_path, *overrides: str, **top):
     top.setdefault("num_tasks", 12)

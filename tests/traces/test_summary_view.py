@@ -10,6 +10,8 @@ from prefect_rollouts.trace import ErrorRecord
 from prefect_rollouts.traces import TraceWriter, summarize_run
 from prefect_rollouts.traces.summary import outcome_line
 
+pytestmark = pytest.mark.unit
+
 
 def judged(task_id: str, correct: float, judge: float, **fields) -> vf.Trace:
     trace = vf.Trace(task_id=task_id, model="gpt-x", stop_condition="agent_completed", **fields)

@@ -6,9 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import httpx
 import pytest
@@ -21,26 +18,21 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 from prefect_rollouts.environments.bfcl import CATEGORIES
 from prefect_rollouts.traces import read_rollouts
 from tests.fakes.openai_server import reply
+from tests.support.workers import REPO, prefect
 
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.system
+
 PROPERTY = "ancestor::div[contains(concat(' ', normalize-space(@class), ' '), ' schema-form-property ')][1]"
 
 
-def prefect(*args: str, env: dict[str, str], timeout: float = 300) -> str:
-    result = subprocess.run([sys.executable, "-m", "prefect", *args], cwd=REPO, env=env, capture_output=True,
-                            text=True, timeout=timeout)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout
-
-
 @pytest.fixture(scope="module")
-def deployed(prefect_server):
+def deployed(pg_server):
     """deployments/prefect.yaml deployed as the README says; returns (env for prefect commands, nightly-eval)."""
-    env = {**os.environ, "PREFECT_API_URL": prefect_server, "PREFECT_ROLLOUTS_HOME": str(REPO)}
+    env = {**os.environ, "PREFECT_API_URL": pg_server, "PREFECT_ROLLOUTS_HOME": str(REPO)}
     env.pop("PREFECT_HOME", None)
     prefect("work-pool", "create", "local", "--type", "process", env=env)
     prefect("--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml", "--all", env=env)
-    deployment = httpx.get(f"{prefect_server}/deployments/name/launch/nightly-eval", timeout=30).json()
+    deployment = httpx.get(f"{pg_server}/deployments/name/launch/nightly-eval", timeout=30).json()
     return env, deployment
 
 
@@ -90,9 +82,9 @@ class RunForm:
 
 
 def test_the_launch_form_shows_the_taskset_with_its_options_first_and_the_rest_under_advanced(
-        browser, prefect_server, deployed):
+        browser, pg_server, deployed):
     _, deployment = deployed
-    form = RunForm(browser, prefect_server.removesuffix("/api"), deployment["id"])
+    form = RunForm(browser, pg_server.removesuffix("/api"), deployment["id"])
     labels = form.labels()
     assert labels[:labels.index("More tasksets (a suite)") + 1] == [
         "eval", "Taskset", "Name", "Questions", "Seed", "Largest operand", "Model", "Endpoint", "Number of tasks",
@@ -107,10 +99,10 @@ def test_the_launch_form_shows_the_taskset_with_its_options_first_and_the_rest_u
 
 
 def test_a_run_launched_from_the_form_runs_on_a_worker_with_the_values_typed_in(
-        browser, prefect_server, deployed, openai_server, tmp_path):
+        browser, pg_server, deployed, openai_server, tmp_path):
     env, deployment = deployed
     openai_server.default = reply("7")
-    form = RunForm(browser, prefect_server.removesuffix("/api"), deployment["id"])
+    form = RunForm(browser, pg_server.removesuffix("/api"), deployment["id"])
     form.fill("Questions", 5)
     form.fill("Seed", 7)
     form.fill("Largest operand", 9)
@@ -121,7 +113,7 @@ def test_a_run_launched_from_the_form_runs_on_a_worker_with_the_values_typed_in(
     launch_id = form.submit()
     prefect("worker", "start", "--pool", "local", "--run-once", env=env, timeout=600)
 
-    api = httpx.Client(base_url=prefect_server, timeout=30)
+    api = httpx.Client(base_url=pg_server, timeout=30)
     launch = api.get(f"/flow_runs/{launch_id}").json()
     assert launch["state"]["type"] == "COMPLETED", json.dumps(launch["state"])
     [evaluation] = api.post("/flow_runs/filter", json={"flow_runs": {"parent_flow_run_id": {"any_": [launch_id]}}}

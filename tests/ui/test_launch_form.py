@@ -24,6 +24,8 @@ from prefect_rollouts.launch_form import (
     LaunchForm,
 )
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -1,0 +1,43 @@
+"""Test tiers. Every test is exactly one of (markers registered in pyproject.toml):
+
+- ``unit``: no service. No Prefect server, PostgreSQL, Docker, browser or real model; the in-process
+  fakes on loopback (the scripted OpenAI server, moto's S3) and local subprocesses are allowed.
+- ``prefect``: the Prefect test harness (an ephemeral server on SQLite, ``tests/support/harness.py``)
+  or another SQLite-backed Prefect server; nothing of the system tier.
+- ``system``: PostgreSQL-backed Prefect servers, real ``prefect worker`` processes, the browser,
+  Docker, the real SmolLM2 model, installs from PyPI.
+
+A module says its tier with ``pytestmark``; a module whose tests differ marks each test (or each
+parameter). A collected test with no tier or two stops the run before any test runs. Each test runs
+under its tier's timeout unless it sets its own with ``@pytest.mark.timeout`` (or the run gives
+``--timeout``); a test's timeout covers its fixtures' setup and teardown, and a module-scoped fixture
+is torn down in the module's last test, so a mixed module gives its servers function scope.
+scripts/test runs the tiers in this order, each as its own pytest run.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+TIMEOUT_S = {"unit": 10, "prefect": 300, "system": 600}
+"""Seconds per test, setup included: a unit test takes under 5 s here; the harness starts within the
+first prefect test (~60 s on a busy machine); a system test may build images or start servers."""
+
+
+def tiers_of(item: pytest.Item) -> list[str]:
+    return sorted({mark.name for mark in item.iter_markers() if mark.name in TIMEOUT_S})
+
+
+@pytest.hookimpl(tryfirst=True)   # before ``-m`` deselects: every collected test is checked, whichever tier runs
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    wrong = [f"{item.nodeid}: {', '.join(tiers) or 'no tier'}" for item in items if len(tiers := tiers_of(item)) != 1]
+    if wrong:
+        raise pytest.UsageError("each test needs exactly one tier marker, unit, prefect or system "
+                                "(tests/support/tiers.py):\n  " + "\n  ".join(wrong))
+    if config.getvalue("timeout") is not None or os.environ.get("PYTEST_TIMEOUT"):
+        return   # the run's own timeout wins over the tiers'
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(TIMEOUT_S[tiers_of(item)[0]]))

@@ -1,0 +1,71 @@
+"""The test tiers (tests/support/tiers.py): a test with no tier or two stops the run, and each test runs
+under its tier's timeout unless it sets its own."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.tiers import TIMEOUT_S
+
+pytestmark = pytest.mark.unit
+
+MARKERS = ("[pytest]\nasyncio_default_fixture_loop_scope = function\n"
+           "markers =\n    unit: u\n    prefect: p\n    system: s\n")
+
+
+def test_a_test_with_no_tier_or_two_stops_the_run_naming_each(pytester: pytest.Pytester):
+    pytester.makeini(MARKERS)
+    pytester.makepyfile(test_tiers_example="""
+        import pytest
+
+        pytestmark = pytest.mark.unit
+
+        def test_one_tier():
+            pass
+
+        @pytest.mark.system
+        def test_two_tiers():
+            pass
+
+        @pytest.mark.parametrize("x", [1, pytest.param(2, marks=pytest.mark.prefect)])
+        def test_two_tiers_in_one_parameter(x):
+            pass
+        """)
+    pytester.makepyfile(test_untiered="def test_no_tier():\n    pass\n")
+    result = pytester.runpytest_inprocess("-p", "tests.support.tiers", "-m", "unit")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*each test needs exactly one tier marker*",
+                                 "*test_tiers_example.py::test_two_tiers: system, unit",
+                                 "*test_tiers_example.py::test_two_tiers_in_one_parameter[[]2[]]: prefect, unit",
+                                 "*test_untiered.py::test_no_tier: no tier"])
+    named = result.stderr.str()
+    assert "test_one_tier" not in named and "test_two_tiers_in_one_parameter[1]" not in named
+
+
+def test_each_test_gets_its_tiers_timeout_unless_it_sets_its_own(pytester: pytest.Pytester):
+    pytester.makeini(MARKERS)
+    pytester.makepyfile(test_timeouts=f"""
+        import pytest
+
+        def timeout(request):
+            return request.node.get_closest_marker("timeout").args[0]
+
+        @pytest.mark.unit
+        def test_unit(request):
+            assert timeout(request) == {TIMEOUT_S["unit"]}
+
+        @pytest.mark.system
+        def test_system(request):
+            assert timeout(request) == {TIMEOUT_S["system"]}
+
+        @pytest.mark.unit
+        @pytest.mark.timeout(42)
+        def test_its_own(request):
+            assert timeout(request) == 42
+        """)
+    pytester.runpytest_inprocess("-p", "tests.support.tiers").assert_outcomes(passed=3)
+
+
+def test_the_tiers_are_the_markers_pyproject_registers(pytestconfig: pytest.Config):
+    registered = {line.split(":")[0] for line in pytestconfig.getini("markers")}
+    assert set(TIMEOUT_S) <= registered
