@@ -17,6 +17,7 @@ group, and ``start`` needs the process handle to notice a server that died while
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import ipaddress
 import os
@@ -233,11 +234,20 @@ def stop(home: Path) -> None:
 
 
 def _alive(pid_file: Path) -> bool:
-    """Whether the process group named in ``pid_file`` (a server this module started) still runs."""
+    """Whether the process group named in ``pid_file`` (a server this module started) still runs.
+
+    When this process started the server, its exited leader stays a zombie, still a member of the
+    group, until it is reaped: reap it first, or every stop waited its whole 30 s."""
     try:
-        os.killpg(int(pid_file.read_text()), 0)
-        return True
+        pid = int(pid_file.read_text())
     except (OSError, ValueError):
+        return False
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)   # not our child (another process started it): ChildProcessError
+    try:
+        os.killpg(pid, 0)
+        return True
+    except OSError:
         return False
 
 
