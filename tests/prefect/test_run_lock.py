@@ -45,10 +45,13 @@ def eval_runs(run_id: str) -> list:
     return asyncio.run(read())
 
 
-def wait_running(run_id: str, process: subprocess.Popen[str], timeout_s: float = 120) -> object:
-    """The eval flow run of ``run_id`` once it is Running with rows being written."""
+def wait_running(run_id: str, process: subprocess.Popen[str], server: object, timeout_s: float = 120) -> object:
+    """The eval flow run of ``run_id`` once it is Running and holds the run: its first rollout has asked
+    the model (a rollout starts only inside ``hold_run``; Running alone comes before the lock is taken)."""
     def running() -> object:
         assert process.poll() is None, process.communicate()[0]
+        if not server.requests:   # type: ignore[attr-defined]
+            return None
         return next((run for run in eval_runs(run_id) if run.state_type.value == "RUNNING"), None)
     run = wait_until(running, timeout_s=timeout_s, interval_s=0.5)
     assert run is not None, f"no eval flow run of {run_id} turned Running"
@@ -72,7 +75,7 @@ def test_a_second_eval_of_a_live_run_is_refused_and_names_the_live_one(tmp_path,
     config = config_file(tmp_path, openai_server.base_url)
     first = start_cli(config, "--run-id", "held")
     try:
-        holder = wait_running("held", first)
+        holder = wait_running("held", first, openai_server)
         second = start_cli(config, "--resume", "held")
         output = second.communicate(timeout=300)[0]
         still_running = first.poll() is None
@@ -98,7 +101,7 @@ def test_a_resume_right_after_the_eval_was_killed_takes_the_run_over(tmp_path, o
     openai_server.default = delayed(0.5, reply("0"))
     config = config_file(tmp_path, openai_server.base_url)
     first = start_cli(config, "--run-id", "taken-over")
-    dead = wait_running("taken-over", first)
+    dead = wait_running("taken-over", first, openai_server)
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
     resumed = start_cli(config, "--resume", "taken-over")
