@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -20,6 +21,7 @@ from prefect_rollouts.harnesses.oracle import NoModelClient
 from prefect_rollouts.model import ModelClient
 from prefect_rollouts.model.open import open_client
 from prefect_rollouts.rollout import Rollout
+from prefect_rollouts.runtimes.egress import EgressProxy
 from prefect_rollouts.scoring.judges import JudgeClients, client_key, open_judges
 from prefect_rollouts.stages import Segment, new_state, opening_messages
 from prefect_rollouts.task import Task
@@ -27,6 +29,37 @@ from prefect_rollouts.trace import Receipt, SendRecord, Trace
 
 if TYPE_CHECKING:
     from prefect_rollouts.harnesses.endpoint import InterceptionEndpoint
+
+
+@dataclass(eq=False)
+class _Services:
+    """What an open agent shares among its rollouts: the model client and its local server (or
+    None), the judge clients, the interception endpoint (program harnesses, else None) and the
+    egress proxy (it listens only once a runtime's network policy has rules)."""
+
+    client: ModelClient
+    server: Any
+    judges: JudgeClients
+    endpoint: InterceptionEndpoint | None = None
+    egress: EgressProxy = field(default_factory=EgressProxy)
+
+    async def aclose(self) -> None:
+        """Stop the egress proxy and the interception endpoint, close the judge clients, then the
+        model client, then stop the local server; each on every path."""
+        async with contextlib.AsyncExitStack() as stack:   # callbacks run last-registered first
+            if self.server is not None:
+                stack.push_async_callback(self.server.stop)
+            stack.push_async_callback(self.client.aclose)
+            stack.push_async_callback(self.judges.aclose)
+            if self.endpoint is not None:
+                stack.push_async_callback(self.endpoint.stop)
+            stack.push_async_callback(self.egress.stop)
+
+    def state(self, config: AgentConfig, task: Task, info: dict[str, Any], labels: dict[str, str] | None = None
+              ) -> Any:
+        """A new rollout's ``RolloutState`` on these services."""
+        return new_state(config, task, self.client, agent_info=info, labels=labels, judge_clients=self.judges,
+                         endpoint=self.endpoint, egress=self.egress)
 
 
 def make_agent(config: AgentConfig) -> Agent:
@@ -49,26 +82,22 @@ class Agent:
             raise TypeError(f"make_agent(config=...) needs an AgentConfig, got {type(config).__name__}")
         self.config = config
         self.info = redact_agent_config(config)
-        self._client: ModelClient | None = None
-        self._server: Any = None
-        self._judges: JudgeClients | None = None
-        self._endpoint: InterceptionEndpoint | None = None
+        self._services: _Services | None = None
 
     async def __aenter__(self) -> Agent:
-        if self._client is not None:
+        if self._services is not None:
             raise RuntimeError("this Agent is already open; enter it once")
-        self._client, self._server, self._judges, self._endpoint = await self._open()
+        self._services = await self._open()
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        opened = self._client, self._server, self._judges, self._endpoint
-        self._client = self._server = self._judges = self._endpoint = None
-        await _close(*opened)
+        services, self._services = self._services, None
+        if services is not None:
+            await services.aclose()
 
-    async def _open(self) -> tuple[ModelClient, Any, JudgeClients, InterceptionEndpoint | None]:
-        """The model client, its local server (or None), the judge clients and, for a program
-        harness, the started interception endpoint (else None). The agent's own judges are imported
-        and opened here, so a bad judge fails before any rollout runs."""
+    async def _open(self) -> _Services:
+        """The agent's ``_Services``; for a program harness with its endpoint started. The agent's
+        own judges are imported and opened here, so a bad judge fails before any rollout runs."""
         if self.config.orchestrator == "prefect":   # Prefect loads only here; it resolves endpoint blocks
             import prefect_rollouts.blocks  # noqa: F401
         if self.config.harness.uses_model:
@@ -76,19 +105,18 @@ class Agent:
             shared = {client_key(self.config.model, self.config.client): client}
         else:   # oracle, nop: no client, no local model server
             client, server, shared = cast(ModelClient, NoModelClient(self.config.harness.id)), None, {}
-        judges = JudgeClients(shared, default_client=self.config.client)
-        endpoint = None
+        services = _Services(client, server, JudgeClients(shared, default_client=self.config.client))
         try:
-            await open_judges(self.config.scoring.judges, judges)
+            await open_judges(self.config.scoring.judges, services.judges)
             if self.config.harness.is_program:
                 from prefect_rollouts.harnesses.endpoint import InterceptionEndpoint as Endpoint  # loads uvicorn
 
-                endpoint = Endpoint()
-                await endpoint.start()
+                services.endpoint = Endpoint()
+                await services.endpoint.start()
         except BaseException:
-            await _close(client, server, judges, endpoint)
+            await services.aclose()
             raise
-        return client, server, judges, endpoint
+        return services
 
     async def run(self, task: Task) -> Trace:
         """Run one rollout to completion: setup, one segment on the task's prompt and one per
@@ -104,9 +132,8 @@ class Agent:
         if task.data.prompt is None:
             raise ConfigError(f"TaskData.prompt = None (task {task.id!r}): run() needs a prompt. "
                               "Set a prompt, or drive the task with agent.interaction(task)")
-        async with self._borrow_client() as (client, judges, endpoint):
-            rollout = Rollout(new_state(self.config, task, client, agent_info=self.info, judge_clients=judges,
-                                        endpoint=endpoint))
+        async with self._borrow() as services:
+            rollout = Rollout(services.state(self.config, task, self.info))
             if self.config.orchestrator == "prefect":
                 from prefect_rollouts.flows.rollout import run_rollout_flow  # Prefect loads only here
 
@@ -120,8 +147,9 @@ class Agent:
         Raises:
             RuntimeError: the agent is not open.
         """
-        return Rollout(new_state(self.config, task, self.client, agent_info=self.info, labels=labels,
-                                 judge_clients=self._judges, endpoint=self._endpoint))
+        if self._services is None:
+            raise RuntimeError("the agent is not open; use `async with make_agent(config) as agent:`")
+        return Rollout(self._services.state(self.config, task, self.info, labels))
 
     @property
     def client(self) -> ModelClient:
@@ -130,40 +158,25 @@ class Agent:
         Raises:
             RuntimeError: the agent is not open.
         """
-        if self._client is None:
+        if self._services is None:
             raise RuntimeError("the agent is not open; use `async with make_agent(config) as agent:`")
-        return self._client
+        return self._services.client
 
     def interaction(self, task: Task) -> Interaction:
         """Open a turn-by-turn rollout of ``task``: ``async with agent.interaction(task) as it:``."""
         return Interaction(self, task)
 
     @contextlib.asynccontextmanager
-    async def _borrow_client(self) -> Any:
-        """``(client, judge clients)``: the agent's, or for an un-entered agent a set for this rollout only."""
-        if self._client is not None:
-            yield self._client, self._judges, self._endpoint
+    async def _borrow(self) -> Any:
+        """The agent's ``_Services``, or for an un-entered agent a set for this rollout only."""
+        if self._services is not None:
+            yield self._services
             return
-        client, server, judges, endpoint = await self._open()
+        services = await self._open()
         try:
-            yield client, judges, endpoint
+            yield services
         finally:
-            await _close(client, server, judges, endpoint)
-
-
-async def _close(client: ModelClient | None, server: Any, judges: JudgeClients | None,
-                 endpoint: InterceptionEndpoint | None = None) -> None:
-    """Stop the interception endpoint, close judge clients, then the model client, then stop the
-    local server; each on every path."""
-    async with contextlib.AsyncExitStack() as stack:   # callbacks run last-registered first
-        if server is not None:
-            stack.push_async_callback(server.stop)
-        if client is not None:
-            stack.push_async_callback(client.aclose)
-        if judges is not None:
-            stack.push_async_callback(judges.aclose)
-        if endpoint is not None:
-            stack.push_async_callback(endpoint.stop)
+            await services.aclose()
 
 
 class Interaction:
@@ -198,10 +211,9 @@ class Interaction:
     async def __aenter__(self) -> Interaction:
         if self.rollout is not None:
             raise RuntimeError("an Interaction runs one rollout; call agent.interaction(task) again for another")
-        self._client_cm = self.agent._borrow_client()
-        client, judges, endpoint = await self._client_cm.__aenter__()
-        rollout = self.rollout = Rollout(new_state(self.agent.config, self.task, client, agent_info=self.agent.info,
-                                                   judge_clients=judges, endpoint=endpoint))
+        self._client_cm = self.agent._borrow()
+        services = await self._client_cm.__aenter__()
+        rollout = self.rollout = Rollout(services.state(self.agent.config, self.task, self.agent.info))
         if self.agent.config.orchestrator == "prefect":
             from prefect_rollouts.flows.rollout import FlowChannel  # Prefect loads only here
 

@@ -27,13 +27,19 @@ Messages follow ``<where> = <value>: <what is wrong>. <how to fix>.`` and never 
 Secrets in text from outside (an error body that echoes the ``Authorization`` header, a tool's
 output, an exception's message): the model client registers every key and header value it
 sends (``register_secret``), and everything that records outside text passes it through
-``scrub`` *before* cutting it, so no cut can leave a prefix of a key behind.
+``scrub`` *before* cutting it, so no cut can leave a prefix of a key behind. The egress proxy's
+per-rollout credentials (``EGRESS_CREDENTIAL``) are scrubbed by their pattern instead: one per
+rollout would grow the registry, which every ``scrub`` walks, without bound.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Any
+
+EGRESS_CREDENTIAL = re.compile(r"rollout-egress-[0-9a-f]{32}")
+"""The form of an egress proxy credential (``runtimes/egress.py``); ``scrub`` removes every match."""
 
 #: Secrets sent by this process (API keys, header values), longest first; see ``scrub``.
 _secrets: tuple[str, ...] = ()
@@ -70,6 +76,8 @@ def scrub(text: str, extra: tuple[str, ...] = ()) -> str:
     for secret in secrets:
         if secret in text:
             text = text.replace(secret, "***")
+    if "rollout-egress-" in text:
+        text = EGRESS_CREDENTIAL.sub("***", text)
     return text
 
 

@@ -25,11 +25,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from prefect_rollouts.config.agent import AgentConfig, ScoringConfig, effective_scoring
-from prefect_rollouts.errors import InfrastructureError, StageTimeoutError
+from prefect_rollouts.config.agent import AgentConfig, ScoringConfig, effective_scoring, local_rules_error
+from prefect_rollouts.config.network import compose
+from prefect_rollouts.errors import ConfigError, InfrastructureError, StageTimeoutError
 from prefect_rollouts.harnesses import Harness, make_harness
 from prefect_rollouts.model.local import is_local
 from prefect_rollouts.runtimes import Runtime, make_runtime
+from prefect_rollouts.runtimes.egress import EgressProxy, mark_phase, take_network_log
 from prefect_rollouts.scoring.placement import score_isolated, score_shared
 from prefect_rollouts.task import Task, call_injected
 from prefect_rollouts.threads import note_in
@@ -70,6 +72,8 @@ class RolloutState:
     labels: dict[str, str] = field(default_factory=dict)
     judge_clients: JudgeClients | None = None
     """The agent's judge clients; None opens them per scoring call."""
+    egress: EgressProxy | None = None
+    """The agent's egress proxy (``runtimes/egress.py``), for a docker runtime under ``{ allow, block }``."""
 
     @property
     def stopped(self) -> bool:
@@ -115,10 +119,11 @@ class Segment:
 
 def new_state(config: AgentConfig, task: Task, client: ModelClient, *, agent_info: dict[str, Any],
               labels: dict[str, str] | None = None, judge_clients: JudgeClients | None = None,
-              endpoint: InterceptionEndpoint | None = None) -> RolloutState:
+              endpoint: InterceptionEndpoint | None = None, egress: EgressProxy | None = None) -> RolloutState:
     """Mint the trace and state of one rollout (no I/O).
 
-    ``endpoint``: the agent's interception endpoint, which a program harness needs.
+    ``endpoint``: the agent's interception endpoint, which a program harness needs; ``egress``: the
+    agent's egress proxy.
     ``agent_info`` (the redacted config) becomes ``trace.agent``; for a ``local/...`` model its
     ``client`` says what was used: the local server's ``base_url``, no key, no endpoint block.
 
@@ -137,7 +142,8 @@ def new_state(config: AgentConfig, task: Task, client: ModelClient, *, agent_inf
     return RolloutState(config=config, task=task, client=client, trace=trace,
                         harness=make_harness(config.harness, endpoint),
                         labels={**(labels or {}), "rollout_id": trace.id},
-                        scoring=effective_scoring(config.scoring, task.data.scoring), judge_clients=judge_clients)
+                        scoring=effective_scoring(config.scoring, task.data.scoring), judge_clients=judge_clients,
+                        egress=egress)
 
 
 def rollout_copy(task: Task) -> Task:
@@ -180,8 +186,9 @@ def opening_messages(task: Task) -> list[dict[str, Any]]:
 
 async def setup(state: RolloutState) -> None:
     """``Task.prepare`` (the agent config the task's rollout runs with, e.g. its own image and
-    deadlines, becomes ``state.config``), then start the runtime, write ``TaskData.files``, run
-    ``Task.setup`` and open the harness.
+    deadlines, becomes ``state.config``; its ``runtime.network`` composed with ``TaskData.network``),
+    then start the runtime, write ``TaskData.files``, run ``Task.setup`` and open the harness. The
+    network records from then on are the ``agent`` phase's.
 
     Deadline ``timeouts.setup`` (expiry: ``setup_timeout``). On any failure the runtime it
     started is stopped before the error propagates, so a retry starts a fresh one.
@@ -193,17 +200,33 @@ async def setup(state: RolloutState) -> None:
     """
     try:
         async with _timed(state, "setup", state.config.timeouts.setup):
-            state.config = await state.task.prepare(state.config)
-            state.runtime = make_runtime(state.config.runtime, labels=state.labels, binds=state.harness.binds)
+            state.config = config = with_task_network(await state.task.prepare(state.config), state.task)
+            state.runtime = make_runtime(config.runtime, labels=state.labels, binds=state.harness.binds,
+                                         egress=state.egress)
             await state.runtime.start()
             for path, content in state.task.data.files.items():
                 await state.runtime.write_file(path, content)
             await call_injected(state.task.setup, {"runtime": state.runtime, "trace": state.trace, "task": state.task},
                                 "setup hook", note_in(state.trace.info))
             await state.harness.open(state)
+            mark_phase(state.runtime, "agent")
     except BaseException:
         await stop_runtime(state)
         raise
+
+
+def with_task_network(config: AgentConfig, task: Task) -> AgentConfig:
+    """``config`` with its ``runtime.network`` composed with ``task.data.network``.
+
+    Raises:
+        ConfigError: the composed policy has rules and the runtime is local.
+    """
+    network = compose(config.runtime.network, task.data.network)
+    if network == config.runtime.network:
+        return config
+    if network.mode == "rules" and config.runtime.type == "local":
+        raise ConfigError(f"task {task.id!r}: TaskData.network {local_rules_error('network')}")
+    return config.model_copy(update={"runtime": config.runtime.model_copy(update={"network": network})})
 
 
 async def run_segment(state: RolloutState, messages: list[dict[str, Any]]) -> Segment:
@@ -332,8 +355,9 @@ async def score(state: RolloutState) -> None:
             if isolated:
                 await stop_runtime(state)
                 await score_isolated(state.task, state.trace, state.artifacts or b"", state.scoring,
-                                     state.config.runtime, state.labels, state.judge_clients)
+                                     state.config.runtime, state.labels, state.judge_clients, state.egress)
             else:
+                mark_phase(state.runtime, "scoring")
                 await score_shared(state.task, state.trace, state.runtime, state.scoring, state.judge_clients)
     except InfrastructureError:   # may be retried: the next attempt starts clean
         state.trace.rewards.clear()
@@ -356,11 +380,15 @@ async def teardown(state: RolloutState) -> None:
 
 
 async def stop_runtime(state: RolloutState) -> None:
-    """Stop and forget the rollout's runtime (errors while stopping are swallowed)."""
+    """Stop and forget the rollout's runtime (errors while stopping are swallowed); its network
+    records go onto the trace."""
     runtime, state.runtime = state.runtime, None
     if runtime is not None:
-        with contextlib.suppress(Exception):
-            await runtime.stop()
+        try:
+            with contextlib.suppress(Exception):
+                await runtime.stop()
+        finally:
+            take_network_log(runtime, state.trace)
 
 
 @contextlib.asynccontextmanager

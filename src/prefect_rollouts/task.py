@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from prefect_rollouts.config.agent import AgentConfig, ScoringConfig
+from prefect_rollouts.config.network import NetworkPolicy
 from prefect_rollouts.errors import TaskError
 from prefect_rollouts.threads import run_sync
 
@@ -70,6 +71,10 @@ class TaskData(BaseModel):
     e.g. a taskset forcing the call of its one function for a model that only calls forced tools."""
     scoring: ScoringConfig | None = None
     """Task defaults for scoring placement; fields set on ``AgentConfig.scoring`` override them."""
+    network: NetworkPolicy | None = None
+    """The task's network policy while the agent runs, joined with the agent's ``runtime.network``
+    (``config.network.compose``: either side open takes the other's; two rule lists keep the rules
+    in both, blocks add up; ``none`` on either side is ``none``). None: the agent's alone."""
 
     @field_validator("user_turns")
     @classmethod

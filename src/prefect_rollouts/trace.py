@@ -160,6 +160,35 @@ class SendRecord(_Record):
     status: Literal["pending", "delivered", "refused", "cancelled"] = "pending"
 
 
+class NetworkRecord(_Record):
+    """One connection the egress proxy saw from the rollout's runtime (``runtimes/egress.py``), allowed or denied."""
+
+    phase: str
+    """``setup``, ``agent`` or ``scoring``: the part of the rollout the runtime was in."""
+    method: str
+    """``CONNECT`` (a tunnel, counted as https) or the HTTP method of a plain proxied request."""
+    host: str
+    """The host asked for (request line; cut to 255 characters)."""
+    port: int
+    sni: str | None = None
+    """The TLS server name the client sent inside the tunnel; None when it sent none (or no TLS)."""
+    address: str | None = None
+    """The IPv4 address the proxy connected to; None when it did not connect."""
+    allowed: bool
+    reason: str
+    """Which rule allowed or denied it, or why it was refused (e.g. a loopback address)."""
+    error: str | None = None
+    """An allowed connection that failed: the upstream could not be reached."""
+    bytes_sent: int = 0
+    """Bytes from the runtime to the host (after the request head, for CONNECT)."""
+    bytes_received: int = 0
+    """Bytes from the host back to the runtime."""
+    started_at: float
+    """Unix time (s) the proxy read the request."""
+    duration_s: float = 0.0
+    """Until the connection closed (or was refused)."""
+
+
 class ErrorRecord(_Record):
     """A failure recorded on the trace instead of raised."""
 
@@ -195,6 +224,10 @@ class Trace(BaseModel):
     usage: Usage = Field(default_factory=Usage)
     """Tokens of the agent's model calls."""
     judge_calls: list[JudgeCall] = Field(default_factory=list)
+    network: list[NetworkRecord] = Field(default_factory=list)
+    """Connections through the egress proxy under a ``{ allow, block }`` network policy, in order;
+    empty under ``open`` and ``none`` (nothing is proxied). ``info["network_log_dropped"]`` counts
+    records past ``runtimes.egress.MAX_RECORDS``."""
     judge_usage: Usage = Field(default_factory=Usage)
     """Tokens of the judges' calls (not in ``usage``)."""
     rewards: dict[str, float | None] = Field(default_factory=dict)

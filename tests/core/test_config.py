@@ -85,10 +85,11 @@ def test_harness_accepts_the_string_shorthand():
     assert vf.load_config('[env.agent]\nmodel = "m"\nharness = "chat"').harness.id == "chat"
 
 
-def test_network_policy_accepts_the_string_shorthand_and_rejects_allow_lists():
+def test_network_policy_accepts_the_string_shorthand_and_a_table_of_rules():
     assert vf.RuntimeConfig(network="none").network.mode == "none"
     assert vf.ScoringConfig(network="open").network == vf.NetworkPolicy()
-    with pytest.raises(ValueError, match="allow-lists are not supported yet"):
+    assert vf.RuntimeConfig(type="docker", network={"allow": ["pypi.org"]}).network.mode == "rules"
+    with pytest.raises(ValueError, match="drop mode"):   # more in tests/core/test_network_policy.py
         vf.NetworkPolicy(mode="none", allow=["pypi.org"])
 
 

@@ -344,8 +344,8 @@ async def test_judge_clients_are_shared_across_rollouts_and_closed_with_the_agen
     openai_server.default = lambda request: reply("yes") if request.body["model"] == "judge" else reply("Paris")
     async with vf.make_agent(judged({"id": "reference"}, {"id": "reference", "name": "again"})) as agent:
         traces = [await agent.run(capital()) for _ in range(3)]
-        assert len(agent._judges._owned) == 1                  # one client for both judges, all rollouts
-    assert agent._judges is None
+        assert len(agent._services.judges._owned) == 1                 # one client for both judges, all rollouts
+    assert agent._services is None
     assert all(t.reward == 2.5 for t in traces) and len(judge_requests(openai_server)) == 6
 
 

@@ -79,7 +79,7 @@ async def test_traces_record_the_local_servers_address_and_a_normal_stop_deletes
     config = vf.AgentConfig(model="local/smollm2", orchestrator="inline", harness="chat", max_turn_tokens=4)
     async with vf.make_agent(config) as agent:
         trace = await agent.run(vf.Task(vf.TaskData(prompt="Say hi.")))
-        server = agent._server
+        server = agent._services.server
         assert server.log_path.parent == tmpdir_for_logs and server.log_path.stat().st_size > 0
     assert trace.model_calls and not trace.errors
     assert trace.agent["client"]["base_url"] == server.base_url != vf.ClientConfig().base_url

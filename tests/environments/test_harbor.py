@@ -15,6 +15,7 @@ from prefect_rollouts.environments.harbor import HarborTask
 from prefect_rollouts.environments.harbor_config import TaskToml
 from prefect_rollouts.environments.harbor_reward import read_reward
 from prefect_rollouts.errors import ConfigError, TaskError
+from prefect_rollouts.stages import with_task_network
 
 pytestmark = pytest.mark.unit
 
@@ -124,8 +125,8 @@ def test_a_task_without_an_image_is_a_config_error(tmp_path):
 @pytest.mark.parametrize(("extra", "named"), [
     ("[environment]\ngpus = 1\n", "gpus = 1"),
     ('[agent]\nuser = "agent"\n', "[agent] user = 'agent'"),
-    ('[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["pypi.org"]\n', "allow-lists are not built yet"),
-    ('[verifier]\nallowed_hosts = ["pypi.org"]\n', "[verifier] network_mode = \"allowlist\""),
+    ('[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["pypi.org/simple"]\n', "not a path"),
+    ('[verifier]\nallowed_hosts = ["pypi.org"]\n', "[verifier] allowed_hosts = ['pypi.org'] without network_mode"),
 ])
 def test_what_this_system_does_not_run_is_refused_naming_the_task(tmp_path, extra, named):
     make_task(tmp_path, "asks-much", 'version = "1.0"\n' + extra)
@@ -155,6 +156,23 @@ def test_network_and_scoring_placement_come_from_the_phases(tmp_path):
     assert offline.data.scoring.mode == "isolated" and offline.data.scoring.network.mode == "open"
     assert offline.data.artifacts == ["."]   # the whole workdir goes to the fresh box
     assert (legacy.network("agent").mode, legacy.network("verifier").mode) == ("none", "none")
+
+
+def test_an_allowlist_maps_onto_rules_per_phase(tmp_path):
+    """Issue 23, part 5: ``allowlist`` with ``allowed_hosts``; a phase's own hosts replace the environment's."""
+    make_task(tmp_path, "listed", 'version = "1.0"\n[environment]\nnetwork_mode = "allowlist"\n'
+                                  'allowed_hosts = ["pypi.org", "*.pythonhosted.org"]\n'
+                                  '[verifier]\nallowed_hosts = ["https://grader.example"]\n')
+    make_task(tmp_path, "graded-offline", 'version = "1.0"\n[agent]\nnetwork_mode = "allowlist"\n'
+                                          'allowed_hosts = ["api.example.com:8443"]\n')
+    offline, listed = sorted(load_taskset("harbor", {"path": str(tmp_path)}), key=lambda t: t.id)
+    assert listed.data.network == vf.NetworkPolicy.model_validate({"allow": ["pypi.org", "*.pythonhosted.org"]})
+    assert listed.data.scoring.network.allow == ["https://grader.example"]
+    assert offline.data.network.allow == ["api.example.com:8443"] and offline.data.scoring.network.mode == "open"
+    composed = with_task_network(vf.AgentConfig(model="m", runtime={"type": "docker"}), listed).runtime.network
+    assert composed == listed.data.network   # the agent left its network open: the task's rules
+    closed = vf.AgentConfig(model="m", runtime={"type": "docker", "network": "none"})
+    assert with_task_network(closed, listed).runtime.network.mode == "none"
 
 
 async def test_a_harbor_task_needs_the_docker_runtime(tmp_path):

@@ -21,6 +21,7 @@ from prefect_rollouts.config.base import (
     SamplingConfig,
 )
 from prefect_rollouts.config.judge import AnyJudgeConfig
+from prefect_rollouts.config.network import NetworkPolicy
 from prefect_rollouts.config.sources import config_dir, read_toml, validate_config
 from prefect_rollouts.errors import ConfigError
 
@@ -138,26 +139,6 @@ class HarnessConfig(ConfigModel):
         return self.id not in MODEL_FREE_HARNESSES
 
 
-class NetworkPolicy(ConfigModel):
-    """Network access of a runtime. TOML and Python also accept the string ``"open"`` or ``"none"``."""
-
-    mode: Literal["open", "none"] = "open"
-    allow: list[str] = []
-    """Hosts to allow under ``mode = "none"``. Not supported yet: must stay empty."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _from_string(cls, value: Any) -> Any:
-        return {"mode": value} if isinstance(value, str) else value
-
-    @model_validator(mode="after")
-    def _no_allow_list(self) -> NetworkPolicy:
-        if self.allow:
-            raise ValueError(f"allow = {self.allow!r}: host allow-lists are not supported yet. "
-                             'Use mode = "open" or mode = "none" with an empty allow list')
-        return self
-
-
 class RuntimeConfig(ConfigModel):
     """Where the agent's tools and the task's commands run (``[env.agent.runtime]``)."""
 
@@ -165,7 +146,9 @@ class RuntimeConfig(ConfigModel):
     """``local``: a fresh temporary directory and subprocesses on this machine (no isolation
     beyond files). ``docker``: a fresh container per rollout."""
     network: NetworkPolicy = NetworkPolicy()
-    """Network policy of the runtime; ``none`` leaves only a loopback interface."""
+    """Network policy while the agent runs (and while scoring, unless ``scoring.network`` says
+    otherwise): ``"open"``, ``"none"`` (loopback only) or ``{ allow = [...], block = [...] }``
+    (docker only; README "Network policies", ``config/network.py``)."""
     exec_timeout_s: float = Field(120.0, gt=0)
     """Default timeout of one command (``runtime.exec`` and the ``bash`` tool), in seconds."""
     output_cap_bytes: int = Field(64 * 1024, ge=1024)
@@ -208,7 +191,15 @@ class RuntimeConfig(ConfigModel):
             raise ValueError(f"workdir = {self.workdir!r}: must be an absolute path in the container, e.g. /workspace")
         if bad := [path for path in self.writable if not path.startswith("/") or path.rstrip("/") == ""]:
             raise ValueError(f"writable = {bad!r}: each must be an absolute path in the container other than /")
+        if self.type == "local" and self.network.mode == "rules":
+            raise ValueError(local_rules_error("network"))
         return self
+
+
+def local_rules_error(key: str) -> str:
+    """Why the local runtime refuses allow/block rules under ``key``, and the fix."""
+    return (f'{key} = {{ allow/block rules }}: the local runtime cannot enforce host rules (its commands use this '
+            'machine\'s network). Set [env.agent.runtime] type = "docker", or network = "open" or "none"')
 
 
 class TimeoutConfig(ConfigModel):
@@ -301,6 +292,10 @@ class AgentConfig(ConfigModel):
                 raise ValueError(f"[env.agent.harness] files {outside}: the local runtime has no filesystem of its "
                                  "own, so runtime paths are relative to the workspace (e.g. \".agent/my-agent\"); "
                                  'or use [env.agent.runtime] type = "docker"')
+        scoring_runtime = self.scoring.runtime or self.runtime
+        if scoring_runtime.type == "local" and self.scoring.network is not None and \
+                self.scoring.network.mode == "rules":
+            raise ValueError(local_rules_error("[env.agent.scoring] network"))
         return self
 
 

@@ -10,9 +10,10 @@ A rollout of a task (the ``docker`` runtime only):
 
 1. ``prepare``: the image (``[environment] docker_image``, else built from ``environment/``, tagged by
    a hash of the directory: ``runtimes/images.py``) and the agent config of the rollout: that image,
-   ``cpus``, ``memory_mb``, ``storage_mb``, ``workdir`` (default the image's ``WORKDIR``), ``env``, the
-   agent phase's network and deadline (``[agent] timeout_sec``). A failed build is an
-   ``InfrastructureError`` of the task's rollouts (reward None), never reward 0.
+   ``cpus``, ``memory_mb``, ``storage_mb``, ``workdir`` (default the image's ``WORKDIR``), ``env`` and
+   the agent deadline (``[agent] timeout_sec``). The agent phase's network is the task's
+   ``TaskData.network``, composed with the agent's ``runtime.network`` (``config.network.compose``).
+   A failed build is an ``InfrastructureError`` of the task's rollouts (reward None), never reward 0.
 2. ``setup``: ``/logs/agent``, ``/logs/verifier`` and ``/logs/artifacts`` made; the healthcheck run.
 3. The agent (any harness; ``oracle`` runs ``solve``: ``solution/`` copied to ``/solution``, ``bash
    /solution/solve.sh``).
@@ -26,7 +27,9 @@ A rollout of a task (the ``docker`` runtime only):
    non-finite one, or a test run past its deadline is a scoring error (reward None), not 0.
 
 Deadlines scale by the taskset option ``timeout_multiplier``. Network modes: ``public`` is ``open``,
-``no-network`` is ``none``; ``[agent]`` and ``[verifier]`` override ``[environment]`` for their phase.
+``no-network`` is ``none``, ``allowlist`` is ``{ allow = allowed_hosts }`` (README "Network
+policies"); ``[agent]`` and ``[verifier]`` override ``[environment]`` for their phase (their own
+``allowed_hosts``, else the environment's).
 """
 
 from __future__ import annotations
@@ -40,8 +43,9 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from prefect_rollouts.config.agent import AgentConfig, NetworkPolicy, ScoringConfig
-from prefect_rollouts.environments.harbor_config import NetworkMode, TaskToml, read_task_toml, refuse_unsupported
+from prefect_rollouts.config.agent import AgentConfig, ScoringConfig
+from prefect_rollouts.config.network import NetworkPolicy
+from prefect_rollouts.environments.harbor_config import TaskToml, read_task_toml, refuse_unsupported
 from prefect_rollouts.environments.harbor_reward import read_reward
 from prefect_rollouts.errors import ConfigError, TaskError, register_secret
 from prefect_rollouts.scoring.env import resolve_env, template_variables
@@ -85,7 +89,7 @@ class HarborTask(Task):
 
     def network(self, phase: Literal["agent", "verifier"]) -> NetworkPolicy:
         """The network policy of ``phase`` (``agent`` or ``verifier``): its own mode, else the environment's."""
-        return _policy(self.toml.phase_network(phase))
+        return _policy(self.toml, phase)
 
     async def prepare(self, config: AgentConfig) -> AgentConfig:
         """The task's image (built or found; see the module docstring) and the agent config of its rollouts.
@@ -117,7 +121,7 @@ class HarborTask(Task):
             "image": ready.tag, "workdir": environment.workdir or ready.workdir, "cpus": float(environment.cpus),
             "memory_mb": environment.memory_mb,
             "storage_mb": environment.storage_mb if self.storage_mb is None else self.storage_mb,
-            "env": {**config.runtime.env, **environment.env}, "network": self.network("agent"),
+            "env": {**config.runtime.env, **environment.env},
             "writable": sorted({*config.runtime.writable, *WRITABLE})})
         timeouts = config.timeouts
         if self.toml.agent.timeout_sec is not None:
@@ -370,12 +374,16 @@ def _task(name: str, directory: Path, timeout_multiplier: float, storage_mb: int
             info[key] = metadata[key]
     separate = toml.verifier.environment_mode == "separate"
     scoring = ScoringConfig(mode="isolated" if separate else "shared",
-                            network=_policy(toml.phase_network("verifier")))
+                            network=_policy(toml, "verifier"))
     return HarborTask(TaskData(id=name, prompt=prompt, info=info, artifacts=["."] if separate else [],
-                               scoring=scoring),
+                               scoring=scoring, network=_policy(toml, "agent")),
                       directory, toml, timeout_multiplier=timeout_multiplier, storage_mb=storage_mb)
 
 
-def _policy(mode: NetworkMode) -> NetworkPolicy:
-    """Harbor's ``public`` is ``open``, ``no-network`` is ``none``."""
+def _policy(toml: TaskToml, phase: Literal["agent", "verifier"]) -> NetworkPolicy:
+    """The policy of ``phase``: Harbor's ``public`` is ``open``, ``no-network`` is ``none``,
+    ``allowlist`` allows its ``allowed_hosts`` (rules as in ``config/network.py``)."""
+    mode = toml.phase_network(phase)
+    if mode == "allowlist":
+        return NetworkPolicy(mode="rules", allow=toml.phase_hosts(phase))
     return NetworkPolicy(mode="open" if mode == "public" else "none")

@@ -5,7 +5,8 @@ values are coerced the way Harbor's pydantic models coerce them (``"600"`` is a 
 so a task that Harbor loads loads here (nonsense such as ``cpus = 0`` or a NaN deadline is refused).
 Keys Harbor may add later are accepted with one warning per key (``read_task_toml``). What this
 system cannot honour is refused with an error naming the task (``refuse_unsupported``: ``gpus``,
-``mcp_servers``, ``skills_dir``, a ``user``, ``allowlist``). Must not import Prefect.
+``mcp_servers``, ``skills_dir``, a ``user``; ``allowed_hosts`` without ``allowlist`` or with a
+malformed host). Must not import Prefect.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from prefect_rollouts.config.network import parse_rule
 from prefect_rollouts.errors import ConfigError
 
 log = logging.getLogger("prefect_rollouts.harbor")
@@ -140,6 +142,11 @@ class TaskToml(_Section):
         section: AgentSection | VerifierSection = self.agent if phase == "agent" else self.verifier
         return section.network_mode or self.environment.baseline_network()
 
+    def phase_hosts(self, phase: Literal["agent", "verifier"]) -> list[str]:
+        """The ``allowed_hosts`` of ``phase`` under ``allowlist``: its own, else the environment's."""
+        section: AgentSection | VerifierSection = self.agent if phase == "agent" else self.verifier
+        return list(section.allowed_hosts or self.environment.allowed_hosts)
+
     def unknown_keys(self) -> list[str]:
         """Dotted names of the keys this schema does not know (``environment.foo``), sorted."""
         found = [str(key) for key in self.model_extra or {}]
@@ -208,8 +215,15 @@ def refuse_unsupported(toml: TaskToml, where: str) -> None:
             refused.append(f"[{section}] user = {user!r} (commands run as the image's user, root)")
     for section, mode in (("environment", environment.network_mode), ("agent", toml.agent.network_mode),
                           ("verifier", toml.verifier.network_mode)):
-        if mode == "allowlist" or getattr(toml, section).allowed_hosts:
-            refused.append(f'[{section}] network_mode = "allowlist" (network allow-lists are not built yet; use '
-                           '"public" or "no-network")')
+        hosts = getattr(toml, section).allowed_hosts
+        if hosts and mode != "allowlist" and not (section != "environment" and mode is None and
+                                                  toml.environment.network_mode == "allowlist"):
+            refused.append(f'[{section}] allowed_hosts = {hosts!r} without network_mode = "allowlist" (set it, '
+                           "or drop allowed_hosts)")
+        for host in hosts:
+            try:
+                parse_rule(host)
+            except ValueError as exc:
+                refused.append(f"[{section}] allowed_hosts: {exc}")
     if refused:
         raise ConfigError(f"{where}: task.toml asks for what this system does not run: {'; '.join(refused)}")

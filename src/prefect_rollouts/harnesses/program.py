@@ -1,7 +1,8 @@
 """Program harnesses: an agent program run in the runtime, its model calls intercepted into the trace.
 
 ``open`` (in setup) copies ``[env.agent.harness] files`` into the runtime and runs ``setup``
-commands, with the network open when the runtime's policy is ``none`` and closed again after.
+commands, with the network open when the runtime's policy is ``none`` or has rules (trusted: it
+installs the harness), and the policy back after.
 Each segment launches the program through ``programs/launch.py`` (``SCRIPTS`` in the endpoint's
 directory, bound into the runtime) with ``OPENAI_API_KEY`` a fresh per-launch secret, and waits
 for it to exit; the interception endpoint (``endpoint.py``, ``session.py``) records every model
@@ -35,7 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prefect_rollouts.config.agent import HarnessConfig, NetworkPolicy
+from prefect_rollouts.config.agent import HarnessConfig
+from prefect_rollouts.config.network import NetworkPolicy
 from prefect_rollouts.errors import ConfigError, TaskError, register_secret, scrub
 from prefect_rollouts.harnesses import mini_swe_agent
 from prefect_rollouts.harnesses.base import SegmentContext
@@ -143,7 +145,7 @@ class ProgramHarness:
         if not spec.setup:
             return
         closed = runtime.network
-        opened = await runtime.scoped(network=NetworkPolicy(mode="open")) if closed.mode == "none" else runtime
+        opened = await runtime.scoped(network=NetworkPolicy(mode="open")) if closed.mode != "open" else runtime
         try:
             for command in spec.setup:
                 result = await opened.exec(command, timeout=self.config.setup_timeout_s)

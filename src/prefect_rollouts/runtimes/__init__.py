@@ -1,25 +1,36 @@
 """Runtimes: where the agent's tools and the task's commands run.
 
 Contract: ``Runtime`` in ``base.py`` (exec, read_file, write_file, artifacts, start/stop).
-``make_runtime`` (the registry, here) picks the implementation from ``RuntimeConfig.type``. Must not import Prefect.
+``make_runtime`` (the registry, here) picks the implementation from ``RuntimeConfig.type``:
+``local.py`` or ``docker.py`` (with ``docker_storage.py``, its disk quota, and ``docker_network.py``,
+its network under each policy). ``egress.py`` is the agent's egress proxy, the one way out under
+``{ allow, block }`` rules. Must not import Prefect.
 """
 
 from __future__ import annotations
 
-from prefect_rollouts.config.agent import NetworkPolicy, RuntimeConfig
+from typing import TYPE_CHECKING
+
+from prefect_rollouts.config.agent import RuntimeConfig
+from prefect_rollouts.config.network import NetworkPolicy
 from prefect_rollouts.runtimes.base import ExecResult, Runtime
 from prefect_rollouts.scoring.env import resolve_env
+
+if TYPE_CHECKING:
+    from prefect_rollouts.runtimes.egress import EgressProxy
 
 __all__ = ["ExecResult", "Runtime", "make_runtime"]
 
 
 def make_runtime(config: RuntimeConfig, *, network: NetworkPolicy | None = None, labels: dict[str, str] | None = None,
-                 source: str = "[env.agent.runtime]", binds: dict[str, str] | None = None) -> Runtime:
+                 source: str = "[env.agent.runtime]", binds: dict[str, str] | None = None,
+                 egress: EgressProxy | None = None) -> Runtime:
     """Build an unstarted runtime from ``config``; ``network`` overrides ``config.network`` (scoring).
 
     ``binds``: host directory -> absolute path inside the runtime, mounted read-write (a program
     harness's endpoint directory), or read-only when the path ends in ``:ro`` (docker's own
-    spelling); the local runtime sees host paths as they are.
+    spelling); the local runtime sees host paths as they are. ``egress``: the agent's egress proxy,
+    through which a docker runtime's commands go under a network policy with rules.
 
     ``source`` is the config table ``config`` came from, named in error messages (e.g.
     ``[env.agent.scoring.runtime]`` for an isolated-scoring runtime of its own). ``${VAR}``
@@ -34,7 +45,7 @@ def make_runtime(config: RuntimeConfig, *, network: NetworkPolicy | None = None,
     if config.type == "docker":
         from prefect_rollouts.runtimes.docker import DockerRuntime  # the docker SDK loads only when used
 
-        return DockerRuntime(config, network=network, labels=labels, source=source, binds=binds)
+        return DockerRuntime(config, network=network, labels=labels, source=source, binds=binds, egress=egress)
     from prefect_rollouts.runtimes.local import LocalRuntime
 
     return LocalRuntime(config, network=network, labels=labels, binds=binds)

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from prefect_rollouts.config.agent import NetworkPolicy, RuntimeConfig
+from prefect_rollouts.config.agent import RuntimeConfig
+from prefect_rollouts.config.network import NetworkPolicy
 from prefect_rollouts.errors import scrub
 
 SCRUB_SLACK_BYTES = 4096

@@ -4,15 +4,16 @@ Built on the Python ``docker`` SDK (a local daemon or ``DOCKER_HOST``). The cont
 ``sleep infinity`` under an init process with CPU, memory and pids limits, all capabilities
 dropped and ``no-new-privileges``, labelled with the run, rollout and flow run ids, the Prefect
 API and the owning process, so the janitor flow can find leftovers and tell whose owner is
-gone. ``network = "none"`` gives it only a loopback interface. ``storage_mb`` is its disk quota,
+gone. ``network = "none"`` gives it only a loopback interface; under ``{ allow, block }`` its only
+way out is the agent's egress proxy (``docker_network``, ``egress``). ``storage_mb`` is its disk quota,
 enforced as this engine allows (``docker_storage``); ``check_storage`` tells whether it was filled.
 The SDK is blocking, so every call runs in a thread of the runtime's own pool (``_in_thread``):
 an ``exec`` holds its thread for the whole command, and asyncio's default pool (``min(32,
 cores + 4)`` threads, 6 here) would queue concurrent commands behind each other. ``stop``
 removes the container on every path, cancellation included.
 
-Past 400 lines (about 510) because every part works on the one container handle; the eval-engine
-issue (22) splits the runtimes package, and the archive work (upload, artifacts) moves out then.
+Past 400 lines (about 580) because every part works on the one container handle; the archive work
+(upload, artifacts) is the part to move out next.
 """
 
 from __future__ import annotations
@@ -38,10 +39,13 @@ import docker.errors
 from docker.types import Mount
 
 from prefect_rollouts import limits
-from prefect_rollouts.config.agent import NetworkPolicy, RuntimeConfig
+from prefect_rollouts.config.agent import RuntimeConfig
+from prefect_rollouts.config.network import NetworkPolicy
 from prefect_rollouts.errors import InfrastructureError, RuntimeUnavailableError, TaskError
+from prefect_rollouts.runtimes import docker_network as net
 from prefect_rollouts.runtimes import docker_storage as storage
 from prefect_rollouts.runtimes.base import SCRUB_SLACK_BYTES, ExecResult, output_text
+from prefect_rollouts.runtimes.egress import EgressProxy, Route
 from prefect_rollouts.runtimes.owner import current_owner
 
 LABEL = "org.prefect-rollouts"
@@ -146,11 +150,12 @@ class DockerRuntime:
             the evidence the janitor flow goes by.
         source: The config table ``config`` came from, named in error messages.
         binds: Host directory -> container path, bind-mounted read-write (``PATH:ro``: read-only).
+        egress: The agent's egress proxy; needed once the network policy has rules.
     """
 
     def __init__(self, config: RuntimeConfig, *, network: NetworkPolicy | None = None,
                  labels: dict[str, str] | None = None, source: str = "[env.agent.runtime]",
-                 binds: dict[str, str] | None = None) -> None:
+                 binds: dict[str, str] | None = None, egress: EgressProxy | None = None) -> None:
         self.config = config
         self.binds = {host: inside.removesuffix(":ro") for host, inside in (binds or {}).items()}
         self._read_only = {host for host, inside in (binds or {}).items() if inside.endswith(":ro")}
@@ -164,6 +169,15 @@ class DockerRuntime:
         self._quota: dict[str, Any] = {}
         """The quota's ``mode``, ``paths`` and ``enospc`` (a command or write saw "No space left on
         device"); shared with ``scoped`` views, whose commands fill the same filesystems."""
+        self._egress = egress
+        self._net: dict[str, Any] = {"network": self.network}
+        """Shared with ``scoped`` views: the container's ``network`` policy now, and under rules its
+        ``route``, ``proxy`` (address, port), ``guarded`` and the proxy variables ``env``."""
+
+    @property
+    def egress_route(self) -> Route | None:
+        """This container's route through the egress proxy (None until a policy with rules applied)."""
+        return self._net.get("route")
 
     async def start(self) -> None:
         """Create and start the container.
@@ -196,6 +210,41 @@ class DockerRuntime:
             await self._release_slot()
             raise
         self.id = self.container.id
+        if self.network.mode == "rules":
+            try:
+                await self._restrict(self.network)
+            except BaseException:
+                await self.stop()
+                raise
+
+    async def _restrict(self, policy: NetworkPolicy) -> None:
+        """Route the container through the egress proxy under ``policy``, guarded (``docker_network``).
+
+        Raises:
+            RuntimeUnavailableError: no egress proxy, the proxy cannot listen on the network's
+                gateway (a remote engine), or the guard could not be set (not retryable).
+        """
+        state = self._net
+        if "route" not in state:
+            if self._egress is None:
+                raise RuntimeUnavailableError(f"{self.source} network = {{ allow/block }} needs the agent's egress "
+                                              "proxy: run the rollout through an agent (make_agent)", retryable=False)
+            gateway = await _in_thread(net.gateway, docker_client(), self.container, self.config.docker_network)
+            try:
+                port = await self._egress.listen(gateway)
+            except OSError as exc:
+                raise RuntimeUnavailableError(
+                    f"{self.source} network = {{ allow/block }}: the egress proxy cannot listen on {gateway}, the "
+                    f"gateway of Docker network {self.config.docker_network!r} ({exc}). Rules need a Docker engine on "
+                    "this machine", retryable=False) from exc
+            route = self._egress.open_route(policy, phase="scoring" if self.labels.get("role") == "scoring" else
+                                            "setup")
+            state.update(route=route, proxy=(gateway, port), guarded=False,
+                         env=EgressProxy.environment(route, gateway, port))
+        state["route"].policy = policy
+        if not state["guarded"]:
+            await _in_thread(net.guard, docker_client(), self.container, state["proxy"])
+            state["guarded"] = True
 
     def _create(self) -> Any:
         client = docker_client()
@@ -209,7 +258,6 @@ class DockerRuntime:
                 retryable=False) from None
         labels = {LABEL: "1", f"{LABEL}.started_at": str(int(time.time())), f"{LABEL}.owner": str(current_owner()),
                   **{f"{LABEL}.{key}": value for key, value in self.labels.items()}}
-        none = self.network.mode == "none"
         mode, home = storage.quota_mode(_engine_info(client)), storage.image_home(image, config)
         quota = storage.quota_options(config, mode, home)
         mounts = [*quota.pop("mounts", []), *(Mount(inside, host, type="bind", read_only=host in self._read_only)
@@ -217,7 +265,7 @@ class DockerRuntime:
         try:
             container = client.containers.run(
                 config.image, ["sleep", "infinity"], detach=True, init=True, working_dir=config.workdir,
-                labels=labels, network_mode="none" if none else config.docker_network,
+                labels=labels, **net.create_options(self.network.mode, config.docker_network),
                 nano_cpus=int(config.cpus * 1e9), mem_limit=f"{config.memory_mb}m", pids_limit=config.pids_limit,
                 cap_drop=["ALL"], security_opt=["no-new-privileges"], environment=dict(config.env), mounts=mounts,
                 **quota)
@@ -332,7 +380,7 @@ class DockerRuntime:
                             f"quota ({where}). Raise storage_mb, or have the task write less")
 
     async def stop(self) -> None:
-        """Remove the container (force). Idempotent; a ``scoped`` view leaves it alone."""
+        """Remove the container (force) and close its egress route. Idempotent; a ``scoped`` view leaves it alone."""
         container, self.container = self.container, None
         if container is not None and self._owner:
             job = asyncio.ensure_future(_in_thread(_remove, container))
@@ -342,6 +390,8 @@ class DockerRuntime:
                 await job
                 raise
             finally:
+                if (route := self._net.get("route")) is not None and self._egress is not None:
+                    self._egress.close_route(route)
                 await self._release_slot()
 
     async def _release_slot(self) -> None:
@@ -351,26 +401,35 @@ class DockerRuntime:
 
     async def scoped(self, *, env: dict[str, str] | None = None, network: NetworkPolicy | None = None) -> DockerRuntime:
         """A view of this started container whose commands get ``env``; ``network`` (if it
-        differs) reconnects the container: ``none`` disconnects every network, ``open``
-        connects ``docker_network``. Stopping the view does nothing."""
+        differs) applies to the container from now on, for every view (``docker_network.py``: ``none``
+        leaves loopback only, ``open`` joins ``docker_network``, rules guard it and go through the
+        egress proxy). Stopping the view does nothing."""
         view = copy.copy(self)
         view.config = self.config.model_copy(update={"env": {**self.config.env, **(env or {})}})
         view._owner = False
-        if network is not None and network.mode != self.network.mode:
-            await _in_thread(self._set_network, network)
-            view.network = self.network = network
+        if network is not None and network != self._net["network"]:
+            await self._apply(network)
+        view.network = self.network = self._net["network"]
         return view
 
-    def _set_network(self, network: NetworkPolicy) -> None:
-        client = docker_client()
-        self.container.reload()
-        attached = list(self.container.attrs["NetworkSettings"]["Networks"])
-        for name in attached:
-            client.networks.get(name).disconnect(self.container, force=True)
-        if network.mode == "open":
-            client.networks.get(self.config.docker_network).connect(self.container)
+    async def _apply(self, target: NetworkPolicy) -> None:
+        state, client, name = self._net, docker_client(), self.config.docker_network
+        before = state["network"].mode
+        if target.mode == "rules":
+            if before == "none":   # nothing gets out while it joins the network and the proxy is let in
+                await _in_thread(net.guard, client, self.container, None)
+                state["guarded"] = False
+                await _in_thread(net.attach, client, self.container, name)
+            await self._restrict(target)
+        elif target.mode == "open":
+            if state.get("guarded"):
+                await _in_thread(net.unguard, client, self.container)
+                state["guarded"] = False
+            if before == "none":
+                await _in_thread(net.attach, client, self.container, name)
         else:
-            client.networks.get("none").connect(self.container)
+            await _in_thread(net.attach, client, self.container, "none")
+        state["network"] = target
 
     async def exec(self, cmd: str, timeout: float | None = None, env: dict[str, str] | None = None) -> ExecResult:
         """``Runtime.exec`` in ``config.workdir``.
@@ -383,7 +442,8 @@ class DockerRuntime:
         Raises ``RuntimeUnavailableError`` (retryable) when the container is gone or the engine failed.
         """
         limit = timeout or self.config.exec_timeout_s
-        environment = {**self.config.env, **(env or {})}
+        proxied = self._net.get("env", {}) if self._net["network"].mode == "rules" else {}
+        environment = {**self.config.env, **(env or {}), **proxied}
         started = time.monotonic()
         code, out, err = await _in_thread(self._exec, ["bash", "-c", _WRAPPER, "bash", cmd, f"{limit:.3f}"],
                                                  environment)

@@ -37,7 +37,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from prefect_rollouts.config.agent import NetworkPolicy, RuntimeConfig
+from prefect_rollouts.config.agent import RuntimeConfig
+from prefect_rollouts.config.network import NetworkPolicy
 from prefect_rollouts.errors import ConfigError, RuntimeUnavailableError, TaskError
 from prefect_rollouts.runtimes.base import SCRUB_SLACK_BYTES, ExecResult, output_text
 from prefect_rollouts.runtimes.owner import Owner, current_owner

@@ -32,8 +32,8 @@ MIRROR = "http://deb.debian.org/debian"
 
 _DOCKERFILE = """\
 FROM {base}
-RUN if ! command -v python3 >/dev/null; then \\
-      apt-get update && apt-get install -y --no-install-recommends python3 ca-certificates \\
+RUN if ! command -v python3 >/dev/null || ! command -v iptables >/dev/null; then \\
+      apt-get update && apt-get install -y --no-install-recommends python3 ca-certificates iptables \\
       && rm -rf /var/lib/apt/lists/*; fi \\
     && mkdir -p /workspace
 WORKDIR /workspace

@@ -17,6 +17,7 @@ from typing import Any
 from prefect_rollouts.config.agent import RuntimeConfig, ScoringConfig
 from prefect_rollouts.errors import RuntimeUnavailableError
 from prefect_rollouts.runtimes import make_runtime
+from prefect_rollouts.runtimes.egress import EgressProxy, take_network_log
 from prefect_rollouts.scoring.env import resolve_env
 from prefect_rollouts.scoring.judges import JudgeClients, run_judges
 from prefect_rollouts.scoring.rewards import run_scoring_functions
@@ -41,7 +42,7 @@ async def score_shared(task: Task, trace: Trace, runtime: Any, scoring: ScoringC
 
 async def score_isolated(task: Task, trace: Trace, artifacts: bytes, scoring: ScoringConfig,
                          agent_runtime: RuntimeConfig, labels: dict[str, str] | None = None,
-                         judges: JudgeClients | None = None) -> None:
+                         judges: JudgeClients | None = None, egress: EgressProxy | None = None) -> None:
     """Restore ``artifacts`` into a fresh runtime and run the task's scoring functions there (one
     attempt); then ``scoring.judges``, which need no runtime.
 
@@ -58,6 +59,8 @@ async def score_isolated(task: Task, trace: Trace, artifacts: bytes, scoring: Sc
         agent_runtime: The agent's runtime config.
         labels: Labels for the scoring runtime.
         judges: Judge clients shared across rollouts (None: opened for this call).
+        egress: The agent's egress proxy (a ``{ allow, block }`` scoring network); the runtime's
+            network records go onto ``trace.network``.
 
     Raises:
         ScoringEnvError: a ``${VAR}`` is unset without default (not retryable).
@@ -68,7 +71,7 @@ async def score_isolated(task: Task, trace: Trace, artifacts: bytes, scoring: Sc
     trace.info["scoring_attempts"] = trace.info.get("scoring_attempts", 0) + 1
     source = "[env.agent.scoring.runtime]" if scoring.runtime is not None else "[env.agent.runtime]"
     runtime = make_runtime(scoring.runtime or agent_runtime, network=scoring.network,
-                           labels={**(labels or {}), "role": "scoring"}, source=source)
+                           labels={**(labels or {}), "role": "scoring"}, source=source, egress=egress)
     try:
         await runtime.start()
         if "." in task.data.artifacts:   # the whole workspace: the agent's replaces the image's (deletions too)
@@ -80,4 +83,5 @@ async def score_isolated(task: Task, trace: Trace, artifacts: bytes, scoring: Sc
         await run_scoring_functions(task, trace, await runtime.scoped(env=env))
     finally:
         await asyncio.shield(runtime.stop())
+        take_network_log(runtime, trace)
     await run_judges(scoring.judges, task, trace, judges)

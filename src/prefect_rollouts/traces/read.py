@@ -86,6 +86,30 @@ def read_model_calls(path: Root, *, columns: list[str] | None = None, **filters:
     return calls.to_pandas().drop_duplicates(["rollout_id", "call_index"], keep="first").reset_index(drop=True)
 
 
+NETWORK_COLUMNS = ["run_id", "environment", "task_id", "rollout_index", "rollout_id", "phase", "method", "host",
+                   "port", "sni", "address", "allowed", "reason", "error", "bytes_sent", "bytes_received",
+                   "started_at", "duration_s"]
+"""The columns of ``read_network``: a rollout's key, then ``trace.NetworkRecord``'s fields."""
+
+
+def read_network(path: Root, **filters: Any) -> pd.DataFrame:
+    """The network log of the matching rollouts, one row per connection the egress proxy saw
+    (``NETWORK_COLUMNS``; ``started_at`` a UTC timestamp), in rollout and connection order (same
+    ``filters`` as ``read_rollouts``). Rollouts under ``open`` or ``none`` have no rows; files
+    written before schema version 5 have none either.
+
+    "Which tasks tried to reach what": ``read_network(root, run_id="nightly").query("not allowed")``.
+    """
+    rollouts = read_rollouts(path, columns=["rollout_id", "network"], **filters)
+    rows = [{"run_id": row.run_id, "environment": row.environment, "task_id": row.task_id,
+             "rollout_index": row.rollout_index, "rollout_id": row.rollout_id, **record}
+            for row in rollouts.itertuples() if isinstance(row.network, str)
+            for record in json.loads(row.network)]
+    frame = pd.DataFrame(rows, columns=NETWORK_COLUMNS)
+    frame["started_at"] = pd.to_datetime(frame["started_at"], unit="s", utc=True)
+    return frame
+
+
 def read_traces(path: Root, **filters: Any) -> list[Trace]:
     """The full ``Trace`` objects of the matching rollouts."""
     return [Trace.model_validate_json(text) for text in read_rollouts(path, **filters)["trace"]]

@@ -8,7 +8,9 @@ JSON strings, which pandas and DuckDB (``json_extract``) both read without a sch
 Versions: 1 first layout; 2 adds ``cached_tokens`` and ``reasoning_tokens`` (null when the server
 does not report them) to both tables and ``attempts`` to ``model_calls``; 4: the ``trace`` column's
 JSON leaves out ``last_reply``, which repeated the last assistant message of ``messages`` (a 5 MB
-reply was stored twice); ``Trace`` derives it again when the row is read, from files of any version.
+reply was stored twice); ``Trace`` derives it again when the row is read, from files of any version;
+5 adds ``network`` (the trace's network log, a JSON list) and ``network_denied`` to ``rollouts``
+(``read_network`` gives one row per connection).
 Readers read files of every version with the current schema: a column a file lacks reads as null.
 """
 
@@ -23,7 +25,7 @@ import pyarrow as pa
 from prefect_rollouts.trace import Trace
 
 #: Bumped when a column is added or changes meaning or type; readers can filter on it.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 DERIVED_FROM_MESSAGES = {"last_reply"}
 """``Trace`` fields the ``trace`` column leaves out: each repeats text of ``messages`` (``Trace`` derives it)."""
@@ -73,6 +75,8 @@ ROLLOUTS = pa.schema([
     ("teardown_s", pa.float64()),
     ("info", pa.string()),
     ("errors", pa.string()),
+    ("network", pa.string()),
+    ("network_denied", pa.int32()),
     ("trace", pa.string()),
 ])
 
@@ -148,6 +152,8 @@ def rollout_row(trace: Trace, *, rollout_index: int, environment: str, config_ha
         "teardown_s": timings.get("teardown"),
         "info": json.dumps(trace.info, default=repr),      # task code may put any object in info
         "errors": json.dumps([e.model_dump() for e in trace.errors]),
+        "network": json.dumps([record.model_dump() for record in trace.network]),
+        "network_denied": sum(not record.allowed for record in trace.network),
         "trace": trace.model_dump_json(fallback=repr, exclude=DERIVED_FROM_MESSAGES),
     }
 
