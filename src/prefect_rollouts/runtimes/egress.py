@@ -37,7 +37,6 @@ import logging
 import secrets
 import socket
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -79,7 +78,8 @@ class Route:
     credential: str = field(default_factory=lambda: "rollout-egress-" + secrets.token_hex(16))
     records: list[NetworkRecord] = field(default_factory=list)
     dropped: int = 0
-    tunnels: set[asyncio.Task[None]] = field(default_factory=set)
+    tunnels: set[_Client] = field(default_factory=set)
+    """Its open connections, closed with the route."""
 
     def record(self, record: NetworkRecord) -> None:
         if len(self.records) < MAX_RECORDS:
@@ -105,7 +105,7 @@ class EgressProxy:
         """
         async with self._lock:
             if host not in self._servers:
-                server = await asyncio.start_server(self._serve, host, 0, limit=MAX_HEAD_BYTES, backlog=1024)
+                server = await asyncio.get_running_loop().create_server(lambda: _Client(self), host, 0, backlog=1024)
                 self._servers[host] = (server, server.sockets[0].getsockname()[1])
             return self._servers[host][1]
 
@@ -119,7 +119,7 @@ class EgressProxy:
         """Forget ``route`` and close its open connections (idempotent)."""
         self._routes.pop(route.id, None)
         for tunnel in list(route.tunnels):
-            tunnel.cancel()
+            tunnel.close()
 
     @staticmethod
     def environment(route: Route, host: str, port: int) -> dict[str, str]:
@@ -139,37 +139,6 @@ class EgressProxy:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 5)
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            try:
-                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
-            except asyncio.LimitOverrunError:
-                await _refuse(writer, 431, "Request Header Fields Too Large",
-                              f"request head over {MAX_HEAD_BYTES} bytes")
-                return
-            request = _parse_head(head)
-            if request is None:
-                await _refuse(writer, 400, "Bad Request", "not an HTTP proxy request (an absolute http:// URL, or "
-                              "CONNECT host:port for https)")
-                return
-            route = self._authorised(request.headers.get("proxy-authorization", ""))
-            if route is None:
-                await _refuse(writer, 407, "Proxy Authentication Required",
-                              "this is a prefect-rollouts egress proxy; it serves its own rollouts only",
-                              extra='Proxy-Authenticate: Basic realm="prefect-rollouts"\r\n')
-                return
-            task = asyncio.current_task()
-            assert task is not None
-            route.tunnels.add(task)
-            try:
-                await self._relay(route, request, reader, writer)
-            finally:
-                route.tunnels.discard(task)
-        except (asyncio.IncompleteReadError, TimeoutError, ConnectionError, OSError):
-            pass   # the client went away or stalled: nothing to tell it
-        finally:
-            writer.close()
-
     def _authorised(self, header: str) -> Route | None:
         scheme, _, value = header.partition(" ")
         if scheme.lower() != "basic":
@@ -181,14 +150,120 @@ class EgressProxy:
         route = self._routes.get(user)
         return route if route is not None and hmac.compare_digest(password, route.credential) else None
 
-    async def _relay(self, route: Route, request: _Request, reader: asyncio.StreamReader,
-                     writer: asyncio.StreamWriter) -> None:
-        started = time.time()
-        record = NetworkRecord(phase=route.phase, method=request.method, host=request.host[:255],
-                               port=request.port, allowed=False, reason="", started_at=started)
+
+class _Client(asyncio.Protocol):
+    """One connection from a runtime: the request head, the checks (in a task), then a relay.
+
+    Relaying is protocol to protocol (``data_received`` writes straight into the other transport,
+    with each side's write buffer pausing the other's reading), not streams: a stream hop cost
+    several times the CPU per chunk (``benchmarks/egress_proxy.py``).
+    """
+
+    def __init__(self, proxy: EgressProxy) -> None:
+        self.proxy = proxy
+        self.transport: asyncio.Transport | None = None
+        self.upstream: asyncio.Transport | None = None
+        self.route: Route | None = None
+        self.record: NetworkRecord | None = None
+        self.state = "head"            # head -> checking -> hello (CONNECT) -> relay -> closed
+        self.buffer = bytearray()
+        self.job: asyncio.Task[None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.started = time.time()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT_S, self.close)
+
+    def data_received(self, data: bytes) -> None:
+        if self.state == "relay":
+            assert self.upstream is not None and self.record is not None
+            self.record.bytes_sent += len(data)
+            self.upstream.write(data)
+            return
+        self.buffer += data
+        if self.state == "head":
+            end = self.buffer.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self.buffer) > MAX_HEAD_BYTES:
+                    self.refuse(431, "Request Header Fields Too Large", f"request head over {MAX_HEAD_BYTES} bytes")
+                return
+            head, self.buffer = bytes(self.buffer[:end + 4]), self.buffer[end + 4:]
+            self.state = "checking"
+            self._pause()
+            self.job = asyncio.ensure_future(self._check(head))
+        elif self.state == "hello":
+            self._hello()
+
+    def eof_received(self) -> bool:
+        if self.state == "relay" and self.upstream is not None and self.upstream.can_write_eof():
+            self.upstream.write_eof()   # the request is complete; the answer still comes back
+            return True
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.close()
+
+    def pause_writing(self) -> None:
+        if self.upstream is not None:
+            self.upstream.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.upstream is not None:
+            self.upstream.resume_reading()
+
+    def _pause(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+
+    def _resume(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def close(self) -> None:
+        """End the connection both ways (a route closing, a timeout, either side gone); idempotent."""
+        if self.state == "closed":
+            return
+        self.state = "closed"
+        for handle in (self.timer, self.job):
+            if handle is not None:
+                handle.cancel()
+        if self.route is not None:
+            self.route.tunnels.discard(self)
+        if self.record is not None:
+            self.record.duration_s = time.time() - self.started
+        for transport in (self.transport, self.upstream):
+            if transport is not None:
+                transport.close()
+
+    def refuse(self, status: int, phrase: str, message: str, extra: str = "") -> None:
+        body = f"prefect-rollouts egress proxy: {message}\n".encode()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(f"HTTP/1.1 {status} {phrase}\r\nContent-Type: text/plain; charset=utf-8\r\n{extra}"
+                                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+        self.close()
+
+    async def _check(self, head: bytes) -> None:
+        request = _parse_head(head)
+        if request is None:
+            self.refuse(400, "Bad Request", "not an HTTP proxy request (an absolute http:// URL, or CONNECT "
+                        "host:port for https)")
+            return
+        route = self.proxy._authorised(request.headers.get("proxy-authorization", ""))
+        if route is None:
+            self.refuse(407, "Proxy Authentication Required",
+                        "this is a prefect-rollouts egress proxy; it serves its own rollouts only",
+                        extra='Proxy-Authenticate: Basic realm="prefect-rollouts"\r\n')
+            return
+        if self.timer is not None:
+            self.timer.cancel()
+        self.route = route
+        route.tunnels.add(self)
+        self.record = record = NetworkRecord(phase=route.phase, method=request.method, host=request.host[:255],
+                                             port=request.port, allowed=False, reason="", started_at=self.started)
         route.record(record)
-        policy = route.policy
-        scheme = "https" if request.method == "CONNECT" else "http"
+        policy, scheme = route.policy, "https" if request.method == "CONNECT" else "http"
         allowed, reason, rule = policy.decide(scheme, request.host, request.port)
         host_header = request.host_header
         if allowed and host_header is not None and host_header != request.host:
@@ -196,46 +271,95 @@ class EgressProxy:
             reason = reason if allowed else f"Host header {host_header[:255]!r}: {why}"
         record.reason = reason
         if not allowed:
-            await _refuse(writer, 403, "Forbidden", f"{request.method} {request.host}:{request.port} denied: "
-                          f"{reason} (this rollout's network policy, {route.phase} phase)")
-            record.duration_s = time.time() - started
+            self.refuse(403, "Forbidden", f"{request.method} {request.host[:255]}:{request.port} denied: {reason} "
+                        f"(this rollout's network policy, {route.phase} phase)")
             return
         try:
             address = await _resolve(request.host, request.port)
             if is_special_address(address) and (rule is None or not rule.exact):
-                record.allowed, record.reason = False, (f"{request.host} resolves to {address}, a loopback or "
+                record.allowed, record.reason = False, (f"{request.host[:255]} resolves to {address}, a loopback or "
                                                         "link-local address, which only a rule naming the host "
                                                         "exactly reaches")
-                await _refuse(writer, 403, "Forbidden", f"{request.host}:{request.port} denied: {record.reason}")
+                self.refuse(403, "Forbidden", f"{request.host[:255]}:{request.port} denied: {record.reason}")
                 return
             record.allowed, record.address = True, address
-            upstream_reader, upstream_writer = await asyncio.wait_for(
-                asyncio.open_connection(address, request.port, limit=CHUNK_BYTES), CONNECT_TIMEOUT_S)
+            loop = asyncio.get_running_loop()
+            upstream, _ = await asyncio.wait_for(
+                loop.create_connection(lambda: _Upstream(self), address, request.port), CONNECT_TIMEOUT_S)
         except (OSError, TimeoutError) as exc:
-            record.allowed = True
-            record.error = f"cannot reach {request.host}:{request.port}: {str(exc) or type(exc).__name__}"
-            await _refuse(writer, 502, "Bad Gateway", record.error)
-            record.duration_s = time.time() - started
+            record.error = f"cannot reach {request.host[:255]}:{request.port}: {str(exc) or type(exc).__name__}"
+            self.refuse(502, "Bad Gateway", record.error)
             return
-        try:
-            if request.method == "CONNECT":
-                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                await writer.drain()
-                first = await _client_hello(reader)
-                if first.sni is not None:
-                    record.sni = first.sni[:255]
-                    ok, why, _ = policy.decide("https", first.sni, request.port)
-                    if not ok:
-                        record.allowed, record.reason = False, f"TLS server name {first.sni[:255]!r}: {why}"
-                        return
-                upstream_writer.write(first.data)
-                record.bytes_sent += len(first.data)
-            else:
-                upstream_writer.write(request.origin_head())
-            await _pipe_both(reader, writer, upstream_reader, upstream_writer, record)
-        finally:
-            upstream_writer.close()
-            record.duration_s = time.time() - started
+        if self.state == "closed":   # the runtime went away while this connected
+            upstream.close()
+            return
+        self.upstream = upstream
+        assert self.transport is not None
+        if request.method == "CONNECT":
+            self.transport.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            self.state = "hello"
+            self._hello()
+        else:
+            upstream.write(request.origin_head())
+            self._relay()
+        self._resume()
+
+    def _hello(self) -> None:
+        """In a tunnel: wait for the client's first TLS record, check its server name, then relay."""
+        data, route, record = self.buffer, self.route, self.record
+        assert route is not None and record is not None
+        if not data:
+            return
+        if data[0] == 0x16:   # a TLS handshake record: its 5-byte header, then the ClientHello
+            if len(data) < 5:
+                return
+            length = int.from_bytes(data[3:5], "big")
+            if length <= 18 * 1024 and len(data) < 5 + length:
+                return
+            name = server_name(bytes(data[5:5 + length])) if length <= 18 * 1024 else None
+            if name is not None:
+                record.sni = name[:255]
+                ok, why, _ = route.policy.decide("https", name, record.port)
+                if not ok:
+                    record.allowed, record.reason = False, f"TLS server name {name[:255]!r}: {why}"
+                    self.close()
+                    return
+        self._relay()
+
+    def _relay(self) -> None:
+        assert self.upstream is not None and self.record is not None
+        self.state = "relay"
+        if self.buffer:
+            self.record.bytes_sent += len(self.buffer)
+            self.upstream.write(bytes(self.buffer))
+            self.buffer = bytearray()
+
+
+class _Upstream(asyncio.Protocol):
+    """The proxy's connection to the host: what comes back goes straight to the runtime."""
+
+    def __init__(self, client: _Client) -> None:
+        self.client = client
+
+    def data_received(self, data: bytes) -> None:
+        client = self.client
+        if client.record is not None:
+            client.record.bytes_received += len(data)
+        if client.transport is not None:
+            client.transport.write(data)
+
+    def eof_received(self) -> bool:
+        return False   # the host is done: close, which ends the runtime's side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.client.close()
+
+    def pause_writing(self) -> None:
+        self.client._pause()
+
+    def resume_writing(self) -> None:
+        if self.client.state == "relay":
+            self.client._resume()
 
 
 @dataclass(slots=True)
@@ -292,25 +416,6 @@ def _parse_head(head: bytes) -> _Request | None:
     return _Request(method, target, version, url.hostname.lower(), port, headers, lines, path)
 
 
-@dataclass(slots=True)
-class _First:
-    data: bytes
-    sni: str | None
-
-
-async def _client_hello(reader: asyncio.StreamReader) -> _First:
-    """The client's first bytes in a tunnel and, for a TLS ClientHello, its server name."""
-    first = await reader.read(1)
-    if first != b"\x16":   # not a TLS handshake record (or the client closed)
-        return _First(first, None)
-    header = first + await reader.readexactly(4)
-    length = int.from_bytes(header[3:5], "big")
-    if length > 16 * 1024 + 2048:
-        return _First(header, None)
-    body = await reader.readexactly(length)
-    return _First(header + body, server_name(body))
-
-
 def server_name(handshake: bytes) -> str | None:
     """The ``server_name`` (RFC 6066) of a TLS ClientHello handshake message, else None.
 
@@ -347,45 +452,6 @@ async def _resolve(host: str, port: int) -> str:
     if not infos:
         raise OSError(f"{host}: no IPv4 address")
     return str(infos[0][4][0])
-
-
-async def _pipe_both(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     upstream_reader: asyncio.StreamReader, upstream_writer: asyncio.StreamWriter,
-                     record: NetworkRecord) -> None:
-    """Copy both ways until the host is done (the runtime's EOF is passed on as a half-close)."""
-    def count_sent(size: int) -> None:
-        record.bytes_sent += size
-
-    def count_received(size: int) -> None:
-        record.bytes_received += size
-    up = asyncio.ensure_future(_pipe(reader, upstream_writer, count_sent))
-    down = asyncio.ensure_future(_pipe(upstream_reader, writer, count_received))
-    try:   # the runtime's EOF is passed on and the host's answer awaited; the host's EOF ends both
-        done, _ = await asyncio.wait([up, down], return_when=asyncio.FIRST_COMPLETED)
-        if up in done and not up.cancelled() and up.exception() is None:
-            await asyncio.wait([down])
-    finally:
-        up.cancel()
-        down.cancel()
-
-
-async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter, count: Callable[[int], None]) -> None:
-    while chunk := await source.read(CHUNK_BYTES):
-        count(len(chunk))
-        sink.write(chunk)
-        await sink.drain()
-    if sink.can_write_eof():
-        with contextlib.suppress(OSError):
-            sink.write_eof()
-
-
-async def _refuse(writer: asyncio.StreamWriter, status: int, phrase: str, message: str, extra: str = "") -> None:
-    body = f"prefect-rollouts egress proxy: {message}\n".encode()
-    writer.write(f"HTTP/1.1 {status} {phrase}\r\nContent-Type: text/plain; charset=utf-8\r\n{extra}"
-                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
-    with contextlib.suppress(Exception):
-        await writer.drain()
-
 
 
 def mark_phase(runtime: object, phase: str) -> None:
