@@ -5,7 +5,7 @@ a process of its own:
 
 - **per request in a tunnel**: 32 clients each hold one connection (direct, or a ``CONNECT`` tunnel
   through the proxy) and do 200 round trips of 512 bytes; median and p95 of a round trip, and what
-  the proxy adds to each;
+  the proxy adds to each (and the same for one connection alone);
 - **per new connection**: 32 clients each open 50 connections one after another and do one round
   trip on each (direct: ``connect``; proxied: ``connect`` + ``CONNECT`` + credential check + the
   proxy's own resolve and connect upstream), and the proxy's CPU per connection;
@@ -99,14 +99,14 @@ async def round_trip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter)
     return time.perf_counter() - started
 
 
-async def in_tunnel(target: Target) -> list[float]:
+async def in_tunnel(target: Target, connections: int = CONNECTIONS) -> list[float]:
     async def client() -> list[float]:
         reader, writer = await target.open()
         await round_trip(reader, writer)   # warm
         times = [await round_trip(reader, writer) for _ in range(ROUND_TRIPS)]
         writer.close()
         return times
-    return [t for times in await asyncio.gather(*(client() for _ in range(CONNECTIONS))) for t in times]
+    return [t for times in await asyncio.gather(*(client() for _ in range(connections))) for t in times]
 
 
 async def new_connections(target: Target) -> list[float]:
@@ -166,6 +166,9 @@ async def main() -> None:
     for name, values in (("direct", direct), ("proxied", proxied)):
         print(f"  {name:8} median {ms(values, 50):6.3f} ms   p95 {ms(values, 95):6.3f} ms")
     print(f"  added    median {ms(proxied, 50) - ms(direct, 50):6.3f} ms   p95 {ms(proxied, 95) - ms(direct, 95):6.3f} ms")
+    alone, alone_proxied = await in_tunnel(Target(echo_port, None), 1), await in_tunnel(Target(echo_port, echo_route), 1)
+    print(f"  one connection alone: added median {ms(alone_proxied, 50) - ms(alone, 50):6.3f} ms   "
+          f"p95 {ms(alone_proxied, 95) - ms(alone, 95):6.3f} ms")
     direct = await new_connections(Target(echo_port, None))
     before = cpu_s(echo_proxy.pid)
     proxied = await new_connections(Target(echo_port, echo_route))
