@@ -72,6 +72,12 @@ def test_a_malformed_rule_is_a_config_error_naming_it(rule, says):
         policy(allow=[rule])
 
 
+def test_a_trailing_dot_is_a_fully_qualified_name_and_ports_are_ascii_digits():
+    assert parse_rule("PyPI.org.").text == "pypi.org" and parse_rule("pypi.org.:8080").text == "pypi.org:8080"
+    with pytest.raises(ValueError, match="must be a number"):
+        parse_rule("pypi.org:\uff18\uff10")   # full-width 80
+
+
 def test_block_wins_and_a_dead_allow_rule_is_explained():
     carve_out = policy(allow=["*.example.com"], block=["api.example.com"])
     assert carve_out.decide("https", "www.example.com", 443)[0]
@@ -81,6 +87,8 @@ def test_block_wins_and_a_dead_allow_rule_is_explained():
         policy(allow=["api.example.com"], block=["*.example.com"])
     with pytest.raises(ValidationError, match="blocks everything"):
         policy(allow=["pypi.org"], block=["*"])
+    with pytest.raises(ValidationError, match="blocks everything"):
+        policy(block=["*"])
     assert not policy(block=["evil.example"]).decide("https", "evil.example", 8443)[0]   # a bare block: every port
     assert policy(allow=["api.example.com"], block=["api.example.com:8443"]).decide("https", "api.example.com", 443)[0]
     with pytest.raises(ValidationError, match="wholly inside"):

@@ -79,8 +79,9 @@ def docker_config(**fields) -> vf.RuntimeConfig:
 
 @pytest.fixture(scope="module")
 def servers():
-    """``{"allowed.test": address, "blocked.test": address}``: two server containers on a network of
-    the test's own, their names in this machine's /etc/hosts while the module runs."""
+    """``{"allowed.test": address, "blocked.test": address, "network": its name}``: two server
+    containers on a network of the test's own, their names in this machine's /etc/hosts while the
+    module runs."""
     client = docker_client()
     tag = uuid.uuid4().hex[:8]
     network = client.networks.create(f"pr-net-{tag}", driver="bridge", labels={f"{LABEL}.test": "1"})
@@ -93,13 +94,15 @@ def servers():
                 labels={f"{LABEL}.test": "1"}, name=f"pr-{name.split('.')[0]}-{tag}"))
             server.reload()
             addresses[name] = server.attrs["NetworkSettings"]["Networks"][network.name]["IPAddress"]
-        HOSTS.write_text(original + "".join(f"{address} {name}  # pr-test-{tag}\n"
-                                            for name, address in addresses.items()))
+        # first: a line for the same name further down (another run's, a user's) must not win
+        HOSTS.write_text("".join(f"{address} {name}  # pr-test-{tag}\n" for name, address in addresses.items())
+                         + original)
         probe = [sys.executable, "-c", _GET]
         for name in addresses:   # each answers from this machine before a test relies on it
             assert wait_until(lambda name=name: "200" in subprocess.run(
                 [*probe, f"http://{name}:8080/ready"], capture_output=True, text=True, env={}).stdout,
                 timeout_s=60, interval_s=0.5), f"{name} did not start"
+        addresses["network"] = network.name
         yield addresses
     finally:
         HOSTS.write_text(original)
@@ -134,7 +137,7 @@ async def test_the_allowed_server_answers_and_everything_else_is_refused(servers
         assert (await out(runtime, python(get, "https://blocked.test:8443/"))).startswith("error")   # CONNECT refused
         assert (await out(runtime, python(get, "http://allowed.test:9999/"))).startswith("403")      # not that port
         direct = _DIRECT.replace("'", '"')
-        for address in servers.values():   # past the proxy: no route
+        for address in (servers["allowed.test"], servers["blocked.test"]):   # past the proxy: no route
             assert (await out(runtime, python(direct, address, "8080"))).startswith("refused")
         gateway, port = runtime._net["proxy"]
         assert (await out(runtime, python(direct, gateway, "22"))).startswith("refused")    # the host: the proxy only
@@ -155,6 +158,25 @@ async def test_the_allowed_server_answers_and_everything_else_is_refused(servers
     assert ("CONNECT", "allowed.test", 8443, True, "allowed.test") in log
     assert ("GET", "blocked.test", 8080, False, None) in log and ("CONNECT", "blocked.test", 8443, False, None) in log
     assert sum(not allowed for _, _, _, allowed, _ in log) == 3
+
+
+async def test_on_the_servers_own_network_neither_their_addresses_nor_dockers_dns_are_reachable(servers):
+    """A user-defined ``docker_network``: its peers are on the container's own link, and Docker's DNS
+    server on the container's loopback (127.0.0.11) would answer names, or forward them outside."""
+    egress = EgressProxy()
+    runtime = make_runtime(docker_config(network={"allow": ["allowed.test:8080"]}, docker_network=servers["network"]),
+                           egress=egress)
+    await runtime.start()
+    try:
+        peer = f"pr-allowed-{servers['network'].rsplit('-', 1)[1]}"
+        resolved = await runtime.exec(f"cat /etc/resolv.conf; getent hosts {peer}", timeout=30)
+        direct = await out(runtime, python(_DIRECT.replace("'", '"'), servers["blocked.test"], "8080"))
+        through = await out(runtime, python(_GET.replace("'", '"'), "http://allowed.test:8080/peer"))
+    finally:
+        await runtime.stop()
+        await egress.stop()
+    assert "127.0.0.11" in resolved.stdout and resolved.exit_code != 0, resolved   # Docker's DNS, refused
+    assert direct.startswith("refused") and through == "200 allowed.test /peer"
 
 
 async def test_a_tunnel_to_an_allowed_host_cannot_carry_a_blocked_server_name(servers):

@@ -126,7 +126,9 @@ async def test_a_tunnel_carries_bytes_and_checks_the_tls_server_name(proxy, upst
 def test_the_server_name_is_read_from_a_real_client_hello():
     hello = client_hello("Files.PythonHosted.org")
     assert hello[0] == 0x16 and server_name(hello[5:]) == "files.pythonhosted.org"
-    assert server_name(b"\x01\x00") is None and server_name(b"GET / HTTP/1.1") is None
+    for broken in (b"\x01\x00", b"GET / HTTP/1.1", hello[5:-20]):
+        with pytest.raises(ValueError):
+            server_name(broken)
 
 
 async def test_a_glob_never_reaches_loopback_but_an_exact_rule_does(proxy, upstream):
@@ -157,7 +159,7 @@ async def test_a_host_header_naming_a_blocked_host_is_refused(proxy, upstream):
 async def test_closing_a_route_closes_its_open_tunnels(proxy, upstream):
     egress, port = proxy
     route = egress.open_route(NetworkPolicy.model_validate({"allow": [f"127.0.0.1:{upstream}"]}))
-    reader, writer, head = await connect(port, f"127.0.0.1:{upstream}", route)
+    reader, writer, _ = await connect(port, f"127.0.0.1:{upstream}", route)
     writer.write(b"x")
     assert await reader.readexactly(1) == b"x"
     egress.close_route(route)
@@ -172,3 +174,104 @@ def test_the_credential_is_scrubbed_wherever_text_is_recorded():
     printed = "\n".join(f"{key}={value}" for key, value in environment.items())
     assert route.credential in printed and route.credential not in scrub(printed)
     assert route.credential[:20] not in scrub(printed)
+
+
+def split_records(hello: bytes, at: int) -> bytes:
+    """``hello`` (one TLS record) as two records, the handshake cut ``at`` bytes in."""
+    body = hello[5:]
+    return b"".join(b"\x16" + hello[1:3] + len(part).to_bytes(2, "big") + part for part in (body[:at], body[at:]))
+
+
+async def test_a_client_hello_split_over_records_is_joined_and_checked_and_garbage_closes_the_tunnel(proxy, upstream):
+    egress, port = proxy
+    route = egress.open_route(NetworkPolicy.model_validate({"allow": [f"127.0.0.1:{upstream}"],
+                                                            "block": ["blocked.test"]}))
+    for payload in (split_records(client_hello("blocked.test"), 10), b"\x16\x03\x01\x00\x05\x02\x00\x00\x01\x00"):
+        reader, writer, head = await connect(port, f"127.0.0.1:{upstream}", route)
+        assert head.startswith(b"HTTP/1.1 200")
+        writer.write(payload)
+        assert await asyncio.wait_for(reader.read(), 5) == b""   # closed, nothing echoed
+        writer.close()
+    split, garbage = route.records
+    assert (split.sni, split.allowed) == ("blocked.test", False) and "blocked by rule" in split.reason
+    assert not garbage.allowed and "ClientHello could not be read" in garbage.reason
+    reader, writer, head = await connect(port, f"127.0.0.1:{upstream}", route)   # split, and allowed: relayed
+    allowed = split_records(client_hello("127.0.0.1"), 40)
+    writer.write(allowed)
+    assert await asyncio.wait_for(reader.readexactly(len(allowed)), 5) == allowed
+    writer.close()
+
+
+async def request(port: int, route: Route, text: str) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    auth = base64.b64encode(f"{route.id}:{route.credential}".encode()).decode()
+    writer.write(text.replace("AUTH", f"Proxy-Authorization: Basic {auth}").encode())
+    answer = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    return answer
+
+
+async def test_a_request_the_proxy_cannot_check_is_refused_and_a_pipelined_one_never_leaves(proxy):
+    egress, port = proxy
+    heads: list[bytes] = []
+
+    async def recording(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(0.3)   # everything the proxy will ever send has arrived
+        heads.append(await reader.read(65536))
+        writer.write(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        writer.close()
+    server = await asyncio.start_server(recording, "127.0.0.1", 0)
+    target = server.sockets[0].getsockname()[1]
+    route = egress.open_route(NetworkPolicy.model_validate({"allow": [f"127.0.0.1:{target}"]}))
+    twice = await request(port, route, f"GET http://127.0.0.1:{target}/ HTTP/1.1\r\nHost: blocked.test\r\n"
+                                       "Host: 127.0.0.1\r\nAUTH\r\n\r\n")
+    assert twice.startswith(b"HTTP/1.1 400") and b"the Host header twice" in twice
+    chunked = await request(port, route, f"POST http://127.0.0.1:{target}/ HTTP/1.1\r\nTransfer-Encoding: chunked"
+                                         "\r\nAUTH\r\n\r\n")
+    assert chunked.startswith(b"HTTP/1.1 400") and b"send Content-Length" in chunked
+    answer = await request(port, route, f"POST http://127.0.0.1:{target}/a HTTP/1.1\r\nContent-Length: 3\r\nAUTH"
+                                        "\r\n\r\nabcGET /hidden HTTP/1.1\r\nHost: blocked.test\r\n\r\n")
+    server.close()
+    assert answer.endswith(b"ok")
+    (sent,) = heads
+    assert sent.startswith(b"POST /a HTTP/1.1\r\n") and sent.endswith(b"\r\n\r\nabc") and b"hidden" not in sent
+    assert b"Proxy-Authorization" not in sent and b"Connection: close" in sent
+    assert route.records[-1].bytes_sent == 3
+
+
+async def test_connections_are_capped_per_route_and_before_authentication(proxy, upstream, monkeypatch):
+    import prefect_rollouts.runtimes.egress as egress_module
+
+    egress, port = proxy
+    monkeypatch.setattr(egress_module, "MAX_TUNNELS_PER_ROUTE", 2)
+    route = egress.open_route(NetworkPolicy.model_validate({"allow": [f"127.0.0.1:{upstream}"]}))
+    held = [await connect(port, f"127.0.0.1:{upstream}", route) for _ in range(2)]
+    _, writer, head = await connect(port, f"127.0.0.1:{upstream}", route)
+    assert head.startswith(b"HTTP/1.1 503") and "connections of this rollout" in route.records[-1].reason
+    writer.close()
+    monkeypatch.setattr(egress_module, "MAX_PENDING", 1)
+    idle = await asyncio.open_connection("127.0.0.1", port)   # holds the one unauthenticated slot
+    await asyncio.sleep(0.1)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    assert await asyncio.wait_for(reader.read(), 5) == b""   # dropped at once
+    for _, held_writer, _ in held:
+        held_writer.close()
+    idle[1].close()
+    writer.close()
+
+
+def test_a_credential_the_runtime_plants_in_a_host_name_is_scrubbed_from_the_trace():
+    from prefect_rollouts.runtimes.egress import take_network_log
+    from prefect_rollouts.trace import NetworkRecord, Trace
+
+    route = Route(NetworkPolicy.model_validate({"allow": []}))
+    planted = f"{route.credential.upper()}.x"
+    route.records.append(NetworkRecord(phase="agent", method="CONNECT", host=planted, port=443, allowed=False,
+                                       reason=f"no allow rule names https://{planted}:443", started_at=0.0))
+
+    class Runtime:
+        egress_route = route
+    trace = Trace(task_id="t", model="m")
+    take_network_log(Runtime(), trace)
+    assert route.credential.lower() not in trace.model_dump_json().lower()
+    assert trace.network[0].host == "***.x"

@@ -146,9 +146,11 @@ def parse_rule(text: str) -> Rule:
     host, port = text, None
     if ":" in text:
         host, _, digits = text.rpartition(":")
-        if not digits.isdigit() or not 1 <= int(digits) <= 65535:
+        if not (digits.isascii() and digits.isdigit()) or not 1 <= int(digits) <= 65535:
             raise bad(f"port {digits!r}: must be a number from 1 to 65535")
         port = int(digits)
+    if host.endswith(".") and host != "*.":
+        host = host[:-1]   # a fully qualified name: "pypi.org." is pypi.org
     if host in ("*", "*."):
         raise bad("'*' alone allows every host and port; a glob needs a domain after it, e.g. *.example.com")
     if "*" in host.removeprefix("*.") or not _HOST.match(host):
@@ -203,6 +205,9 @@ class NetworkPolicy(ConfigModel):
         if self.mode != "rules" and (self.allow is not None or self.block):
             raise ValueError(f'mode = "{self.mode}" takes no allow or block; write network = {{ allow = [...], '
                              "block = [...] }} for rules")
+        if "*" in self.block and self.allow is None:
+            raise ValueError("block = ['*'] with allow left out blocks everything: write allow = [] (nothing but "
+                             'the harness endpoint) or network = "none"')
         if "*" in self.block and self.allow:
             raise ValueError(f"block = ['*'] blocks everything, so allow = {self.allow!r} does nothing; write "
                              'allow = [] (nothing but the harness endpoint) or network = "none"')

@@ -3,8 +3,9 @@
 - ``open``: the container is on ``docker_network`` (default ``bridge``) as Docker made it.
 - ``none``: on Docker's ``none`` network, a loopback interface only.
 - ``rules``: on ``docker_network`` with IPv6 off, and *guarded*: the packet filter of the
-  container's own network namespace drops everything but loopback and TCP to the egress proxy
-  (``gateway:port``, the host side of that network), and refuses new connections from outside.
+  container's own network namespace drops everything but loopback (Docker's embedded DNS server
+  at 127.0.0.11 excepted) and TCP to the egress proxy (``gateway:port``, the host side of that
+  network), and refuses new connections from outside.
   The rules are set by a short-lived helper container of the sandbox image (``SANDBOX_IMAGE``,
   which has ``iptables``) sharing the namespace with ``NET_ADMIN``; the rollout's container has
   every capability dropped, so nothing in it can undo them. DNS then reaches no server: a name
@@ -30,14 +31,17 @@ from prefect_rollouts.runtimes.sandbox import DEFAULT_IMAGE as SANDBOX_IMAGE
 GUARD_TIMEOUT_S = 60
 """The helper's longest run (it takes about 0.25 s here)."""
 
-# $1: the proxy's address, $2: its port; "" for both drops everything but loopback. iptables-nft
-# first, the legacy backend where the kernel has no nf_tables.
+# $1: the proxy's address, $2: its port; "" for both drops everything but loopback. Docker's
+# embedded DNS server of a user-defined network (127.0.0.11, on the loopback, which forwards what
+# it does not know to the host's resolver) is refused too. iptables-nft first, the legacy backend
+# where the kernel has no nf_tables.
 _GUARD = r"""set -e
 ipt() { iptables -w "$@" 2>/dev/null || iptables-legacy -w "$@"; }
 ipt -P INPUT DROP; ipt -P FORWARD DROP; ipt -P OUTPUT DROP
 ipt -F INPUT; ipt -F OUTPUT; ipt -F FORWARD
 ipt -A INPUT -i lo -j ACCEPT
 ipt -A INPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT
+ipt -A OUTPUT -d 127.0.0.11 -j REJECT
 ipt -A OUTPUT -o lo -j ACCEPT
 if [ -n "$1" ]; then ipt -A OUTPUT -d "$1" -p tcp --dport "$2" -j ACCEPT; fi
 ipt -A OUTPUT -p tcp -j REJECT --reject-with tcp-reset

@@ -41,14 +41,23 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from prefect_rollouts.config.network import NetworkPolicy, is_special_address
+from prefect_rollouts.errors import scrub
 from prefect_rollouts.trace import NetworkRecord, Trace
 
 logger = logging.getLogger("prefect_rollouts.egress")
 
 MAX_HEAD_BYTES = 64 * 1024
 """The longest request head taken (431 above): a proxy request is a line and a few headers."""
-HEAD_TIMEOUT_S = 30.0
-"""A client that sends no complete request head within this many seconds is dropped."""
+HEAD_TIMEOUT_S = 10.0
+"""A client that sends no complete request head (or, in a tunnel, no complete TLS ClientHello once
+it began one) within this many seconds is dropped."""
+MAX_PENDING = 1024
+"""Connections the proxy holds before they have authenticated; more are dropped at once, so one
+runtime cannot use up the agent's file descriptors."""
+MAX_TUNNELS_PER_ROUTE = 256
+"""Connections one rollout may have open through the proxy at once (more get 503, and a record)."""
+MAX_HELLO_BYTES = 64 * 1024
+"""The longest TLS ClientHello read (it may span several records); a longer one closes the tunnel."""
 CONNECT_TIMEOUT_S = 30.0
 """Resolving and connecting to the upstream host, in seconds (then 502)."""
 MAX_RECORDS = 10_000
@@ -95,6 +104,8 @@ class EgressProxy:
     def __init__(self) -> None:
         self._routes: dict[str, Route] = {}
         self._servers: dict[str, tuple[asyncio.Server, int]] = {}
+        self.pending = 0
+        """Connections not yet authenticated (``MAX_PENDING``)."""
         self._lock = asyncio.Lock()
 
     async def listen(self, host: str) -> int:
@@ -170,17 +181,36 @@ class _Client(asyncio.Protocol):
         self.job: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.started = time.time()
+        self.pending = False
+        self.body_left = 0
+        """A plain request: bytes of its body still to send upstream; what comes after is dropped."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        if self.proxy.pending >= MAX_PENDING:
+            self.state = "closed"
+            transport.abort()
+            return
+        self.proxy.pending += 1
+        self.pending = True
         self.timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT_S, self.close)
+
+    def _authenticated(self) -> None:
+        if self.pending:
+            self.pending = False
+            self.proxy.pending -= 1
 
     def data_received(self, data: bytes) -> None:
         if self.state == "relay":
             assert self.upstream is not None and self.record is not None
             self.record.bytes_sent += len(data)
             self.upstream.write(data)
+            return
+        if self.state == "body":
+            self._send_body(data)
+            return
+        if self.state == "closed":
             return
         self.buffer += data
         if self.state == "head":
@@ -197,8 +227,10 @@ class _Client(asyncio.Protocol):
             self._hello()
 
     def eof_received(self) -> bool:
+        if self.state == "body":
+            return True   # the request is sent; its answer still comes back
         if self.state == "relay" and self.upstream is not None and self.upstream.can_write_eof():
-            self.upstream.write_eof()   # the request is complete; the answer still comes back
+            self.upstream.write_eof()   # the runtime is done sending; the answer still comes back
             return True
         return False
 
@@ -226,6 +258,7 @@ class _Client(asyncio.Protocol):
         if self.state == "closed":
             return
         self.state = "closed"
+        self._authenticated()
         for handle in (self.timer, self.job):
             if handle is not None:
                 handle.cancel()
@@ -245,10 +278,10 @@ class _Client(asyncio.Protocol):
         self.close()
 
     async def _check(self, head: bytes) -> None:
-        request = _parse_head(head)
-        if request is None:
-            self.refuse(400, "Bad Request", "not an HTTP proxy request (an absolute http:// URL, or CONNECT "
-                        "host:port for https)")
+        try:
+            request = _parse_head(head)
+        except ValueError as exc:
+            self.refuse(400, "Bad Request", str(exc))
             return
         route = self.proxy._authorised(request.headers.get("proxy-authorization", ""))
         if route is None:
@@ -258,11 +291,16 @@ class _Client(asyncio.Protocol):
             return
         if self.timer is not None:
             self.timer.cancel()
+        self._authenticated()
         self.route = route
-        route.tunnels.add(self)
         self.record = record = NetworkRecord(phase=route.phase, method=request.method, host=request.host[:255],
                                              port=request.port, allowed=False, reason="", started_at=self.started)
         route.record(record)
+        if len(route.tunnels) >= MAX_TUNNELS_PER_ROUTE:
+            record.reason = f"more than {MAX_TUNNELS_PER_ROUTE} connections of this rollout open at once"
+            self.refuse(503, "Service Unavailable", record.reason)
+            return
+        route.tunnels.add(self)
         policy, scheme = route.policy, "https" if request.method == "CONNECT" else "http"
         allowed, reason, rule = policy.decide(scheme, request.host, request.port)
         host_header = request.host_header
@@ -301,29 +339,46 @@ class _Client(asyncio.Protocol):
             self._hello()
         else:
             upstream.write(request.origin_head())
-            self._relay()
+            self.state, self.body_left = "body", request.content_length
+            body, self.buffer = bytes(self.buffer), bytearray()
+            self._send_body(body)
         self._resume()
 
+    def _send_body(self, data: bytes) -> None:
+        """A plain request's body goes upstream, up to its ``Content-Length``; bytes after it (a
+        pipelined second request, which would escape the checks) are dropped."""
+        assert self.upstream is not None and self.record is not None
+        part = data[:self.body_left]
+        if part:
+            self.body_left -= len(part)
+            self.record.bytes_sent += len(part)
+            self.upstream.write(part)
+
     def _hello(self) -> None:
-        """In a tunnel: wait for the client's first TLS record, check its server name, then relay."""
-        data, route, record = self.buffer, self.route, self.record
+        """In a tunnel: wait for the client's whole TLS ClientHello (it may span several records),
+        check its server name, then relay; bytes that are not TLS are relayed as they are (the
+        tunnel's host and port were checked). A ClientHello that cannot be read closes the tunnel."""
+        route, record = self.route, self.record
         assert route is not None and record is not None
-        if not data:
+        status, name = _client_hello(self.buffer)
+        if status == "wait":
+            if self.timer is None and self.buffer:
+                self.timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT_S, self.close)
             return
-        if data[0] == 0x16:   # a TLS handshake record: its 5-byte header, then the ClientHello
-            if len(data) < 5:
+        if self.timer is not None:
+            self.timer.cancel()
+        if status == "bad":
+            record.allowed, record.reason = False, ("the TLS ClientHello could not be read (malformed, cut short or "
+                                                    f"over {MAX_HELLO_BYTES} bytes), so its server name is unknown")
+            self.close()
+            return
+        if name is not None:
+            record.sni = name[:255]
+            ok, why, _ = route.policy.decide("https", name, record.port)
+            if not ok:
+                record.allowed, record.reason = False, f"TLS server name {name[:255]!r}: {why}"
+                self.close()
                 return
-            length = int.from_bytes(data[3:5], "big")
-            if length <= 18 * 1024 and len(data) < 5 + length:
-                return
-            name = server_name(bytes(data[5:5 + length])) if length <= 18 * 1024 else None
-            if name is not None:
-                record.sni = name[:255]
-                ok, why, _ = route.policy.decide("https", name, record.port)
-                if not ok:
-                    record.allowed, record.reason = False, f"TLS server name {name[:255]!r}: {why}"
-                    self.close()
-                    return
         self._relay()
 
     def _relay(self) -> None:
@@ -381,6 +436,10 @@ class _Request:
         host = value.strip().lower()
         return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
+    @property
+    def content_length(self) -> int:
+        return int(self.headers.get("content-length", "0"))
+
     def origin_head(self) -> bytes:
         """The request head for the upstream: origin form, hop-by-hop headers dropped, ``Connection: close``."""
         kept = [line for line in self.lines[1:] if line.split(":", 1)[0].strip().lower() not in _HOP_HEADERS]
@@ -388,59 +447,125 @@ class _Request:
                            ).encode("latin-1")
 
 
-def _parse_head(head: bytes) -> _Request | None:
+_SINGLE = {"host", "content-length", "transfer-encoding", "proxy-authorization"}
+
+
+def _parse_head(head: bytes) -> _Request:
+    """The proxy request in ``head`` (up to and including its blank line).
+
+    Raises:
+        ValueError: not a proxy request, or one the proxy cannot check (the message says which).
+    """
     lines = head.decode("latin-1").split("\r\n")[:-2]
     parts = lines[0].split(" ") if lines else []
     if len(parts) != 3 or not parts[2].startswith("HTTP/"):
-        return None
+        raise ValueError("not an HTTP proxy request (an absolute http:// URL, or CONNECT host:port for https)")
     method, target, version = parts
-    headers = {}
+    headers: dict[str, str] = {}
     for line in lines[1:]:
         name, sep, value = line.partition(":")
-        if not sep:
-            return None
-        headers[name.strip().lower()] = value.strip()
+        key = name.lower()
+        if not sep or not name or name != name.strip():
+            raise ValueError(f"malformed header line {line[:100]!r}")
+        if key in _SINGLE and key in headers:
+            raise ValueError(f"the {name} header twice")
+        headers[key] = value.strip()
     if method == "CONNECT":
         host, sep, digits = target.rpartition(":")
-        if not sep or not digits.isdigit() or not 0 < int(digits) < 65536 or not host or host.startswith("["):
-            return None
-        return _Request(method, target, version, host.lower(), int(digits), headers, lines)
+        if not sep or not _port(digits) or not host or host.startswith("["):
+            raise ValueError(f"CONNECT {target[:100]!r}: write CONNECT host:port (IPv6 is off)")
+        return _Request(method, target, version, host.lower().rstrip("."), int(digits), headers, lines)
     url = urlsplit(target)
     if url.scheme != "http" or not url.hostname:
-        return None   # origin form (not a proxy request), or https:// which needs CONNECT
+        raise ValueError("not a proxy request: a plain request names an absolute http:// URL; https goes through "
+                         "CONNECT")
     try:
         port = url.port or 80
     except ValueError:
-        return None
+        raise ValueError(f"{target[:100]!r}: the port is not a number from 1 to 65535") from None
+    if "transfer-encoding" in headers:
+        raise ValueError("a chunked request body cannot be checked through this proxy; send Content-Length")
+    if not _port(headers.get("content-length", "0"), upper=2**63):
+        raise ValueError("Content-Length is not a number")
     path = (url.path or "/") + (f"?{url.query}" if url.query else "")
-    return _Request(method, target, version, url.hostname.lower(), port, headers, lines, path)
+    return _Request(method, target, version, url.hostname.lower().rstrip("."), port, headers, lines, path)
+
+
+def _port(digits: str, upper: int = 65535) -> bool:
+    """ASCII digits naming a number from 1 (0 when ``upper`` is not a port's) to ``upper``."""
+    return digits.isascii() and digits.isdigit() and (0 if upper != 65535 else 1) <= int(digits) <= upper
+
+
+def _client_hello(data: bytearray) -> tuple[str, str | None]:
+    """``("wait", None)`` until the ClientHello in ``data`` is whole, then ``("hello", server name or
+    None)``; ``("tls-free", None)`` when the tunnel's first bytes are not TLS; ``("bad", None)`` when
+    they are TLS but no ClientHello can be read from them."""
+    if not data:
+        return "wait", None
+    if data[0] != 0x16:
+        return "tls-free", None
+    handshake, at = bytearray(), 0
+    while True:
+        if len(data) < at + 5:
+            return ("bad", None) if len(data) > MAX_HELLO_BYTES else ("wait", None)
+        if data[at] != 0x16:
+            return "bad", None   # another record type before the ClientHello was whole
+        length = int.from_bytes(data[at + 3:at + 5], "big")
+        if len(data) < at + 5 + length:
+            return ("bad", None) if at + 5 + length > MAX_HELLO_BYTES + 5 else ("wait", None)
+        handshake += data[at + 5:at + 5 + length]
+        at += 5 + length
+        if len(handshake) >= 4:
+            need = 4 + int.from_bytes(handshake[1:4], "big")
+            if handshake[0] != 1 or need > MAX_HELLO_BYTES:
+                return "bad", None
+            if len(handshake) >= need:
+                try:
+                    return "hello", server_name(bytes(handshake[:need]))
+                except ValueError:
+                    return "bad", None
 
 
 def server_name(handshake: bytes) -> str | None:
-    """The ``server_name`` (RFC 6066) of a TLS ClientHello handshake message, else None.
+    """The ``server_name`` (RFC 6066) of a whole TLS ClientHello handshake message (its 4-byte
+    header included, the records' payloads joined), or None when it names none.
 
-    ``handshake``: the body of the first TLS record (type 1 message, its 4-byte header included).
+    Raises:
+        ValueError: it is not a ClientHello, or a length in it runs past its end.
     """
+    def need(upto: int) -> None:
+        if upto > len(handshake):
+            raise ValueError("the ClientHello is cut short")
     try:
         if handshake[0] != 1:
-            return None
+            raise ValueError("not a ClientHello")
         at = 4 + 2 + 32                                   # header, client version, random
         at += 1 + handshake[at]                           # session id
+        need(at + 2)
         at += 2 + int.from_bytes(handshake[at:at + 2], "big")   # cipher suites
+        need(at + 1)
         at += 1 + handshake[at]                           # compression methods
+        if at == len(handshake):
+            return None   # no extensions
+        need(at + 2)
         end = at + 2 + int.from_bytes(handshake[at:at + 2], "big")
+        need(end)
         at += 2
         while at + 4 <= end:
             kind, size = int.from_bytes(handshake[at:at + 2], "big"), int.from_bytes(handshake[at + 2:at + 4], "big")
             at += 4
+            need(at + size)
             if kind == 0:   # server_name: list length, then (type 0, length, name)
-                if handshake[at + 2] != 0:
-                    return None
+                if size < 5 or handshake[at + 2] != 0:
+                    raise ValueError("a server_name that is not a host name")
                 name_length = int.from_bytes(handshake[at + 3:at + 5], "big")
+                need(at + 5 + name_length)
                 return handshake[at + 5:at + 5 + name_length].decode("ascii").lower().rstrip(".")
             at += size
-    except (IndexError, UnicodeDecodeError):
-        return None
+    except IndexError:
+        raise ValueError("the ClientHello is cut short") from None
+    except UnicodeDecodeError:
+        raise ValueError("a server name that is not ASCII") from None
     return None
 
 
@@ -468,6 +593,10 @@ def take_network_log(runtime: object, trace: Trace) -> None:
     if route is None:
         return
     records, route.records = route.records, []
+    for record in records:   # the runtime chose these texts: its own credential may be among them
+        record.host, record.reason = scrub(record.host), scrub(record.reason)
+        record.sni = scrub(record.sni) if record.sni is not None else None
+        record.error = scrub(record.error) if record.error is not None else None
     trace.network.extend(records)
     if route.dropped:
         trace.info["network_log_dropped"] = trace.info.get("network_log_dropped", 0) + route.dropped
