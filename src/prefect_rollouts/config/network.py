@@ -184,7 +184,12 @@ class NetworkPolicy(ConfigModel):
     @classmethod
     def _from_string(cls, value: Any) -> Any:
         if isinstance(value, str):
+            if value == "rules":
+                raise ValueError('"rules" is not a policy by itself: write network = { allow = [...], block = [...] }')
             return {"mode": value}
+        if isinstance(value, list):
+            raise ValueError('network is "open", "none" or a table of rules; for a list of hosts write '
+                             "network = { allow = [...] }")
         if isinstance(value, dict) and value.get("mode") in ("open", "none") and value.get("allow") == [] and \
                 not value.get("block"):
             value = {key: item for key, item in value.items() if key != "allow"}   # a config stored before rules
@@ -218,6 +223,10 @@ class NetworkPolicy(ConfigModel):
                                  "so it does nothing; remove one of them. A block inside an allow is fine: "
                                  "allow = ['*.example.com'], block = ['api.example.com'] keeps api out")
         return self
+
+    def describe(self) -> str | dict[str, Any]:
+        """``"open"``, ``"none"``, or ``{"allow": [...] or None, "block": [...]}`` (for a trace's info)."""
+        return self.mode if self.mode != "rules" else {"allow": self.allow, "block": self.block}
 
     @functools.cached_property
     def allow_rules(self) -> list[Rule]:

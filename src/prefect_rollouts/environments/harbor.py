@@ -137,7 +137,7 @@ class HarborTask(Task):
         info = trace.info.setdefault("harbor", {}) if trace is not None else {}
         info.update(image=runtime.config.image, workdir=runtime.config.workdir,
                     build_s=image.build_s if (image := getattr(self, "image", None)) else None,
-                    network={"agent": runtime.network.mode, "verifier": self.network("verifier").mode})
+                    network={"agent": runtime.network.describe(), "verifier": self.network("verifier").describe()})
         made = await runtime.exec("mkdir -p " + " ".join(LOG_DIRS), timeout=60)
         if made.exit_code != 0:
             raise TaskError(f"Harbor task {self.id!r}: cannot make {', '.join(LOG_DIRS)} in the box: "
