@@ -285,3 +285,24 @@ async def test_a_killed_owner_leaves_nothing_the_janitor_does_not_remove():
     assert len(left()) == 1   # the rollout's container; its guard helper was gone before
     removed = await janitor_flow(max_age_minutes=180)
     assert left() == [] and len(removed) >= 1
+
+
+async def test_a_harbor_allowlist_holds_per_phase(servers, agent_config, tmp_path):
+    """Issue 23, part 5: ``allowlist`` for the agent phase, ``no-network`` for the verifier."""
+    from tests.docker.test_harbor_docker import harbor_config, run_all, task_dir
+
+    get = _GET.replace("'", '"')
+    fetch = python(get, "http://allowed.test:8080/solve") + " > /app/allowed.txt; " + \
+        python(get, "http://blocked.test:8080/solve") + " > /app/blocked.txt\n"
+    check = ('grep -q "^200 allowed.test /solve" /app/allowed.txt && grep -q "^403" /app/blocked.txt && '
+             f'! {python(get, "http://allowed.test:8080/verifier")} | grep -q "^200" && '
+             'echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n')
+    task_dir(tmp_path, "listed", toml='version = "1.0"\n[environment]\nnetwork_mode = "allowlist"\n'
+                                      'allowed_hosts = ["allowed.test:8080"]\n[verifier]\nnetwork_mode = "no-network"\n',
+             solve_sh=fetch, test_sh=check)
+    trace = (await run_all(harbor_config(agent_config, "oracle"), tmp_path))["listed"]
+    assert (trace.errors, trace.reward) == ([], 1.0)
+    assert trace.info["harbor"]["network"] == {"agent": {"allow": ["allowed.test:8080"], "block": []},
+                                               "verifier": "none"}
+    assert [(r.phase, r.host, r.allowed) for r in trace.network] == [("agent", "allowed.test", True),
+                                                                     ("agent", "blocked.test", False)]
