@@ -229,12 +229,17 @@ async def test_the_agent_reaches_the_allowed_host_scoring_under_none_reaches_not
                           scoring={"network": "none"})
     async with vf.make_agent(config) as agent:
         trace = await agent.run(Reached(vf.TaskData(prompt="probe")))
+        proxy = agent._services.egress
+        assert proxy._servers   # it listened
     assert (trace.errors, trace.reward) == ([], 1.0)
     assert "200 allowed.test /agent" in trace.tool_calls[0].output and "403" in trace.tool_calls[0].output
     assert trace.metrics["scoring_reached"] == 0.0
     assert [(r.phase, r.host, r.allowed) for r in trace.network] == [("agent", "allowed.test", True),
                                                                      ("agent", "blocked.test", False)]
     assert "rollout-egress-" not in trace.model_dump_json()   # the credential is scrubbed from tool output
+    left = docker_client().containers.list(all=True, sparse=True, filters={"label": f"{LABEL}.rollout_id={trace.id}"})
+    assert left == []   # the rollout's container and its guard helpers are gone, the proxy stopped with the agent
+    assert proxy._servers == {} and proxy._routes == {}   # stopped with the agent
     writer = TraceWriter(tmp_path, run_id="net")
     writer.add(trace, rollout_index=0, environment="probe", config_hash="h", elapsed_s=1.0)
     writer.flush()
