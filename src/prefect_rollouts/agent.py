@@ -23,7 +23,7 @@ from prefect_rollouts.model.open import open_client
 from prefect_rollouts.rollout import Rollout
 from prefect_rollouts.runtimes.egress import EgressProxy
 from prefect_rollouts.scoring.judges import JudgeClients, client_key, open_judges
-from prefect_rollouts.stages import Segment, new_state, opening_messages
+from prefect_rollouts.stages import RolloutState, Segment, new_state, opening_messages
 from prefect_rollouts.task import Task
 from prefect_rollouts.trace import Receipt, SendRecord, Trace
 
@@ -56,7 +56,7 @@ class _Services:
             stack.push_async_callback(self.egress.stop)
 
     def state(self, config: AgentConfig, task: Task, info: dict[str, Any], labels: dict[str, str] | None = None
-              ) -> Any:
+              ) -> RolloutState:
         """A new rollout's ``RolloutState`` on these services."""
         return new_state(config, task, self.client, agent_info=info, labels=labels, judge_clients=self.judges,
                          endpoint=self.endpoint, egress=self.egress)

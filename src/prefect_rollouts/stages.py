@@ -25,9 +25,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from prefect_rollouts.config.agent import AgentConfig, ScoringConfig, effective_scoring, local_rules_error
-from prefect_rollouts.config.network import compose
-from prefect_rollouts.errors import ConfigError, InfrastructureError, StageTimeoutError
+from prefect_rollouts.config.agent import AgentConfig, ScoringConfig, effective_scoring, with_task_network
+from prefect_rollouts.errors import InfrastructureError, StageTimeoutError
 from prefect_rollouts.harnesses import Harness, make_harness
 from prefect_rollouts.model.local import is_local
 from prefect_rollouts.runtimes import Runtime, make_runtime
@@ -200,7 +199,8 @@ async def setup(state: RolloutState) -> None:
     """
     try:
         async with _timed(state, "setup", state.config.timeouts.setup):
-            state.config = config = with_task_network(await state.task.prepare(state.config), state.task)
+            state.config = config = with_task_network(await state.task.prepare(state.config), state.task.data.network,
+                                                         state.task.id)
             state.runtime = make_runtime(config.runtime, labels=state.labels, binds=state.harness.binds,
                                          egress=state.egress)
             await state.runtime.start()
@@ -213,20 +213,6 @@ async def setup(state: RolloutState) -> None:
     except BaseException:
         await stop_runtime(state)
         raise
-
-
-def with_task_network(config: AgentConfig, task: Task) -> AgentConfig:
-    """``config`` with its ``runtime.network`` composed with ``task.data.network``.
-
-    Raises:
-        ConfigError: the composed policy has rules and the runtime is local.
-    """
-    network = compose(config.runtime.network, task.data.network)
-    if network == config.runtime.network:
-        return config
-    if network.mode == "rules" and config.runtime.type == "local":
-        raise ConfigError(f"task {task.id!r}: TaskData.network {local_rules_error('network')}")
-    return config.model_copy(update={"runtime": config.runtime.model_copy(update={"network": network})})
 
 
 async def run_segment(state: RolloutState, messages: list[dict[str, Any]]) -> Segment:

@@ -7,6 +7,7 @@ program here does). No traffic leaves the machine.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -250,12 +251,17 @@ async def test_the_agent_reaches_the_allowed_host_scoring_under_none_reaches_not
 
 
 async def test_the_program_harness_endpoint_works_under_allow_nothing(openai_server, agent_config):
-    openai_server.play([tool_call("bash", command="echo hi"), reply("done")])
+    """The program reaches the model through the endpoint (two calls) while its own request out is refused."""
+    probe = python(_GET.replace("'", '"'), "http://allowed.test:8080/program")
+    openai_server.play([tool_call("bash", command=probe), reply("done")])
     config = agent_config(harness="bash", runtime=docker_config(network={"allow": []}))
     async with vf.make_agent(config) as agent:
-        trace = await agent.run(vf.Task(vf.TaskData(prompt="say hi")))
+        trace = await agent.run(vf.Task(vf.TaskData(prompt="fetch it")))
     assert (trace.errors, trace.stop_condition, trace.last_reply) == ([], "agent_completed", "done")
-    assert len(trace.model_calls) == 2 and trace.network == []   # the endpoint is direct, never proxied
+    assert len(trace.model_calls) == 2   # the endpoint is on loopback, never proxied
+    assert [(r.phase, r.host, r.allowed, r.reason) for r in trace.network] == [
+        ("agent", "allowed.test", False, "allow = [] lets nothing through")]
+    assert "403 prefect-rollouts egress proxy" in json.dumps(trace.messages)   # what the program saw
 
 
 _HOLD = textwrap.dedent("""\

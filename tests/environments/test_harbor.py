@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 import prefect_rollouts as vf
+from prefect_rollouts.config.agent import with_task_network
 from prefect_rollouts.environments import load_taskset
 from prefect_rollouts.environments.harbor import HarborTask
 from prefect_rollouts.environments.harbor_config import TaskToml
 from prefect_rollouts.environments.harbor_reward import read_reward
 from prefect_rollouts.errors import ConfigError, TaskError
-from prefect_rollouts.stages import with_task_network
 
 pytestmark = pytest.mark.unit
 
@@ -169,10 +169,11 @@ def test_an_allowlist_maps_onto_rules_per_phase(tmp_path):
     assert listed.data.network == vf.NetworkPolicy.model_validate({"allow": ["pypi.org", "*.pythonhosted.org"]})
     assert listed.data.scoring.network.allow == ["https://grader.example"]
     assert offline.data.network.allow == ["api.example.com:8443"] and offline.data.scoring.network.mode == "open"
-    composed = with_task_network(vf.AgentConfig(model="m", runtime={"type": "docker"}), listed).runtime.network
+    composed = with_task_network(vf.AgentConfig(model="m", runtime={"type": "docker"}), listed.data.network,
+                                 listed.id).runtime.network
     assert composed == listed.data.network   # the agent left its network open: the task's rules
     closed = vf.AgentConfig(model="m", runtime={"type": "docker", "network": "none"})
-    assert with_task_network(closed, listed).runtime.network.mode == "none"
+    assert with_task_network(closed, listed.data.network, listed.id).runtime.network.mode == "none"
 
 
 async def test_a_harbor_task_needs_the_docker_runtime(tmp_path):

@@ -13,7 +13,8 @@ import pytest
 
 from prefect_rollouts import NetworkPolicy
 from prefect_rollouts.errors import scrub
-from prefect_rollouts.runtimes.egress import EgressProxy, Route, server_name
+from prefect_rollouts.runtimes.egress import EgressProxy, Route
+from prefect_rollouts.runtimes.egress_wire import server_name
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 

@@ -21,7 +21,7 @@ from prefect_rollouts.config.base import (
     SamplingConfig,
 )
 from prefect_rollouts.config.judge import AnyJudgeConfig
-from prefect_rollouts.config.network import NetworkPolicy
+from prefect_rollouts.config.network import NetworkPolicy, compose
 from prefect_rollouts.config.sources import config_dir, read_toml, validate_config
 from prefect_rollouts.errors import ConfigError
 
@@ -335,3 +335,18 @@ def load_config(source: str | Path, *, section: str = "env.agent") -> AgentConfi
                               f"Add a [{section}] table (model defaults to \"local/smollm2\")")
         table = table[part]
     return validate_config(AgentConfig, table, section, config_dir(source))
+
+
+def with_task_network(config: AgentConfig, task_network: NetworkPolicy | None, task_id: str) -> AgentConfig:
+    """``config`` with its ``runtime.network`` composed with a task's ``TaskData.network``
+    (``config.network.compose``), as ``effective_scoring`` merges the task's scoring.
+
+    Raises:
+        ConfigError: the composed policy has rules and the runtime is local.
+    """
+    network = compose(config.runtime.network, task_network)
+    if network == config.runtime.network:
+        return config
+    if network.mode == "rules" and config.runtime.type == "local":
+        raise ConfigError(f"task {task_id!r}: TaskData.network {local_rules_error('network')}")
+    return config.model_copy(update={"runtime": config.runtime.model_copy(update={"network": network})})

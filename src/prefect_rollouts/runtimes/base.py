@@ -55,11 +55,14 @@ class Runtime(Protocol):
 
     id: str
     config: RuntimeConfig
-    network: NetworkPolicy
-    """The network policy its commands run under."""
     binds: dict[str, str]
     """Host directories mounted into the runtime (``make_runtime(binds=...)``): host path -> where it
     appears inside (``local``: the host path itself; without the ``:ro`` of a read-only bind)."""
+
+    @property
+    def network(self) -> NetworkPolicy:
+        """The network policy its commands run under."""
+        ...
 
     async def start(self) -> None:
         """Create the workspace.

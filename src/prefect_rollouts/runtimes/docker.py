@@ -160,7 +160,6 @@ class DockerRuntime:
         self.binds = {host: inside.removesuffix(":ro") for host, inside in (binds or {}).items()}
         self._read_only = {host for host, inside in (binds or {}).items() if inside.endswith(":ro")}
         self.source = source
-        self.network = network or config.network
         self.labels = dict(labels or {})
         self.id = ""
         self.container: Any = None
@@ -170,9 +169,15 @@ class DockerRuntime:
         """The quota's ``mode``, ``paths`` and ``enospc`` (a command or write saw "No space left on
         device"); shared with ``scoped`` views, whose commands fill the same filesystems."""
         self._egress = egress
-        self._net: dict[str, Any] = {"network": self.network}
+        self._net: dict[str, Any] = {"network": network or config.network}
         """Shared with ``scoped`` views: the container's ``network`` policy now, and under rules its
         ``route``, ``proxy`` (address, port), ``guarded`` and the proxy variables ``env``."""
+
+    @property
+    def network(self) -> NetworkPolicy:
+        """The policy the container's commands run under now (the same for every ``scoped`` view)."""
+        policy: NetworkPolicy = self._net["network"]
+        return policy
 
     @property
     def egress_route(self) -> Route | None:
@@ -407,9 +412,8 @@ class DockerRuntime:
         view = copy.copy(self)
         view.config = self.config.model_copy(update={"env": {**self.config.env, **(env or {})}})
         view._owner = False
-        if network is not None and network != self._net["network"]:
+        if network is not None and network != self.network:
             await self._apply(network)
-        view.network = self.network = self._net["network"]
         return view
 
     async def _apply(self, target: NetworkPolicy) -> None:
@@ -442,7 +446,7 @@ class DockerRuntime:
         Raises ``RuntimeUnavailableError`` (retryable) when the container is gone or the engine failed.
         """
         limit = timeout or self.config.exec_timeout_s
-        proxied = self._net.get("env", {}) if self._net["network"].mode == "rules" else {}
+        proxied = self._net.get("env", {}) if self.network.mode == "rules" else {}
         environment = {**self.config.env, **(env or {}), **proxied}
         started = time.monotonic()
         code, out, err = await _in_thread(self._exec, ["bash", "-c", _WRAPPER, "bash", cmd, f"{limit:.3f}"],

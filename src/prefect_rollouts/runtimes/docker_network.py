@@ -19,13 +19,11 @@ project, so the janitor removes one left by a killed process. All functions bloc
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import docker.errors
 
 from prefect_rollouts.errors import RuntimeUnavailableError
-from prefect_rollouts.runtimes.owner import current_owner
 from prefect_rollouts.runtimes.sandbox import DEFAULT_IMAGE as SANDBOX_IMAGE
 
 GUARD_TIMEOUT_S = 60
@@ -106,10 +104,8 @@ def attach(client: docker.DockerClient, container: Any, network: str) -> None:
 
 
 def _helper(client: docker.DockerClient, container: Any, script: str, *args: str) -> None:
-    own = {key: value for key, value in (container.labels or {}).items() if key.startswith("org.prefect-rollouts")}
-    labels = {**own, "org.prefect-rollouts": "1", "org.prefect-rollouts.role": "network-guard",
-              "org.prefect-rollouts.owner": str(current_owner()),
-              "org.prefect-rollouts.started_at": str(int(time.time()))}   # the rollout's run and ids too
+    # the rollout container's labels (run, rollout, owner, started_at): the janitor treats the helper as it
+    labels = {**(container.labels or {}), "org.prefect-rollouts.role": "network-guard"}
     try:
         helper = client.containers.run(
             SANDBOX_IMAGE, ["sh", "-c", script, "guard", *args], detach=True, network_mode=f"container:{container.id}",

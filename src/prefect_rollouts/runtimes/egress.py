@@ -21,6 +21,8 @@ What is checked (``NetworkPolicy.decide``; no TLS interception):
 A refused request gets ``403`` with a text body saying what was refused and why; a refused
 server name closes the tunnel. Every request becomes a ``NetworkRecord`` on its route (up to
 ``MAX_RECORDS``; more are counted in ``Route.dropped``). Closing a route closes its open tunnels.
+Reading the request head and the ClientHello is ``egress_wire.py``. Past 400 lines (about 450)
+because the connection's states (head, checking, hello, body, relay) are one protocol class.
 
 Must not import Prefect.
 """
@@ -38,10 +40,10 @@ import secrets
 import socket
 import time
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 from prefect_rollouts.config.network import NetworkPolicy, is_special_address
 from prefect_rollouts.errors import scrub
+from prefect_rollouts.runtimes.egress_wire import MAX_HELLO_BYTES, client_hello, parse_head
 from prefect_rollouts.trace import NetworkRecord, Trace
 
 logger = logging.getLogger("prefect_rollouts.egress")
@@ -56,8 +58,6 @@ MAX_PENDING = 1024
 runtime cannot use up the agent's file descriptors."""
 MAX_TUNNELS_PER_ROUTE = 256
 """Connections one rollout may have open through the proxy at once (more get 503, and a record)."""
-MAX_HELLO_BYTES = 64 * 1024
-"""The longest TLS ClientHello read (it may span several records); a longer one closes the tunnel."""
 CONNECT_TIMEOUT_S = 30.0
 """Resolving and connecting to the upstream host, in seconds (then 502)."""
 MAX_RECORDS = 10_000
@@ -65,7 +65,6 @@ MAX_RECORDS = 10_000
 CHUNK_BYTES = 64 * 1024
 NO_PROXY = "localhost,127.0.0.1,::1"
 """What goes direct: the loopback, where the program-harness endpoint's relay listens."""
-_HOP_HEADERS = {"proxy-authorization", "proxy-connection", "connection", "keep-alive"}
 
 
 @dataclass(eq=False)
@@ -281,7 +280,7 @@ class _Client(asyncio.Protocol):
 
     async def _check(self, head: bytes) -> None:
         try:
-            request = _parse_head(head)
+            request = parse_head(head)
         except ValueError as exc:
             self.refuse(400, "Bad Request", str(exc))
             return
@@ -362,7 +361,7 @@ class _Client(asyncio.Protocol):
         tunnel's host and port were checked). A ClientHello that cannot be read closes the tunnel."""
         route, record = self.route, self.record
         assert route is not None and record is not None
-        status, name = _client_hello(self.buffer)
+        status, name = client_hello(self.buffer)
         if status == "wait":
             if self.timer is None and self.buffer:
                 self.timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT_S, self.close)
@@ -415,158 +414,6 @@ class _Upstream(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self.client.state == "relay":
             self.client._resume()
-
-
-@dataclass(slots=True)
-class _Request:
-    method: str
-    target: str
-    version: str
-    host: str
-    port: int
-    headers: dict[str, str]
-    lines: list[str]
-    path: str = "/"
-
-    @property
-    def host_header(self) -> str | None:
-        value = self.headers.get("host")
-        if value is None:
-            return None
-        host = value.strip().lower()
-        return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-
-    @property
-    def content_length(self) -> int:
-        return int(self.headers.get("content-length", "0"))
-
-    def origin_head(self) -> bytes:
-        """The request head for the upstream: origin form, hop-by-hop headers dropped, ``Connection: close``."""
-        kept = [line for line in self.lines[1:] if line.split(":", 1)[0].strip().lower() not in _HOP_HEADERS]
-        return "\r\n".join([f"{self.method} {self.path} {self.version}", *kept, "Connection: close", "", ""]
-                           ).encode("latin-1")
-
-
-_SINGLE = {"host", "content-length", "transfer-encoding", "proxy-authorization"}
-
-
-def _parse_head(head: bytes) -> _Request:
-    """The proxy request in ``head`` (up to and including its blank line).
-
-    Raises:
-        ValueError: not a proxy request, or one the proxy cannot check (the message says which).
-    """
-    lines = head.decode("latin-1").split("\r\n")[:-2]
-    parts = lines[0].split(" ") if lines else []
-    if len(parts) != 3 or not parts[2].startswith("HTTP/"):
-        raise ValueError("not an HTTP proxy request (an absolute http:// URL, or CONNECT host:port for https)")
-    method, target, version = parts
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        key = name.lower()
-        if not sep or not name or name != name.strip():
-            raise ValueError(f"malformed header line {line[:100]!r}")
-        if key in _SINGLE and key in headers:
-            raise ValueError(f"the {name} header twice")
-        headers[key] = value.strip()
-    if method == "CONNECT":
-        host, sep, digits = target.rpartition(":")
-        if not sep or not _port(digits) or not host or host.startswith("["):
-            raise ValueError(f"CONNECT {target[:100]!r}: write CONNECT host:port (IPv6 is off)")
-        return _Request(method, target, version, host.lower().rstrip("."), int(digits), headers, lines)
-    url = urlsplit(target)
-    if url.scheme != "http" or not url.hostname:
-        raise ValueError("not a proxy request: a plain request names an absolute http:// URL; https goes through "
-                         "CONNECT")
-    try:
-        port = url.port or 80
-    except ValueError:
-        raise ValueError(f"{target[:100]!r}: the port is not a number from 1 to 65535") from None
-    if "transfer-encoding" in headers:
-        raise ValueError("a chunked request body cannot be checked through this proxy; send Content-Length")
-    if not _port(headers.get("content-length", "0"), upper=2**63):
-        raise ValueError("Content-Length is not a number")
-    path = (url.path or "/") + (f"?{url.query}" if url.query else "")
-    return _Request(method, target, version, url.hostname.lower().rstrip("."), port, headers, lines, path)
-
-
-def _port(digits: str, upper: int = 65535) -> bool:
-    """ASCII digits naming a number from 1 (0 when ``upper`` is not a port's) to ``upper``."""
-    return digits.isascii() and digits.isdigit() and (0 if upper != 65535 else 1) <= int(digits) <= upper
-
-
-def _client_hello(data: bytearray) -> tuple[str, str | None]:
-    """``("wait", None)`` until the ClientHello in ``data`` is whole, then ``("hello", server name or
-    None)``; ``("tls-free", None)`` when the tunnel's first bytes are not TLS; ``("bad", None)`` when
-    they are TLS but no ClientHello can be read from them."""
-    if not data:
-        return "wait", None
-    if data[0] != 0x16:
-        return "tls-free", None
-    handshake, at = bytearray(), 0
-    while True:
-        if len(data) < at + 5:
-            return ("bad", None) if len(data) > MAX_HELLO_BYTES else ("wait", None)
-        if data[at] != 0x16:
-            return "bad", None   # another record type before the ClientHello was whole
-        length = int.from_bytes(data[at + 3:at + 5], "big")
-        if len(data) < at + 5 + length:
-            return ("bad", None) if at + 5 + length > MAX_HELLO_BYTES + 5 else ("wait", None)
-        handshake += data[at + 5:at + 5 + length]
-        at += 5 + length
-        if len(handshake) >= 4:
-            need = 4 + int.from_bytes(handshake[1:4], "big")
-            if handshake[0] != 1 or need > MAX_HELLO_BYTES:
-                return "bad", None
-            if len(handshake) >= need:
-                try:
-                    return "hello", server_name(bytes(handshake[:need]))
-                except ValueError:
-                    return "bad", None
-
-
-def server_name(handshake: bytes) -> str | None:
-    """The ``server_name`` (RFC 6066) of a whole TLS ClientHello handshake message (its 4-byte
-    header included, the records' payloads joined), or None when it names none.
-
-    Raises:
-        ValueError: it is not a ClientHello, or a length in it runs past its end.
-    """
-    def need(upto: int) -> None:
-        if upto > len(handshake):
-            raise ValueError("the ClientHello is cut short")
-    try:
-        if handshake[0] != 1:
-            raise ValueError("not a ClientHello")
-        at = 4 + 2 + 32                                   # header, client version, random
-        at += 1 + handshake[at]                           # session id
-        need(at + 2)
-        at += 2 + int.from_bytes(handshake[at:at + 2], "big")   # cipher suites
-        need(at + 1)
-        at += 1 + handshake[at]                           # compression methods
-        if at == len(handshake):
-            return None   # no extensions
-        need(at + 2)
-        end = at + 2 + int.from_bytes(handshake[at:at + 2], "big")
-        need(end)
-        at += 2
-        while at + 4 <= end:
-            kind, size = int.from_bytes(handshake[at:at + 2], "big"), int.from_bytes(handshake[at + 2:at + 4], "big")
-            at += 4
-            need(at + size)
-            if kind == 0:   # server_name: list length, then (type 0, length, name)
-                if size < 5 or handshake[at + 2] != 0:
-                    raise ValueError("a server_name that is not a host name")
-                name_length = int.from_bytes(handshake[at + 3:at + 5], "big")
-                need(at + 5 + name_length)
-                return handshake[at + 5:at + 5 + name_length].decode("ascii").lower().rstrip(".")
-            at += size
-    except IndexError:
-        raise ValueError("the ClientHello is cut short") from None
-    except UnicodeDecodeError:
-        raise ValueError("a server name that is not ASCII") from None
-    return None
 
 
 async def _resolve(host: str, port: int) -> str:
