@@ -1,7 +1,8 @@
 """The ``docker`` runtime: one container per rollout (and per isolated scoring attempt).
 
 Built on the Python ``docker`` SDK (a local daemon or ``DOCKER_HOST``). The container runs
-``sleep infinity`` under an init process with CPU, memory and pids limits, all capabilities
+``sleep infinity`` under an init process with CPU, memory and pids limits and capped logs
+(``docker_limits``), all capabilities
 dropped and ``no-new-privileges``, labelled with the run, rollout and flow run ids, the Prefect
 API and the owning process, so the janitor flow can find leftovers and tell whose owner is
 gone. ``network = "none"`` gives it only a loopback interface; under ``{ allow, block }`` its only
@@ -42,6 +43,7 @@ from prefect_rollouts import limits
 from prefect_rollouts.config.agent import RuntimeConfig
 from prefect_rollouts.config.network import NetworkPolicy
 from prefect_rollouts.errors import InfrastructureError, RuntimeUnavailableError, TaskError
+from prefect_rollouts.runtimes import docker_limits as resources
 from prefect_rollouts.runtimes import docker_network as net
 from prefect_rollouts.runtimes import docker_storage as storage
 from prefect_rollouts.runtimes.base import SCRUB_SLACK_BYTES, ExecResult, output_text
@@ -271,8 +273,8 @@ class DockerRuntime:
             container = client.containers.run(
                 config.image, ["sleep", "infinity"], detach=True, init=True, working_dir=config.workdir,
                 labels=labels, **net.create_options(self.network.mode, config.docker_network),
-                nano_cpus=int(config.cpus * 1e9), mem_limit=f"{config.memory_mb}m", pids_limit=config.pids_limit,
-                cap_drop=["ALL"], security_opt=["no-new-privileges"], environment=dict(config.env), mounts=mounts,
+                **resources.create_options(config), cap_drop=["ALL"], security_opt=["no-new-privileges"],
+                environment=dict(config.env), mounts=mounts,
                 **quota)
         except docker.errors.APIError as exc:
             if mode == "size" and storage.refuse_size(exc):

@@ -24,6 +24,7 @@ from typing import Any
 import docker.errors
 
 from prefect_rollouts.errors import RuntimeUnavailableError
+from prefect_rollouts.runtimes.docker_limits import LOG_CONFIG
 from prefect_rollouts.runtimes.sandbox import DEFAULT_IMAGE as SANDBOX_IMAGE
 
 GUARD_TIMEOUT_S = 60
@@ -109,7 +110,8 @@ def _helper(client: docker.DockerClient, container: Any, script: str, *args: str
     try:
         helper = client.containers.run(
             SANDBOX_IMAGE, ["sh", "-c", script, "guard", *args], detach=True, network_mode=f"container:{container.id}",
-            cap_drop=["ALL"], cap_add=["NET_ADMIN", "NET_RAW"], security_opt=["no-new-privileges"], labels=labels)
+            cap_drop=["ALL"], cap_add=["NET_ADMIN", "NET_RAW"], security_opt=["no-new-privileges"], labels=labels,
+            log_config=LOG_CONFIG)
     except docker.errors.ImageNotFound:
         raise RuntimeUnavailableError(f"a network policy with rules needs the sandbox image {SANDBOX_IMAGE} (it sets "
                                       "the container's packet filter). Build it with `prefect-rollouts sandbox build`",

@@ -20,6 +20,7 @@ import docker
 import docker.errors
 
 from prefect_rollouts.errors import RuntimeUnavailableError
+from prefect_rollouts.runtimes.docker_limits import LOG_CONFIG
 
 logger = logging.getLogger("prefect_rollouts.sandbox")
 
@@ -118,7 +119,7 @@ def image_python(tag: str, *, client: docker.DockerClient | None = None) -> tupl
     try:
         out = client.containers.run(tag, ["python3", "-c", 'import platform, sys; '
                                           'print("%d.%d" % sys.version_info[:2], platform.machine())'],
-                                    remove=True, network_mode="none")
+                                    remove=True, network_mode="none", log_config=LOG_CONFIG)
     except docker.errors.DockerException as exc:
         raise RuntimeUnavailableError(f"{tag}: its python3 did not run ({exc})", retryable=False) from exc
     python, machine = out.decode().split()
