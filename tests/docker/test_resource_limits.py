@@ -1,8 +1,9 @@
 """Resource limits of docker containers on a real engine: capped logs (rollout, isolated scoring and
-the network guard helper)."""
+the network guard helper), and deaths by memory or the process limit named as such."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from pathlib import Path
 
@@ -73,3 +74,46 @@ async def test_a_flood_to_the_init_s_stdout_leaves_a_log_under_the_cap(docker_en
         assert 0 < log_bytes(path) <= int(docker_limits.LOG_MAX_FILES) * cap + 64 * 1024   # + one message's slack
     finally:
         await runtime.stop()
+
+
+# Grows a bytearray by 8 MiB steps until the kernel ends it (the container's limit is 64 MiB).
+HOG = "b = []\nwhile True:\n    b.append(bytearray(8 * 2**20))"
+# A fork bomb that keeps its first process alive: every fork that fails is tried again.
+BOMB = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+
+
+async def test_a_program_killed_for_memory_says_memory_mb(openai_server, agent_config):
+    harness = vf.HarnessConfig(id="program", command=["python3", "-c", HOG])
+    config = agent_config(harness=harness, runtime=docker_config(memory_mb=64, storage_mb=16),
+                          retries=vf.StageRetryConfig(segment=0))
+    async with vf.make_agent(config) as agent:
+        trace = await agent.run(vf.Task(vf.TaskData(prompt="go")))
+    assert [(e.type, e.stage) for e in trace.errors] == [("TaskError", "segment")]
+    message = trace.errors[0].message
+    assert "out of memory" in message and "memory_mb = 64" in message, message
+    assert "storage_mb = 16" in message   # the tmpfs quota's files count against memory_mb
+    launch = trace.info["program"][0]
+    assert (launch["exit_code"], set(launch["limits_hit"])) == (137, {"memory"})
+
+
+class Afterwards(vf.Task):
+    """Records, when the rollout finalizes, whether a command still runs in its container."""
+
+    async def finalize(self, trace, runtime):
+        result = await runtime.exec("echo alive; ls -d /proc/[0-9]* | wc -l")
+        trace.info["afterwards"] = (result.exit_code, result.stdout.split())
+
+
+async def test_a_fork_bomb_at_the_agent_deadline_records_the_process_limit_and_is_killed(openai_server, agent_config):
+    harness = vf.HarnessConfig(id="program", command=["python3", "-c", BOMB])
+    config = agent_config(harness=harness, runtime=docker_config(pids_limit=32), timeouts=vf.TimeoutConfig(agent=4))
+    async with vf.make_agent(config) as agent:
+        trace = await asyncio.wait_for(agent.run(Afterwards(vf.TaskData(prompt="go"))), 90)
+    assert trace.stop_condition == "agent_timeout", (trace.errors, trace.info)
+    [launch] = trace.info["program"]
+    assert (launch["exit_code"], launch["killed"]) == (None, "the agent deadline or a cancellation")
+    assert "pids" in launch["limits_hit"] and "pids_limit = 32 processes" in launch["limits_hit"]["pids"], launch
+    # kill_all ended the bomb: a command runs, and beside init and the keep-alive only its own processes
+    # (the runtime's wrapper and watchdog with its sleep, bash, ls and wc: up to 6) are left
+    code, words = trace.info["afterwards"]
+    assert code == 0 and words[0] == "alive" and int(words[1]) <= 8, trace.info["afterwards"]

@@ -10,7 +10,8 @@ call and enforces the limits. Outcome of a launch, in order:
 
 - the rollout stopped at the endpoint (``max_turns``, ``max_turn_tokens``): a clean end whatever the
   exit code; a program still running ``stop_grace_s`` after the stop is killed;
-- the agent deadline or a cancellation: the program's process tree is killed (``Runtime.kill_all``);
+- the agent deadline or a cancellation: the program's process tree is killed (``Runtime.kill_all``)
+  and its entry records what is known (``killed``, the limits it hit);
 - exit code 0 after at least one model call: the segment is over, unless its last call failed
   upstream (that ``ProviderError``: a program that swallows an outage is not scored 0);
 - exit 0 without a model call: an error (``TaskError``), unless the spec needs no model;
@@ -19,8 +20,10 @@ call and enforces the limits. Outcome of a launch, in order:
   the exit code and the end of its stderr.
 
 The exit code, the tails of stdout and stderr (scrubbed) and the byte counts of every launch are in
-``trace.info["program"]``. A later turn launches the program again on the new message; the endpoint
-carries the conversation so far ahead of the program's requests (``resume = false`` refuses it).
+``trace.info["program"]``; for a launch that failed or was cut off, also the runtime's limits it hit
+(``limits_hit``: ``Runtime.limits_hit``, e.g. killed for memory at ``memory_mb``), named in its error
+too. A later turn launches the program again on the new message; the endpoint carries the
+conversation so far ahead of the program's requests (``resume = false`` refuses it).
 """
 
 from __future__ import annotations
@@ -188,7 +191,7 @@ class ProgramHarness:
                            *([] if local else ["--sweep"]), "--", *argv])
         self.endpoint.open_session(session)
         job = asyncio.ensure_future(runtime.exec(launch, timeout=self.config.timeout_s, env=env))
-        killed = False
+        killed, ended_by, hit = False, "", dict[str, str]()
         try:
             stop = asyncio.ensure_future(session.stopped.wait())
             try:
@@ -203,6 +206,10 @@ class ProgramHarness:
                     with contextlib.suppress(BaseException):
                         await job
             result = None if killed else job.result()
+        except BaseException as exc:   # the agent deadline, a cancellation, a lost runtime
+            ended_by = "the agent deadline or a cancellation" if isinstance(exc, asyncio.CancelledError) else \
+                f"{type(exc).__name__} in the runtime"
+            raise
         finally:
             self.endpoint.close_session(session)
             if not job.done():
@@ -210,14 +217,29 @@ class ProgramHarness:
                 with contextlib.suppress(BaseException):
                     await job
             await asyncio.shield(runtime.kill_all())   # nothing the program started outlives its launch
-        self._judge(ctx, session, result, spec)
+            if ended_by:   # what is known of the program (a fork bomb ends here, at the deadline)
+                hit = await asyncio.shield(runtime.limits_hit())
+                self._record(ctx, session, {"exit_code": None, "killed": ended_by}, hit)
+        if result is not None and (result.exit_code != 0 or result.timed_out):
+            hit = await runtime.limits_hit()
+        self._judge(ctx, session, result, spec, hit)
 
-    def _judge(self, ctx: SegmentContext, session: ProgramSession, result: Any, spec: ProgramSpec) -> None:
+    def _record(self, ctx: SegmentContext, session: ProgramSession, info: dict[str, Any],
+                hit: dict[str, str]) -> dict[str, Any]:
+        """Append a launch's ``trace.info["program"]`` entry; ``hit``: ``Runtime.limits_hit`` -> ``limits_hit``."""
+        entry = {"segment": ctx.segment_index, "model_calls": session.calls, **info}
+        if hit:
+            entry["limits_hit"] = dict(hit)
+        ctx.trace.info.setdefault("program", []).append(entry)
+        return entry
+
+    def _judge(self, ctx: SegmentContext, session: ProgramSession, result: Any, spec: ProgramSpec,
+               hit: dict[str, str]) -> None:
         """Record the launch on the trace and raise if it failed (see the module docstring)."""
-        info: dict[str, Any] = {"segment": ctx.segment_index, "model_calls": session.calls}
+        info: dict[str, Any] = {}
         if result is None:
-            info.update(exit_code=None, killed=f"still running {self.config.stop_grace_s:g} s after the stop")
-            ctx.trace.info.setdefault("program", []).append(info)
+            self._record(ctx, session, {"exit_code": None,
+                                        "killed": f"still running {self.config.stop_grace_s:g} s after the stop"}, hit)
             return
         stderr, code = result.stderr, result.exit_code
         found = _LAUNCH_LINE.search(stderr)
@@ -230,12 +252,13 @@ class ProgramHarness:
                     stderr_tail=scrub(stderr, hide)[-self.config.output_tail_chars:])
         if spec.report is not None:
             info.update(spec.report(info["stdout_tail"], info["stderr_tail"]))
-        ctx.trace.info.setdefault("program", []).append(info)
+        info = self._record(ctx, session, info, hit)
         if ctx.stopped:
             return
+        limits = "".join(f" ({text})" for text in hit.values())
         if result.timed_out:
             raise TaskError(f'harness "{self.id}": the program ran longer than [env.agent.harness] timeout_s = '
-                            f"{self.config.timeout_s:g} and was killed")
+                            f"{self.config.timeout_s:g} and was killed{limits}")
         if code == 0:
             if session.provider_error is not None:   # its last model call failed: an outage, not a result
                 raise session.provider_error
@@ -249,7 +272,7 @@ class ProgramHarness:
         if code == 127 and "python3" in last and "not found" in last:
             raise TaskError(f'harness "{self.id}": the runtime has no python3, which the program launcher needs. '
                             f"Use an image with python3 (>= 3.8). stderr: {last}")
-        raise TaskError(f'harness "{self.id}": the program exited with code {code}. stderr: {last}')
+        raise TaskError(f'harness "{self.id}": the program exited with code {code}{limits}. stderr: {last}')
 
 
 def _runtime(ctx: SegmentContext) -> Runtime:

@@ -135,6 +135,16 @@ class Runtime(Protocol):
         """Kill every process the rollout started in the runtime (an agent program's whole tree,
         escaped ones included); never raises."""
 
+    async def limits_hit(self) -> dict[str, str]:
+        """The runtime's limits that ended or refused a process since the last call (a fresh runtime
+        counts from its start). Costs a command in the runtime: ask after a command failed.
+
+        Returns:
+            ``"memory"`` (a process was killed for memory) and ``"pids"`` (a process could not start:
+            the process limit) -> a sentence naming the config key and the fix; empty when none, or
+            the runtime has no such limits (``local``). Never raises.
+        """
+
     async def check_storage(self) -> None:
         """Raise when the rollout filled the runtime's disk quota (``docker``'s ``storage_mb``); a
         runtime without a quota (``local``) has nothing to check. Called when the rollout finalizes.

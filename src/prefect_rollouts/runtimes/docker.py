@@ -2,7 +2,7 @@
 
 Built on the Python ``docker`` SDK (a local daemon or ``DOCKER_HOST``). The container runs
 ``sleep infinity`` under an init process with CPU, memory and pids limits and capped logs
-(``docker_limits``), all capabilities
+(``docker_limits``, which also tells which limit a dead command hit), all capabilities
 dropped and ``no-new-privileges``, labelled with the run, rollout and flow run ids, the Prefect
 API and the owning process, so the janitor flow can find leftovers and tell whose owner is
 gone. ``network = "none"`` gives it only a loopback interface; under ``{ allow, block }`` its only
@@ -70,35 +70,6 @@ kill -9 -- -$watchdog
 exit $code
 """
 
-
-# Kills every process of the container but PID 1 (the init), the keep-alive (the lowest-numbered
-# "sleep infinity" child of the init: it started first, so a look-alike a process made later has a
-# higher PID) and this shell with its own children; prints the PIDs it killed. The parent comes from
-# /proc/PID/status, which a process cannot forge (its stat's comm field it can: prctl, /proc/self/comm).
-_KILL_ALL = r"""parent() {
-  ppid=""
-  while read -r key value; do
-    if [ "$key" = "PPid:" ]; then ppid=$value; return 0; fi
-  done < "$1/status"
-  return 1
-}
-keep=""
-for p in /proc/[0-9]*; do
-  pid=${p#/proc/}
-  parent "$p" 2>/dev/null || continue
-  if [ "$ppid" = 1 ] && { [ -z "$keep" ] || [ "$pid" -lt "$keep" ]; } \
-      && [ "$(tr '\0' ' ' < "$p/cmdline" 2>/dev/null)" = "sleep infinity " ]; then
-    keep=$pid
-  fi
-done
-for p in /proc/[0-9]*; do
-  pid=${p#/proc/}
-  case "$pid" in 1|"$keep"|"$$") continue ;; esac
-  parent "$p" 2>/dev/null || continue
-  [ "$ppid" = "$$" ] && continue
-  kill -9 "$pid" 2>/dev/null && echo "$pid"
-done
-"""
 
 _T = TypeVar("_T")
 
@@ -170,6 +141,8 @@ class DockerRuntime:
         self._quota: dict[str, Any] = {}
         """The quota's ``mode``, ``paths`` and ``enospc`` (a command or write saw "No space left on
         device"); shared with ``scoped`` views, whose commands fill the same filesystems."""
+        self._seen: dict[str, int] = {}
+        """The cgroup counters ``limits_hit`` read last (shared with ``scoped`` views)."""
         self._egress = egress
         self._net: dict[str, Any] = {"network": network or config.network}
         """Shared with ``scoped`` views: the container's ``network`` policy now, and under rules its
@@ -359,14 +332,15 @@ class DockerRuntime:
 
     async def kill_all(self) -> None:
         """``Runtime.kill_all``: SIGKILL every process but the init (PID 1) and the keep-alive
-        ``sleep infinity``, until none is left (up to 5 rounds); a lost container is left alone."""
+        ``sleep infinity``, until none is left (up to 5 rounds; a fork bomb too: ``docker_limits.KILL_ALL``);
+        a lost container is left alone."""
         if self.container is None:
             return
 
         def sweep() -> None:
             api = docker_client().api
             for _ in range(5):
-                exec_id = api.exec_create(self._container_id(), ["sh", "-c", _KILL_ALL])["Id"]
+                exec_id = api.exec_create(self._container_id(), ["sh", "-c", resources.KILL_ALL])["Id"]
                 killed = api.exec_start(exec_id).decode(errors="replace").split()
                 if not killed:
                     return
@@ -457,20 +431,15 @@ class DockerRuntime:
         if self._quota and storage.ENOSPC_TEXT in err:
             self._quota["enospc"] = True
         if code in (137, -1) and not timed_out:  # SIGKILL: of the command, or of the whole container?
-            await _in_thread(self._check_alive)
+            await _in_thread(resources.check_alive, self.container)
         return ExecResult(-9 if timed_out else code, out, err, timed_out)
 
-    def _check_alive(self, settle_s: float = 1.0) -> None:
-        """Raise if the container stopped (the daemon marks it a moment after its processes die)."""
-        deadline = time.monotonic() + settle_s
-        while True:
-            self.container.reload()
-            if self.container.status != "running":
-                raise RuntimeUnavailableError(f'runtime "docker": container {self.id[:12]} was lost during a command '
-                                              f"(status {self.container.status})")
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.1)
+    async def limits_hit(self) -> dict[str, str]:
+        """``Runtime.limits_hit``: the container's cgroup counters, read inside it (``docker_limits``)."""
+        if self.container is None:
+            return {}
+        return await _in_thread(resources.limits_hit, docker_client().api, self._container_id(), self.config,
+                                self.source, self._seen, self._quota.get("mode") == "tmpfs")
 
     def _exec(self, argv: list[str], environment: dict[str, str]) -> tuple[int, str, str]:
         api = docker_client().api

@@ -183,6 +183,10 @@ class LocalRuntime:
         """``Runtime.kill_all``: nothing to do, since each command runs as PID 1 of its own PID
         namespace and every process it started dies with it when its ``exec`` returns or is cancelled."""
 
+    async def limits_hit(self) -> dict[str, str]:
+        """``Runtime.limits_hit``: none; the local runtime sets no memory or process limit."""
+        return {}
+
     async def check_storage(self) -> None:
         """``Runtime.check_storage``: the local workspace has no quota of its own (the host's disk
         bounds it), so there is nothing to check."""

@@ -180,10 +180,11 @@ def relay(listener, path):
         threading.Thread(target=pump, args=(upstream, client), daemon=True).start()
 
 
-def tail(stream, keep, counts, index):
+def tail(fd, keep, counts, index):
     while True:
-        chunk = stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536)
+        chunk = os.read(fd, 65536)
         if not chunk:
+            os.close(fd)
             return
         counts[index] += len(chunk)
         keep[index] = (keep[index] + chunk)[-LIMIT[0]:] if LIMIT[0] else b""
@@ -214,18 +215,22 @@ def main(argv):
     env["OPENAI_BASE_URL"] = f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
     env.setdefault("OPENAI_MODEL", session.get("model") or "")
     threading.Thread(target=relay, args=(listener, path), daemon=True).start()
-    try:
-        process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE)
-    except OSError as exc:
-        sys.stderr.write(f"launch: cannot run {command[0]!r}: {exc}\n")
-        return 127
-    keep, counts = [b"", b""], [0, 0]
-    readers = [threading.Thread(target=tail, args=(stream, keep, counts, index), daemon=True)
-               for index, stream in enumerate((process.stdout, process.stderr))]
+    # Every thread starts before the program: a program that fills the process limit (a fork bomb;
+    # threads count) would leave none to start, and this launcher would die without its report.
+    keep, counts, pipes = [b"", b""], [0, 0], [os.pipe(), os.pipe()]
+    readers = [threading.Thread(target=tail, args=(pipe[0], keep, counts, index), daemon=True)
+               for index, pipe in enumerate(pipes)]
     for reader in readers:
         reader.start()
     threading.Thread(target=watch, args=(path, sweep), daemon=True).start()
+    try:
+        process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=pipes[0][1], stderr=pipes[1][1])
+    except OSError as exc:
+        sys.stderr.write(f"launch: cannot run {command[0]!r}: {exc}\n")
+        return 127
+    finally:
+        for _, write_end in pipes:
+            os.close(write_end)
     code = process.wait()
     listener.close()
     end_session(path, secret)
