@@ -220,8 +220,8 @@ class ProgramHarness:
             if ended_by:   # what is known of the program (a fork bomb ends here, at the deadline)
                 hit = await asyncio.shield(runtime.limits_hit())
                 self._record(ctx, session, {"exit_code": None, "killed": ended_by}, hit)
-        if result is not None and (result.exit_code != 0 or result.timed_out):
-            hit = await runtime.limits_hit()
+        if result is not None and (result.exit_code != 0 or result.timed_out) and not ctx.stopped:
+            hit = await runtime.limits_hit()   # a command in the runtime: only for a failure
         self._judge(ctx, session, result, spec, hit)
 
     def _record(self, ctx: SegmentContext, session: ProgramSession, info: dict[str, Any],
