@@ -12,7 +12,7 @@ import pytest
 
 import prefect_rollouts as vf
 from prefect_rollouts.errors import RuntimeUnavailableError
-from prefect_rollouts.model.llama_server import DEFAULT_MAX_TOKENS, TokenBudget, prepare_messages
+from prefect_rollouts.model.llama_server import DEFAULT_MAX_TOKENS, Steps, prepare_messages
 from prefect_rollouts.model.local import LocalModelServer
 from tests.support.extras import require_module
 
@@ -72,7 +72,7 @@ class Rambling:
 def test_every_generation_of_an_auto_tool_call_draws_on_one_budget(max_tokens):
     chat_format = require_module("llama_cpp.llama_chat_format", "the local extra")
     llama = Rambling()
-    budget = TokenBudget(llama, max_tokens)
+    budget = Steps(llama, max_tokens)
     response = budget.account(chat_format.chatml_function_calling(
         llama=budget, messages=prepare_messages([{"role": "user", "content": "hi"}], BASH), tools=BASH,
         tool_choice="auto", max_tokens=max_tokens))
@@ -127,6 +127,17 @@ async def test_a_tool_call_without_tool_choice_stops_at_max_tokens_on_the_real_m
     assert cut[0] <= 10 and cut[1]["finish_reason"] == "length"
     assert whole[0] <= 64 and whole[1]["finish_reason"] == "tool_calls"
     assert [call["function"]["name"] for call in whole[1]["message"]["tool_calls"]] == ["get_weather"]
+
+
+@pytest.mark.system
+async def test_the_model_can_answer_in_words_beside_tools_without_tool_choice(smollm2):
+    """Before: the message was generated under the tool-name grammar and came back empty."""
+    async with httpx.AsyncClient(timeout=120) as client:
+        response = await client.post(f"{smollm2}/chat/completions", json={
+            "model": "local/smollm2", "messages": [{"role": "user", "content": "Hello! Who are you? Answer in one "
+                                                   "sentence."}], "tools": TOOLS, "max_tokens": 100, "temperature": 0})
+    choice = response.json()["choices"][0]
+    assert not choice["message"].get("tool_calls") and len(choice["message"]["content"].split()) >= 3
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@ shows the model its whole conversation.
 
 Run as ``python -m prefect_rollouts.model.llama_server <llama_cpp.server arguments>`` (what
 ``LocalModelServer`` does); pass ``--chat_format prefect-rollouts-tools``. That format is
-llama-cpp-python's ``chatml-function-calling`` with five fixes applied to each request, found
+llama-cpp-python's ``chatml-function-calling`` with six fixes applied to each request, found
 by reading what it renders (llama-cpp-python 0.3):
 
 1. Its template is rendered with HTML autoescaping, so every quote, ``<`` and ``&`` reached the
@@ -20,8 +20,12 @@ by reading what it renders (llama-cpp-python 0.3):
    ``max_tokens=None`` to every step, so a tool's arguments ran until the context was full (one
    request of 550 tokens ran 384 s to the end of the 8192-token context, then failed with a
    context-length error). Every generation of a request now draws on one budget
-   (``TokenBudget``): the request's ``max_tokens``, else ``DEFAULT_MAX_TOKENS``; ``usage`` counts
+   (``Steps``): the request's ``max_tokens``, else ``DEFAULT_MAX_TOKENS``; ``usage`` counts
    every token generated, and a response the budget cut short finishes as ``length``.
+6. Under ``"auto"``, when the model chose to answer in words, it generated that message under the
+   grammar for the next tool's name (a function name or the end), so the message was always
+   empty: SmolLM2 answering "Hello! Who are you?" beside a tool got ``content: ""``. The message
+   step now runs without a grammar.
 """
 
 from __future__ import annotations
@@ -70,9 +74,10 @@ def prepare_messages(messages: list[dict[str, Any]], tools: list[Any] | None) ->
     return prepared
 
 
-class TokenBudget:
-    """The ``llama`` a chat handler sees for one request (fix 5): each ``create_completion`` may
-    generate at most what is left of ``max_tokens`` over the request, whatever the handler passes.
+class Steps:
+    """The ``llama`` a chat handler sees for one request, so that its generation steps can be mended:
+    each ``create_completion`` may generate at most what is left of ``max_tokens`` over the request,
+    whatever the handler passes (fix 5), and the message step runs without a grammar (fix 6).
 
     Args:
         llama: The server's ``llama_cpp.Llama``.
@@ -102,6 +107,8 @@ class TokenBudget:
             return {"id": "cmpl-budget", "object": "text_completion", "created": 0, "model": kwargs.get("model"),
                     "choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": "length"}],
                     "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
+        if str(kwargs.get("prompt", "")).endswith("message:\n"):   # only the message step's prompt ends so
+            kwargs["grammar"] = None
         requested = kwargs.get("max_tokens")
         kwargs["max_tokens"] = self.left if requested is None or requested <= 0 else min(requested, self.left)
         completion = self.llama.create_completion(**kwargs)
@@ -150,7 +157,7 @@ def install() -> None:
         kwargs["messages"] = prepare_messages(list(kwargs.get("messages") or []), tools)
         if tools and kwargs.get("tool_choice") is None:
             kwargs["tool_choice"] = "auto"
-        budget = kwargs["llama"] = TokenBudget(kwargs["llama"], kwargs.get("max_tokens"))
+        budget = kwargs["llama"] = Steps(kwargs["llama"], kwargs.get("max_tokens"))
         return budget.account(llama_chat_format.chatml_function_calling(**kwargs))
 
 
