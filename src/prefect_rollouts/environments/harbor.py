@@ -4,7 +4,8 @@ A task directory holds ``instruction.md`` (the prompt), ``task.toml`` (``harbor_
 ``environment/`` (its ``Dockerfile``), ``tests/test.sh`` and, for the ``oracle`` harness,
 ``solution/solve.sh``. ``[env.taskset] path`` names one task directory or a directory of them (the
 task ids are the directory names). Every problem a task's files have is a ``ConfigError`` naming the
-task and the key, raised while the taskset loads, before any rollout.
+task and the key, raised while the taskset loads, before any rollout; a task that links out of its
+directory is refused (``harbor_files``).
 
 A rollout of a task (the ``docker`` runtime only):
 
@@ -46,6 +47,7 @@ from typing import Any, Literal
 from prefect_rollouts.config.agent import AgentConfig, ScoringConfig
 from prefect_rollouts.config.network import NetworkPolicy
 from prefect_rollouts.environments.harbor_config import TaskToml, read_task_toml, refuse_unsupported
+from prefect_rollouts.environments.harbor_files import check_task_directory, inside
 from prefect_rollouts.environments.harbor_reward import read_reward
 from prefect_rollouts.errors import ConfigError, TaskError, register_secret
 from prefect_rollouts.scoring.env import resolve_env, template_variables
@@ -111,7 +113,7 @@ class HarborTask(Task):
         if environment.docker_image:
             job = functools.partial(images.pull_image, environment.docker_image, timeout_s=timeout_s, what=what)
         else:   # the tag this task object first got (the eval's, before its rollouts): one image per eval
-            source = self.directory / "environment"
+            source = await asyncio.to_thread(inside, self.directory, "environment", what)   # again: it may have changed
             tag = known.tag if known is not None else await asyncio.to_thread(images.image_tag, self.id, source)
             job = functools.partial(images.build_image, source, tag, timeout_s=timeout_s, what=what)
         ready = await run_sync(job, f"{what}: the image")   # a daemon thread: Ctrl-C does not wait for a build
@@ -164,7 +166,7 @@ class HarborTask(Task):
         Raises:
             TaskError: there is no ``solution/solve.sh``, or it exited non-zero (its exit code and stderr).
         """
-        solution = self.directory / "solution"
+        solution = self._inside("solution")
         if not (solution / "solve.sh").is_file():
             raise TaskError(f"Harbor task {self.id!r}: no solution/solve.sh for the oracle harness")
         await runtime.upload(solution, "/solution")
@@ -194,6 +196,14 @@ class HarborTask(Task):
                     kept[path] = content.stdout
         trace.info.setdefault("harbor", {})["artifacts"] = kept
 
+    def _inside(self, name: str) -> Path:
+        """``harbor_files.inside`` at run time (the directory may have changed since it loaded): a link out
+        of the task directory is an error of the rollout (``TaskError``)."""
+        try:
+            return inside(self.directory, name, f"Harbor task {self.id!r}")
+        except ConfigError as exc:
+            raise TaskError(str(exc)) from None
+
     @reward
     async def tests(self, trace: Trace, runtime: Any) -> float:
         """The reward ``tests/test.sh`` writes (see the module docstring and ``read_reward``); the other keys
@@ -210,7 +220,7 @@ class HarborTask(Task):
         if cleared.exit_code != 0:
             raise TaskError(f"Harbor task {self.id!r}: cannot clear /logs/verifier and /tests: "
                             f"{cleared.stderr.strip()[-500:] or f'exit code {cleared.exit_code}'}")
-        await runtime.upload(self.directory / "tests", "/tests")
+        await runtime.upload(self._inside("tests"), "/tests")
         limit = verifier.timeout_sec * self.timeout_multiplier
         started = time.monotonic()
         result = await runtime.exec("bash /tests/test.sh", timeout=limit, env=env)
@@ -293,8 +303,9 @@ def load(path: str = "examples/harbor-tasks", tasks: list[str] | None = None, ti
     Raises:
         ConfigError: ``path`` is missing or holds no task; ``tasks`` names one that is not there; a task
             lacks ``instruction.md``, ``tests/test.sh`` or an image (``environment/Dockerfile`` or
-            ``docker_image``); its ``task.toml`` is not TOML or has a wrong type (named by key); or it
-            asks for what this system does not run (GPUs, MCP servers, skills, another user, ``allowlist``).
+            ``docker_image``); its ``task.toml`` is not TOML, has a wrong type or a value out of bounds (named
+            by key); a file it names is a link out of its directory (``harbor_files``); or it asks for what
+            this system does not run (GPUs, MCP servers, skills, another user).
     """
     if not (math.isfinite(timeout_multiplier) and timeout_multiplier > 0):
         raise ConfigError(f"[env.taskset] timeout_multiplier = {timeout_multiplier}: must be a number above 0")
@@ -351,8 +362,9 @@ def task_directories(path: str, tasks: list[str] | None = None) -> dict[str, Pat
 def _task(name: str, directory: Path, timeout_multiplier: float, storage_mb: int | None) -> HarborTask:
     """One task directory as a ``HarborTask`` (see ``load`` for what it raises)."""
     where = f"Harbor task {name!r} ({directory})"
+    check_task_directory(directory, where)   # before anything of it is read
     toml = read_task_toml(directory, where)
-    instruction = directory / "instruction.md"
+    instruction = inside(directory, "instruction.md", where)
     if not instruction.is_file():
         raise ConfigError(f"{where}: instruction.md is missing; it holds the prompt")
     if not (directory / "tests" / "test.sh").is_file():
