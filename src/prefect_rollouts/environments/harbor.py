@@ -44,11 +44,12 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
+from prefect_rollouts.bounds import MAX_STORAGE_MB, MAX_TIMEOUT_MULTIPLIER
 from prefect_rollouts.config.agent import AgentConfig, ScoringConfig
 from prefect_rollouts.config.network import NetworkPolicy
 from prefect_rollouts.environments.harbor_config import TaskToml, read_task_toml, refuse_unsupported
 from prefect_rollouts.environments.harbor_files import check_task_directory, inside
-from prefect_rollouts.environments.harbor_reward import read_reward
+from prefect_rollouts.environments.harbor_reward import READ_REWARD, REWARD_MAX_BYTES, read_reward
 from prefect_rollouts.errors import ConfigError, TaskError, register_secret
 from prefect_rollouts.scoring.env import resolve_env, template_variables
 from prefect_rollouts.task import Task, TaskData, reward
@@ -154,7 +155,7 @@ class HarborTask(Task):
                 return
             starting = time.monotonic() - started < check.start_period_sec
             failures += 0 if starting else 1
-            if failures >= check.retries:
+            if not starting and failures >= check.retries:
                 raise TaskError(f"Harbor task {self.id!r}: [environment.healthcheck] {check.command!r} failed "
                                 f"{failures} times (exit {result.exit_code}): {result.stderr.strip()[-500:]}")
             await asyncio.sleep(check.start_interval_sec if starting else check.interval_sec)
@@ -228,7 +229,7 @@ class HarborTask(Task):
         if result.timed_out:
             raise TaskError(f"Harbor task {self.id!r}: tests/test.sh ran longer than [verifier] timeout_sec = "
                             f"{limit:g} s and was killed")
-        found = await runtime.exec(_READ_REWARD, timeout=30)
+        found = await runtime.exec(READ_REWARD, timeout=30)
         head, _, text = found.stdout.partition("\n")
         kind, _, size = head.strip().partition(" ")
         if kind not in ("json", "txt"):
@@ -250,17 +251,6 @@ class HarborTask(Task):
 # emptied, so no file of the agent's can pose as the tests or their reward.
 _CLEAR = ("for d in /logs /tests; do if [ -L $d ]; then rm -f $d; fi; done; rm -rf /logs/verifier; "
           "mkdir -p " + " ".join(LOG_DIRS) + " /tests && find /tests -mindepth 1 -delete")
-
-REWARD_MAX_BYTES = 64 * 1024
-"""A reward file larger than this is a scoring error (a reward is a number, or an object of a few)."""
-
-_READ_REWARD = f"""for kind in json txt; do
-  file=/logs/verifier/reward.$kind
-  if [ -f "$file" ] && [ ! -L "$file" ]; then
-    echo "$kind $(stat -c %s "$file")"; head -c {REWARD_MAX_BYTES} "$file"; exit 0
-  fi
-done
-echo none"""
 
 _LIST_ARTIFACTS = ("cd /logs/artifacts 2>/dev/null && find . -type f -printf '%s %P\\n' 2>/dev/null | sort -k2 | "
                    f"head -n {ARTIFACT_FILES}")
@@ -296,8 +286,8 @@ def load(path: str = "examples/harbor-tasks", tasks: list[str] | None = None, ti
             resolved against the current directory, not the config file's; subdirectories without ``task.toml`` or
             ``instruction.md`` are skipped).
         tasks: Only these task directory names, in this order.
-        timeout_multiplier: Scales every task's agent, verifier and build deadlines (> 0).
-        storage_mb: The disk quota of every box, in MiB, instead of ``[environment] storage_mb``; 0 =
+        timeout_multiplier: Scales every task's agent, verifier and build deadlines (> 0, at most 100).
+        storage_mb: The disk quota of every box, in MiB (at most 1 TiB), instead of ``[environment] storage_mb``; 0 =
             none (under the ``tmpfs`` quota a box's root filesystem is read-only: ``docker_storage``).
 
     Raises:
@@ -307,10 +297,12 @@ def load(path: str = "examples/harbor-tasks", tasks: list[str] | None = None, ti
             by key); a file it names is a link out of its directory (``harbor_files``); or it asks for what
             this system does not run (GPUs, MCP servers, skills, another user).
     """
-    if not (math.isfinite(timeout_multiplier) and timeout_multiplier > 0):
-        raise ConfigError(f"[env.taskset] timeout_multiplier = {timeout_multiplier}: must be a number above 0")
-    if storage_mb is not None and storage_mb < 0:
-        raise ConfigError(f"[env.taskset] storage_mb = {storage_mb}: must be 0 (no quota) or more MiB")
+    if not (math.isfinite(timeout_multiplier) and 0 < timeout_multiplier <= MAX_TIMEOUT_MULTIPLIER):
+        raise ConfigError(f"[env.taskset] timeout_multiplier = {timeout_multiplier}: must be above 0 and at most "
+                          f"{MAX_TIMEOUT_MULTIPLIER:g} (bounds.MAX_TIMEOUT_MULTIPLIER)")
+    if storage_mb is not None and not 0 <= storage_mb <= MAX_STORAGE_MB:
+        raise ConfigError(f"[env.taskset] storage_mb = {storage_mb}: must be 0 (no quota) to {MAX_STORAGE_MB} MiB "
+                          "(1 TiB, bounds.MAX_STORAGE_MB)")
     return [_task(name, directory, timeout_multiplier, storage_mb)
             for name, directory in task_directories(path, tasks).items()]
 
