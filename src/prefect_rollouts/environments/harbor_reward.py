@@ -9,6 +9,19 @@ from typing import Any
 
 from prefect_rollouts.errors import TaskError
 
+REWARD_MAX_BYTES = 64 * 1024
+"""A reward file larger than this is a scoring error (a reward is a number, or an object of a few)."""
+
+READ_REWARD = f"""for kind in json txt; do
+  file=/logs/verifier/reward.$kind
+  if [ -f "$file" ] && [ ! -L "$file" ]; then
+    echo "$kind $(stat -c %s "$file")"; head -c {REWARD_MAX_BYTES} "$file"; exit 0
+  fi
+done
+echo none"""
+"""A shell script printing ``<json|txt> <size>`` and the first ``REWARD_MAX_BYTES`` of the reward file
+(a symlink is not read), or ``none``."""
+
 
 def read_reward(kind: str, text: str, task_id: str) -> tuple[float, dict[str, float]]:
     """``(reward, metrics)`` from the text of ``reward.json`` (``kind = "json"``) or ``reward.txt``.
