@@ -1,0 +1,102 @@
+"""How deep JSON from outside may nest, and making any value writable. Must not import Prefect.
+
+Python's ``json`` parser and encoder recurse once per level (``RecursionError`` near 1,000 levels,
+sooner on a deep stack), and pydantic-core serialises at most 255 levels (``Maximum serialization
+depth exceeded``, measured with pydantic-core 2.50 here): the ``trace`` column of a row, written by
+pydantic, is the shallowest writer, while the row's other JSON columns (``json.dumps``) reach about
+1,000. A program's request nested 300 levels deep was answered, then its rollout had no row.
+Text from outside (a program's request body in any dialect, a reward file, a model's tool
+arguments) is refused past ``MAX_JSON_DEPTH`` levels (``loads``); a value already in a trace is made
+writable by ``cut_deep``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel
+
+MAX_JSON_DEPTH = 128
+"""Levels of nesting (objects and arrays) the JSON from outside may have: serde_json's default
+recursion limit. A chat request nests its deepest part, a tool's JSON Schema, tens of levels;
+a trace holds a request's messages at the depth they had in the request, so whatever passes this
+bound is also within pydantic-core's 255."""
+
+MARKER = f"<cut: nested deeper than {MAX_JSON_DEPTH} levels>"
+"""What ``cut_deep`` puts in place of a value nested too deep."""
+
+
+def nests_deeper(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether ``value`` (parsed JSON: dicts, lists, scalars) has more than ``limit`` levels of
+    dicts and lists (``{}`` is one level, ``[[1]]`` two). Walks level by level, never recursing."""
+    level = [value] if isinstance(value, (dict, list)) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        below: list[Any] = []
+        for container in level:
+            items = container.values() if isinstance(container, dict) else container
+            below.extend(item for item in items if isinstance(item, (dict, list)))
+        level = below
+    return False
+
+
+def loads(text: str | bytes, what: str, *, fix: str = "", limit: int = MAX_JSON_DEPTH,
+          parse_constant: Callable[[str], Any] | None = None) -> Any:
+    """``json.loads(text)``, refusing nesting past ``limit`` levels without a ``RecursionError``.
+
+    Args:
+        text: The JSON text (bytes are decoded as ``json.loads`` does).
+        what: What the text is, the subject of the error (e.g. ``"the request body"``).
+        fix: How to mend a text nested too deep, ending its error.
+        limit: Levels allowed (``MAX_JSON_DEPTH``).
+        parse_constant: As ``json.loads`` (called for ``NaN``, ``Infinity``, ``-Infinity``).
+
+    Raises:
+        ValueError: ``"<what> is not JSON (<the parser's message>)"``, or ``"<what> nests deeper
+            than <limit> levels (MAX_JSON_DEPTH). <fix>"``.
+    """
+    try:
+        value = json.loads(text, parse_constant=parse_constant)
+    except RecursionError:
+        value = None
+    except ValueError as exc:   # JSONDecodeError, a bad encoding, an integer past Python's digit limit
+        raise ValueError(f"{what} is not JSON ({str(exc)[:200]})") from None
+    else:
+        if not nests_deeper(value, limit):
+            return value
+    raise ValueError(f"{what} nests deeper than {limit} levels (MAX_JSON_DEPTH)" + (f". {fix}" if fix else ""))
+
+
+def cut_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> tuple[Any, int]:
+    """A copy of ``value`` that ``json.dumps`` and pydantic can write: what lies deeper than
+    ``limit`` levels becomes ``MARKER``, pydantic models become dicts of their fields, tuples and
+    sets lists, keys other than str, int, float, bool and None their ``repr``, and any other object
+    its ``repr`` (a cycle is cut where it passes ``limit``).
+
+    Returns:
+        ``(copy, places cut)``.
+    """
+    cuts = 0
+
+    def copy(item: Any, depth: int) -> Any:
+        nonlocal cuts
+        if item is None or isinstance(item, (str, int, float, bool)):
+            return item
+        if depth >= limit:
+            cuts += 1
+            return MARKER
+        if isinstance(item, BaseModel):
+            item = {name: getattr(item, name) for name in type(item).model_fields}
+        if isinstance(item, dict):
+            return {(key if key is None or isinstance(key, (str, int, float, bool)) else repr(key)):
+                    copy(child, depth + 1) for key, child in item.items()}
+        if isinstance(item, (list, tuple, set, frozenset)):
+            return [copy(child, depth + 1) for child in item]
+        return repr(item)
+
+    return copy(value, 0), cuts
