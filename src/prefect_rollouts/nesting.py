@@ -29,9 +29,12 @@ MARKER = f"<cut: nested deeper than {MAX_JSON_DEPTH} levels>"
 
 
 def nests_deeper(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
-    """Whether ``value`` (parsed JSON: dicts, lists, scalars) has more than ``limit`` levels of
-    dicts and lists (``{}`` is one level, ``[[1]]`` two). Walks level by level, never recursing."""
-    level = [value] if isinstance(value, (dict, list)) else []
+    """Whether ``value`` (as ``json.loads`` makes it: dicts, lists, scalars; a subclass of dict or list
+    is not walked) has more than ``limit`` levels of
+    dicts and lists (``{}`` is one level, ``[[1]]`` two). Walks level by level, never recursing:
+    about 17 µs for a 25 KB chat request of 50 messages here (best of 5), against 41 µs to parse it;
+    ``loads`` skips it for a text with fewer brackets than the bound."""
+    level = [value] if value.__class__ is dict or value.__class__ is list else []
     depth = 0
     while level:
         depth += 1
@@ -39,8 +42,9 @@ def nests_deeper(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
             return True
         below: list[Any] = []
         for container in level:
-            items = container.values() if isinstance(container, dict) else container
-            below.extend(item for item in items if isinstance(item, (dict, list)))
+            for item in (container.values() if container.__class__ is dict else container):
+                if item.__class__ is dict or item.__class__ is list:   # what json.loads makes; faster than isinstance
+                    below.append(item)
         level = below
     return False
 
@@ -67,7 +71,9 @@ def loads(text: str | bytes, what: str, *, fix: str = "", limit: int = MAX_JSON_
     except ValueError as exc:   # JSONDecodeError, a bad encoding, an integer past Python's digit limit
         raise ValueError(f"{what} is not JSON ({str(exc)[:200]})") from None
     else:
-        if not nests_deeper(value, limit):
+        brackets = (text.count(b"[") + text.count(b"{") if isinstance(text, bytes)
+                    else text.count("[") + text.count("{"))   # counted at C speed: too few, no walk
+        if brackets <= limit or not nests_deeper(value, limit):
             return value
     raise ValueError(f"{what} nests deeper than {limit} levels (MAX_JSON_DEPTH)" + (f". {fix}" if fix else ""))
 
