@@ -29,9 +29,9 @@ MARKER = f"<cut: nested deeper than {MAX_JSON_DEPTH} levels>"
 
 
 def nests_deeper(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
-    """Whether ``value`` (as ``json.loads`` makes it: dicts, lists, scalars; a subclass of dict or list
-    is not walked) has more than ``limit`` levels of
-    dicts and lists (``{}`` is one level, ``[[1]]`` two). Walks level by level, never recursing:
+    """Whether ``value`` (as ``json.loads`` makes it: dicts, lists, scalars; a subclass of dict or
+    list is not walked) has more than ``limit`` levels of dicts and lists (``{}`` is one level,
+    ``[[1]]`` two). Walks level by level, never recursing:
     about 17 µs for a 25 KB chat request of 50 messages here (best of 5), against 41 µs to parse it;
     ``loads`` skips it for a text with fewer brackets than the bound."""
     level = [value] if value.__class__ is dict or value.__class__ is list else []
