@@ -9,7 +9,7 @@ import json
 import pytest
 
 import prefect_rollouts as vf
-from prefect_rollouts.nesting import MARKER, cut_deep, loads, nests_deeper
+from prefect_rollouts.nesting import CYCLE, MARKER, cut_deep, loads, nests_deeper
 from prefect_rollouts.trace import JudgeCall
 from prefect_rollouts.traces import TraceWriter, read_rollouts, read_traces
 
@@ -38,21 +38,22 @@ def written(tmp_path, trace: vf.Trace):
     return row, back
 
 
+@pytest.mark.parametrize("levels", [220, 300])   # 220: pydantic writes it but cannot read it back; 300: cannot write it
 @pytest.mark.parametrize("place", ["reward detail in info", "judge verdict", "message part"])
-def test_a_trace_nested_too_deep_is_written_with_the_deep_part_cut_and_an_error(tmp_path, place):
+def test_a_trace_nested_too_deep_is_written_with_the_deep_part_cut_and_an_error(tmp_path, place, levels):
     trace = finished()
     if place == "reward detail in info":
-        trace.info["reward_detail"] = deep(300)
+        trace.info["reward_detail"] = deep(levels)
     elif place == "judge verdict":
-        trace.judge_calls.append(JudgeCall(judge="j", model="m", started_at=0.0, latency_ms=1.0, verdict=deep(300)))
+        trace.judge_calls.append(JudgeCall(judge="j", model="m", started_at=0.0, latency_ms=1.0, verdict=deep(levels)))
     else:
-        trace.messages.append({"role": "assistant", "content": [{"type": "text", "text": "x", "extra": deep(300)}]})
+        trace.messages.append({"role": "assistant", "content": [{"type": "text", "text": "x", "extra": deep(levels)}]})
     row, back = written(tmp_path, trace)
     assert (row["is_error"], row["error_type"], row["reward"], row["stop_condition"]) == (
         True, "TraceNotWritable", 1.0, "agent_completed")
-    assert "Maximum serialization depth exceeded" in row["error_message"]
-    assert "1 value(s) nested deeper than 128 levels replaced by '<cut: nested deeper than 128 levels>'" \
-        in row["error_message"]
+    assert row["error_message"] == ("the trace could not be written as it was (it nests deeper than 128 levels, "
+                                    "more than readers take back); 1 value(s) cut (nested deeper than 128 levels "
+                                    "or in a cycle)")
     assert MARKER in row["trace"] and back.errors[0].stage == "record"
     assert back.rewards == {"r": 1.0} and back.messages[0] == {"role": "user", "content": "go"}
     assert trace.errors == []   # the rollout's own trace is left as it was
@@ -62,10 +63,12 @@ def test_a_cycle_and_a_tuple_key_in_info_still_give_a_row(tmp_path):
     trace = finished()
     loop: dict[str, object] = {}
     loop["self"] = loop
+    loop["again"] = loop   # two ways into the cycle at every level: a walk of every path would never end
     trace.info["loop"] = loop
     trace.info["pairs"] = {(1, 2): "a tuple key"}
     row, back = written(tmp_path, trace)
     assert row["is_error"] and "Circular reference" in row["error_message"]
+    assert back.info["loop"] == {"self": CYCLE, "again": CYCLE}
     assert back.info["pairs"] == {"(1, 2)": "a tuple key"}
 
 
