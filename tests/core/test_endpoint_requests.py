@@ -84,8 +84,8 @@ async def test_an_unserved_route_is_a_404_in_the_openai_shape_recorded_on_the_tr
     response = await client.post("/v1/responses?beta=true", json={"input": "hi"})
     assert response.status_code == 404
     error = response.json()["error"]
-    assert error["message"].startswith("POST /v1/responses is not served here: this endpoint serves "
-                                       "POST /v1/chat/completions")
+    assert error["message"] == ("POST /v1/responses is not served here: this endpoint serves "
+                                "POST /v1/chat/completions, GET /v1/models")
     assert (error["type"], error["code"]) == ("invalid_request_error", "not_found")
     wrong_method = await client.get("/v1/chat/completions")
     assert wrong_method.status_code == 405 and "not with this method" in wrong_method.json()["error"]["message"]

@@ -158,9 +158,10 @@ class InterceptionEndpoint:
         status = getattr(exc, "status_code", 404)
         asked = f"{request.method} {request.url.path}"
         what = "a route of this endpoint, but not with this method" if status == 405 else "not served here"
-        return self._refuse(request, self._find(request), status,
-                            f"{asked[:200]} is {what}: this endpoint serves POST /v1/chat/completions "
-                            "(OpenAI chat completions) and GET /v1/models", "not_found" if status == 404 else None)
+        served = ", ".join(f"{'/'.join(sorted(set(route.methods or ()) - {'HEAD'}))} {route.path}"
+                           for route in request.app.routes if getattr(route, "path", "").startswith("/v1/"))
+        return self._refuse(request, self._find(request), status, f"{asked[:200]} is {what}: this endpoint "
+                            f"serves {served}", "not_found" if status == 404 else None)
 
     async def _chat(self, request: Request) -> Response:
         session = self._find(request)
