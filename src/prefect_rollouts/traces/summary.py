@@ -321,15 +321,12 @@ def _top_errors(rows: pd.DataFrame) -> list[ErrorCount]:
 
 
 def _cut(text: str) -> str:
-    """``text`` within about ``ERROR_CHARS``: the start, and for text of several lines (a program's
-    output) its last line too, which usually says what failed (``... 404 Not Found``)."""
-    if len(text) <= ERROR_CHARS:
-        return text
-    first, _, rest = text.partition("\n")
+    """Its start, and the last line of a text of several lines (a program's output: what failed)."""
+    first, _, rest = text.partition("\n") if len(text) > ERROR_CHARS else (text, "", "")
     last = rest.rstrip().rpartition("\n")[2].strip()
     if last and len(last) <= ERROR_CHARS // 2:
         return f"{first[:ERROR_CHARS - len(last)]} ... {last}"
-    return text[:ERROR_CHARS] + "..."
+    return text if len(text) <= ERROR_CHARS else text[:ERROR_CHARS] + "..."
 
 
 def error_text(error_type: str, message: str) -> str:
