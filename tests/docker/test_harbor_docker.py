@@ -82,6 +82,9 @@ async def test_links_that_stay_inside_the_task_directory_reach_the_box(tmp_path,
     ("echo > /logs/verifier/reward.txt\n", "is empty"),
     ("echo '{\"reward\": NaN}' > /logs/verifier/reward.json\n", "finite"),
     ("echo boom >&2; exit 3\n", "exited with code 3 before writing a reward: boom"),
+    ("d=$(head -c 20000 /dev/zero | tr '\\0' '['); e=$(head -c 20000 /dev/zero | tr '\\0' ']')\n"
+     'echo "{\\"reward\\": 1, \\"detail\\": $d$e}" > /logs/verifier/reward.json\n',
+     "reward.json nests deeper than 128 levels (MAX_JSON_DEPTH)"),   # was a RecursionError
 ])
 async def test_a_test_that_writes_no_usable_reward_is_an_error_not_0(tmp_path, agent_config, test_sh, why):
     task_dir(tmp_path, "broken-tests", test_sh=test_sh)

@@ -129,3 +129,14 @@ async def test_a_rollout_scores_the_calls_mapped_back_to_dotted_names(openai_ser
     assert (right.reward, right.stop_condition, len(openai_server.requests)) == (1.0, "agent_completed", 2)
     assert wrong.reward == 0.0
     assert openai_server.requests[0].body["tool_choice"] == {"type": "function", "function": {"name": "math_factorial"}}
+
+
+def test_arguments_nested_100000_deep_are_no_answer_not_a_recursion_error():
+    import prefect_rollouts as vf
+
+    task = load("simple_python", 1)[0]
+    trace = vf.Trace(task_id=task.id, model="m")
+    deep = "[" * 100_000 + "]" * 100_000
+    trace.messages.append({"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "math_factorial", "arguments": deep}}]})
+    assert task.calls(trace) is None

@@ -22,13 +22,13 @@ for ``irrelevance``. Multi-turn never forces: the model decides when a turn is d
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from prefect_rollouts.environments.bfcl_data import data_dir, read_jsonl, tool_name, wire_schema
 from prefect_rollouts.environments.bfcl_scoring import check
 from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.harnesses.schema import ToolSpec, answer_tool
+from prefect_rollouts.nesting import loads
 from prefect_rollouts.task import Task, TaskData, metric, reward
 from prefect_rollouts.trace import Trace
 
@@ -52,8 +52,8 @@ class BfclTask(Task):
                 for call in message["tool_calls"]:
                     function = call.get("function") or {}
                     try:
-                        arguments = json.loads(function.get("arguments") or "{}")
-                    except ValueError:
+                        arguments = loads(function.get("arguments") or "{}", "the arguments")
+                    except ValueError:   # not JSON, or nested past MAX_JSON_DEPTH (never a RecursionError)
                         return None
                     if not isinstance(arguments, dict):
                         return None

@@ -32,6 +32,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from prefect_rollouts.nesting import loads
+
 #: Method names BFCL's executor refuses to call (``multi_turn_utils.execute_multi_turn_func_call``).
 DENIED = frozenset({"kill", "exit", "quit", "remove", "unlink", "popen", "Popen", "run"})
 _SHORT = 200  # characters of a value kept in a failure's details
@@ -117,7 +119,7 @@ class Backend:
     def call_json(self, name: str, arguments: str) -> str:
         """Call ``name`` with keyword arguments from a JSON object string (a model's tool call)."""
         try:
-            kwargs = json.loads(arguments or "{}")
+            kwargs = loads(arguments or "{}", "the text")   # a model's: nested past MAX_JSON_DEPTH is refused
         except ValueError as exc:
             kwargs, problem = None, str(exc)
         else:

@@ -321,6 +321,11 @@ def _top_errors(rows: pd.DataFrame) -> list[ErrorCount]:
 
 
 def _cut(text: str) -> str:
+    """Its start, and the last line of a text of several lines (a program's output: what failed)."""
+    first, _, rest = text.partition("\n") if len(text) > ERROR_CHARS else (text, "", "")
+    last = rest.rstrip().rpartition("\n")[2].strip()
+    if last and len(last) <= ERROR_CHARS // 2:
+        return f"{first[:ERROR_CHARS - len(last)]} ... {last}"
     return text if len(text) <= ERROR_CHARS else text[:ERROR_CHARS] + "..."
 
 
