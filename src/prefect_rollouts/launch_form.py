@@ -200,7 +200,7 @@ class AdvancedSettings(_Form):
     model_config = ConfigDict(title="Advanced")
     run_name: str = _config_field(
         "run_name", title="Run id prefix",
-        description="Traces are stored under the run id PREFIX-YYYYmmdd-HHMMSS-XXXX. Empty: the taskset name. "
+        description="Traces are stored under the run id PREFIX-YYYYmmdd-HHMMSS-XXXX. Empty: taskset-harness-model. "
                     "(Prefect's Run Name above names the launch's flow run only.)")
     rollout_granularity: Literal["flow", "task", "batch"] = _config_field(
         "rollout_granularity", title="Granularity",

@@ -105,7 +105,9 @@ class HarnessConfig(ConfigModel):
         if self.command is not None and self.id != "program":
             raise ValueError(f'command is set but id = "{self.id}": set id = "program" to run your own program')
         if self.action_format != "tool_calls" and self.id != "mini-swe-agent":
-            raise ValueError(f'action_format applies to id = "mini-swe-agent" only (id = "{self.id}"): remove it')
+            raise ValueError(f'action_format applies to id = "mini-swe-agent" only (id = "{self.id}"): remove it '
+                             "(a --set of a key inside the table keeps the others; replace the whole table instead, "
+                             f"e.g. --set 'env.agent.harness={{id=\"{self.id}\"}}')")
         if self.command is not None and not all(self.command):
             raise ValueError(f"command = {self.command!r}: every argv entry must be a non-empty string")
         if self.id not in PROGRAM_HARNESSES:

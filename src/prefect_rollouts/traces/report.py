@@ -18,9 +18,10 @@ import pandas as pd
 from prefect_rollouts.errors import TraceStoreError
 from prefect_rollouts.trace import Trace, content_text
 from prefect_rollouts.traces.read import read_rollouts
+from prefect_rollouts.traces.run_config import with_harness
 
 #: The columns of ``run_rows``, in order.
-RUN_COLUMNS = ["date", "run_id", "model", "environment", "rollouts", "mean", "stderr", "errors"]
+RUN_COLUMNS = ["date", "run_id", "harness", "model", "environment", "rollouts", "mean", "stderr", "errors"]
 #: ``rollouts`` columns the run table reads (never the large JSON ones).
 _RUN_READ = ["started_at", "model", "environment", "reward", "is_error"]
 _ROLLOUT_READ = ["reward", "stop_condition", "error_type", "error_message", "started_at"]
@@ -32,7 +33,8 @@ def run_rows(root: str | Path) -> list[dict[str, Any]]:
     """One dict per run of the dataset at ``root``, oldest first (by its first rollout's start).
 
     Keys are ``RUN_COLUMNS``: ``date`` (``YYYY-MM-DD HH:MM``, UTC, when the run's first rollout
-    started), ``run_id``, ``model`` and ``environment`` (comma-joined when a run holds several),
+    started), ``run_id``, ``harness`` (from the run's stored config, ``—`` when it has none),
+    ``model`` and ``environment`` (each comma-joined when a run holds several),
     ``rollouts`` (rows), ``mean`` (mean reward of the scored rollouts; None when none is scored),
     ``stderr`` (its standard error, sample std / sqrt(n); None below 2 scored) and ``errors``
     (errored rollouts, which have no reward and are left out of the mean). Empty when the
@@ -41,12 +43,13 @@ def run_rows(root: str | Path) -> list[dict[str, Any]]:
     Raises:
         TraceStoreError: the dataset cannot be read.
     """
-    rows = read_rollouts(root, columns=_RUN_READ)
+    rows = with_harness(read_rollouts(root, columns=_RUN_READ), root)
     runs = []
     for run_id, group in rows.groupby("run_id", sort=False):
         rewards = group["reward"].dropna().astype(float)
         runs.append({
             "date": _minute(group["started_at"].min()), "run_id": str(run_id),
+            "harness": ",".join(sorted(group["harness"].dropna().unique())) or "—",
             "model": ",".join(sorted(group["model"].dropna().unique())),
             "environment": ",".join(sorted(group["environment"].dropna().unique())),
             "rollouts": len(group), "mean": float(rewards.mean()) if len(rewards) else None,
