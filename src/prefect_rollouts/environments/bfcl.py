@@ -23,6 +23,7 @@ for ``irrelevance``. Multi-turn never forces: the model decides when a turn is d
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from prefect_rollouts.environments.bfcl_data import data_dir, read_jsonl, tool_name, wire_schema

@@ -44,15 +44,16 @@ import pandas as pd
 from pydantic import BaseModel
 
 from prefect_rollouts.errors import ConfigError
+from prefect_rollouts.traces.files import run_ids
 from prefect_rollouts.traces.paired_stats import (
     bootstrap_interval,
     clustered_stderr,
     mcnemar_exact,
     sign_flip_pvalue,
 )
-from prefect_rollouts.traces.read import category_of, read_model_calls, read_rollouts, read_rollouts_with_categories
+from prefect_rollouts.traces.read import category_of, read_model_calls, read_rollouts_with_categories
 from prefect_rollouts.traces.run_config import with_harness
-from prefect_rollouts.traces.store import DatasetRoot
+from prefect_rollouts.traces.store import DatasetRoot, dataset_root
 from prefect_rollouts.traces.summary import distinct_values
 
 #: Columns ``compare`` needs of each run's rows (``category``, or ``info`` to derive it, optional).
@@ -214,7 +215,7 @@ def compare_runs(root: str | Path | DatasetRoot, run_a: str, run_b: str, **optio
     rows = with_harness(read_rollouts_with_categories(root, columns=ROLLOUT_COLUMNS, run_id=[run_a, run_b]), root)
     missing = [(field, run) for field, run in (("RUN_A", run_a), ("RUN_B", run_b)) if not (rows["run_id"] == run).any()]
     if missing:
-        runs = sorted(read_rollouts(root, columns=["run_id"])["run_id"].unique())
+        runs = run_ids(dataset_root(root))
         field, run = missing[0]
         raise ConfigError(f"{field} = {run!r}: no rollouts of this run in the trace dataset at {root}. "
                           + (f"Runs in it: {', '.join(runs)}" if runs else "It holds no rollouts"))
