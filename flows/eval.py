@@ -53,7 +53,7 @@ whose flushes were full (up to 64 rows) pays nothing at its end."""
 def _flow_run_name() -> str:
     parameters = flow_run.parameters
     config = parameters.get("config")
-    name = config.default_name if isinstance(config, EvalConfig) else None
+    name = config.run_prefix if isinstance(config, EvalConfig) else None
     return parameters.get("resume") or parameters.get("run_id") or name or "eval"
 
 
@@ -69,7 +69,7 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
             row run, and the summary covers the whole run. ``config`` may differ from the config
             stored when the run started only in keys that change how it runs
             (``evals.identity.HOW_KEYS``); any other difference fails the run with a config error.
-        run_id: Id for a new run; default ``<run_name or taskset id>-<UTC time>-<4 hex>``.
+        run_id: Id for a new run; default ``<run_name, else environment-harness-model>-<UTC time>-<4 hex>``.
         force_config: Resume with ``config`` even where it differs from the stored one.
 
     Returns:

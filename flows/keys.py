@@ -1,6 +1,7 @@
 """Names of what an eval keeps on the Prefect server per series or run: artifact keys, Variable names.
 
-One sanitiser (``prefect_key``) makes them all. Prefect's artifact keys allow lowercase ASCII
+One sanitiser (``prefect_key``, with ``prefect_rollouts.keys.slug``, which also makes a run id's
+default prefix) makes them all. Prefect's artifact keys allow lowercase ASCII
 letters, digits and dashes (Variable names too, and underscores); a name that already is such a key
 is used as it is, so the history of a series such as ``nightly-eval`` keeps its key. Any other name
 has its characters outside that set replaced by dashes and the first 8 hex digits of its SHA-256
@@ -10,6 +11,8 @@ added, so ``Nightly Eval`` and ``nightly-eval``, or two names in another script,
 from __future__ import annotations
 
 import hashlib
+
+from prefect_rollouts.keys import slug
 
 ARTIFACT_KEY_MAX = 100
 """Prefect's limit on an artifact key's length."""
@@ -25,7 +28,7 @@ def prefect_key(prefix: str, name: str, limit: int = ARTIFACT_KEY_MAX) -> str:
     room = limit - len(prefix)
     if name and len(name) <= room and all(c.isascii() and (c.isdigit() or c.islower() or c == "-") for c in name):
         return prefix + name
-    safe = "".join(c if c.isascii() and c.isalnum() else "-" for c in name.lower())
+    safe = slug(name)
     return f"{prefix}{safe[:room - 9]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 

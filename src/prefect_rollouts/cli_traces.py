@@ -72,7 +72,7 @@ def traces_summary(
         _error("", "--by-task needs --run-id: the run whose tasks to list")
         raise typer.Exit(2)
     with _exits(config_code=1):
-        runs = [run for run in run_rows(path) if run_id in (None, run["run_id"])]
+        runs = run_rows(path, run_id)
         summary = summarize_run(path, run_id, pass_threshold=pass_threshold) if runs and run_id else None
         tasks = run_task_lines(path, run_id, pass_threshold) if runs and run_id and by_task else None
     if not runs:

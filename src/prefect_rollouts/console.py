@@ -167,10 +167,10 @@ def print_error(console: Console, prefix: str, exc: BaseException | str) -> None
 
 def print_summary(console: Console, summary: EvalSummary) -> None:
     """``summary.table()`` as a table titled with the run id (None as ``—``; columns two spaces
-    apart, headers never cut, long environment and model names wrap), then the wall time and the run's tokens, then
-    the top errors, one line each: ``  <type> x<count>, e.g.: <example>``, the rollouts not scored
-    (``not scored: scoring_timeout x6``), then the comparison with
-    the baseline, a line per environment."""
+    apart, headers never cut, long environment, harness and model names wrap), then the wall time
+    and the run's tokens, then the top errors, one line each: ``  <type> x<count>, e.g.: <example>``,
+    the rollouts not scored (``not scored: scoring_timeout x6``), then the comparison with the
+    baseline, a line per environment."""
     rows = summary.table()
     if not rows:
         console.print("no rollouts")
@@ -178,7 +178,7 @@ def print_summary(console: Console, summary: EvalSummary) -> None:
     columns = [column for column in rows[0] if column not in TOKEN_COLUMNS]
     table = Table(title=f"run {summary.run_id}", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
     for column in columns:
-        named = column in ("environment", "model")
+        named = column in ("environment", "harness", "model")
         table.add_column(column, justify="left" if named else "right", overflow="fold",
                          min_width=None if named else len(column))
     for row in rows:

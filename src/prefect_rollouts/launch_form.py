@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from prefect_rollouts.bounds import MAX_STORAGE_MB, MAX_TIMEOUT_MULTIPLIER
 from prefect_rollouts.config.agent import HarnessId
 from prefect_rollouts.config.eval import EvalConfig
 from prefect_rollouts.config.sources import Source, validate_config, validate_sources
@@ -140,10 +141,11 @@ class HarborTaskset(_Form):
                     "runs in).")
     tasks: list[str] | None = _option_field("harbor", "tasks", title="Tasks",
                                             description="Only these task directories, by name. Empty: all.")
-    timeout_multiplier: float = _option_field("harbor", "timeout_multiplier", gt=0, title="Timeout multiplier",
-                                              description="Scales every agent, verifier and build deadline.")
+    timeout_multiplier: float = _option_field(
+        "harbor", "timeout_multiplier", gt=0, le=MAX_TIMEOUT_MULTIPLIER, title="Timeout multiplier",
+        description="Scales every agent, verifier and build deadline.")
     storage_mb: int | None = _option_field(
-        "harbor", "storage_mb", ge=0, title="Disk quota (MiB)",
+        "harbor", "storage_mb", ge=0, le=MAX_STORAGE_MB, title="Disk quota (MiB)",
         description="Every box's disk quota instead of the task's storage_mb; 0 = none. Empty: each task's own.")
 
 
@@ -198,7 +200,7 @@ class AdvancedSettings(_Form):
     model_config = ConfigDict(title="Advanced")
     run_name: str = _config_field(
         "run_name", title="Run id prefix",
-        description="Traces are stored under the run id PREFIX-YYYYmmdd-HHMMSS-XXXX. Empty: the taskset name. "
+        description="Traces are stored under the run id PREFIX-YYYYmmdd-HHMMSS-XXXX. Empty: taskset-harness-model. "
                     "(Prefect's Run Name above names the launch's flow run only.)")
     rollout_granularity: Literal["flow", "task", "batch"] = _config_field(
         "rollout_granularity", title="Granularity",

@@ -10,8 +10,9 @@ from typer.testing import CliRunner
 
 from prefect_rollouts import bounds
 from prefect_rollouts.cli import app
-from prefect_rollouts.errors import ConfigError
+from prefect_rollouts.config.agent import load_config
 from prefect_rollouts.config.eval import load_eval_config
+from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.evals.plan import plan_rollouts
 
 pytestmark = pytest.mark.unit
@@ -84,3 +85,30 @@ def test_a_planned_rollout_takes_under_100_bytes_beside_its_task():
         finally:
             tracemalloc.stop()
     assert len(plan) == 100_000 and sizes[1] - sizes[0] < 100 * 100_000
+
+
+# issue 32, item 9: an agent's deadlines and a box's resources past what they can be handed to
+@pytest.mark.parametrize(("table", "key", "value", "bound"), [
+    ("runtime", "memory_mb", 2**62, bounds.MAX_MEMORY_MB),
+    ("runtime", "storage_mb", 2**62, bounds.MAX_STORAGE_MB),
+    ("runtime", "cpus", 1e308, bounds.MAX_CPUS),
+    ("runtime", "pids_limit", 2**62, bounds.MAX_PIDS),
+    ("runtime", "exec_timeout_s", 1e308, bounds.MAX_DEADLINE_S),
+    ("timeouts", "agent", 1e308, bounds.MAX_DEADLINE_S),
+    ("timeouts", "scoring", 1e308, bounds.MAX_DEADLINE_S),
+    ("harness", "timeout_s", 1e308, bounds.MAX_DEADLINE_S),
+    ("harness", "tool_timeout_s", 1e308, bounds.MAX_DEADLINE_S),
+    ("client", "timeout", 1e308, bounds.MAX_DEADLINE_S),
+    ("client.retries", "max_retries", 10**6, bounds.MAX_RETRIES),
+    ("client.retries", "max_backoff_s", 1e308, bounds.MAX_DEADLINE_S),
+    ("retries", "segment", 10**6, bounds.MAX_RETRIES),
+    ("retries", "backoff_s", 1e308, bounds.MAX_DEADLINE_S),
+])
+def test_an_agent_value_past_its_bound_is_a_config_error_naming_the_key(table, key, value, bound):
+    def agent(value: object) -> str:
+        harness = 'id = "bash"\n' if table == "harness" else ""
+        return f'[env.agent]\nmodel = "m"\n[env.agent.{table}]\n{harness}{key} = {value}\n'
+    with pytest.raises(ConfigError) as caught:
+        load_config(agent(value))
+    assert f"[env.agent.{table}] {key} = {value}" in str(caught.value) and f"equal to {int(bound)}" in str(caught.value)
+    load_config(agent(bound))   # the bound itself is allowed

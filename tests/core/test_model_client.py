@@ -80,6 +80,18 @@ async def test_a_malformed_body_is_retried_then_reported_as_502(openai_server):
     assert completion.retries == 2 and caught.value.status_code == 502
 
 
+async def test_a_body_nested_past_the_bound_is_a_malformed_body_not_a_recursion_error(openai_server):
+    openai_server.default = malformed("[" * 100_000 + "]" * 100_000)
+    client = client_for(openai_server.base_url, max_retries=0)
+    try:
+        with pytest.raises(vf.ProviderError, match=r"malformed body \(ValueError: the body nests deeper than 128 "
+                                                   r"levels \(MAX_JSON_DEPTH\)\)") as caught:
+            await client.complete(BODY)
+    finally:
+        await client.aclose()
+    assert caught.value.status_code == 502
+
+
 async def test_connection_refused_is_retried_then_reported_without_an_http_status():
     port = free_port()   # nothing listens on it
     client = client_for(f"http://127.0.0.1:{port}/v1", max_retries=1)

@@ -455,3 +455,11 @@ async def test_rollout_copies_keep_attributes_a_pickling_hook_would_drop(openai_
             await it.turn()
             assert it.task is not task and it.task.log == [] and not hasattr(task, "log")
     assert trace.metrics == {"has_client": 1.0}
+
+
+async def test_tool_arguments_nested_100000_deep_are_a_tool_error_not_a_recursion_error(openai_server, agent_config):
+    openai_server.play([tool_call("add", raw_arguments='{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"), reply("5")])
+    async with vf.make_agent(agent_config(harness=vf.HarnessConfig(runtime_tools=[]))) as agent:
+        trace = await agent.run(Calculator(vf.TaskData(prompt="add")))
+    assert trace.tool_calls[0].is_error and trace.errors == []
+    assert "the text nests deeper than 128 levels (MAX_JSON_DEPTH)" in trace.tool_calls[0].output

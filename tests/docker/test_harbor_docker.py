@@ -59,12 +59,32 @@ async def test_oracle_scores_1_and_nop_0_with_no_model_client(tmp_path, agent_co
     assert containers_of(harbor["image"]) == []
 
 
+async def test_links_that_stay_inside_the_task_directory_reach_the_box(tmp_path, agent_config):
+    directory = make_task(tmp_path, "linked", instruction=None, test_sh=None)   # issue 32, item 8
+    (directory / "docs").mkdir()
+    (directory / "docs" / "prompt.md").write_text("Write hello to /app/out.txt.")
+    (directory / "instruction.md").symlink_to("docs/prompt.md")
+    (directory / "checks").mkdir()
+    (directory / "checks" / "test.sh").write_text(PASS_IF_HELLO)
+    (directory / "tests").symlink_to("checks")
+    (directory / "scripts").mkdir()
+    (directory / "scripts" / "run.sh").write_text("echo hello > /app/out.txt\n")
+    (directory / "scripts" / "solve.sh").symlink_to("run.sh")
+    (directory / "solution").symlink_to("scripts")
+    (directory / "environment" / "same").symlink_to("Dockerfile")
+    oracle = (await run_all(harbor_config(agent_config, "oracle"), tmp_path))["linked"]
+    assert (oracle.errors, oracle.reward, oracle.messages[0]["content"]) == ([], 1.0, "Write hello to /app/out.txt.")
+
+
 @pytest.mark.parametrize(("test_sh", "why"), [
     ("echo checked\n", "wrote no reward"),
     ("echo nan > /logs/verifier/reward.txt\n", "finite"),
     ("echo > /logs/verifier/reward.txt\n", "is empty"),
     ("echo '{\"reward\": NaN}' > /logs/verifier/reward.json\n", "finite"),
     ("echo boom >&2; exit 3\n", "exited with code 3 before writing a reward: boom"),
+    ("d=$(head -c 20000 /dev/zero | tr '\\0' '['); e=$(head -c 20000 /dev/zero | tr '\\0' ']')\n"
+     'echo "{\\"reward\\": 1, \\"detail\\": $d$e}" > /logs/verifier/reward.json\n',
+     "reward.json nests deeper than 128 levels (MAX_JSON_DEPTH)"),   # was a RecursionError
 ])
 async def test_a_test_that_writes_no_usable_reward_is_an_error_not_0(tmp_path, agent_config, test_sh, why):
     task_dir(tmp_path, "broken-tests", test_sh=test_sh)

@@ -129,3 +129,64 @@ async def test_a_rollout_scores_the_calls_mapped_back_to_dotted_names(openai_ser
     assert (right.reward, right.stop_condition, len(openai_server.requests)) == (1.0, "agent_completed", 2)
     assert wrong.reward == 0.0
     assert openai_server.requests[0].body["tool_choice"] == {"type": "function", "function": {"name": "math_factorial"}}
+
+
+def test_arguments_nested_100000_deep_are_no_answer_not_a_recursion_error():
+    import prefect_rollouts as vf
+
+    task = load("simple_python", 1)[0]
+    trace = vf.Trace(task_id=task.id, model="m")
+    deep = "[" * 100_000 + "]" * 100_000
+    trace.messages.append({"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "math_factorial", "arguments": deep}}]})
+    assert task.calls(trace) is None
+
+
+async def test_show_prints_the_ground_truth_beside_the_answer_of_a_near_miss(openai_server, agent_config, tmp_path):
+    from typer.testing import CliRunner
+
+    import prefect_rollouts as vf
+    from prefect_rollouts.cli import app
+    from prefect_rollouts.traces import TraceWriter
+    from tests.fakes.openai_server import tool_call
+
+    task = load("simple_python", 2)[1]                         # math.factorial(number=5)
+    openai_server.play([tool_call("math_factorial", number=6), tool_call("math_factorial", number=5)])
+    async with vf.make_agent(agent_config()) as agent:
+        near_miss = await agent.run(task)
+        right = await agent.run(task)
+    assert near_miss.info["bfcl_failure"] == {
+        "check": "ast", "details": "math.factorial: number = 6 is not an accepted value ([5])",
+        "expected": [{"math.factorial": {"number": [5]}}], "answer": [{"math.factorial": {"number": 6}}]}
+    assert right.reward == 1.0 and "bfcl_failure" not in right.info
+    writer = TraceWriter(tmp_path, "r")
+    writer.add(near_miss, rollout_index=0, environment="bfcl", config_hash="h", elapsed_s=1.0)
+    assert writer.flush() == 1
+    result = CliRunner().invoke(app, ["traces", "show", str(tmp_path), "r", "simple_python_1"])
+    assert result.exit_code == 0
+    assert '→ math_factorial({"number": 6})' in result.output
+    assert ("  bfcl_failure:\n    check: \"ast\"\n"
+            '    details: "math.factorial: number = 6 is not an accepted value ([5])"\n'
+            '    expected: [{"math.factorial": {"number": [5]}}]\n'
+            '    answer: [{"math.factorial": {"number": 6}}]\n') in result.output
+
+
+def test_mismatch_names_the_rule_an_answer_breaks():
+    from prefect_rollouts.environments.bfcl_scoring import mismatch
+
+    functions = [{"name": "area", "parameters": {"type": "dict", "required": ["base"], "properties": {
+        "base": {"type": "integer"}, "unit": {"type": "string"}}}}]
+    answers = [{"area": {"base": [10], "unit": ["units", ""]}}]
+    assert mismatch("simple_python", functions, [{"area": {"base": 10}}], answers) is None
+    assert mismatch("simple_python", functions, [{"area": {"base": 10, "unit": "cm"}}], answers) == (
+        "area: unit = 'cm' is not an accepted value (['units'])")
+    assert mismatch("simple_python", functions, [{"area": {"base": "10"}}], answers) == (
+        "area: base = '10' is a str; the function declares integer")
+    assert mismatch("simple_python", functions, [{"area": {"unit": "units"}}], answers) == (
+        "area: required parameter base is missing")
+    assert mismatch("simple_python", functions, [{"volume": {"base": 10}}], answers) == "called volume; expected area"
+    assert mismatch("simple_python", functions, [], answers) == "0 call(s) made; 1 expected"
+    assert mismatch("parallel", functions, [{"area": {"base": 10}}, {"area": {"base": 11}}],
+                    [*answers, {"area": {"base": [12]}}]) == (
+        "expected call 2 of 2 (area) matches no model call: area: base = 11 is not an accepted value ([12])")
+    assert mismatch("irrelevance", functions, [{"area": {"base": 1}}], []) == "1 call(s) made; this item expects none"

@@ -166,7 +166,8 @@ def test_a_rollout_that_stopped_early_fails_at_its_first_missing_turn(tasks):
     task = tasks[0]
     trace = trace_of(task, truth_turns(task)[:2])
     assert task.correct(trace) == 0.0
-    assert trace.info["bfcl_failure"] == {"turn": 2, "check": "empty_turn", "details": {"expected_calls": 1}}
+    assert trace.info["bfcl_failure"] == {"turn": 2, "check": "empty_turn", "details": {"expected_calls": 1},
+                                          "expected": task.data.info["ground_truth"][2]}
     assert (task.turns_passed(trace), task.num_calls(trace)) == (2.0, 5.0)
 
 
@@ -178,6 +179,9 @@ def test_the_executor_refuses_private_denied_excluded_and_malformed_calls(tasks)
     assert backend.call("_load_scenario", ({},)) == "Error during execution: name '_load_scenario' is not defined"
     assert backend.call("cp", (), {"source": "a", "destination": "b"}) == "Error during execution: name 'cp' is not defined"
     assert backend.call_json("cd", "[1]").startswith("Error during execution: the arguments of cd are not a JSON object")
+    assert backend.call_json("cd", "[" * 100_000 + "]" * 100_000) == (   # a model's, never a RecursionError
+        "Error during execution: the arguments of cd are not a JSON object "
+        "(the text nests deeper than 128 levels (MAX_JSON_DEPTH))")
     assert backend.call_json("cd", '{"nope": 1}') == ("Error during execution: GorillaFileSystem.cd() got an "
                                                       "unexpected keyword argument 'nope'")
     assert vars(backend.instances["GorillaFileSystem"]) == before
@@ -233,7 +237,8 @@ async def test_a_model_that_answers_without_calls_fails_the_first_turn(openai_se
     async with vf.make_agent(agent_config(harness=NO_RUNTIME_TOOLS, max_turns=20)) as agent:
         trace = await agent.run(tasks[0])
     assert (trace.reward, len(trace.segments), trace.metrics["turns_passed"]) == (0.0, 4, 0.0)
-    assert trace.info["bfcl_failure"] == {"turn": 0, "check": "empty_turn", "details": {"expected_calls": 3}}
+    assert trace.info["bfcl_failure"] == {"turn": 0, "check": "empty_turn", "details": {"expected_calls": 3},
+                                          "expected": tasks[0].data.info["ground_truth"][0]}
 
 
 async def test_concurrent_rollouts_of_one_task_keep_their_own_file_system(openai_server, agent_config, tasks):

@@ -205,6 +205,16 @@ def test_an_unusable_reward_file_is_a_scoring_error_not_zero(kind, text, why):
         read_reward(kind, text, "t")
 
 
+@pytest.mark.parametrize("levels", [300, 100_000])
+@pytest.mark.parametrize("shape", ["array", "reward detail"])
+def test_a_reward_file_nested_too_deep_is_refused_naming_the_bound(levels, shape):
+    nested = "[" * levels + "]" * levels
+    text = nested if shape == "array" else f'{{"reward": 1, "detail": {nested}}}'
+    with pytest.raises(TaskError, match=r"^Harbor task 't': /logs/verifier/reward.json nests deeper than 128 levels "
+                                        r"\(MAX_JSON_DEPTH\); a reward cannot be read from it: '[\[{]"):
+        read_reward("json", text, "t")
+
+
 def test_the_shipped_tasks_load_and_cover_the_required_kinds():
     tasks = load_taskset("harbor", {"path": str(SHIPPED)})
     assert len(tasks) >= 12

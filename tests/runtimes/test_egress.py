@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import ipaddress
+import socket
 import ssl
 from collections.abc import AsyncIterator
 
@@ -14,6 +16,7 @@ import pytest
 from prefect_rollouts import NetworkPolicy
 from prefect_rollouts.errors import scrub
 from prefect_rollouts.runtimes.egress import EgressProxy, Route
+from prefect_rollouts.runtimes.egress_address import is_host_address
 from prefect_rollouts.runtimes.egress_wire import server_name
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
@@ -276,3 +279,76 @@ def test_a_credential_the_runtime_plants_in_a_host_name_is_scrubbed_from_the_tra
     take_network_log(Runtime(), trace)
     assert route.credential.lower() not in trace.model_dump_json().lower()
     assert trace.network[0].host == "***.x"
+
+
+def machine_address() -> str:
+    """A non-loopback IPv4 address of this machine: the source the kernel picks toward an outside
+    address (eth0's), else toward Docker's default bridge (its gateway). A UDP connect sends nothing."""
+    for outside in ("198.51.100.1", "172.17.0.2"):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            try:
+                probe.connect((outside, 9))
+            except OSError:
+                continue
+            source = probe.getsockname()[0]
+        if not ipaddress.ip_address(source).is_loopback:
+            return str(source)
+    pytest.skip("this machine has no non-loopback IPv4 address (no route out, no Docker bridge)")
+
+
+@pytest.fixture
+async def host_server() -> AsyncIterator[tuple[str, int]]:
+    """A server on a non-loopback address of this machine: one of its own services."""
+    address = machine_address()
+    server = await asyncio.start_server(_echo_or_http, address, 0)
+    yield address, server.sockets[0].getsockname()[1]
+    server.close()
+
+
+def test_the_kernel_says_which_addresses_are_this_machines():
+    assert is_host_address(machine_address()) and is_host_address("127.0.0.1") and is_host_address("0.0.0.0")
+    assert not is_host_address("198.51.100.1") and not is_host_address("203.0.113.9")
+
+
+async def test_star_and_globs_never_reach_this_machines_own_addresses_but_an_exact_rule_does(proxy, host_server,
+                                                                                             monkeypatch):
+    import prefect_rollouts.runtimes.egress as egress_module
+
+    egress, port = proxy
+    address, target = host_server
+    real_resolve = egress_module.resolve
+
+    async def rebinding(host: str, port: int) -> str:   # a DNS server answering with this machine's address
+        return address if host.endswith(".rebind.test") else await real_resolve(host, port)
+    monkeypatch.setattr(egress_module, "resolve", rebinding)
+    everything = egress.open_route(NetworkPolicy.model_validate({"allow": ["*"]}))
+    glob = egress.open_route(NetworkPolicy.model_validate({"allow": [f"*.rebind.test:{target}"]}))
+    for route, host in ((everything, address), (everything, "0.0.0.0"), (glob, "api.rebind.test")):
+        reader, writer, head = await connect(port, f"{host}:{target}", route)
+        body = await reader.read()
+        writer.close()
+        assert head.startswith(b"HTTP/1.1 403"), (host, head)
+        assert f"{host} resolves to".encode() in body and b"only a rule naming the host exactly" in body
+    assert b"an address of this machine" in body
+    assert [record.allowed for record in everything.records + glob.records] == [False] * 3
+    assert "an address of this machine" in everything.records[0].reason
+    exact = egress.open_route(NetworkPolicy.model_validate({"allow": [f"{address}:{target}"]}))
+    reader, writer, head = await connect(port, f"{address}:{target}", exact)
+    assert head.startswith(b"HTTP/1.1 200")
+    writer.write(b"ping\n")
+    assert await reader.readexactly(5) == b"ping\n"
+    writer.close()
+    assert (exact.records[0].allowed, exact.records[0].address) == (True, address)
+
+
+async def test_the_proxys_own_port_is_refused_even_under_an_exact_rule(proxy):
+    egress, port = proxy
+    address = machine_address()
+    outside = await egress.listen(address)   # the proxy on a Docker gateway's address, as in use
+    route = egress.open_route(NetworkPolicy.model_validate({"allow": [f"{address}:{outside}", f"localhost:{port}"]}))
+    for target in (f"{address}:{outside}", f"localhost:{port}"):
+        reader, writer, head = await connect(port, target, route)
+        body = await reader.read()
+        writer.close()
+        assert head.startswith(b"HTTP/1.1 403") and b"is this egress proxy itself" in body, (target, body)
+    assert [record.allowed for record in route.records] == [False, False]

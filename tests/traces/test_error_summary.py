@@ -86,3 +86,15 @@ def test_rollouts_skipped_on_timeout_are_counted_as_not_scored_not_as_passing(tm
     assert summary.environments[0].mean_reward == 0.25   # their reward 0 stays in the mean, as the rule says
     assert run_failure(summary, planned=4) == (
         "3 of 4 rollouts errored or were not scored (not scored: skip_on_timeout x3)")
+
+
+def test_a_long_program_error_keeps_its_last_line_in_the_summary(tmp_path):
+    """A failed program's message ends in its output's last lines; the line that says what failed
+    (Codex's ``404``) is the last one, and a cut at the start used to drop it."""
+    lines = "\n".join(f"retrying request to /responses (attempt {i}): stream disconnected" for i in range(8))
+    message = ('harness "program": the program exited with code 1. stderr: ' + lines
+               + "\nERROR: unexpected status 404 Not Found: not_found")
+    write(tmp_path, [("TaskError", message)])
+    text = run_failure(summarize_run(tmp_path, "r1"), planned=1)
+    assert text is not None and text.endswith(" ... ERROR: unexpected status 404 Not Found: not_found)")
+    assert 'TaskError: harness "program": the program exited with code 1. stderr: retrying' in text

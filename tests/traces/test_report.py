@@ -76,10 +76,11 @@ def test_summary_prints_one_compact_row_per_run_oldest_first(dataset):
     code, output = invoke("summary", dataset)
     assert code == 0
     lines = output.strip().splitlines()
-    assert lines[0].split() == ["date", "run_id", "model", "environment", "rollouts", "mean", "stderr", "errors"]
-    assert [line.split() for line in lines[1:]] == [
-        ["2027-01-15", "08:00", "run-b", "m", "arith", "3", "0.500", "0.500", "1"],   # add-2 errored: not in the mean
-        ["2027-01-15", "09:00", "run-a", "local/smollm2", "bfcl", "2", "1.000", "0.000", "0"],
+    assert lines[0].split() == ["date", "run_id", "harness", "model", "environment", "rollouts", "mean", "stderr",
+                                "errors"]
+    assert [line.split() for line in lines[1:]] == [   # no stored config: the harness is unknown
+        ["2027-01-15", "08:00", "run-b", "—", "m", "arith", "3", "0.500", "0.500", "1"],   # add-2 errored: not in mean
+        ["2027-01-15", "09:00", "run-a", "—", "local/smollm2", "bfcl", "2", "1.000", "0.000", "0"],
     ]
 
 

@@ -44,8 +44,8 @@ def test_each_reward_component_has_its_mean_so_a_lenient_judge_cannot_hide_a_fai
     assert (math_env.model, math_env.reward_components) == ("other", {"exact": 1.0})
 
     table = summary.table()                         # one set of columns for every environment
-    assert list(table[0])[:9] == ["environment", "model", "rollouts", "scored", "mean_reward", "stderr",
-                                  "reward.exact", "reward.correct", "reward.judge"]
+    assert list(table[0])[:10] == ["environment", "harness", "model", "rollouts", "scored", "mean_reward", "stderr",
+                                   "reward.exact", "reward.correct", "reward.judge"]
     assert [(row["environment"], row["reward.exact"], row["reward.correct"], row["reward.judge"]) for row in table] == [
         ("math", 1.0, None, None), ("qa", None, 0.25, 0.75), ("all", None, None, None)]   # all: two environments
     assert [(row["pass@1"], row["pass@2"]) for row in table] == [(1.0, None), (0.6667, 1.0), (0.75, 1.0)]
@@ -54,8 +54,8 @@ def test_each_reward_component_has_its_mean_so_a_lenient_judge_cannot_hide_a_fai
     lines = summary.text().splitlines()
     assert lines[0] == "run r1: 6 rollouts, 1 errored"
     assert lines[1].split() == list(table[0])
-    assert lines[2].split()[:9] == ["math", "other", "1", "1", "1.0", "—", "1.0", "—", "—"]
-    assert lines[3].split()[:9] == ["qa", "gpt-x", "5", "4", "1.0", "0.4082", "—", "0.25", "0.75"]
+    assert lines[2].split()[:10] == ["math", "—", "other", "1", "1", "1.0", "—", "1.0", "—", "—"]   # harness: no config
+    assert lines[3].split()[:10] == ["qa", "—", "gpt-x", "5", "4", "1.0", "0.4082", "—", "0.25", "0.75"]
     assert lines[-2:] == ["top errors:", "  ProviderError x1, e.g.: down"]
 
 

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, model_validator
 
+from prefect_rollouts.bounds import MAX_CPUS, MAX_DEADLINE_S, MAX_MEMORY_MB, MAX_PIDS, MAX_RETRIES, MAX_STORAGE_MB
 from prefect_rollouts.config.base import (
     ClientConfig,
     ConfigModel,
@@ -54,7 +55,7 @@ class HarnessConfig(ConfigModel):
     (a task's tests must fail on the untouched box)."""
     runtime_tools: list[Literal["bash", "read_file", "write_file"]] = ["bash", "read_file", "write_file"]
     """Runtime tools the ``tools`` harness offers besides the task's own tools."""
-    tool_timeout_s: float = Field(600.0, gt=0)
+    tool_timeout_s: float = Field(600.0, gt=0, le=MAX_DEADLINE_S)
     """A tool call that runs longer returns an error to the model (``bash`` is also bounded by
     ``runtime.exec_timeout_s``)."""
     tool_output_cap_chars: int = Field(64 * 1024, ge=256)
@@ -69,7 +70,7 @@ class HarnessConfig(ConfigModel):
     setup: list[str] = []
     """Shell commands run once in the runtime when the rollout starts, after ``files`` and before
     the network policy applies (so an install may reach a package index); a failure ends the rollout."""
-    setup_timeout_s: float = Field(600.0, gt=0)
+    setup_timeout_s: float = Field(600.0, gt=0, le=MAX_DEADLINE_S)
     """Deadline of each ``setup`` command, in seconds."""
     env: EnvTable = {}
     """Environment variables of the program; ``${VAR}`` templates resolve where the rollout runs.
@@ -80,9 +81,9 @@ class HarnessConfig(ConfigModel):
     resume: bool = True
     """A later ``turn()`` relaunches the program with the conversation carried at the endpoint;
     False: a second turn is refused with an error."""
-    timeout_s: float = Field(3600.0, gt=0)
+    timeout_s: float = Field(3600.0, gt=0, le=MAX_DEADLINE_S)
     """Most seconds one launch of the program may run (the agent deadline, when set, also holds)."""
-    stop_grace_s: float = Field(10.0, ge=0)
+    stop_grace_s: float = Field(10.0, ge=0, le=MAX_DEADLINE_S)
     """After the endpoint stopped the rollout (``max_turns``, ``max_turn_tokens``), how long the
     program may take to exit before it is killed, in seconds."""
     output_tail_chars: int = Field(4000, ge=0)
@@ -104,7 +105,9 @@ class HarnessConfig(ConfigModel):
         if self.command is not None and self.id != "program":
             raise ValueError(f'command is set but id = "{self.id}": set id = "program" to run your own program')
         if self.action_format != "tool_calls" and self.id != "mini-swe-agent":
-            raise ValueError(f'action_format applies to id = "mini-swe-agent" only (id = "{self.id}"): remove it')
+            raise ValueError(f'action_format applies to id = "mini-swe-agent" only (id = "{self.id}"): remove it '
+                             "(a --set of a key inside the table keeps the others; replace the whole table instead, "
+                             f"e.g. --set 'env.agent.harness={{id=\"{self.id}\"}}')")
         if self.command is not None and not all(self.command):
             raise ValueError(f"command = {self.command!r}: every argv entry must be a non-empty string")
         if self.id not in PROGRAM_HARNESSES:
@@ -149,7 +152,7 @@ class RuntimeConfig(ConfigModel):
     """Network policy while the agent runs (and while scoring, unless ``scoring.network`` says
     otherwise): ``"open"``, ``"none"`` (loopback only) or ``{ allow = [...], block = [...] }``
     (docker only; README "Network policies", ``config/network.py``)."""
-    exec_timeout_s: float = Field(120.0, gt=0)
+    exec_timeout_s: float = Field(120.0, gt=0, le=MAX_DEADLINE_S)
     """Default timeout of one command (``runtime.exec`` and the ``bash`` tool), in seconds."""
     output_cap_bytes: int = Field(64 * 1024, ge=1024)
     """stdout and stderr of a command are each cut to this many bytes."""
@@ -163,14 +166,15 @@ class RuntimeConfig(ConfigModel):
     """docker: the container image (build the default with ``prefect-rollouts sandbox build``)."""
     workdir: str = "/workspace"
     """docker: the workspace directory in the container (absolute)."""
-    cpus: float = Field(1.0, gt=0)
-    """docker: CPU limit, in CPUs."""
-    memory_mb: int = Field(2048, ge=16)
-    """docker: memory limit, in MiB."""
-    pids_limit: int = Field(512, ge=16)
-    """docker: most processes the container may hold."""
-    storage_mb: int = Field(1024, ge=0, le=1024 * 1024)
-    """docker: disk quota of the container, in MiB; 0 = none (it can fill the Docker engine's disk).
+    cpus: float = Field(1.0, gt=0, le=MAX_CPUS)
+    """docker: CPU limit, in CPUs (at most 1024: ``bounds.MAX_CPUS``)."""
+    memory_mb: int = Field(2048, ge=16, le=MAX_MEMORY_MB)
+    """docker: memory limit, in MiB (at most 1 TiB: ``bounds.MAX_MEMORY_MB``)."""
+    pids_limit: int = Field(512, ge=16, le=MAX_PIDS)
+    """docker: most processes the container may hold (at most Linux's 4,194,304: ``bounds.MAX_PIDS``)."""
+    storage_mb: int = Field(1024, ge=0, le=MAX_STORAGE_MB)
+    """docker: disk quota of the container, in MiB (at most 1 TiB: ``bounds.MAX_STORAGE_MB``); 0 = none (it
+    can fill the Docker engine's disk).
     Where the storage driver can cap a container (overlay2 on xfs with ``pquota``, btrfs, zfs,
     devicemapper) it caps everything the container writes. Elsewhere (overlay2 on ext4) the root
     filesystem is read-only and the workspace, ``/tmp``, ``/var/tmp``, ``/run`` and HOME are tmpfs
@@ -203,13 +207,14 @@ def local_rules_error(key: str) -> str:
 
 
 class TimeoutConfig(ConfigModel):
-    """Stage deadlines in seconds; None = no deadline. An expired one stops the run as ``<stage>_timeout``."""
+    """Stage deadlines in seconds; None = no deadline. An expired one stops the run as ``<stage>_timeout``.
+    Each is at most a week (``bounds.MAX_DEADLINE_S``)."""
 
-    setup: float | None = Field(None, gt=0)
-    agent: float | None = Field(None, gt=0)
+    setup: float | None = Field(None, gt=0, le=MAX_DEADLINE_S)
+    agent: float | None = Field(None, gt=0, le=MAX_DEADLINE_S)
     """Budget of all harness segments together; time waiting on an interaction's caller is not counted."""
-    finalize: float | None = Field(None, gt=0)
-    scoring: float | None = Field(None, gt=0)
+    finalize: float | None = Field(None, gt=0, le=MAX_DEADLINE_S)
+    scoring: float | None = Field(None, gt=0, le=MAX_DEADLINE_S)
 
 
 class ScoringConfig(ConfigModel):
@@ -254,11 +259,11 @@ class StageRetryConfig(ConfigModel):
     ``backoff_s`` (capped at 30 s), jittered, on the inline path and under Prefect alike.
     """
 
-    setup: int = Field(1, ge=0)
+    setup: int = Field(1, ge=0, le=MAX_RETRIES)
     """Retries of setup when the runtime fails to start."""
-    segment: int = Field(1, ge=0)
+    segment: int = Field(1, ge=0, le=MAX_RETRIES)
     """Retries of a harness segment after a ``ProviderError`` (on top of ``client.retries``)."""
-    backoff_s: float = Field(1.0, ge=0)
+    backoff_s: float = Field(1.0, ge=0, le=MAX_DEADLINE_S)
     """Wait before a stage retry, in seconds (doubled each time, jittered)."""
 
 

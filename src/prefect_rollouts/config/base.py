@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, SecretStr, SerializationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
+from prefect_rollouts.bounds import MAX_DEADLINE_S, MAX_RETRIES
 from prefect_rollouts.scoring.env import is_template
 
 MASK = "***"
@@ -76,13 +77,13 @@ class RetryConfig(ConfigModel):
     ``Retry-After`` header from the server wins when it is longer.
     """
 
-    max_retries: int = Field(2, ge=0)
+    max_retries: int = Field(2, ge=0, le=MAX_RETRIES)
     """Retries after the first attempt; 0 disables retrying."""
-    backoff_s: float = Field(0.5, ge=0)
+    backoff_s: float = Field(0.5, ge=0, le=MAX_DEADLINE_S)
     """Wait before the first retry, in seconds; doubles on each further retry."""
-    max_backoff_s: float = Field(30.0, ge=0)
+    max_backoff_s: float = Field(30.0, ge=0, le=MAX_DEADLINE_S)
     """Upper bound of a single wait, in seconds."""
-    max_elapsed_s: float | None = Field(None, gt=0)
+    max_elapsed_s: float | None = Field(None, gt=0, le=MAX_DEADLINE_S)
     """Stop retrying once this many seconds have passed since the first attempt; None = no bound."""
 
 
@@ -106,7 +107,7 @@ class ClientConfig(ConfigModel):
     endpoint: str | None = None
     """Name of a ``ModelEndpoint`` Prefect block supplying ``base_url``, the API key and headers
     (fields set here win); the key then comes from the block, not ``api_key_env``."""
-    timeout: float = Field(600.0, gt=0)
+    timeout: float = Field(600.0, gt=0, le=MAX_DEADLINE_S)
     """Per-request timeout in seconds (connect, read and write each)."""
     retries: RetryConfig = RetryConfig(max_retries=5, backoff_s=0.5, max_backoff_s=30.0, max_elapsed_s=300.0)
     """Retries on 429, 5xx, connect and read errors."""

@@ -1,7 +1,7 @@
 """The eval config: a taskset, an agent, how many rollouts, where traces go. Loaded from TOML.
 
 ```toml
-run_name = "nightly"          # optional
+run_name = "nightly"          # optional: default <environment>-<harness>-<model> (EvalConfig.run_prefix)
 num_tasks = 50                # optional: all when absent
 rollouts_per_task = 1
 max_concurrent = 16
@@ -44,6 +44,7 @@ from prefect_rollouts.config.taskset import (
     path_safe,
 )
 from prefect_rollouts.errors import ConfigError, TraceStoreError
+from prefect_rollouts.keys import slug
 from prefect_rollouts.scoring.env import resolve_env
 
 if TYPE_CHECKING:
@@ -203,7 +204,9 @@ class EvalConfig(ConfigModel):
     """A whole evaluation: ``num_tasks`` tasks x ``rollouts_per_task`` rollouts of one agent."""
 
     run_name: str | None = None
-    """Prefix of the run id; default: the taskset id."""
+    """Prefix of the run id (and the series' name outside a deployment); default: the run id's
+    prefix is made from the config's own parts (``run_prefix``: environment, harness, model), the
+    series is the taskset id (``default_name``)."""
     num_tasks: int | None = Field(None, ge=1, le=MAX_TASKS)
     """How many tasks from the start of the taskset; None = all. At most 100,000
     (``bounds.MAX_TASKS``: tasks are held in memory for the whole eval), also for all of a taskset."""
@@ -281,8 +284,29 @@ class EvalConfig(ConfigModel):
     @property
     def default_name(self) -> str:
         """``run_name``, else the taskset id, else the suite's environment names joined by ``+``
-        (the run id's prefix and the series' name outside a deployment)."""
+        (the series' name outside a deployment: runs of other harnesses or models are compared with it)."""
         return self.run_name or "+".join(env.name for env in self.environments())
+
+    @property
+    def run_prefix(self) -> str:
+        """The run id's prefix: ``run_name``, else ``<environments>-<harnesses>[-<models>]`` from
+        the config's own parts, so runs of two harnesses or models are told apart by their ids.
+
+        The parts: the environment names joined by ``+`` (the taskset id alone), then the distinct
+        harness ids of the environments and, unless no environment's harness calls a model
+        (``oracle``, ``nop``), their distinct models, each joined by ``+`` and made lowercase ASCII
+        letters, digits and dashes by ``keys.slug`` (the sanitiser of Prefect keys too). Cut to
+        ``NAME_MAX_BYTES``. E.g. ``harbor-mini-swe-agent-local-smollm2``, ``harbor-oracle``,
+        ``arithmetic-tools-my-model``.
+        """
+        if self.run_name:
+            return self.run_name
+        envs = self.environments()
+        parts = ["+".join(env.name for env in envs),
+                 "+".join(dict.fromkeys(slug(env.agent.harness.id) for env in envs))]
+        models = "+".join(dict.fromkeys(slug(env.agent.model) for env in envs if env.agent.harness.uses_model))
+        name = "-".join([*parts, *([models] if models else [])])
+        return name.encode("utf-8", "surrogatepass")[:NAME_MAX_BYTES].decode("utf-8", "ignore")
 
     @field_validator("run_name")
     @classmethod
@@ -303,7 +327,7 @@ class EvalConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _default_name_fits(self) -> EvalConfig:
-        if self.run_name is None and not path_safe(self.default_name):
+        if self.run_name is None and not path_safe(self.default_name):   # then run_prefix is path-safe too
             raise ValueError(f"run_name: the run id's prefix defaults to {self.default_name!r} (the taskset id, or "
                              "a suite's environment names joined by +), which cannot name the run_id=<id> directory "
                              f"(no /, \\ or =, no control character, at most {NAME_MAX_BYTES} bytes). Set run_name")

@@ -22,7 +22,9 @@ In ``block``, a bare host or glob blocks every port of it (``block = ["evil.exam
 whole host out); ``host:port`` and origins block what they name.
 
 Only a leading ``*.`` is a glob. ``*`` and globs never reach a loopback, link-local (cloud metadata
-at 169.254.169.254) or unspecified address: name the host or address exactly to allow one.
+at 169.254.169.254) or unspecified address, nor any address of this machine (its interfaces', a
+Docker network's gateway): name the host or address exactly to allow one
+(``runtimes/egress_address.py``, which also refuses the proxy's own ports always).
 
 A task may bring its own agent-phase policy (``TaskData.network``, a Harbor task's network mode);
 ``compose`` joins it with the agent's as verifiers does: an open side or ``allow = ["*"]`` takes
@@ -243,7 +245,8 @@ class NetworkPolicy(ConfigModel):
 
         ``open`` allows everything and ``none`` nothing; under ``rules`` a matching block rule
         denies, else the first matching allow rule allows, else it is denied. The caller still
-        refuses a special address (``is_special_address``) that only ``*`` or a glob allowed.
+        refuses an address of this machine (``runtimes/egress_address.refusal``) that only ``*`` or
+        a glob allowed.
         """
         if self.mode == "open":
             return True, 'network = "open"', parse_rule("*")

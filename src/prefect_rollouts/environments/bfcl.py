@@ -1,7 +1,8 @@
 """``bfcl``: categories of the Berkeley Function Calling Leaderboard (PyPI ``bfcl-eval``).
 
 Single-turn categories: the task's functions are offered as answer tools (never executed); the
-model's tool calls are its answer, scored by BFCL's AST rules (``bfcl_scoring.py``). Function
+model's tool calls are its answer, scored by BFCL's AST rules (``bfcl_scoring.py``); a miss records
+the ground truth beside the answer and the rule broken in ``trace.info["bfcl_failure"]``. Function
 names with dots (not allowed in tool names) are sent with ``_`` and mapped back before scoring.
 For these, only bfcl-eval's data files are read, located with ``importlib.util.find_spec``.
 
@@ -26,9 +27,10 @@ import json
 from typing import Any
 
 from prefect_rollouts.environments.bfcl_data import data_dir, read_jsonl, tool_name, wire_schema
-from prefect_rollouts.environments.bfcl_scoring import check
-from prefect_rollouts.errors import ConfigError
+from prefect_rollouts.environments.bfcl_scoring import mismatch
+from prefect_rollouts.errors import ConfigError, scrub_cut
 from prefect_rollouts.harnesses.schema import ToolSpec, answer_tool
+from prefect_rollouts.nesting import loads
 from prefect_rollouts.task import Task, TaskData, metric, reward
 from prefect_rollouts.trace import Trace
 
@@ -52,8 +54,8 @@ class BfclTask(Task):
                 for call in message["tool_calls"]:
                     function = call.get("function") or {}
                     try:
-                        arguments = json.loads(function.get("arguments") or "{}")
-                    except ValueError:
+                        arguments = loads(function.get("arguments") or "{}", "the arguments")
+                    except ValueError:   # not JSON, or nested past MAX_JSON_DEPTH (never a RecursionError)
                         return None
                     if not isinstance(arguments, dict):
                         return None
@@ -63,15 +65,48 @@ class BfclTask(Task):
 
     @reward
     def ast_match(self, trace: Trace) -> float:
-        """1.0 when the calls satisfy BFCL's AST rules for the category."""
+        """1.0 when the calls satisfy BFCL's AST rules for the category; 0.0 otherwise, with what was
+        compared in ``trace.info["bfcl_failure"]``: ``check`` (``"ast"``), ``details`` (the rule
+        broken, ``bfcl_scoring.mismatch``), ``expected`` (the ground truth: per expected call, each
+        parameter's accepted values, ``""`` meaning it may be left out) and ``answer`` (the model's
+        calls, original names), each as JSON-like data or, past ``FAILURE_JSON_CHARS`` of JSON, the cut
+        text (``traces show`` prints them)."""
         calls = self.calls(trace)
         info = self.data.info
-        return float(calls is not None and check(info["category"], info["functions"], calls, info["ground_truth"]))
+        if calls is None:
+            reason: str | None = "a call's arguments are not a JSON object"
+        else:
+            reason = mismatch(info["category"], info["functions"], calls, info["ground_truth"])
+        if reason is None:
+            trace.info.pop("bfcl_failure", None)   # an earlier scoring attempt may have recorded one
+            return 1.0
+        trace.info["bfcl_failure"] = {"check": "ast", "details": reason, "expected": shown(info["ground_truth"]),
+                                      "answer": shown(calls if calls is not None else answer_text(trace))}
+        return 0.0
 
     @metric
     def num_calls(self, trace: Trace) -> float:
         """How many calls the answer makes."""
         return float(len(self.calls(trace) or []))
+
+
+FAILURE_JSON_CHARS = 2000
+"""Characters of JSON of the ground truth, and of the answer, kept in ``info["bfcl_failure"]``."""
+
+
+def shown(value: Any) -> Any:
+    """``value`` when its JSON (scrubbed of secrets) fits ``FAILURE_JSON_CHARS``; else that JSON, scrubbed and cut."""
+    text = json.dumps(value, ensure_ascii=False, default=repr)
+    safe = scrub_cut(text, FAILURE_JSON_CHARS)
+    return value if safe == text else safe
+
+
+def answer_text(trace: Trace) -> list[str]:
+    """The raw tool calls of the first tool-calling message, ``name(arguments text)``: an answer
+    whose arguments are not JSON objects."""
+    message = next((m for m in trace.messages if m.get("role") == "assistant" and m.get("tool_calls")), {})
+    return [f"{(call.get('function') or {}).get('name', '?')}({(call.get('function') or {}).get('arguments', '')})"
+            for call in message.get("tool_calls") or []]
 
 
 def load(category: str = "simple_python", count: int | None = None,

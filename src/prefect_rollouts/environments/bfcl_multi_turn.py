@@ -10,7 +10,8 @@ offered functions are the classes' functions minus the item's ``excluded_functio
 
 The reward ``correct`` replays the calls on fresh instances, turn by turn, beside the ground
 truth, under BFCL's multi-turn rules (``bfcl_multi_turn_scoring.check``); a failed rollout
-gets ``trace.info["bfcl_failure"] = {"turn", "check", "details"}``. Metrics: ``turns_passed``
+gets ``trace.info["bfcl_failure"] = {"turn", "check", "details", "expected"}`` (``expected``: the
+failed turn's ground-truth calls). Metrics: ``turns_passed``
 (leading turns that passed) and ``num_calls``. Run it with ``runtime_tools = []``: a call of
 a runtime tool (``bash``, ...) is no BFCL function and replays as a failed call.
 

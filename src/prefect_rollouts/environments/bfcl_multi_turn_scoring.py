@@ -32,9 +32,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from prefect_rollouts.nesting import loads
+
 #: Method names BFCL's executor refuses to call (``multi_turn_utils.execute_multi_turn_func_call``).
 DENIED = frozenset({"kill", "exit", "quit", "remove", "unlink", "popen", "Popen", "run"})
 _SHORT = 200  # characters of a value kept in a failure's details
+_EXPECTED_CALLS = 20  # ground-truth calls of the failed turn kept in a failure (multi_turn_base: at most 7)
 #: One tool call at a time per process: ``MathAPI`` sets ``mpmath.mp.dps``, which is process-wide,
 #: so concurrent rollouts (tools run in worker threads) would change each other's precision.
 _CALL_LOCK = threading.Lock()
@@ -117,7 +120,7 @@ class Backend:
     def call_json(self, name: str, arguments: str) -> str:
         """Call ``name`` with keyword arguments from a JSON object string (a model's tool call)."""
         try:
-            kwargs = json.loads(arguments or "{}")
+            kwargs = loads(arguments or "{}", "the text")   # a model's: nested past MAX_JSON_DEPTH is refused
         except ValueError as exc:
             kwargs, problem = None, str(exc)
         else:
@@ -184,7 +187,9 @@ def check(info: dict[str, Any], model_calls: list[list[tuple[str, str]]]) -> Ver
 
     Returns:
         A ``Verdict``; ``failure["check"]`` is ``"irrelevance"``, ``"empty_turn"``, ``"state"``
-        or ``"response"``, and ``failure["details"]`` is small and JSON-serialisable.
+        or ``"response"``, ``failure["details"]`` is small and JSON-serialisable, and
+        ``failure["expected"]`` lists the failed turn's ground-truth calls (call strings, each cut
+        to 200 characters), to read beside the model's calls of that turn.
 
     Raises:
         ValueError: a ground-truth call string does not parse (``parse_call``).
@@ -211,7 +216,8 @@ def check(info: dict[str, Any], model_calls: list[list[tuple[str, str]]]) -> Ver
         elif missing := _missing(expected, seen):
             failure = "response", {"missing": [_short(item) for item in missing[:5]], "count": len(missing)}
         if failure is not None:
-            verdict.failure = {"turn": turn, "check": failure[0], "details": failure[1]}
+            verdict.failure = {"turn": turn, "check": failure[0], "details": failure[1],
+                               "expected": [_short(text) for text in expected_calls[:_EXPECTED_CALLS]]}
             return verdict
         verdict.turns_passed = turn + 1
     verdict.valid = True

@@ -14,6 +14,8 @@ left out). Rules, as the Berkeley Function Calling Leaderboard's checker applies
   distinct model call, in any order.
 - irrelevance: correct when there is no call.
 
+``mismatch`` says which rule an answer breaks (``check`` is whether it breaks none).
+
 ``tests/environments/test_bfcl.py`` checks agreement with the package's own checker.
 """
 
@@ -22,29 +24,50 @@ from __future__ import annotations
 import re
 from typing import Any, cast
 
+from prefect_rollouts.errors import scrub
+
 _TYPES: dict[str, type] = {"string": str, "integer": int, "float": float, "boolean": bool, "array": list,
                            "tuple": list, "dict": dict, "any": str}
 _NESTED = ("array", "tuple")
 _DROP = re.compile(r"[ ,./\-_*^]")
+SHOWN_CHARS = 200
+"""Characters of a value kept in a ``mismatch`` line."""
 
 Call = dict[str, dict[str, Any]]
 
 
 def check(category: str, functions: list[dict[str, Any]], calls: list[Call], answers: list[Call]) -> bool:
     """True when ``calls`` answer the task under ``category``'s rules (see the module docstring)."""
+    return mismatch(category, functions, calls, answers) is None
+
+
+def mismatch(category: str, functions: list[dict[str, Any]], calls: list[Call], answers: list[Call]) -> str | None:
+    """Why ``calls`` do not answer the task: the first rule they break, in one line naming the call,
+    the parameter, the value given and the values accepted (each value cut to ``SHOWN_CHARS``), e.g.
+    ``calculate_area: unit = 'cm' is not an accepted value (['units'])``; None when they answer it.
+    With parallel calls the line names the first expected call no model call matches, and why the
+    closest one (the first unmatched call to the same function, else any) does not."""
     if category == "irrelevance":
-        return not calls
+        return f"{len(calls)} call(s) made; this item expects none" if calls else None
     if len(calls) != len(answers):
-        return False
+        return f"{len(calls)} call(s) made; {len(answers)} expected"
     if "parallel" in category:
         used: set[int] = set()
-        for answer in answers:
+        for number, answer in enumerate(answers, 1):
             function = _describe(functions, next(iter(answer)))
-            match = next((i for i, call in enumerate(calls) if i not in used and _one(function, call, answer)), None)
-            if match is None:
-                return False
-            used.add(match)
-        return True
+            reasons: dict[int, str] = {}
+            for i, call in enumerate(calls):
+                if i in used:
+                    continue
+                if (reason := _one(function, call, answer)) is None:
+                    used.add(i)
+                    break
+                reasons[i] = reason
+            else:
+                closest = next((reasons[i] for i in reasons if function["name"] in calls[i]),
+                               next(iter(reasons.values()), ""))
+                return f"expected call {number} of {len(answers)} ({function['name']}) matches no model call: {closest}"
+        return None
     function = _describe(functions, next(iter(answers[0])))
     return _one(function, calls[0], answers[0])
 
@@ -53,27 +76,43 @@ def _describe(functions: list[dict[str, Any]], name: str) -> dict[str, Any]:
     return next((f for f in functions if f["name"] == name), functions[0])
 
 
-def _one(function: dict[str, Any], call: Call, answer: Call) -> bool:
+def _one(function: dict[str, Any], call: Call, answer: Call) -> str | None:
+    """Why ``call`` is not ``answer``'s call of ``function`` (``mismatch``'s line), or None."""
     accepted = next(iter(answer.values()))
     name = function["name"]
     if name not in call:
-        return False
+        return f"called {', '.join(call) or 'no function'}; expected {name}"
     given = call[name]
     properties = function["parameters"]["properties"]
-    if any(param not in given for param in function["parameters"].get("required", [])):
-        return False
+    for param in function["parameters"].get("required", []):
+        if param not in given:
+            return f"{name}: required parameter {param} is missing"
     for param, value in given.items():
-        if param not in properties or param not in accepted:
-            return False
+        if param not in properties:
+            return f"{name}: {param} is not a parameter of the function"
+        if param not in accepted:
+            return f"{name}: {param} is given, but the expected call leaves it out"
         declared = properties[param]["type"]
         expected = _TYPES[declared]
         nested = _TYPES[properties[param]["items"]["type"]] if declared in _NESTED else None
         if declared == "float" and type(value) is int:
             value = float(value)
         ok, is_variable = _type_ok(value, accepted[param], expected, nested)
-        if not ok or not _value_ok(value, accepted[param], expected, nested, is_variable):
-            return False
-    return all(param in given or "" in values for param, values in accepted.items())
+        if not ok:
+            return f"{name}: {param} = {_shown(value)} is a {type(value).__name__}; the function declares {declared}"
+        if not _value_ok(value, accepted[param], expected, nested, is_variable):
+            return (f"{name}: {param} = {_shown(value)} is not an accepted value "
+                    f"({_shown([v for v in accepted[param] if v != ''])})")
+    for param, values in accepted.items():
+        if param not in given and "" not in values:
+            return f"{name}: {param} is missing; accepted values: {_shown(values)}"
+    return None
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)`` scrubbed of secrets, then cut to ``SHOWN_CHARS``."""
+    text = scrub(repr(value))
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "..."
 
 
 def _answer_type(values: list[Any]) -> type | None:

@@ -4,7 +4,8 @@ A task directory holds ``instruction.md`` (the prompt), ``task.toml`` (``harbor_
 ``environment/`` (its ``Dockerfile``), ``tests/test.sh`` and, for the ``oracle`` harness,
 ``solution/solve.sh``. ``[env.taskset] path`` names one task directory or a directory of them (the
 task ids are the directory names). Every problem a task's files have is a ``ConfigError`` naming the
-task and the key, raised while the taskset loads, before any rollout.
+task and the key, raised while the taskset loads, before any rollout; a task that links out of its
+directory is refused (``harbor_files``).
 
 A rollout of a task (the ``docker`` runtime only):
 
@@ -43,10 +44,12 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
+from prefect_rollouts.bounds import MAX_STORAGE_MB, MAX_TIMEOUT_MULTIPLIER
 from prefect_rollouts.config.agent import AgentConfig, ScoringConfig
 from prefect_rollouts.config.network import NetworkPolicy
 from prefect_rollouts.environments.harbor_config import TaskToml, read_task_toml, refuse_unsupported
-from prefect_rollouts.environments.harbor_reward import read_reward
+from prefect_rollouts.environments.harbor_files import check_task_directory, inside
+from prefect_rollouts.environments.harbor_reward import READ_REWARD, REWARD_MAX_BYTES, read_reward
 from prefect_rollouts.errors import ConfigError, TaskError, register_secret
 from prefect_rollouts.scoring.env import resolve_env, template_variables
 from prefect_rollouts.task import Task, TaskData, reward
@@ -111,7 +114,7 @@ class HarborTask(Task):
         if environment.docker_image:
             job = functools.partial(images.pull_image, environment.docker_image, timeout_s=timeout_s, what=what)
         else:   # the tag this task object first got (the eval's, before its rollouts): one image per eval
-            source = self.directory / "environment"
+            source = await asyncio.to_thread(inside, self.directory, "environment", what)   # again: it may have changed
             tag = known.tag if known is not None else await asyncio.to_thread(images.image_tag, self.id, source)
             job = functools.partial(images.build_image, source, tag, timeout_s=timeout_s, what=what)
         ready = await run_sync(job, f"{what}: the image")   # a daemon thread: Ctrl-C does not wait for a build
@@ -152,7 +155,7 @@ class HarborTask(Task):
                 return
             starting = time.monotonic() - started < check.start_period_sec
             failures += 0 if starting else 1
-            if failures >= check.retries:
+            if not starting and failures >= check.retries:
                 raise TaskError(f"Harbor task {self.id!r}: [environment.healthcheck] {check.command!r} failed "
                                 f"{failures} times (exit {result.exit_code}): {result.stderr.strip()[-500:]}")
             await asyncio.sleep(check.start_interval_sec if starting else check.interval_sec)
@@ -164,7 +167,7 @@ class HarborTask(Task):
         Raises:
             TaskError: there is no ``solution/solve.sh``, or it exited non-zero (its exit code and stderr).
         """
-        solution = self.directory / "solution"
+        solution = self._inside("solution")
         if not (solution / "solve.sh").is_file():
             raise TaskError(f"Harbor task {self.id!r}: no solution/solve.sh for the oracle harness")
         await runtime.upload(solution, "/solution")
@@ -194,6 +197,14 @@ class HarborTask(Task):
                     kept[path] = content.stdout
         trace.info.setdefault("harbor", {})["artifacts"] = kept
 
+    def _inside(self, name: str) -> Path:
+        """``harbor_files.inside`` at run time (the directory may have changed since it loaded): a link out
+        of the task directory is an error of the rollout (``TaskError``)."""
+        try:
+            return inside(self.directory, name, f"Harbor task {self.id!r}")
+        except ConfigError as exc:
+            raise TaskError(str(exc)) from None
+
     @reward
     async def tests(self, trace: Trace, runtime: Any) -> float:
         """The reward ``tests/test.sh`` writes (see the module docstring and ``read_reward``); the other keys
@@ -210,7 +221,7 @@ class HarborTask(Task):
         if cleared.exit_code != 0:
             raise TaskError(f"Harbor task {self.id!r}: cannot clear /logs/verifier and /tests: "
                             f"{cleared.stderr.strip()[-500:] or f'exit code {cleared.exit_code}'}")
-        await runtime.upload(self.directory / "tests", "/tests")
+        await runtime.upload(self._inside("tests"), "/tests")
         limit = verifier.timeout_sec * self.timeout_multiplier
         started = time.monotonic()
         result = await runtime.exec("bash /tests/test.sh", timeout=limit, env=env)
@@ -218,7 +229,7 @@ class HarborTask(Task):
         if result.timed_out:
             raise TaskError(f"Harbor task {self.id!r}: tests/test.sh ran longer than [verifier] timeout_sec = "
                             f"{limit:g} s and was killed")
-        found = await runtime.exec(_READ_REWARD, timeout=30)
+        found = await runtime.exec(READ_REWARD, timeout=30)
         head, _, text = found.stdout.partition("\n")
         kind, _, size = head.strip().partition(" ")
         if kind not in ("json", "txt"):
@@ -240,17 +251,6 @@ class HarborTask(Task):
 # emptied, so no file of the agent's can pose as the tests or their reward.
 _CLEAR = ("for d in /logs /tests; do if [ -L $d ]; then rm -f $d; fi; done; rm -rf /logs/verifier; "
           "mkdir -p " + " ".join(LOG_DIRS) + " /tests && find /tests -mindepth 1 -delete")
-
-REWARD_MAX_BYTES = 64 * 1024
-"""A reward file larger than this is a scoring error (a reward is a number, or an object of a few)."""
-
-_READ_REWARD = f"""for kind in json txt; do
-  file=/logs/verifier/reward.$kind
-  if [ -f "$file" ] && [ ! -L "$file" ]; then
-    echo "$kind $(stat -c %s "$file")"; head -c {REWARD_MAX_BYTES} "$file"; exit 0
-  fi
-done
-echo none"""
 
 _LIST_ARTIFACTS = ("cd /logs/artifacts 2>/dev/null && find . -type f -printf '%s %P\\n' 2>/dev/null | sort -k2 | "
                    f"head -n {ARTIFACT_FILES}")
@@ -286,20 +286,23 @@ def load(path: str = "examples/harbor-tasks", tasks: list[str] | None = None, ti
             resolved against the current directory, not the config file's; subdirectories without ``task.toml`` or
             ``instruction.md`` are skipped).
         tasks: Only these task directory names, in this order.
-        timeout_multiplier: Scales every task's agent, verifier and build deadlines (> 0).
-        storage_mb: The disk quota of every box, in MiB, instead of ``[environment] storage_mb``; 0 =
+        timeout_multiplier: Scales every task's agent, verifier and build deadlines (> 0, at most 100).
+        storage_mb: The disk quota of every box, in MiB (at most 1 TiB), instead of ``[environment] storage_mb``; 0 =
             none (under the ``tmpfs`` quota a box's root filesystem is read-only: ``docker_storage``).
 
     Raises:
         ConfigError: ``path`` is missing or holds no task; ``tasks`` names one that is not there; a task
             lacks ``instruction.md``, ``tests/test.sh`` or an image (``environment/Dockerfile`` or
-            ``docker_image``); its ``task.toml`` is not TOML or has a wrong type (named by key); or it
-            asks for what this system does not run (GPUs, MCP servers, skills, another user, ``allowlist``).
+            ``docker_image``); its ``task.toml`` is not TOML, has a wrong type or a value out of bounds (named
+            by key); a file it names is a link out of its directory (``harbor_files``); or it asks for what
+            this system does not run (GPUs, MCP servers, skills, another user).
     """
-    if not (math.isfinite(timeout_multiplier) and timeout_multiplier > 0):
-        raise ConfigError(f"[env.taskset] timeout_multiplier = {timeout_multiplier}: must be a number above 0")
-    if storage_mb is not None and storage_mb < 0:
-        raise ConfigError(f"[env.taskset] storage_mb = {storage_mb}: must be 0 (no quota) or more MiB")
+    if not (math.isfinite(timeout_multiplier) and 0 < timeout_multiplier <= MAX_TIMEOUT_MULTIPLIER):
+        raise ConfigError(f"[env.taskset] timeout_multiplier = {timeout_multiplier}: must be above 0 and at most "
+                          f"{MAX_TIMEOUT_MULTIPLIER:g} (bounds.MAX_TIMEOUT_MULTIPLIER)")
+    if storage_mb is not None and not 0 <= storage_mb <= MAX_STORAGE_MB:
+        raise ConfigError(f"[env.taskset] storage_mb = {storage_mb}: must be 0 (no quota) to {MAX_STORAGE_MB} MiB "
+                          "(1 TiB, bounds.MAX_STORAGE_MB)")
     return [_task(name, directory, timeout_multiplier, storage_mb)
             for name, directory in task_directories(path, tasks).items()]
 
@@ -351,8 +354,9 @@ def task_directories(path: str, tasks: list[str] | None = None) -> dict[str, Pat
 def _task(name: str, directory: Path, timeout_multiplier: float, storage_mb: int | None) -> HarborTask:
     """One task directory as a ``HarborTask`` (see ``load`` for what it raises)."""
     where = f"Harbor task {name!r} ({directory})"
+    check_task_directory(directory, where)   # before anything of it is read
     toml = read_task_toml(directory, where)
-    instruction = directory / "instruction.md"
+    instruction = inside(directory, "instruction.md", where)
     if not instruction.is_file():
         raise ConfigError(f"{where}: instruction.md is missing; it holds the prompt")
     if not (directory / "tests" / "test.sh").is_file():

@@ -2,7 +2,10 @@
 
 The fields and defaults are Harbor's own (``../shared/reference/program-harnesses.md`` §5), and
 values are coerced the way Harbor's pydantic models coerce them (``"600"`` is a float there too),
-so a task that Harbor loads loads here (nonsense such as ``cpus = 0`` or a NaN deadline is refused).
+so a task that Harbor loads loads here. Nonsense is refused naming the key: ``cpus = 0``, NaN or
+infinity, and values past what a box or a deadline can hold (``bounds``: deadlines at most a week,
+``memory_mb`` and ``storage_mb`` at most 1 TiB, ``cpus`` at most 1024; ``timeout_sec = 1e308`` ended in
+an ``OverflowError``, ``memory_mb = 2**62`` in an error of the Docker engine's).
 Keys Harbor may add later are accepted with one warning per key (``read_task_toml``). What this
 system cannot honour is refused with an error naming the task (``refuse_unsupported``: ``gpus``,
 ``mcp_servers``, ``skills_dir``, a ``user``; ``allowed_hosts`` without ``allowlist`` or with a
@@ -18,6 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from prefect_rollouts.bounds import MAX_CPUS, MAX_DEADLINE_S, MAX_MEMORY_MB, MAX_STORAGE_MB
 from prefect_rollouts.config.network import parse_rule
 from prefect_rollouts.errors import ConfigError
 
@@ -26,15 +30,18 @@ _warned: set[str] = set()
 
 NetworkMode = Literal["public", "no-network", "allowlist"]
 
+MAX_HEALTHCHECK_RETRIES = 1000
+"""``[environment.healthcheck] retries``: each is a command in the box and a wait of ``interval_sec``."""
+
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
 
 class AgentSection(_Section):
     """``[agent]``: the agent phase."""
 
-    timeout_sec: float | None = Field(None, gt=0, allow_inf_nan=False)
+    timeout_sec: float | None = Field(None, gt=0, le=MAX_DEADLINE_S)
     """The agent deadline in seconds (None: none)."""
     user: str | int | None = None
     network_mode: NetworkMode | None = None
@@ -45,7 +52,7 @@ class AgentSection(_Section):
 class VerifierSection(_Section):
     """``[verifier]``: the tests (``tests/test.sh``)."""
 
-    timeout_sec: float = Field(600.0, gt=0, allow_inf_nan=False)
+    timeout_sec: float = Field(600.0, gt=0, le=MAX_DEADLINE_S)
     """The scoring deadline: ``test.sh`` is killed after this many seconds."""
     env: dict[str, str] = {}
     user: str | int | None = None
@@ -59,22 +66,23 @@ class HealthcheckSection(_Section):
     """``[environment.healthcheck]``: run until it passes before the agent starts (Docker's HEALTHCHECK)."""
 
     command: str
-    interval_sec: float = 5.0
-    timeout_sec: float = 30.0
-    start_period_sec: float = 0.0
-    start_interval_sec: float = 5.0
-    retries: int = 3
+    interval_sec: float = Field(5.0, ge=0, le=MAX_DEADLINE_S)
+    timeout_sec: float = Field(30.0, gt=0, le=MAX_DEADLINE_S)
+    start_period_sec: float = Field(0.0, ge=0, le=MAX_DEADLINE_S)
+    start_interval_sec: float = Field(5.0, ge=0, le=MAX_DEADLINE_S)
+    retries: int = Field(3, ge=0, le=MAX_HEALTHCHECK_RETRIES)
+    """Failures after the start period that fail the task (0 fails it at the first, as 1 does)."""
 
 
 class EnvironmentSection(_Section):
     """``[environment]``: the box."""
 
-    build_timeout_sec: float = Field(600.0, gt=0, allow_inf_nan=False)
+    build_timeout_sec: float = Field(600.0, gt=0, le=MAX_DEADLINE_S)
     docker_image: str | None = None
     """A prebuilt image; without it the image is built from ``environment/``."""
-    cpus: int = Field(1, ge=1)
-    memory_mb: int = Field(2048, ge=16)
-    storage_mb: int = Field(10240, ge=0)
+    cpus: int = Field(1, ge=1, le=MAX_CPUS)
+    memory_mb: int = Field(2048, ge=16, le=MAX_MEMORY_MB)
+    storage_mb: int = Field(10240, ge=0, le=MAX_STORAGE_MB)
     gpus: int = Field(0, ge=0)
     gpu_types: list[str] | None = None
     allow_internet: bool = True
@@ -97,8 +105,10 @@ class EnvironmentSection(_Section):
             self.memory_mb = _megabytes(self.memory, "memory")
         if self.storage is not None:
             self.storage_mb = _megabytes(self.storage, "storage")
-        if self.memory_mb < 16:
-            raise ValueError(f"memory = {self.memory!r}: at least 16 MiB")
+        if not 16 <= self.memory_mb <= MAX_MEMORY_MB:
+            raise ValueError(f"memory = {self.memory!r}: must be 16 MiB to 1 TiB (bounds.MAX_MEMORY_MB)")
+        if self.storage_mb > MAX_STORAGE_MB:
+            raise ValueError(f"storage = {self.storage!r}: must be at most 1 TiB (bounds.MAX_STORAGE_MB)")
         if self.workdir is not None and not self.workdir.startswith("/"):
             raise ValueError(f"workdir = {self.workdir!r}: must be an absolute path in the box, e.g. /app")
         return self
@@ -189,14 +199,23 @@ def read_task_toml(directory: Path, where: str) -> TaskToml:
     try:
         toml = TaskToml.model_validate(raw)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(part) for part in error['loc']) or '(top level)'}: {error['msg']}"
-                             for error in exc.errors()[:5])
+        problems = "; ".join(f"{_key(error)}: {error['msg']}" for error in exc.errors()[:5])
         raise ConfigError(f"{where}: task.toml: {problems}. Fix the value (Harbor's task.toml schema)") from None
     for key in toml.unknown_keys():
         if key not in _warned:
             _warned.add(key)
             log.warning("%s: task.toml key %r is not in Harbor's schema as this version knows it; ignored", where, key)
     return toml
+
+
+def _key(error: Any) -> str:
+    """``environment.memory_mb = 4611686018427387904``: a validation error's key, and its value when it is
+    a scalar (a string cut to 100 characters)."""
+    key = ".".join(str(part) for part in error["loc"]) or "(top level)"
+    value = error.get("input")
+    if not error["loc"] or isinstance(value, (dict, list)) or value is None:
+        return key
+    return f"{key} = {repr(value)[:100]}"
 
 
 def refuse_unsupported(toml: TaskToml, where: str) -> None:

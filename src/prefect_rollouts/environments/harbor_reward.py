@@ -8,6 +8,20 @@ import math
 from typing import Any
 
 from prefect_rollouts.errors import TaskError
+from prefect_rollouts.nesting import loads
+
+REWARD_MAX_BYTES = 64 * 1024
+"""A reward file larger than this is a scoring error (a reward is a number, or an object of a few)."""
+
+READ_REWARD = f"""for kind in json txt; do
+  file=/logs/verifier/reward.$kind
+  if [ -f "$file" ] && [ ! -L "$file" ]; then
+    echo "$kind $(stat -c %s "$file")"; head -c {REWARD_MAX_BYTES} "$file"; exit 0
+  fi
+done
+echo none"""
+"""A shell script printing ``<json|txt> <size>`` and the first ``REWARD_MAX_BYTES`` of the reward file
+(a symlink is not read), or ``none``."""
 
 
 def read_reward(kind: str, text: str, task_id: str) -> tuple[float, dict[str, float]]:
@@ -18,7 +32,8 @@ def read_reward(kind: str, text: str, task_id: str) -> tuple[float, dict[str, fl
     reward is their mean, and each is also kept as a metric. ``reward.txt``: one number.
 
     Raises:
-        TaskError: the file is empty, not a number (or an object of numbers), or holds a non-finite one.
+        TaskError: the file is empty, not a number (or an object of numbers), holds a non-finite
+            one, or (``reward.json``) nests deeper than ``nesting.MAX_JSON_DEPTH`` levels.
     """
     where = f"Harbor task {task_id!r}: /logs/verifier/reward.{kind}"
     if not text.strip():
@@ -26,10 +41,9 @@ def read_reward(kind: str, text: str, task_id: str) -> tuple[float, dict[str, fl
     if kind == "txt":
         return _finite(text.strip(), where), {}
     try:
-        parsed = json.loads(text)
-    except ValueError as exc:   # JSONDecodeError, or an integer past Python's digit limit
-        raise TaskError(f"{where} is not JSON a reward can be read from ({str(exc)[:200]}): "
-                        f"{text.strip()[:200]!r}") from None
+        parsed = loads(text, where)
+    except ValueError as exc:   # not JSON, nested too deep, or an integer past Python's digit limit
+        raise TaskError(f"{exc}; a reward cannot be read from it: {text.strip()[:200]!r}") from None
     if not isinstance(parsed, dict):
         return _finite(parsed, where), {}
     if not parsed:

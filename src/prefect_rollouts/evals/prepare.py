@@ -129,6 +129,6 @@ def prepare_eval(config: EvalConfig, *, run_id: str, resume: bool, force: bool =
 
 
 def new_run_id(config: EvalConfig) -> str:
-    """``<run_name, else the taskset id or the suite's environments joined by +>-<UTC time>-<4 hex>``."""
+    """``<run_name, else environment-harness-model (EvalConfig.run_prefix)>-<UTC time>-<4 hex>``."""
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
-    return f"{config.default_name}-{stamp}-{uuid.uuid4().hex[:4]}"
+    return f"{config.run_prefix}-{stamp}-{uuid.uuid4().hex[:4]}"

@@ -9,11 +9,15 @@ endpoint under every network policy and nothing else is exposed (no host port).
 
 Routes: ``POST /v1/chat/completions`` (streamed or not), ``GET /v1/models``, and
 ``GET /prefect-rollouts/session`` (the launcher fetches the turn's prompt) and ``POST
-/prefect-rollouts/session/end`` (the launcher saw the program exit). A rollout is known by
+/prefect-rollouts/session/end`` (the launcher saw the program exit); any other route is a 404 (a
+known one with another method a 405) in the OpenAI error shape. A rollout is known by
 its per-launch bearer secret (``ProgramSession``); the provider key stays in this process, in the
 agent's model client, through which every request goes upstream (retries, lanes, limits, scrubbing)
 and is recorded on the trace like an in-process call (``harnesses.base.sample``). What the endpoint
-rewrites and refuses is ``ProgramSession.exchange``'s docstring.
+rewrites and refuses is ``ProgramSession.exchange``'s docstring. Every request it refuses or does
+not serve is recorded on its rollout's trace (``ProgramSession.refused``); one without a valid key
+belongs to no rollout and is only counted (``InterceptionEndpoint.unknown_refused``). A route of any
+dialect reads its body with ``read_json`` (the nesting bound, ``nesting.MAX_JSON_DEPTH``).
 
 Uvicorn serves it inside the agent's event loop, with its signal handling turned off: the eval's
 own SIGINT/SIGTERM handling (``stop_signals``) must stay in charge.
@@ -39,6 +43,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from prefect_rollouts.nesting import MAX_JSON_DEPTH, loads
 from prefect_rollouts.runtimes.owner import current_owner
 
 if TYPE_CHECKING:
@@ -77,6 +82,8 @@ class InterceptionEndpoint:
     def __init__(self) -> None:
         self.directory: Path | None = None
         self.sessions: dict[str, ProgramSession] = {}
+        self.unknown_refused = 0
+        """Requests refused without a valid key (401, or an unserved route): no rollout to record them on."""
         self._server: _Server | None = None
         self._serving: asyncio.Task[None] | None = None
 
@@ -101,7 +108,7 @@ class InterceptionEndpoint:
             Route("/v1/models", self._models, methods=["GET"]),
             Route("/prefect-rollouts/session", self._session, methods=["GET"]),
             Route("/prefect-rollouts/session/end", self._end, methods=["POST"]),
-        ])
+        ], exception_handlers={404: self._unserved, 405: self._unserved})
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                 timeout_keep_alive=30, timeout_graceful_shutdown=1)
         self._server = _Server(config)
@@ -137,26 +144,48 @@ class InterceptionEndpoint:
         scheme, _, token = header.partition(" ")
         return self.sessions.get(token.strip()) if scheme.lower() == "bearer" else None
 
+    def _refuse(self, request: Request, session: ProgramSession | None, status: int, message: str,
+                code: str | None = None) -> JSONResponse:
+        """The error response, recorded on ``session``'s trace (counted when there is none)."""
+        if session is None:
+            self.unknown_refused += 1
+        else:
+            session.refused(request.method, request.url.path, status, message)
+        return error(status, message, code)
+
+    async def _unserved(self, request: Request, exc: Exception) -> Response:
+        """Starlette's 404 (no route) and 405 (a route, another method), in the OpenAI error shape."""
+        status = getattr(exc, "status_code", 404)
+        asked = f"{request.method} {request.url.path}"
+        what = "a route of this endpoint, but not with this method" if status == 405 else "not served here"
+        served = ", ".join(f"{'/'.join(sorted(set(route.methods or ()) - {'HEAD'}))} {route.path}"
+                           for route in request.app.routes if getattr(route, "path", "").startswith("/v1/"))
+        return self._refuse(request, self._find(request), status, f"{asked[:200]} is {what}: this endpoint "
+                            f"serves {served}", "not_found" if status == 404 else None)
+
     async def _chat(self, request: Request) -> Response:
         session = self._find(request)
         if session is None:
-            return error(401, "unknown or expired API key: this endpoint serves the rollouts of one agent, "
-                              "each with the OPENAI_API_KEY it was launched with", "invalid_api_key")
+            return self._refuse(request, None, 401, "unknown or expired API key: this endpoint serves the "
+                                "rollouts of one agent, each with the OPENAI_API_KEY it was launched with",
+                                "invalid_api_key")
         chunks, size = [], 0
         async for chunk in request.stream():   # past the cap, read on but keep nothing: a client still
             size += len(chunk)                 # sending would not read the 413 (and the relay would stall)
             if size <= MAX_BODY_BYTES:
                 chunks.append(chunk)
         if size > MAX_BODY_BYTES:
-            return error(413, f"the request body is {size} bytes; this endpoint takes at most {MAX_BODY_BYTES} "
-                              "(MAX_BODY_BYTES)", "request_too_large")
+            return self._refuse(request, session, 413, f"the request body is {size} bytes; this endpoint takes "
+                                f"at most {MAX_BODY_BYTES} (MAX_BODY_BYTES)", "request_too_large")
         raw = b"".join(chunks)
         try:
-            body = json.loads(raw, parse_constant=_no_constant)
+            body = read_json(raw)
         except ValueError as exc:
-            return error(400, f"the request body is not JSON ({exc})")
+            return self._refuse(request, session, 400, str(exc), "invalid_request")
         status, payload = await session.exchange(body, raw, request.headers)
         if status != 200:
+            if payload["error"]["code"] != "upstream_error":   # a failed upstream call is a recorded model call
+                session.refused(request.method, request.url.path, status, payload["error"]["message"])
             return JSONResponse(payload, status_code=status)
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -166,7 +195,7 @@ class InterceptionEndpoint:
     async def _models(self, request: Request) -> Response:
         session = self._find(request)
         if session is None:
-            return error(401, "unknown or expired API key", "invalid_api_key")
+            return self._refuse(request, None, 401, "unknown or expired API key", "invalid_api_key")
         model = session.ctx.config.model
         return JSONResponse({"object": "list", "data": [{"id": model, "object": "model", "created": 0,
                                                          "owned_by": "prefect-rollouts"}]})
@@ -181,7 +210,7 @@ class InterceptionEndpoint:
     async def _session(self, request: Request) -> Response:
         session = self._find(request)
         if session is None:
-            return error(401, "unknown or expired API key", "invalid_api_key")
+            return self._refuse(request, None, 401, "unknown or expired API key", "invalid_api_key")
         return JSONResponse({"prompt": session.prompt, "system_prompt": session.system_prompt,
                              "model": session.ctx.config.model})
 
@@ -205,6 +234,19 @@ def _prepare() -> tuple[Path, socket.socket]:
         shutil.rmtree(directory, ignore_errors=True)
         raise
     return directory, sock
+
+
+def read_json(raw: bytes) -> Any:
+    """The JSON of a request body, for the route of every dialect: ``NaN`` and ``Infinity`` refused
+    (not JSON, and they cannot be sent upstream), nesting past ``nesting.MAX_JSON_DEPTH`` refused
+    without a ``RecursionError`` (a 100,000-level body used to be a 500 with a traceback).
+
+    Raises:
+        ValueError: the text of the 400 that refuses it (``the request body is not JSON (...)``,
+            ``the request body nests deeper than 128 levels ...``).
+    """
+    return loads(raw, "the request body", parse_constant=_no_constant,
+                 fix=f"Send a body nested at most {MAX_JSON_DEPTH} levels deep")
 
 
 def _no_constant(name: str) -> Any:

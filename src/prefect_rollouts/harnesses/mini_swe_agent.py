@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import json
 import logging
 import os
 import platform
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefect_rollouts.errors import TaskError
+from prefect_rollouts.nesting import loads
 from prefect_rollouts.runtimes.base import cache_dir
 
 if TYPE_CHECKING:
@@ -158,7 +158,9 @@ def report(stdout_tail: str, stderr_tail: str) -> dict[str, Any]:
     for line in reversed(stderr_tail.splitlines()):
         if line.startswith(MARKER):
             with contextlib.suppress(ValueError):
-                said = json.loads(line[len(MARKER):])
+                said = loads(line[len(MARKER):], "the report")   # the box's output: bounded nesting
+                if not isinstance(said, dict):
+                    continue
                 return {"exit_status": said.get("exit_status"), "submission": stdout_tail,
                         "mini_swe_agent_calls": said.get("model_calls"), "mini_swe_agent_site": said.get("site")}
     return {}

@@ -17,7 +17,8 @@ call and enforces the limits. Outcome of a launch, in order:
 - exit 0 without a model call: an error (``TaskError``), unless the spec needs no model;
 - any other exit: the relayed upstream failure when there was one (a ``ProviderError``, retried by
   the segment policy: the program is launched again on the same turn), else a ``TaskError`` with
-  the exit code and the end of its stderr.
+  the exit code, the first route it asked for that the endpoint does not serve, and the last whole
+  lines of its stderr (of its stdout when stderr is empty; ``last_lines``).
 
 The exit code, the tails of stdout and stderr (scrubbed) and the byte counts of every launch are in
 ``trace.info["program"]``; for a launch that failed or was cut off, also the runtime's limits it hit
@@ -263,16 +264,47 @@ class ProgramHarness:
             if session.provider_error is not None:   # its last model call failed: an outage, not a result
                 raise session.provider_error
             if session.calls == 0 and spec.needs_model:
-                raise TaskError(f'harness "{self.id}": the program exited (code 0) without calling the model. '
-                                "It must send its requests to OPENAI_BASE_URL with OPENAI_API_KEY")
+                raise TaskError(f'harness "{self.id}": the program exited (code 0) without calling the model'
+                                f"{_unserved(session)}. It must send its requests to OPENAI_BASE_URL "
+                                "(chat completions) with OPENAI_API_KEY")
             return
         if session.provider_error is not None:
             raise session.provider_error
-        last = info["stderr_tail"].strip()[-800:] or "(no stderr)"
+        stream = "stderr" if info["stderr_tail"].strip() or not info["stdout_tail"].strip() else "stdout"
+        whole = info.get(f"{stream}_bytes", 0) <= self.config.output_tail_chars   # else the tail starts mid-line
+        last = last_lines(info[f"{stream}_tail"], whole=whole) or "(no output)"
+        stream += " (stderr empty)" if stream == "stdout" else ""
         if code == 127 and "python3" in last and "not found" in last:
             raise TaskError(f'harness "{self.id}": the runtime has no python3, which the program launcher needs. '
-                            f"Use an image with python3 (>= 3.8). stderr: {last}")
-        raise TaskError(f'harness "{self.id}": the program exited with code {code}{limits}. stderr: {last}')
+                            f"Use an image with python3 (>= 3.8). {stream}: {last}")
+        raise TaskError(f'harness "{self.id}": the program exited with code {code}{limits}{_unserved(session)}. '
+                        f"{stream}: {last}")
+
+
+MESSAGE_TAIL_BYTES = 800
+"""Bytes of the program's output an error message keeps (whole lines; its last line is kept whole
+whatever its length, up to what ``output_tail_chars`` captured)."""
+
+
+def last_lines(text: str, *, whole: bool = True, max_bytes: int = MESSAGE_TAIL_BYTES) -> str:
+    """The last whole lines of ``text`` within ``max_bytes`` (UTF-8), trailing blank lines dropped;
+    the last line is never cut, and a tail is never started mid-line. ``whole``: ``text`` starts
+    at a line boundary (False for a tail cut from longer output: its first line is partial and is
+    kept only when it is the last one)."""
+    lines = text.rstrip().splitlines()
+    kept: list[str] = []
+    size = 0
+    for index in range(len(lines) - 1, -1, -1):
+        size += len(lines[index].encode("utf-8", "replace")) + 1
+        if kept and (size > max_bytes + 1 or (index == 0 and not whole)):
+            break
+        kept.append(lines[index])
+    return "\n".join(reversed(kept)).strip("\n")
+
+
+def _unserved(session: ProgramSession) -> str:
+    """``"; it asked for POST /v1/responses, which the endpoint does not serve"`` or ``""``."""
+    return f"; it asked for {session.unserved}, which the endpoint does not serve" if session.unserved else ""
 
 
 def _runtime(ctx: SegmentContext) -> Runtime:

@@ -31,6 +31,10 @@ IMPOSED_OUT = ("stream", "stream_options", "n", "max_completion_tokens", "user",
 """Request keys the endpoint does not pass upstream: it always asks for one non-streamed choice
 (and streams the recorded one back itself); ``max_completion_tokens`` becomes ``max_tokens``."""
 
+MAX_REFUSED = 20
+"""Refused requests listed on a trace (``trace.info["endpoint"]["refused"]``); past it, ``refused_more``
+counts them: a program retrying a refused request in a loop must not grow its trace without bound."""
+
 RETRY_HEADER = "x-stainless-retry-count"
 """The OpenAI SDKs' retry counter: above 0 on the same body, the exchange is a retry."""
 
@@ -64,10 +68,27 @@ class ProgramSession:
     """Model calls made for this launch (sampled responses, failed ones included)."""
     provider_error: ProviderError | None = None
     """The upstream failure relayed to the program, when no call has succeeded since."""
+    unserved: str | None = None
+    """The first route the program asked for that the endpoint does not serve (``"POST /v1/responses"``)."""
     _splices: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     _replies: dict[str, dict[str, Any]] = field(default_factory=dict)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _template: dict[str, Any] | None = None
+
+    def refused(self, method: str, path: str, status: int, reason: str) -> None:
+        """Record a request the endpoint refused or does not serve on the trace:
+        ``trace.info["endpoint"]["refused"]``, a list of ``{"method", "path", "status", "reason"}``
+        (path and reason scrubbed and cut to 200 and 300 characters), at most ``MAX_REFUSED``, then
+        ``refused_more`` counts the rest. A 404 or 405 also sets ``unserved`` (the first one)."""
+        path, reason = scrub(path, (self.secret,))[:200], scrub(reason, (self.secret,))[:300]
+        if status in (404, 405) and self.unserved is None:
+            self.unserved = f"{method} {path}"
+        record = self.ctx.trace.info.setdefault("endpoint", {})
+        listed = record.setdefault("refused", [])
+        if len(listed) < MAX_REFUSED:
+            listed.append({"method": method, "path": path, "status": status, "reason": reason})
+        else:
+            record["refused_more"] = record.get("refused_more", 0) + 1
 
     async def exchange(self, body: Any, raw: bytes, headers: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
         """Answer one chat-completions request of the program: ``(HTTP status, JSON body)``.

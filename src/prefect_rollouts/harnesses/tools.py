@@ -23,6 +23,7 @@ from prefect_rollouts.config.agent import HarnessConfig
 from prefect_rollouts.errors import scrub
 from prefect_rollouts.harnesses.base import SegmentContext, request_template, sample
 from prefect_rollouts.harnesses.schema import ToolSpec, tool_spec
+from prefect_rollouts.nesting import loads
 from prefect_rollouts.threads import note_in, run_sync
 from prefect_rollouts.trace import ToolCall
 
@@ -110,7 +111,7 @@ class ToolsHarness:
         if spec is None:
             return f"Error: unknown tool {name!r}. Available tools: {', '.join(sorted(self.tools)) or 'none'}.", True
         try:
-            arguments = json.loads(raw)
+            arguments = loads(raw, "the text")   # a model's arguments nested 100,000 deep: not a RecursionError
             if not isinstance(arguments, dict):
                 raise ValueError("arguments must be a JSON object")
         except ValueError as exc:

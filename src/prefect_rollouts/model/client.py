@@ -34,6 +34,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 from prefect_rollouts import limits
 from prefect_rollouts.config.agent import ClientConfig
 from prefect_rollouts.errors import InfrastructureError, ProviderError, register_secret, scrub
+from prefect_rollouts.nesting import loads
 
 #: Connections per httpx client. httpcore's pool does work per request that grows with the
 #: square of its connections (it re-checks every connection's idleness for each one): two
@@ -181,7 +182,7 @@ class ModelClient:
             raise _Attempt(f"returned {response.status_code}: {body_text}{hint}",
                            response.status_code, _retry_after(response.headers.get("retry-after")))
         try:
-            return _parse(response.json(), retries, response.status_code)
+            return _parse(loads(response.content, "the body"), retries, response.status_code)   # depth bounded
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             body_text = self._scrub(response.text, key)[:_MALFORMED_CHARS]
             raise _Attempt(self._scrub(f"returned a malformed body ({type(exc).__name__}: {exc}): "

@@ -14,9 +14,10 @@ What is checked (``NetworkPolicy.decide``; no TLS interception):
   same rules, so a tunnel to an allowed host cannot carry a handshake for a blocked one;
 - a plain request ``GET http://host[:port]/path``: the request line's host and the ``Host`` header.
   It is sent upstream in origin form with ``Connection: close``, one request per connection.
-- the address the host resolves to (IPv4 only): a loopback, link-local or unspecified one only when
-  the allowing rule names the host exactly (``*`` and globs never reach the machine's own services
-  or cloud metadata).
+- the address the host resolves to (IPv4 only), the one connected to: a loopback, link-local or
+  unspecified one, or any address of this machine (an interface's, a Docker gateway's), only when
+  the allowing rule names the host exactly, and the proxy's own ports never (``egress_address.py``):
+  ``*`` and globs never reach the machine's own services or cloud metadata.
 
 A refused request gets ``403`` with a text body saying what was refused and why; a refused
 server name closes the tunnel. Every request becomes a ``NetworkRecord`` on its route (up to
@@ -34,15 +35,14 @@ import base64
 import binascii
 import contextlib
 import hmac
-import ipaddress
 import logging
 import secrets
-import socket
 import time
 from dataclasses import dataclass, field
 
-from prefect_rollouts.config.network import NetworkPolicy, is_special_address
+from prefect_rollouts.config.network import NetworkPolicy
 from prefect_rollouts.errors import scrub
+from prefect_rollouts.runtimes.egress_address import refusal, resolve
 from prefect_rollouts.runtimes.egress_wire import MAX_HELLO_BYTES, client_hello, parse_head
 from prefect_rollouts.trace import NetworkRecord, Trace
 
@@ -106,6 +106,8 @@ class EgressProxy:
         self.pending = 0
         """Connections not yet authenticated (``MAX_PENDING``)."""
         self._lock = asyncio.Lock()
+        self.ports: set[int] = set()
+        """The ports it listens on: never a destination (``egress_address.refusal``)."""
 
     async def listen(self, host: str) -> int:
         """The port the proxy listens on at ``host`` (an IPv4 address of this machine), started once.
@@ -117,6 +119,7 @@ class EgressProxy:
             if host not in self._servers:
                 server = await asyncio.get_running_loop().create_server(lambda: _Client(self), host, 0, backlog=1024)
                 self._servers[host] = (server, server.sockets[0].getsockname()[1])
+                self.ports.add(self._servers[host][1])
             return self._servers[host][1]
 
     def open_route(self, policy: NetworkPolicy, phase: str = "setup") -> Route:
@@ -314,12 +317,10 @@ class _Client(asyncio.Protocol):
                         f"(this rollout's network policy, {route.phase} phase)")
             return
         try:
-            address = await _resolve(request.host, request.port)
-            if is_special_address(address) and (rule is None or not rule.exact):
-                record.allowed, record.reason = False, (f"{request.host[:255]} resolves to {address}, a loopback or "
-                                                        "link-local address, which only a rule naming the host "
-                                                        "exactly reaches")
-                self.refuse(403, "Forbidden", f"{request.host[:255]}:{request.port} denied: {record.reason}")
+            address = await resolve(request.host, request.port)
+            if refused := refusal(request.host[:255], address, request.port, rule, self.proxy.ports):
+                record.reason = refused
+                self.refuse(403, "Forbidden", f"{request.host[:255]}:{request.port} denied: {refused}")
                 return
             record.allowed, record.address = True, address
             loop = asyncio.get_running_loop()
@@ -414,16 +415,6 @@ class _Upstream(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self.client.state == "relay":
             self.client._resume()
-
-
-async def _resolve(host: str, port: int) -> str:
-    """The first IPv4 address of ``host`` (an IPv4 literal is itself, without a lookup)."""
-    with contextlib.suppress(ValueError):
-        return str(ipaddress.IPv4Address(host))
-    infos = await asyncio.get_running_loop().getaddrinfo(host, port, family=socket.AF_INET, type=socket.SOCK_STREAM)
-    if not infos:
-        raise OSError(f"{host}: no IPv4 address")
-    return str(infos[0][4][0])
 
 
 def mark_phase(runtime: object, phase: str) -> None:

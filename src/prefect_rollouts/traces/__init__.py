@@ -2,7 +2,8 @@
 
 Contract: the root is a directory or an object-store URI (``store.dataset_root``); ``TraceWriter``
 makes rows durable in files of its own (atomic on every store); ``read_rollouts`` /
-``read_model_calls`` / ``read_network`` return DataFrames; ``durable_keys`` says what ``--resume`` skips;
+``read_model_calls`` / ``read_network`` return DataFrames, opening only the partitions a filter names and
+skipping an unreadable file with a warning (``files``); ``durable_keys`` says what ``--resume`` skips;
 ``run_config`` stores the run's config; ``compact_run`` rewrites a run into few files;
 ``summarize`` computes the eval summary from rows; ``compare_runs`` (``traces.compare.compare`` on
 frames) pairs two runs' rollouts: difference, bootstrap interval, McNemar. Depends on pyarrow,

@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from prefect_rollouts.errors import TraceStoreError
+from prefect_rollouts.traces.files import partition_files
 from prefect_rollouts.traces.schema import MODEL_CALLS, ROLLOUTS
 from prefect_rollouts.traces.store import DatasetRoot, dataset_root
 from prefect_rollouts.traces.writer import new_part_name, write_table
@@ -60,8 +61,7 @@ def compact_run(root: str | Path | DatasetRoot, run_id: str, *, min_files: int =
             stays durable; the files not yet deleted repeat rows, which readers drop).
     """
     store = dataset_root(root)
-    files = {table: [f for f in store.list_files(table) if f"/run_id={run_id}/" in f]
-             for table in ("rollouts", "model_calls")}
+    files = {table: partition_files(store, table, {"run_id": run_id}) for table in ("rollouts", "model_calls")}
     before = {table: len(names) for table, names in files.items()}
     dropped, written = 0, []
     replaced: dict[str, list[str]] = {"rollouts": [], "model_calls": []}
@@ -91,8 +91,7 @@ def compact_run(root: str | Path | DatasetRoot, run_id: str, *, min_files: int =
     with ThreadPoolExecutor(_PARALLEL) as pool:   # rollouts first: their calls must outlive them
         list(pool.map(store.delete_file, replaced["rollouts"]))
         list(pool.map(store.delete_file, replaced["model_calls"]))
-    after = {table: len([f for f in store.list_files(table) if f"/run_id={run_id}/" in f])
-             for table in ("rollouts", "model_calls")}
+    after = {table: len(partition_files(store, table, {"run_id": run_id})) for table in ("rollouts", "model_calls")}
     return CompactResult(files_before=before, files_after=after, duplicates_dropped=dropped)
 
 
@@ -122,7 +121,8 @@ def _read_all(store: DatasetRoot, names: list[str], schema: pa.Schema) -> pa.Tab
             with store.filesystem.open_input_file(store.join(name)) as handle:
                 table = pq.read_table(handle, use_threads=False)
         except (OSError, pa.ArrowInvalid) as exc:
-            raise TraceStoreError(f"trace dataset {store.uri}: cannot read {name} ({exc})") from exc
+            raise TraceStoreError(f"trace dataset {store.uri}: cannot read {name} ({exc}). If the file is damaged or "
+                                  "not a file of rows, move it out of the dataset or delete it") from exc
         columns = [table[field.name].cast(field.type) if field.name in table.column_names
                    else pa.nulls(table.num_rows, field.type) for field in schema]
         return pa.Table.from_arrays(columns, schema=schema)

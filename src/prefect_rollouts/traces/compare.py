@@ -25,7 +25,8 @@ Evaluations", arXiv:2411.00640, its sections on clustered standard errors and pa
   fewer times in B than in A, ``flipped_to_pass`` the reverse; with one rollout per task, the
   tasks that passed in A and failed in B, and the other way.
 - Tokens (all rows of a run, errored ones included: the tokens were spent) and model-call
-  latency (p50, p95 of ``latency_ms``) are given side by side for each run.
+  latency (p50, p95 of ``latency_ms``) are given side by side for each run, under each run's
+  harness and model.
 
 Per environment; per task category too where a taskset stores one (``info["task"]["category"]``,
 e.g. BFCL's ``simple_python``); and an ``overall`` line when there are several environments.
@@ -43,19 +44,22 @@ import pandas as pd
 from pydantic import BaseModel
 
 from prefect_rollouts.errors import ConfigError
+from prefect_rollouts.traces.files import run_ids
 from prefect_rollouts.traces.paired_stats import (
     bootstrap_interval,
     clustered_stderr,
     mcnemar_exact,
     sign_flip_pvalue,
 )
-from prefect_rollouts.traces.read import category_of, read_model_calls, read_rollouts, read_rollouts_with_categories
-from prefect_rollouts.traces.store import DatasetRoot
+from prefect_rollouts.traces.read import category_of, read_model_calls, read_rollouts_with_categories
+from prefect_rollouts.traces.run_config import with_harness
+from prefect_rollouts.traces.store import DatasetRoot, dataset_root
+from prefect_rollouts.traces.summary import distinct_values
 
 #: Columns ``compare`` needs of each run's rows (``category``, or ``info`` to derive it, optional).
 REQUIRED_COLUMNS = ["environment", "task_id", "rollout_index", "reward", "is_error", "scoring_skipped"]
 #: What ``compare_runs`` reads of the ``rollouts`` table (``info`` is reduced to categories in Arrow).
-ROLLOUT_COLUMNS = [*REQUIRED_COLUMNS, "total_tokens"]
+ROLLOUT_COLUMNS = [*REQUIRED_COLUMNS, "total_tokens", "model"]
 #: What ``compare_runs`` reads of the ``model_calls`` table.
 CALL_COLUMNS = ["environment", "task_id", "latency_ms"]
 #: A rollout's outcome in the aligned rows (-1: the run lacks it).
@@ -120,6 +124,12 @@ class RunComparison(BaseModel):
 
     run_a: str
     run_b: str
+    harness_a: str | None = None
+    """The harness of run A's rollouts (comma-joined when several; from its stored config); None if unknown."""
+    harness_b: str | None = None
+    model_a: str | None = None
+    """The model of run A's rollouts (comma-joined when several); None if unknown."""
+    model_b: str | None = None
     interval: str = "percentile interval of a paired bootstrap over tasks (tasks as clusters)"
     confidence: float
     resamples: int
@@ -143,7 +153,7 @@ def compare(rows_a: pd.DataFrame, rows_b: pd.DataFrame, *, calls_a: pd.DataFrame
     Args:
         rows_a: ``read_rollouts`` rows of run A (the baseline), with at least ``REQUIRED_COLUMNS``;
             ``total_tokens`` adds token figures, ``category`` (or ``info``, the JSON column, to
-            derive it from) adds the category lines.
+            derive it from) adds the category lines, ``harness`` and ``model`` name the run's.
         rows_b: The same of run B.
         calls_a: ``read_model_calls`` rows of run A (``environment``, ``task_id``, ``latency_ms``)
             for the latency figures; None leaves them out.
@@ -184,8 +194,10 @@ def compare(rows_a: pd.DataFrame, rows_b: pd.DataFrame, *, calls_a: pd.DataFrame
     overall = None
     if len(environments) > 1:
         overall = _group(merged, tasks, calls, settings, environment="all")
+    setup = {f"{column}_{side}": distinct_values(rows, column)
+             for column in ("harness", "model") for side, rows in (("a", rows_a), ("b", rows_b))}
     return RunComparison(run_a=names[0], run_b=names[1], environments=environments, categories=categories,
-                         overall=overall, **settings)
+                         overall=overall, **setup, **settings)
 
 
 def compare_runs(root: str | Path | DatasetRoot, run_a: str, run_b: str, **options: Any) -> RunComparison:
@@ -193,16 +205,17 @@ def compare_runs(root: str | Path | DatasetRoot, run_a: str, run_b: str, **optio
 
     Reads each table once for both runs, only the columns needed (``ROLLOUT_COLUMNS`` and
     ``info``, whose task categories are taken in Arrow from one row per task, so the large
-    JSON never becomes Python objects; ``CALL_COLUMNS``). ``options`` go to ``compare``.
+    JSON never becomes Python objects; ``CALL_COLUMNS``), and each run's harness from its stored
+    config (``run_config.with_harness``). ``options`` go to ``compare``.
 
     Raises:
         ConfigError: a run has no rollouts in the dataset; the message lists the runs it holds.
         TraceStoreError: the dataset cannot be read.
     """
-    rows = read_rollouts_with_categories(root, columns=ROLLOUT_COLUMNS, run_id=[run_a, run_b])
+    rows = with_harness(read_rollouts_with_categories(root, columns=ROLLOUT_COLUMNS, run_id=[run_a, run_b]), root)
     missing = [(field, run) for field, run in (("RUN_A", run_a), ("RUN_B", run_b)) if not (rows["run_id"] == run).any()]
     if missing:
-        runs = sorted(read_rollouts(root, columns=["run_id"])["run_id"].unique())
+        runs = run_ids(dataset_root(root))
         field, run = missing[0]
         raise ConfigError(f"{field} = {run!r}: no rollouts of this run in the trace dataset at {root}. "
                           + (f"Runs in it: {', '.join(runs)}" if runs else "It holds no rollouts"))

@@ -12,13 +12,16 @@ _TESTS = {"mcnemar_exact": "McNemar exact", "cluster_sign_flip": "sign-flip (tas
 
 
 def format_comparison(result: RunComparison, *, shown_tasks: int = SHOWN_TASKS) -> str:
-    """Tables under a header naming the runs and the interval: rewards (means, difference B - A,
-    interval, p-value and test per environment, category and overall), the tasks that flipped per
-    environment (the first ``shown_tasks`` of each list), the rollouts not compared (only in one
-    run, errored, skipped), and tokens and model-call latency of both runs side by side."""
+    """Tables under a header naming the runs (each with its harness and model) and the interval:
+    rewards (means, difference B - A, interval, p-value and test per environment, category and
+    overall), the tasks that flipped per environment (the first ``shown_tasks`` of each list), the
+    rollouts not compared (only in one run, errored, skipped), and tokens and model-call latency of
+    both runs side by side."""
     groups = [*_ordered(result), *([result.overall] if result.overall else [])]
     percent = f"{result.confidence:.0%}"
-    lines = [f"run A: {result.run_a}    run B: {result.run_b}    difference = mean B - mean A",
+    lines = [f"run A: {result.run_a} · harness {result.harness_a or '—'} · model {result.model_a or '—'}",
+             f"run B: {result.run_b} · harness {result.harness_b or '—'} · model {result.model_b or '—'}",
+             "difference = mean B - mean A",
              f"interval: {percent} {result.interval}; {result.resamples} resamples, seed {result.seed}; "
              f"pass: reward >= {result.pass_threshold:g}", ""]
     rewards = [{"environment": g.environment, "category": g.category or "", "pairs": g.n_paired,

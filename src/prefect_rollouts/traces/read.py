@@ -14,10 +14,10 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
 from prefect_rollouts.errors import TraceStoreError
 from prefect_rollouts.trace import Trace
+from prefect_rollouts.traces.files import LEFT_OUT, read_partitions
 from prefect_rollouts.traces.schema import MODEL_CALLS, PARTITIONING, ROLLOUTS
 from prefect_rollouts.traces.store import DatasetRoot, dataset_root
 
@@ -44,7 +44,8 @@ def read_rollouts(path: Root, *, columns: list[str] | None = None, **filters: An
         environment, task and rollout index) appears once.
 
     Raises:
-        TraceStoreError: a filter names an unknown column, or a file cannot be read.
+        TraceStoreError: a filter names an unknown column, or the store cannot be reached. (A file
+            that cannot be read as Parquet is skipped with a warning naming it: ``traces.files``.)
         ConfigError: ``path`` is a URI pyarrow cannot open, or holds credentials.
     """
     frame = scan_rollouts(path, columns=columns, **filters).to_pandas()
@@ -117,34 +118,36 @@ def read_traces(path: Root, **filters: Any) -> list[Trace]:
 
 def durable_keys(path: Root, run_id: str) -> set[tuple[str, str, int]]:
     """``(environment, task_id, rollout_index)`` of every rollout of ``run_id`` with a durable row,
-    written by any process on any machine (what ``--resume`` skips).
+    written by any process on any machine (what ``--resume`` skips). Reads only the run's files; one
+    that cannot be read is skipped with a warning naming it: its rollouts count as not durable (a
+    resume runs them again) until it is moved out of the dataset or deleted.
 
     Raises:
-        TraceStoreError: the dataset cannot be read.
+        TraceStoreError: the dataset cannot be reached.
     """
-    table = _read(dataset_root(path), "rollouts", ROLLOUTS, {"run_id": run_id}, columns=ROLLOUT_KEY[1:])
+    table = _read(dataset_root(path), "rollouts", ROLLOUTS, {"run_id": run_id}, columns=ROLLOUT_KEY[1:],
+                  skipped=NOT_DURABLE)
     return set(zip(*(table.column(name).to_pylist() for name in ROLLOUT_KEY[1:]), strict=True))
 
 
+NOT_DURABLE = "the rollouts whose rows it holds count as not durable, so a --resume of the run runs them again"
+"""What a skipped file means to ``durable_keys`` (the warning a resume shows)."""
+
+
 def _read(root: DatasetRoot, name: str, schema: pa.Schema, filters: dict[str, Any],
-          columns: list[str] | None = None) -> pa.Table:
+          columns: list[str] | None = None, skipped: str = LEFT_OUT) -> pa.Table:
+    """The rows of table ``name`` matching ``filters``, opening only the partitions they select
+    (``traces.files``: an unreadable file is skipped with a warning, ``skipped`` saying what that means)."""
     full = pa.unify_schemas([schema, PARTITIONING])
     unknown = set(filters) - set(full.names)
     if unknown:
         raise TraceStoreError(f"read filter {sorted(unknown)}: no such column. Columns: {', '.join(full.names)}")
-    if not root.exists(name):
-        return full.empty_table().select(columns or full.names)
     expression = None
     for column, value in filters.items():
         values = list(value) if isinstance(value, (list, tuple, set)) else [value]
         term = pc.field(column).isin(values)
         expression = term if expression is None else expression & term
-    try:
-        dataset = ds.dataset(root.join(name), filesystem=root.filesystem, format="parquet", schema=full,
-                             partitioning=ds.partitioning(PARTITIONING, flavor="hive"))
-        return dataset.to_table(filter=expression, columns=columns)
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise TraceStoreError(f"trace dataset {root.uri}: cannot read {name}/ ({exc})") from exc
+    return read_partitions(root, name, filters, full, expression, columns, skipped=skipped)
 
 
 def read_rollouts_with_categories(path: Root, *, columns: list[str], **filters: Any) -> pd.DataFrame:

@@ -17,10 +17,13 @@ import pandas as pd
 
 from prefect_rollouts.errors import TraceStoreError
 from prefect_rollouts.trace import Trace, content_text
+from prefect_rollouts.traces.files import run_ids
 from prefect_rollouts.traces.read import read_rollouts
+from prefect_rollouts.traces.run_config import with_harness
+from prefect_rollouts.traces.store import dataset_root
 
 #: The columns of ``run_rows``, in order.
-RUN_COLUMNS = ["date", "run_id", "model", "environment", "rollouts", "mean", "stderr", "errors"]
+RUN_COLUMNS = ["date", "run_id", "harness", "model", "environment", "rollouts", "mean", "stderr", "errors"]
 #: ``rollouts`` columns the run table reads (never the large JSON ones).
 _RUN_READ = ["started_at", "model", "environment", "reward", "is_error"]
 _ROLLOUT_READ = ["reward", "stop_condition", "error_type", "error_message", "started_at"]
@@ -28,11 +31,13 @@ _ROLLOUT_READ = ["reward", "stop_condition", "error_type", "error_message", "sta
 MAX_CHARS = 2000
 
 
-def run_rows(root: str | Path) -> list[dict[str, Any]]:
-    """One dict per run of the dataset at ``root``, oldest first (by its first rollout's start).
+def run_rows(root: str | Path, run_id: str | None = None) -> list[dict[str, Any]]:
+    """One dict per run of the dataset at ``root``, oldest first (by its first rollout's start); only
+    run ``run_id`` (whose files alone are read) when given.
 
     Keys are ``RUN_COLUMNS``: ``date`` (``YYYY-MM-DD HH:MM``, UTC, when the run's first rollout
-    started), ``run_id``, ``model`` and ``environment`` (comma-joined when a run holds several),
+    started), ``run_id``, ``harness`` (from the run's stored config, ``—`` when it has none),
+    ``model`` and ``environment`` (each comma-joined when a run holds several),
     ``rollouts`` (rows), ``mean`` (mean reward of the scored rollouts; None when none is scored),
     ``stderr`` (its standard error, sample std / sqrt(n); None below 2 scored) and ``errors``
     (errored rollouts, which have no reward and are left out of the mean). Empty when the
@@ -41,12 +46,13 @@ def run_rows(root: str | Path) -> list[dict[str, Any]]:
     Raises:
         TraceStoreError: the dataset cannot be read.
     """
-    rows = read_rollouts(root, columns=_RUN_READ)
+    rows = with_harness(read_rollouts(root, columns=_RUN_READ, **({} if run_id is None else {"run_id": run_id})), root)
     runs = []
     for run_id, group in rows.groupby("run_id", sort=False):
         rewards = group["reward"].dropna().astype(float)
         runs.append({
             "date": _minute(group["started_at"].min()), "run_id": str(run_id),
+            "harness": ",".join(sorted(group["harness"].dropna().unique())) or "—",
             "model": ",".join(sorted(group["model"].dropna().unique())),
             "environment": ",".join(sorted(group["environment"].dropna().unique())),
             "rollouts": len(group), "mean": float(rewards.mean()) if len(rewards) else None,
@@ -251,7 +257,7 @@ def _cutter(max_chars: int) -> Any:
 def _rollouts_of(root: str | Path, run_id: str, columns: list[str]) -> pd.DataFrame:
     rows = read_rollouts(root, run_id=run_id, columns=columns)
     if rows.empty:
-        runs = sorted(read_rollouts(root, columns=["run_id"])["run_id"].unique())
+        runs = run_ids(dataset_root(root))
         known = f"Runs in it: {', '.join(runs)}" if runs else "It holds no rollouts"
         raise TraceStoreError(f"no rollouts of run {run_id!r} in the trace dataset at {root}. {known}")
     return rows

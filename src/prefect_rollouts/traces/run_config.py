@@ -3,7 +3,8 @@
 One small JSON file per run, written once and atomically (``DatasetRoot.write_file``), beside the
 ``rollouts/`` and ``model_calls/`` tables (Parquet globs over those tables do not see it). It holds
 the whole eval config with secrets replaced by ``"***"`` and lists where it did so, so
-``--resume`` can run exactly the config that started the run. Its layout is versioned like the
+``--resume`` can run exactly the config that started the run, and the summary and ``traces
+compare`` can name each environment's harness (``with_harness``). Its layout is versioned like the
 Parquet schema: ``RUN_CONFIG_VERSION`` is bumped when a field is added or changes meaning, and a
 reader refuses a file newer than it knows. This module handles the file only; what may differ on
 resume is decided in ``prefect_rollouts.evals.identity``. Must not import Prefect.
@@ -13,9 +14,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 from pydantic import BaseModel, Field
 
 from prefect_rollouts.errors import TraceStoreError
@@ -78,3 +81,46 @@ def read_run_config(root: str | Path | DatasetRoot, run_id: str) -> StoredRunCon
         raise TraceStoreError(f"{where}: version {stored.version} is newer than this prefect-rollouts reads "
                               f"(up to {RUN_CONFIG_VERSION}). Upgrade prefect-rollouts")
     return stored
+
+
+def environment_harnesses(config: dict[str, Any]) -> dict[str, str]:
+    """The harness id of each environment of a stored eval config, as ``EvalConfig.environments``
+    names and merges them (``[env.agent] harness``, default ``tools``; a suite entry's own
+    ``agent.harness`` over it), read from the plain dict: a stored config need not validate where it
+    is read (a harness's ``files`` may name paths of another machine).
+
+    Returns:
+        ``{environment name: harness id}``; empty when the config names no taskset.
+    """
+    env = config.get("env") or {}
+    base = _harness_id((env.get("agent") or {}).get("harness"), "tools")
+    if env.get("tasksets"):
+        return {str(entry.get("name") or entry.get("id")): _harness_id((entry.get("agent") or {}).get("harness"), base)
+                for entry in env["tasksets"]}
+    taskset = env.get("taskset") or {}
+    return {str(taskset["id"]): base} if "id" in taskset else {}
+
+
+def with_harness(rows: pd.DataFrame, root: str | Path | DatasetRoot) -> pd.DataFrame:
+    """``rows`` (of ``read_rollouts``: ``run_id`` and ``environment``) with a ``harness`` column taken
+    from each run's stored config (the Parquet rows do not carry it; runs of every schema version
+    have a stored config). None for a run without one, or whose config cannot be read (a warning
+    names it: the rows are still shown)."""
+    harnesses: dict[tuple[str, str], str] = {}
+    for run_id in rows["run_id"].dropna().unique() if len(rows) else []:
+        try:
+            stored = read_run_config(root, str(run_id))
+        except TraceStoreError as exc:
+            warnings.warn(f"run {run_id}: its harness is unknown: {exc}", stacklevel=2)
+            continue
+        if stored is not None:
+            harnesses |= {(str(run_id), env): harness for env, harness in environment_harnesses(stored.config).items()}
+    keys = zip(rows["run_id"].astype(str), rows["environment"].astype(str), strict=True) if len(rows) else []
+    return rows.assign(harness=[harnesses.get(key) for key in keys])
+
+
+def _harness_id(value: Any, default: str) -> str:
+    """A ``harness`` value's id: the string itself, a table's ``id``, else ``default``."""
+    if isinstance(value, str):
+        return value
+    return value["id"] if isinstance(value, dict) and isinstance(value.get("id"), str) else default

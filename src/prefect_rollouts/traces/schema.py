@@ -22,7 +22,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from prefect_rollouts.trace import Trace
+from prefect_rollouts.errors import scrub
+from prefect_rollouts.nesting import MAX_JSON_DEPTH, cut_deep, nests_deeper
+from prefect_rollouts.trace import ErrorRecord, Trace
 
 #: Bumped when a column is added or changes meaning or type; readers can filter on it.
 SCHEMA_VERSION = 5
@@ -105,7 +107,23 @@ MODEL_CALLS = pa.schema([
 
 def rollout_row(trace: Trace, *, rollout_index: int, environment: str, config_hash: str,
                 elapsed_s: float) -> dict[str, Any]:
-    """One ``rollouts`` row for a finished trace (``elapsed_s``: wall seconds of the whole rollout)."""
+    """One ``rollouts`` row for a finished trace (``elapsed_s``: wall seconds of the whole rollout).
+
+    Every trace gets a row: one whose JSON cannot be written as it is (nested deeper than
+    pydantic's 255 levels, a cycle, a key JSON has no form for) or could not be read back (nested
+    deeper than ``MAX_JSON_DEPTH``: pydantic's JSON parser stops near 200 levels) is written from
+    ``writable``'s copy, which says on the trace what was cut.
+    """
+    texts = None
+    why = _too_deep(trace)
+    if why is None:
+        try:
+            texts = _json_columns(trace)
+        except (ValueError, TypeError, RecursionError) as exc:   # PydanticSerializationError is a ValueError
+            why = f"{type(exc).__name__}: {str(exc)[:200]}"
+    if texts is None:
+        trace = writable(trace, why or "")
+        texts = _json_columns(trace)
     timings = trace.timings
     worker = trace.info.get("worker") or {}   # where it ran: host, pid, shard flow run (flows/execute.py)
     first_error = trace.errors[0] if trace.errors else None
@@ -123,8 +141,8 @@ def rollout_row(trace: Trace, *, rollout_index: int, environment: str, config_ha
         "worker_host": worker.get("host"),
         "worker_pid": worker.get("pid"),
         "reward": trace.reward,
-        "rewards": json.dumps(trace.rewards),
-        "metrics": json.dumps(trace.metrics),
+        "rewards": texts["rewards"],
+        "metrics": texts["metrics"],
         "stop_condition": trace.stop_condition,
         "is_truncated": trace.is_truncated,
         "is_timeout": trace.is_timeout,
@@ -150,12 +168,50 @@ def rollout_row(trace: Trace, *, rollout_index: int, environment: str, config_ha
         "finalize_s": timings.get("finalize"),
         "scoring_s": timings.get("scoring"),
         "teardown_s": timings.get("teardown"),
-        "info": json.dumps(trace.info, default=repr),      # task code may put any object in info
+        "info": texts["info"],
         "errors": json.dumps([e.model_dump() for e in trace.errors]),
         "network": json.dumps([record.model_dump() for record in trace.network]),
         "network_denied": sum(not record.allowed for record in trace.network),
-        "trace": trace.model_dump_json(fallback=repr, exclude=DERIVED_FROM_MESSAGES),
+        "trace": texts["trace"],
     }
+
+
+def _json_columns(trace: Trace) -> dict[str, str]:
+    """The row's JSON columns that hold values of any shape (``info``: task code may put any object in it)."""
+    return {"rewards": json.dumps(trace.rewards), "metrics": json.dumps(trace.metrics),
+            "info": json.dumps(trace.info, default=repr),
+            "trace": trace.model_dump_json(fallback=repr, exclude=DERIVED_FROM_MESSAGES)}
+
+
+def _too_deep(trace: Trace) -> str | None:
+    """Why ``trace`` could not be read back, or None: the fields of any shape (messages, info, judge
+    verdicts) nest deeper than ``MAX_JSON_DEPTH`` (a walk, about 17 µs per 50 messages)."""
+    parts = [trace.messages, trace.info, trace.agent, [call.verdict for call in trace.judge_calls]]
+    if nests_deeper(parts, MAX_JSON_DEPTH, shared=True):
+        return f"it nests deeper than {MAX_JSON_DEPTH} levels, more than readers take back"
+    return None
+
+
+def writable(trace: Trace, why: str) -> Trace:
+    """A copy of ``trace`` that can be written and read back (``nesting.cut_deep``: what lies
+    deeper than ``MAX_JSON_DEPTH`` levels replaced by ``nesting.MARKER``, a cycle by ``nesting.CYCLE``),
+    with an ``ErrorRecord`` of stage ``record`` saying ``why`` it could not be written as it was
+    and how many places were cut. The stop condition and reward stay: the rollout ran as it says;
+    its row is an error, never a lost rollout."""
+    data, cuts = cut_deep({name: getattr(trace, name) for name in type(trace).model_fields})
+    try:
+        copy = Trace.model_validate(data)
+    except ValueError:   # a typed field held something else: keep what identifies the rollout
+        copy = Trace.model_validate({key: data[key] for key in _IDENTITY if key in data})
+        copy.info["record_dropped"] = "every field but the rollout's identity: see errors"
+    cut = f"; {cuts} value(s) cut (nested deeper than {MAX_JSON_DEPTH} levels or in a cycle)" if cuts else ""
+    copy.errors.append(ErrorRecord(type="TraceNotWritable", stage="record",
+                                   message=scrub(f"the trace could not be written as it was ({why}){cut}")))
+    return copy
+
+
+_IDENTITY = ("version", "id", "task_id", "task_type", "model", "stop_condition", "is_timeout", "started_at",
+             "timings", "reward", "errors")
 
 
 def model_call_rows(trace: Trace, *, rollout_index: int, environment: str) -> list[dict[str, Any]]:

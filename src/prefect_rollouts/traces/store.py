@@ -113,6 +113,17 @@ class DatasetRoot:
         return sorted(info.path.removeprefix(root) for info in infos
                       if info.type == pafs.FileType.File and not info.base_name.startswith((".", "_")))
 
+    def list_dirs(self, relative: str) -> list[str]:
+        """Names (sorted) of the directories directly under ``relative``, hidden ones left out;
+        none when it does not exist. On an object store, the common prefixes below it."""
+        base = self.join(relative)
+        try:
+            infos = self.filesystem.get_file_info(pafs.FileSelector(base, recursive=False, allow_not_found=True))
+        except OSError as exc:
+            raise TraceStoreError(f"trace dataset {self.uri}: cannot list {relative} ({exc})") from exc
+        return sorted(info.base_name for info in infos
+                      if info.type == pafs.FileType.Directory and not info.base_name.startswith((".", "_")))
+
     def delete_file(self, relative: str) -> None:
         """Remove file ``relative`` (a missing file is fine).
 

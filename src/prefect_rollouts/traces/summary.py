@@ -17,10 +17,9 @@ from prefect_rollouts.trace import Trace
 from prefect_rollouts.traces.store import DatasetRoot
 
 #: The ``rollouts`` columns ``summarize`` needs (readers can skip the large JSON columns).
-SUMMARY_COLUMNS = ["run_id", "task_id", "rollout_index", "environment", "model", "reward", "rewards", "stop_condition",
-                   "is_truncated",
-                   "is_timeout", "scoring_skipped", "is_error", "error_type", "error_message", "total_tokens",
-                   "cached_tokens", "reasoning_tokens", "judge_prompt_tokens", "judge_completion_tokens"]
+SUMMARY_COLUMNS = ("run_id task_id rollout_index environment model reward rewards stop_condition is_truncated "
+                   "is_timeout scoring_skipped is_error error_type error_message total_tokens cached_tokens "
+                   "reasoning_tokens judge_prompt_tokens judge_completion_tokens").split()
 
 #: Error types an ``EvalSummary`` lists (the most frequent first).
 TOP_ERRORS = 5
@@ -46,6 +45,8 @@ class EnvironmentSummary(BaseModel):
     """The environment; ``"all"`` on the overall line of a suite."""
     category: str | None = None
     """The task category (``info["task"]["category"]``, e.g. BFCL's) on a category's line."""
+    harness: str | None = None
+    """The harness of its rollouts (from the run's stored config; comma-joined when several); None if unknown."""
     model: str | None = None
     """The model of its rollouts (comma-joined, sorted, when they used several); None in rows without one."""
     rollouts: int
@@ -130,9 +131,9 @@ class EvalSummary(BaseModel):
         each environment, its categories (``environment`` is ``"<environment> / <category>"``)
         and, for a suite, ``"all"``.
 
-        Keys, in order: ``environment``, ``model``, ``rollouts``, ``scored``, ``mean_reward``,
-        ``stderr``, ``reward.<name>`` per reward component of any environment (its mean; None
-        where an environment has no such component), ``pass@<k>`` for every k of any environment
+        Keys, in order: ``environment``, ``harness``, ``model``, ``rollouts``, ``scored``,
+        ``mean_reward``, ``stderr``, ``reward.<name>`` per reward component of any environment (its
+        mean; None where an environment has no such component), ``pass@<k>`` for every k of any environment
         (None where it has none), the outcome counts and the token counts: the same keys in
         every row. ``cached_tokens`` and ``reasoning_tokens`` are columns only when some
         environment reports them. Floats are rounded to 4 decimals.
@@ -145,8 +146,8 @@ class EvalSummary(BaseModel):
         for env in self.lines():
             label = f"{env.environment} / {env.category}" if env.category else env.environment
             row: dict[str, Any] = {
-                "environment": label, "model": env.model, "rollouts": env.rollouts, "scored": env.scored,
-                "mean_reward": _round(env.mean_reward), "stderr": _round(env.stderr)}
+                "environment": label, "harness": env.harness, "model": env.model, "rollouts": env.rollouts,
+                "scored": env.scored, "mean_reward": _round(env.mean_reward), "stderr": _round(env.stderr)}
             row.update({f"reward.{name}": _round(env.reward_components.get(name)) for name in components})
             row.update({f"pass@{k}": _round(env.pass_at_k.get(k)) for k in ks})
             row.update(truncated=env.truncated, timed_out=env.timed_out, skipped=env.skipped,
@@ -257,7 +258,8 @@ def _summary(group: pd.DataFrame, environment: str, category: str | None, rollou
             pairs = zip(eligible["n"], eligible["c"], strict=True)
             passes[k] = float(sum(pass_at_k(int(n), int(c), k) for n, c in pairs) / len(eligible))
     return EnvironmentSummary(
-        environment=environment, category=category, model=_models(group), rollouts=len(group), scored=len(scored),
+        environment=environment, category=category, harness=distinct_values(group, "harness"),
+        model=distinct_values(group, "model"), rollouts=len(group), scored=len(scored),
         mean_reward=float(rewards.mean()) if len(rewards) else None,
         stderr=float(rewards.std(ddof=1) / math.sqrt(len(rewards))) if len(rewards) > 1 else None,
         reward_components=_component_means(scored), pass_at_k=passes,
@@ -267,12 +269,9 @@ def _summary(group: pd.DataFrame, environment: str, category: str | None, rollou
         reasoning_tokens=_reported(group, "reasoning_tokens"), judge_tokens=_judge_tokens(group))
 
 
-def _models(rows: pd.DataFrame) -> str | None:
-    """The distinct models of ``rows``, sorted and comma-joined; None when no row names one."""
-    if "model" not in rows:
-        return None
-    models = sorted(str(model) for model in rows["model"].dropna().unique())
-    return ",".join(models) if models else None
+def distinct_values(rows: pd.DataFrame, column: str) -> str | None:
+    """The distinct values of ``column`` in ``rows``, sorted and comma-joined; None when there are none."""
+    return (",".join(sorted(str(v) for v in rows[column].dropna().unique())) or None) if column in rows else None
 
 
 def _component_means(scored: pd.DataFrame) -> dict[str, float | None]:
@@ -321,6 +320,11 @@ def _top_errors(rows: pd.DataFrame) -> list[ErrorCount]:
 
 
 def _cut(text: str) -> str:
+    """Its start, and the last line of a text of several lines (a program's output: what failed)."""
+    first, _, rest = text.partition("\n") if len(text) > ERROR_CHARS else (text, "", "")
+    last = rest.rstrip().rpartition("\n")[2].strip()
+    if last and len(last) <= ERROR_CHARS // 2:
+        return f"{first[:ERROR_CHARS - len(last)]} ... {last}"
     return text if len(text) <= ERROR_CHARS else text[:ERROR_CHARS] + "..."
 
 
@@ -400,15 +404,16 @@ def _round(value: float | None) -> float | None:
 
 def summarize_run(root: str | Path | DatasetRoot, run_id: str, *, rollouts_per_task: int | None = None,
                   pass_threshold: float = 1.0, wall_time_s: float | None = None) -> EvalSummary:
-    """``summarize`` the durable rows of run ``run_id`` in the dataset at ``root`` (a path, an
-    object-store URI or a ``DatasetRoot``), whoever wrote them, reading only
-    the columns the summary needs (``SUMMARY_COLUMNS``).
+    """``summarize`` the durable rows of run ``run_id`` in the dataset at ``root`` (a path, an object-store
+    URI or a ``DatasetRoot``), whoever wrote them, reading only ``SUMMARY_COLUMNS``, with each
+    environment's harness from the run's stored config (``run_config.with_harness``).
 
     Raises:
         TraceStoreError: the dataset cannot be read.
     """
     from prefect_rollouts.traces.read import read_rollouts_with_categories
+    from prefect_rollouts.traces.run_config import with_harness
 
-    rows = read_rollouts_with_categories(root, columns=SUMMARY_COLUMNS, run_id=run_id)
+    rows = with_harness(read_rollouts_with_categories(root, columns=SUMMARY_COLUMNS, run_id=run_id), root)
     return summarize(rows, run_id=run_id, rollouts_per_task=rollouts_per_task, pass_threshold=pass_threshold,
                      wall_time_s=wall_time_s)

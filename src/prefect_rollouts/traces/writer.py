@@ -5,7 +5,8 @@ Each flush writes one new file per table under ``<table>/date=<UTC day>/run_id=<
 of writers (processes, machines) can write one run at once. A file is written atomically on every
 kind of store (``traces.store``: temporary name, fsync and rename on a directory; one PUT on an
 object store), so a crash or ``kill -9`` never leaves a half-written file: a row is either durable
-or absent. ``flush`` returns only once the rows are durable.
+or absent. ``flush`` returns only once the rows are durable, and rows leave the buffer only once
+their files are written (a cancelled ``aflush`` neither loses nor repeats a row).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import time
 import uuid
 from pathlib import Path
@@ -74,35 +76,71 @@ class TraceWriter:
     def flush(self) -> int:
         """Write the buffered rows (one file per table) and return how many rollouts became durable.
 
+        Rows leave the buffer only once their files are written. Not to be called while an
+        ``aflush`` is writing (it would write that flush's rows again).
+
         Raises:
             TraceStoreError: a file cannot be written (a full disk); the rows stay buffered, so a
                 later flush writes them and no rollout has to run again for its row.
+            RuntimeError: an ``aflush`` is writing.
         """
-        taken = self._take()
+        if self._lock.locked():
+            raise RuntimeError("TraceWriter.flush called while an aflush is writing; await aflush instead")
+        rollouts, calls = self._rollouts[:], self._calls[:]
         try:
-            return self._write(*taken)
-        except TraceStoreError:
-            self._put_back(*taken)
+            written = self._write(rollouts, calls)
+        except BaseException as exc:
+            self._settle(rollouts, calls, exc)
             raise
+        self._settle(rollouts, calls, None)
+        return written
 
     async def aflush(self) -> int:
         """``flush`` with the file writes and fsyncs in a worker thread, so the event loop keeps
-        running rollouts; concurrent calls write one after another. Same errors as ``flush``."""
-        async with self._lock:
-            taken = self._take()
-            try:
-                return await asyncio.to_thread(self._write, *taken)
-            except TraceStoreError:
-                self._put_back(*taken)
-                raise
+        running rollouts; concurrent calls write one after another. Same errors as ``flush``.
 
-    def _put_back(self, rollouts: list[dict[str, Any]], calls: list[dict[str, Any]]) -> None:
-        self._rollouts[:0], self._calls[:0] = rollouts, calls
+        Cancelling it (the eval's periodic flusher is cancelled when the rollouts end) returns at
+        once, but the write it started runs on in its thread: the lock is held until that write
+        ends, and its rows leave the buffer (and join ``durable``) only once their files are
+        written. The next flush therefore waits for it, then writes exactly the rows that are
+        still not durable: none is lost, none is written twice.
+        """
+        await self._lock.acquire()
+        try:
+            rollouts, calls = self._rollouts[:], self._calls[:]
+            if not rollouts:
+                self._lock.release()
+                return 0
+            write = asyncio.ensure_future(asyncio.to_thread(self._write, rollouts, calls))
+        except BaseException:
+            self._lock.release()
+            raise
+        # Registered before ``shield`` registers its own: the buffer and ``durable`` are settled
+        # (and the lock released) before this coroutine resumes, and also when it was cancelled.
+        write.add_done_callback(functools.partial(self._settle_write, rollouts, calls))
+        return await asyncio.shield(write)
 
-    def _take(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        taken = self._rollouts, self._calls
-        self._rollouts, self._calls = [], []
-        return taken
+    def _settle_write(self, rollouts: list[dict[str, Any]], calls: list[dict[str, Any]],
+                      write: asyncio.Future[int]) -> None:
+        try:
+            self._settle(rollouts, calls, write.exception() if not write.cancelled() else asyncio.CancelledError())
+        finally:
+            self._lock.release()
+
+    def _settle(self, rollouts: list[dict[str, Any]], calls: list[dict[str, Any]],
+                error: BaseException | None) -> None:
+        """After a write of the buffer's first ``len(rollouts)`` rows (``add`` only appends): drop them
+        unless it failed in a way a later flush can mend (a storage error; an interrupt, after which
+        the files may or may not exist: readers read a row written twice once). Rows a write rejects
+        for another reason (they cannot become a table) are dropped, so they do not block every later
+        row; the error reaches the caller."""
+        if isinstance(error, TraceStoreError) or (error is not None and not isinstance(error, Exception)):
+            return
+        del self._rollouts[:len(rollouts)]
+        del self._calls[:len(calls)]
+        if error is None:
+            self.durable.update((row["environment"], row["task_id"], row["rollout_index"]) for row in rollouts)
+            self.written += len(rollouts)
 
     def _write(self, rollouts: list[dict[str, Any]], calls: list[dict[str, Any]]) -> int:
         if not rollouts:
@@ -119,8 +157,6 @@ class TraceWriter:
                 with contextlib.suppress(TraceStoreError):
                     self.root.delete_file(f"model_calls/{partition}")
             raise
-        self.durable.update((row["environment"], row["task_id"], row["rollout_index"]) for row in rollouts)
-        self.written += len(rollouts)
         return len(rollouts)
 
 
