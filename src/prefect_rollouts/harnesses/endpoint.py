@@ -3,7 +3,11 @@
 One per open agent that runs a program harness, listening on a Unix socket in a host directory
 (``rollout-<owner>-<random>.endpoint`` under the temporary directory, so the janitor removes it
 when its owner is gone). The directory also holds the in-runtime scripts (``programs/``); it is
-bind-mounted into containers at ``MOUNT`` and read in place by the local runtime. Inside the
+bind-mounted read-only into containers at ``MOUNT`` (connecting to a socket is not a write: a
+read-only bind still lets a box connect), so no box can replace what another runs or write to the
+host through it. The local runtime reads it in place, as the same user: its scripts are read-only
+files, and ``verify`` (before every launch) puts back a script a program changed and refuses to
+launch when the socket was replaced. Inside the
 runtime the launcher relays ``127.0.0.1:<port>`` to the socket, so the program reaches the
 endpoint under every network policy and nothing else is exposed (no host port).
 
@@ -24,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import shutil
 import socket
@@ -39,13 +44,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from prefect_rollouts.errors import RuntimeUnavailableError
 from prefect_rollouts.runtimes.owner import current_owner
 
 if TYPE_CHECKING:
     from prefect_rollouts.harnesses.session import ProgramSession
 
+logger = logging.getLogger("prefect_rollouts.endpoint")
+
 MOUNT = "/run/prefect-rollouts"
-"""Where a container sees the endpoint's directory (its socket ``s`` and the launcher scripts)."""
+"""Where a container sees the endpoint's directory, read-only (its socket ``s`` and the launcher scripts)."""
 
 SOCKET_NAME = "s"
 """The socket's file name (short: a Unix socket path is limited to 107 bytes)."""
@@ -79,6 +87,9 @@ class InterceptionEndpoint:
         self.sessions: dict[str, ProgramSession] = {}
         self._server: _Server | None = None
         self._serving: asyncio.Task[None] | None = None
+        self._socket_id: tuple[int, int] | None = None
+        self._scripts: dict[str, bytes] = {}
+        """The in-runtime scripts as started: ``verify`` compares the directory's copies with these."""
 
     @property
     def socket_path(self) -> Path:
@@ -93,8 +104,10 @@ class InterceptionEndpoint:
         Raises:
             OSError: the directory or the socket cannot be created.
         """
-        directory, sock = await asyncio.to_thread(_prepare)
+        directory, sock, self._scripts = await asyncio.to_thread(_prepare)
         self.directory = directory
+        stat = os.lstat(directory / SOCKET_NAME)
+        self._socket_id = (stat.st_dev, stat.st_ino)
         app = Starlette(routes=[
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
             Route("/chat/completions", self._chat, methods=["POST"]),
@@ -123,6 +136,47 @@ class InterceptionEndpoint:
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
         self.sessions.clear()
+
+    def verify(self) -> list[str]:
+        """Make the directory hold what this endpoint put there before a launch (blocking: file I/O).
+
+        A program on the local runtime runs as this user and could replace a script or the socket
+        (a container sees the directory read-only). A script whose bytes differ from the package's,
+        or that is no longer a plain file, is written back (atomically, never through a link).
+
+        Returns:
+            The names of the scripts written back (a warning is logged for each).
+
+        Raises:
+            RuntimeUnavailableError: the socket file is not the one this endpoint listens on (a
+                launcher would connect to whoever bound it). Not retryable: stop the agent.
+        """
+        directory = self.socket_path.parent
+        os.chmod(directory, 0o755)   # a program may have taken its write permission away
+        restored = []
+        for name, genuine in self._scripts.items():
+            path = directory / name
+            try:
+                with open(path, "rb", opener=lambda file, flags: os.open(file, flags | os.O_NOFOLLOW)) as handle:
+                    if os.fstat(handle.fileno()).st_size == len(genuine) and handle.read() == genuine:
+                        continue
+            except OSError:
+                pass   # gone, or a link: written back
+            _write_script(directory, name, genuine)
+            restored.append(name)
+            logger.warning("interception endpoint: %s in %s was changed by a program; the package's copy is "
+                           "back", name, directory)
+        try:
+            stat = os.lstat(self.socket_path)
+            found: tuple[int, int] | None = (stat.st_dev, stat.st_ino)
+        except OSError:
+            found = None
+        if found != self._socket_id:
+            raise RuntimeUnavailableError(f"interception endpoint: its socket {self.socket_path} was removed or "
+                                          "replaced (by a program on the local runtime); no program is launched "
+                                          'through it. Stop the agent, and run untrusted programs on runtime "docker"',
+                                          retryable=False)
+        return restored
 
     def open_session(self, session: ProgramSession) -> None:
         """Accept requests bearing ``session.secret`` from now on."""
@@ -186,16 +240,15 @@ class InterceptionEndpoint:
                              "model": session.ctx.config.model})
 
 
-def _prepare() -> tuple[Path, socket.socket]:
-    """The endpoint's directory, with the scripts copied in, and its listening socket."""
+def _prepare() -> tuple[Path, socket.socket, dict[str, bytes]]:
+    """The endpoint's directory, with the scripts copied in, its listening socket and the scripts' bytes."""
     directory = Path(tempfile.mkdtemp(prefix=f"rollout-{current_owner()}-", suffix=".endpoint"))
     try:
         directory.chmod(0o755)   # a container's non-root user must reach the socket and scripts
         programs = resources.files("prefect_rollouts.harnesses") / "programs"
-        for name in SCRIPTS:
-            target = directory / name
-            target.write_bytes((programs / name).read_bytes())
-            target.chmod(0o755)
+        scripts = {name: (programs / name).read_bytes() for name in SCRIPTS}
+        for name, data in scripts.items():
+            _write_script(directory, name, data)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.bind(str(directory / SOCKET_NAME))
         os.chmod(directory / SOCKET_NAME, 0o777)   # connecting needs write permission on the socket
@@ -204,7 +257,22 @@ def _prepare() -> tuple[Path, socket.socket]:
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
-    return directory, sock
+    return directory, sock, scripts
+
+
+def _write_script(directory: Path, name: str, data: bytes) -> None:
+    """Write ``directory/name`` as a new read-only file (``0o555``) holding ``data``, replacing
+    whatever is there (a link is replaced, not followed)."""
+    fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{name}.")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.chmod(temporary, 0o555)
+        os.replace(temporary, directory / name)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 def _no_constant(name: str) -> Any:
