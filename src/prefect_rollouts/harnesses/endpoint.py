@@ -20,7 +20,9 @@ and is recorded on the trace like an in-process call (``harnesses.base.sample``)
 rewrites and refuses is ``ProgramSession.exchange``'s docstring.
 
 Uvicorn serves it inside the agent's event loop, with its signal handling turned off: the eval's
-own SIGINT/SIGTERM handling (``stop_signals``) must stay in charge.
+own SIGINT/SIGTERM handling (``stop_signals``) must stay in charge. Connections, request heads,
+requests in flight and body memory are bounded (``endpoint_limits``), for every rollout alone and
+in all.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from prefect_rollouts.errors import RuntimeUnavailableError
+from prefect_rollouts.harnesses.endpoint_limits import MAX_BODY_BYTES, EndpointLimits, Limiter, connection_class
 from prefect_rollouts.runtimes.owner import current_owner
 
 if TYPE_CHECKING:
@@ -57,10 +60,6 @@ MOUNT = "/run/prefect-rollouts"
 
 SOCKET_NAME = "s"
 """The socket's file name (short: a Unix socket path is limited to 107 bytes)."""
-
-MAX_BODY_BYTES = 32 * 1024 * 1024
-"""The largest chat-completions request body taken (413 above): 32 MiB holds a long conversation
-with a few images; a program sending more is broken or hostile, and the body is held in memory."""
 
 SCRIPTS = ("launch.py", "bash_agent.py", "mini_swe_agent.py")
 """The in-runtime scripts copied from ``harnesses/programs`` into the endpoint's directory."""
@@ -90,6 +89,8 @@ class InterceptionEndpoint:
         self._socket_id: tuple[int, int] | None = None
         self._scripts: dict[str, bytes] = {}
         """The in-runtime scripts as started: ``verify`` compares the directory's copies with these."""
+        self.limits = EndpointLimits()
+        """Its connection, request and body-memory limits and what they refused (``endpoint_limits``)."""
 
     @property
     def socket_path(self) -> Path:
@@ -115,8 +116,10 @@ class InterceptionEndpoint:
             Route("/prefect-rollouts/session", self._session, methods=["GET"]),
             Route("/prefect-rollouts/session/end", self._end, methods=["POST"]),
         ])
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                                timeout_keep_alive=30, timeout_graceful_shutdown=1)
+        limited = Limiter(app, self.limits, lambda scope: self._find(Request(scope)))
+        config = uvicorn.Config(limited, log_level="warning", access_log=False, lifespan="off",
+                                timeout_keep_alive=30, timeout_graceful_shutdown=1,
+                                http=connection_class(self.limits))
         self._server = _Server(config)
         self._serving = asyncio.create_task(self._server.serve(sockets=[sock]), name="interception-endpoint")
         while not self._server.started:
@@ -135,6 +138,9 @@ class InterceptionEndpoint:
         directory, self.directory = self.directory, None
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
+        if self.limits.refused:
+            logger.warning("interception endpoint: refused %s", ", ".join(
+                f"{count} ({reason})" for reason, count in sorted(self.limits.refused.items())))
         self.sessions.clear()
 
     def verify(self) -> list[str]:
