@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -47,7 +48,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from prefect_rollouts.errors import RuntimeUnavailableError
-from prefect_rollouts.harnesses.endpoint_limits import MAX_BODY_BYTES, EndpointLimits, Limiter, connection_class
+from prefect_rollouts.harnesses.endpoint_limits import (
+    MAX_BODY_BYTES,
+    Acceptor,
+    EndpointLimits,
+    Limiter,
+    connection_class,
+)
 from prefect_rollouts.runtimes.owner import current_owner
 
 if TYPE_CHECKING:
@@ -86,6 +93,7 @@ class InterceptionEndpoint:
         self.sessions: dict[str, ProgramSession] = {}
         self._server: _Server | None = None
         self._serving: asyncio.Task[None] | None = None
+        self._acceptor: Acceptor | None = None
         self._socket_id: tuple[int, int] | None = None
         self._scripts: dict[str, bytes] = {}
         """The in-runtime scripts as started: ``verify`` compares the directory's copies with these."""
@@ -119,18 +127,26 @@ class InterceptionEndpoint:
         limited = Limiter(app, self.limits, lambda scope: self._find(Request(scope)))
         config = uvicorn.Config(limited, log_level="warning", access_log=False, lifespan="off",
                                 timeout_keep_alive=30, timeout_graceful_shutdown=1,
-                                http=connection_class(self.limits))
-        self._server = _Server(config)
-        self._serving = asyncio.create_task(self._server.serve(sockets=[sock]), name="interception-endpoint")
-        while not self._server.started:
+                                http=(protocol := connection_class(self.limits)))
+        self._server = server = _Server(config)
+        self._serving = asyncio.create_task(server.serve(sockets=[]), name="interception-endpoint")
+        while not server.started:
             if self._serving.done():
+                sock.close()
                 await self._serving   # raises what stopped it
                 raise RuntimeError("the interception endpoint stopped while starting")
             await asyncio.sleep(0.005)
+        factory = functools.partial(protocol, config=config, server_state=server.server_state, app_state={})
+        self._acceptor = acceptor = Acceptor(sock, factory, self.limits)   # the server listens on none of its own
+        acceptor.start()
+        self._serving.add_done_callback(lambda _: acceptor.close())   # no server: no listener
 
     async def stop(self) -> None:
         """Stop serving and remove the directory; idempotent, completes under cancellation."""
         server, serving, self._server, self._serving = self._server, self._serving, None, None
+        acceptor, self._acceptor = self._acceptor, None
+        if acceptor is not None:
+            acceptor.close()
         if server is not None and serving is not None:
             server.should_exit = True
             with contextlib.suppress(BaseException):

@@ -17,9 +17,15 @@ directly, past the launcher's relay, so the host side holds on its own (as the e
   half of it (429).
 
 A refusal is a chat-completions error object (``{"error": {"message", "type", "code"}}``) with
-``Connection: close``. One a rollout's key names is counted on its trace,
-``trace.info["endpoint"]["refused"][reason]``; all are counted in ``EndpointLimits.refused`` and
-the first of each kind is logged (a flood does not flood the console).
+``Connection: close``, answered at once (a body-memory one after reading the body on, keeping
+nothing). One a rollout's key names is counted on its trace, ``trace.info["endpoint"]["refused"]
+[reason]``; all are counted in ``EndpointLimits.refused`` and the first of each kind is logged (a
+flood does not flood the console).
+
+What this does not give: before a head is read a connection is nobody's, so a program holding
+``max_connections()`` connections without sending a head keeps the other rollouts' new
+connections out (503) until its own time out (``HEAD_TIMEOUT_S``); the eval's descriptors hold.
+A socket per rollout would name the rollout at ``accept``.
 """
 
 from __future__ import annotations
@@ -28,10 +34,10 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import resource
+import socket
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import h11
@@ -55,6 +61,12 @@ BODY_WAIT_S = 30.0
 BODY_TIMEOUT_S = 60.0
 """A request body must be complete within this many seconds of its head (32 MiB takes milliseconds
 over the socket); a trickled one would hold its share of the body memory."""
+DRAIN_S = 5.0
+"""How long a body-memory refusal reads the body on before answering (a client sends it in milliseconds)."""
+ACCEPT_BATCH = 64
+"""Connections accepted per wake-up of the listening socket, so the event loop serves the others between."""
+ACCEPT_PAUSE_S = 0.5
+"""How long accepting pauses after ``accept`` failed (no descriptor left in the process)."""
 MAX_CONNECTIONS = 1024
 """Connections open at once in all, at most (see ``max_connections``)."""
 HEAD_TIMEOUT_S = 10.0
@@ -95,12 +107,15 @@ class EndpointLimits:
         connections: Open connections, with the secret of the rollout that each last named.
         held_bytes: Body bytes held now, in all (``held_peak``: the most ever held).
         refused: Refusals by reason: ``connections`` (in all or per rollout), ``head_timeout``,
-            ``in_flight``, ``body_memory``, ``body_timeout``.
+            ``in_flight``, ``body_memory``, ``body_timeout``; and ``accept_failed``, the times
+            ``accept`` found no descriptor left (the eval's own, not the endpoint's).
     """
 
     def __init__(self) -> None:
         self.max_connections = max_connections()
         self.connections: dict[_Connection, str | None] = {}
+        self.open = 0
+        """Connections open now (accepted, not yet lost)."""
         self.held_bytes = self.held_peak = 0
         self.refused: Counter[str] = Counter()
         self._per_rollout: Counter[str] = Counter()
@@ -181,27 +196,17 @@ class EndpointLimits:
 
 
 class _Connection(H11Protocol):
-    """Uvicorn's h11 connection with the connection cap and the head deadline (module docstring).
+    """Uvicorn's h11 connection with the head deadline (module docstring); ``Acceptor`` counted it open.
     ``limits`` is set on the subclass ``connection_class`` makes for an endpoint."""
 
     limits: ClassVar[EndpointLimits]
 
     def connection_made(self, transport: asyncio.Transport) -> None:   # type: ignore[override]
-        self.refused = len(self.connections) >= self.limits.max_connections
-        self.head_timer: asyncio.TimerHandle | None = None
-        if self.refused:
-            self.limits.count("connections", None, f"more than {self.limits.max_connections} connections open")
-            _drain(transport)
-            transport.write(refusal(503, f"the interception endpoint has {self.limits.max_connections} connections "
-                                         "open, its most; retry later", "too_many_connections"))
-            transport.close()
-            return
         super().connection_made(transport)
-        self.head_timer = self.loop.call_later(HEAD_TIMEOUT_S, self._head_late)
+        self.head_timer: asyncio.TimerHandle | None = self.loop.call_later(HEAD_TIMEOUT_S, self._head_late)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.refused:
-            return
+        self.limits.open -= 1
         if self.head_timer is not None:
             self.head_timer.cancel()
         self.limits.forget(self)
@@ -229,17 +234,92 @@ class _Connection(H11Protocol):
             self.transport.close()
 
 
-def _drain(transport: asyncio.Transport) -> None:
-    """Read and drop what the client sent so far: closing a Unix socket with unread data resets the
-    client's end, which then loses the refusal written before."""
-    with contextlib.suppress(OSError):   # BlockingIOError: nothing more now
-        fileno = transport.get_extra_info("socket").fileno()
-        for _ in range(64):
-            if not os.read(fileno, 65536):
+class Acceptor:
+    """Accepts the endpoint's connections itself. ``asyncio``'s server accepts a whole backlog before
+    any of them reaches its protocol, so a flood ran the eval out of descriptors before a cap there
+    could act. Here a connection past ``limits.max_connections`` is answered 503 and closed on the
+    spot; when ``accept`` fails (the process is out of descriptors elsewhere) accepting pauses for
+    ``ACCEPT_PAUSE_S``, counted once per pause, not logged per attempt.
+
+    Args:
+        sock: The listening socket (non-blocking); closed by ``close``.
+        factory: Makes the protocol of an accepted connection (uvicorn's, from ``connection_class``).
+        limits: The endpoint's ``EndpointLimits``.
+    """
+
+    def __init__(self, sock: socket.socket, factory: Callable[[], asyncio.Protocol], limits: EndpointLimits) -> None:
+        self.sock, self.factory, self.limits = sock, factory, limits
+        self.loop = asyncio.get_running_loop()
+        self.handing: set[asyncio.Task[Any]] = set()
+        self.closed = False
+
+    def start(self) -> None:
+        self.loop.add_reader(self.sock.fileno(), self._accept)
+
+    def close(self) -> None:
+        """Stop accepting and close the listening socket (idempotent); open connections stay."""
+        if not self.closed:
+            self.closed = True
+            self.loop.remove_reader(self.sock.fileno())
+            self.sock.close()
+
+    def _accept(self) -> None:
+        limits = self.limits
+        for _ in range(ACCEPT_BATCH):
+            try:
+                connection, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
                 return
+            except OSError as exc:   # EMFILE, ENFILE, ENOBUFS: wait for descriptors to free
+                limits.count("accept_failed", None, f"accepting a connection failed ({exc})")
+                self.loop.remove_reader(self.sock.fileno())
+                self.loop.call_later(ACCEPT_PAUSE_S, self._resume)
+                return
+            if limits.open >= limits.max_connections:
+                limits.count("connections", None, f"more than {limits.max_connections} connections open")
+                _refuse_now(connection, refusal(503, f"the interception endpoint has {limits.max_connections} "
+                                                     "connections open, its most; retry later", "too_many_connections"))
+                continue
+            limits.open += 1   # until its protocol's connection_lost
+            connection.setblocking(False)
+            task = self.loop.create_task(self._hand(connection))
+            self.handing.add(task)
+            task.add_done_callback(self.handing.discard)
+
+    async def _hand(self, connection: socket.socket) -> None:
+        made: list[asyncio.Protocol] = []
+
+        def protocol() -> asyncio.Protocol:
+            made.append(self.factory())
+            return made[0]
+        try:
+            await self.loop.connect_accepted_socket(protocol, connection)
+        except Exception as exc:   # the connection went away while it was handed over
+            logger.debug("interception endpoint: a connection could not start: %s", exc)
+            connection.close()
+            if not made:   # else its connection_lost counts it closed
+                self.limits.open -= 1
+
+    def _resume(self) -> None:
+        if not self.closed:
+            self.loop.add_reader(self.sock.fileno(), self._accept)
 
 
-def connection_class(limits: EndpointLimits) -> type[asyncio.Protocol]:
+def _refuse_now(connection: socket.socket, response: bytes) -> None:
+    """Write ``response`` on a just-accepted ``connection`` and close it, without waiting. What the
+    client sent so far is read and dropped first: closing a Unix socket with unread data resets the
+    client's end, which then loses the response."""
+    with contextlib.suppress(OSError):   # BlockingIOError: nothing more to read now, or no room to write
+        connection.setblocking(False)
+        for _ in range(16):
+            if not connection.recv(65536):
+                break
+    with contextlib.suppress(OSError):
+        connection.send(response)
+    connection.close()
+
+
+def connection_class(limits: EndpointLimits) -> type[_Connection]:
     """The uvicorn protocol class (``uvicorn.Config(http=...)``) of an endpoint counted in ``limits``."""
     return type("EndpointConnection", (_Connection,), {"limits": limits})
 
@@ -264,7 +344,7 @@ class Limiter:
             return
         secret, limits = session.secret, self.limits
         if not limits.bind(connection, secret):
-            await self._refuse(receive, send, session, "connections", 429, "too_many_connections",
+            await self._refuse(None, send, session, "connections", 429, "too_many_connections",
                                f"this rollout has {MAX_CONNECTIONS_PER_ROLLOUT} connections open to the endpoint, its "
                                "most; reuse or close them")
             return
@@ -273,7 +353,7 @@ class Limiter:
             return
         with limits.in_flight(secret) as admitted:
             if not admitted:
-                await self._refuse(receive, send, session, "in_flight", 429, "too_many_requests",
+                await self._refuse(None, send, session, "in_flight", 429, "too_many_requests",
                                    f"this rollout has {MAX_IN_FLIGHT_PER_ROLLOUT} requests in flight, its most; wait "
                                    "for their responses")
                 return
@@ -341,12 +421,12 @@ def _declared(scope: Scope) -> int:
 
 
 async def _refuse(receive: Receive | None, send: Send, status: int, message: str, code: str) -> None:
-    """Read the request's body to its end with ``receive`` (keeping nothing, for ``BODY_TIMEOUT_S`` at
-    most: a client still sending would not read the answer), then answer ``status`` with an
-    OpenAI-shaped error and close the connection."""
+    """Answer ``status`` with an OpenAI-shaped error and close the connection; with ``receive``, first
+    read the request's body on (keeping nothing, ``DRAIN_S`` at most: a client still sending would not
+    read the answer). A flood's refusals do not wait: they must not hold connections."""
     if receive is not None:
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(BODY_TIMEOUT_S):
+            async with asyncio.timeout(DRAIN_S):
                 while (message_in := await receive())["type"] == "http.request" and message_in.get("more_body"):
                     pass
     kind = "invalid_request_error" if status < 500 else "api_error"
