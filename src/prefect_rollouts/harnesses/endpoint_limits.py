@@ -22,10 +22,10 @@ nothing). One a rollout's key names is counted on its trace, ``trace.info["endpo
 [reason]``; all are counted in ``EndpointLimits.refused`` and the first of each kind is logged (a
 flood does not flood the console).
 
-What this does not give: before a head is read a connection is nobody's, so a program holding
-``max_connections()`` connections without sending a head keeps the other rollouts' new
-connections out (503) until its own time out (``HEAD_TIMEOUT_S``); the eval's descriptors hold.
-A socket per rollout would name the rollout at ``accept``.
+Each launch is served on a socket of its own (its rollout's door, ``InterceptionEndpoint.new_door``),
+so its connections are counted as its own from ``accept``: a program holding connections without
+sending a request fills its own share, not the others'. The endpoint's socket on the host (no
+runtime sees it) is counted in all only.
 """
 
 from __future__ import annotations
@@ -205,8 +205,13 @@ class _Connection(H11Protocol):
         super().connection_made(transport)
         self.head_timer: asyncio.TimerHandle | None = self.loop.call_later(HEAD_TIMEOUT_S, self._head_late)
 
+    acceptor: Acceptor | None = None
+    """The listener it came through (a rollout's door names its session before any byte is read)."""
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.limits.open -= 1
+        if self.acceptor is not None:
+            self.acceptor.open -= 1
         if self.head_timer is not None:
             self.head_timer.cancel()
         self.limits.forget(self)
@@ -241,14 +246,22 @@ class Acceptor:
     spot; when ``accept`` fails (the process is out of descriptors elsewhere) accepting pauses for
     ``ACCEPT_PAUSE_S``, counted once per pause, not logged per attempt.
 
+    On a rollout's own socket (``session`` given: its door) the rollout is known before a byte is
+    read, so its connections past ``MAX_CONNECTIONS_PER_ROLLOUT`` are refused (429) there, and a
+    program holding connections open without a request takes no other rollout's.
+
     Args:
         sock: The listening socket (non-blocking); closed by ``close``.
         factory: Makes the protocol of an accepted connection (uvicorn's, from ``connection_class``).
         limits: The endpoint's ``EndpointLimits``.
+        session: The launch whose socket this is, or None (the endpoint's own socket on the host).
     """
 
-    def __init__(self, sock: socket.socket, factory: Callable[[], asyncio.Protocol], limits: EndpointLimits) -> None:
-        self.sock, self.factory, self.limits = sock, factory, limits
+    def __init__(self, sock: socket.socket, factory: Callable[[], _Connection], limits: EndpointLimits,
+                 session: ProgramSession | None = None) -> None:
+        self.sock, self.factory, self.limits, self.session = sock, factory, limits, session
+        self.open = 0
+        """Its connections open now."""
         self.loop = asyncio.get_running_loop()
         self.handing: set[asyncio.Task[Any]] = set()
         self.closed = False
@@ -275,22 +288,31 @@ class Acceptor:
                 self.loop.remove_reader(self.sock.fileno())
                 self.loop.call_later(ACCEPT_PAUSE_S, self._resume)
                 return
+            if self.session is not None and self.open >= MAX_CONNECTIONS_PER_ROLLOUT:
+                limits.count("connections", self.session, f"a rollout opened over {MAX_CONNECTIONS_PER_ROLLOUT} "
+                                                          "connections")
+                _refuse_now(connection, refusal(429, f"this rollout has {MAX_CONNECTIONS_PER_ROLLOUT} connections open "
+                                                     "to the endpoint, its most; reuse or close them",
+                                                "too_many_connections"))
+                continue
             if limits.open >= limits.max_connections:
                 limits.count("connections", None, f"more than {limits.max_connections} connections open")
                 _refuse_now(connection, refusal(503, f"the interception endpoint has {limits.max_connections} "
                                                      "connections open, its most; retry later", "too_many_connections"))
                 continue
             limits.open += 1   # until its protocol's connection_lost
+            self.open += 1
             connection.setblocking(False)
             task = self.loop.create_task(self._hand(connection))
             self.handing.add(task)
             task.add_done_callback(self.handing.discard)
 
     async def _hand(self, connection: socket.socket) -> None:
-        made: list[asyncio.Protocol] = []
+        made: list[_Connection] = []
 
-        def protocol() -> asyncio.Protocol:
+        def protocol() -> _Connection:
             made.append(self.factory())
+            made[0].acceptor = self
             return made[0]
         try:
             await self.loop.connect_accepted_socket(protocol, connection)
@@ -299,6 +321,7 @@ class Acceptor:
             connection.close()
             if not made:   # else its connection_lost counts it closed
                 self.limits.open -= 1
+                self.open -= 1
 
     def _resume(self) -> None:
         if not self.closed:
@@ -343,6 +366,11 @@ class Limiter:
             await self.app(scope, receive, send)
             return
         secret, limits = session.secret, self.limits
+        door = connection.acceptor.session if connection.acceptor is not None else None
+        if door is not None and door is not session:
+            await _refuse(None, send, 401, "this socket serves another launch; use the one you were given",
+                          "invalid_api_key")
+            return
         if not limits.bind(connection, secret):
             await self._refuse(None, send, session, "connections", 429, "too_many_connections",
                                f"this rollout has {MAX_CONNECTIONS_PER_ROLLOUT} connections open to the endpoint, its "

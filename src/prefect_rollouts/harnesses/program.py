@@ -41,7 +41,7 @@ from prefect_rollouts.config.network import NetworkPolicy
 from prefect_rollouts.errors import ConfigError, TaskError, register_secret, scrub
 from prefect_rollouts.harnesses import mini_swe_agent
 from prefect_rollouts.harnesses.base import SegmentContext
-from prefect_rollouts.harnesses.endpoint import MOUNT, InterceptionEndpoint
+from prefect_rollouts.harnesses.endpoint import DOOR_MOUNT, MOUNT, SOCKET_NAME, InterceptionEndpoint
 from prefect_rollouts.harnesses.session import ProgramSession
 from prefect_rollouts.scoring.env import resolve_env
 
@@ -109,7 +109,8 @@ class ProgramHarness:
         self.id: str = config.id
         self.config = config
         self.endpoint = endpoint
-        self.binds = {str(endpoint.directory): f"{MOUNT}:ro"}   # no box changes what another runs
+        self.door = endpoint.new_door()   # this rollout's own socket, and no other's
+        self.binds = {str(endpoint.directory): f"{MOUNT}:ro", str(self.door): f"{DOOR_MOUNT}:ro"}
         if config.id == "mini-swe-agent":   # the host's installs, for an image without one
             self.binds[str(mini_swe_agent.cache_root())] = f"{mini_swe_agent.MOUNTED}:ro"
         self.spec: ProgramSpec | None = None
@@ -184,10 +185,11 @@ class ProgramHarness:
         argv = [part.replace("{scripts}", scripts).replace("{python}", python).replace("{site}", self._site)
                 for part in spec.command]
         launch = " ".join(shlex.quote(part) for part in
-                          [python, "-I", f"{scripts}/launch.py", f"{scripts}/s", str(self.config.output_tail_chars),
+                          [python, "-I", f"{scripts}/launch.py", f"{runtime.binds[str(self.door)]}/{SOCKET_NAME}",
+                           str(self.config.output_tail_chars),
                            *([] if local else ["--sweep"]), "--", *argv])
         await asyncio.to_thread(self.endpoint.verify)   # the local runtime's programs can write the scripts
-        self.endpoint.open_session(session)
+        self.endpoint.open_session(session, self.door)
         job = asyncio.ensure_future(runtime.exec(launch, timeout=self.config.timeout_s, env=env))
         killed = False
         try:

@@ -147,9 +147,10 @@ def listen():
     return listener
 
 
-MAX_RELAYED = 32
-"""Connections relayed at once (the endpoint's per-rollout cap): one more is closed at once, so a
-program opening thousands costs neither threads here nor descriptors at the endpoint."""
+MAX_RELAYED = 24
+"""Connections relayed at once: one more is closed at once, so a program opening thousands costs
+neither threads here nor descriptors at the endpoint. Below the endpoint's per-rollout cap (32), so
+connections the program just closed, which the endpoint sees close a moment later, leave room."""
 
 
 def pump(source, target, done):
