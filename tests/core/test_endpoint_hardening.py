@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 import prefect_rollouts as vf
-from prefect_rollouts.harnesses import endpoint_limits
+from prefect_rollouts.harnesses import endpoint_accept, endpoint_limits
 from prefect_rollouts.harnesses.endpoint import InterceptionEndpoint
 from prefect_rollouts.harnesses.programs import launch
 from tests.core.test_program_harness import KEY, Said, program
@@ -126,7 +126,7 @@ def _open(endpoint) -> int:
 
 @pytest.mark.parametrize("sent", [b"", b"POST /v1/chat/completions HTTP/1.1\r\nHost: e\r\n"])
 async def test_a_connection_without_a_whole_head_in_time_gets_a_408_and_is_closed(endpoint, monkeypatch, sent):
-    monkeypatch.setattr(endpoint_limits, "HEAD_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(endpoint_accept, "HEAD_TIMEOUT_S", 0.2)
     reader, writer = await connect(endpoint)
     writer.write(sent)
     status, body = await answer(reader)

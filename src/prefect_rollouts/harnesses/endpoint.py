@@ -52,18 +52,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from prefect_rollouts.harnesses.endpoint_accept import Acceptor, connection_class
 from prefect_rollouts.harnesses.endpoint_limits import (
     MAX_BODY_BYTES,
     MAX_CONNECTIONS_PER_ROLLOUT,
-    Acceptor,
     EndpointLimits,
     Limiter,
-    connection_class,
 )
 from prefect_rollouts.runtimes.owner import current_owner
 
 if TYPE_CHECKING:
-    from prefect_rollouts.harnesses.endpoint_limits import _Connection
+    from prefect_rollouts.harnesses.endpoint_accept import _Connection
     from prefect_rollouts.harnesses.session import ProgramSession
 
 logger = logging.getLogger("prefect_rollouts.endpoint")
@@ -156,8 +155,9 @@ class InterceptionEndpoint:
         """Stop serving and remove the directory; idempotent, completes under cancellation."""
         server, serving, self._server, self._serving = self._server, self._serving, None, None
         acceptor, self._acceptor = self._acceptor, None
-        for door, _ in [*self._doors.values(), *([(acceptor, None)] if acceptor else [])]:
-            door.close()
+        for listener in [acceptor, *(door for door, _ in self._doors.values())]:
+            if listener is not None:
+                listener.close()
         self._doors.clear()
         if server is not None and serving is not None:
             server.should_exit = True
