@@ -1,11 +1,20 @@
 """The interception endpoint: the OpenAI-compatible server that program harnesses call instead of the model.
 
-One per open agent that runs a program harness, listening on a Unix socket in a host directory
-(``rollout-<owner>-<random>.endpoint`` under the temporary directory, so the janitor removes it
-when its owner is gone). The directory also holds the in-runtime scripts (``programs/``); it is
-bind-mounted into containers at ``MOUNT`` and read in place by the local runtime. Inside the
-runtime the launcher relays ``127.0.0.1:<port>`` to the socket, so the program reaches the
-endpoint under every network policy and nothing else is exposed (no host port).
+One per open agent that runs a program harness. Its host directories are under the temporary
+directory, named ``rollout-<owner>-<random>.*`` so the janitor removes them when their owner is gone:
+
+- ``directory`` (``.endpoint``): the in-runtime scripts (``programs/``), bind-mounted read-only into
+  every container at ``MOUNT``, so no box can replace what another runs or write to the host
+  through it. The local runtime reads it in place, as the same user: its scripts are read-only
+  files, and ``verify`` (before every launch) puts back a script a program changed;
+- ``sockets`` (``.sockets``): the endpoint's own socket ``s`` (for processes on this host) and one
+  *door* per rollout (``new_door``), a directory
+  bind-mounted read-only at ``DOOR_MOUNT`` into that rollout's runtime alone, where each launch
+  gets a socket of its own (``open_session``). Connecting to a socket is not a write: a read-only
+  bind still lets a box connect, and a rollout is known by the socket it came through.
+
+Inside the runtime the launcher relays ``127.0.0.1:<port>`` to the door's socket, so the program
+reaches the endpoint under every network policy and nothing else is exposed (no host port).
 
 Routes: ``POST /v1/chat/completions`` (streamed or not), ``GET /v1/models``, and
 ``GET /prefect-rollouts/session`` (the launcher fetches the turn's prompt) and ``POST
@@ -20,19 +29,23 @@ belongs to no rollout and is only counted (``InterceptionEndpoint.unknown_refuse
 dialect reads its body with ``read_json`` (the nesting bound, ``nesting.MAX_JSON_DEPTH``).
 
 Uvicorn serves it inside the agent's event loop, with its signal handling turned off: the eval's
-own SIGINT/SIGTERM handling (``stop_signals``) must stay in charge.
+own SIGINT/SIGTERM handling (``stop_signals``) must stay in charge. Connections, request heads,
+requests in flight and body memory are bounded (``endpoint_limits``), for every rollout alone and
+in all.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
+import logging
 import os
 import shutil
 import socket
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,21 +56,30 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from prefect_rollouts.harnesses.endpoint_accept import Acceptor, connection_class
+from prefect_rollouts.harnesses.endpoint_limits import (
+    MAX_BODY_BYTES,
+    MAX_CONNECTIONS_PER_ROLLOUT,
+    EndpointLimits,
+    Limiter,
+)
 from prefect_rollouts.nesting import MAX_JSON_DEPTH, loads
 from prefect_rollouts.runtimes.owner import current_owner
 
 if TYPE_CHECKING:
+    from prefect_rollouts.harnesses.endpoint_accept import _Connection
     from prefect_rollouts.harnesses.session import ProgramSession
 
+logger = logging.getLogger("prefect_rollouts.endpoint")
+
 MOUNT = "/run/prefect-rollouts"
-"""Where a container sees the endpoint's directory (its socket ``s`` and the launcher scripts)."""
+"""Where a container sees the endpoint's directory, read-only (the launcher and the other scripts)."""
+
+DOOR_MOUNT = "/run/prefect-rollouts-door"
+"""Where a container sees its rollout's door, read-only: the socket ``s`` of its current launch."""
 
 SOCKET_NAME = "s"
 """The socket's file name (short: a Unix socket path is limited to 107 bytes)."""
-
-MAX_BODY_BYTES = 32 * 1024 * 1024
-"""The largest chat-completions request body taken (413 above): 32 MiB holds a long conversation
-with a few images; a program sending more is broken or hostile, and the body is held in memory."""
 
 SCRIPTS = ("launch.py", "bash_agent.py", "mini_swe_agent.py")
 """The in-runtime scripts copied from ``harnesses/programs`` into the endpoint's directory."""
@@ -76,23 +98,32 @@ class InterceptionEndpoint:
     program launch, ``await stop()``.
 
     Attributes:
-        directory: The host directory holding the socket and the scripts (None before ``start``).
+        directory: The host directory holding the scripts (None before ``start``).
+        sockets: The host directory holding the endpoint's socket and the rollouts' doors.
     """
 
     def __init__(self) -> None:
         self.directory: Path | None = None
+        self.sockets: Path | None = None
         self.sessions: dict[str, ProgramSession] = {}
         self.unknown_refused = 0
         """Requests refused without a valid key (401, or an unserved route): no rollout to record them on."""
         self._server: _Server | None = None
         self._serving: asyncio.Task[None] | None = None
+        self._acceptor: Acceptor | None = None
+        self._doors: dict[str, tuple[Acceptor, Path]] = {}
+        self._factory: Callable[[], _Connection] | None = None
+        self._scripts: dict[str, bytes] = {}
+        """The in-runtime scripts as started: ``verify`` compares the directory's copies with these."""
+        self.limits = EndpointLimits()
+        """Its connection, request and body-memory limits and what they refused (``endpoint_limits``)."""
 
     @property
     def socket_path(self) -> Path:
         """The Unix socket on the host."""
-        if self.directory is None:
+        if self.sockets is None:
             raise RuntimeError("the interception endpoint is not started")
-        return self.directory / SOCKET_NAME
+        return self.sockets / SOCKET_NAME
 
     async def start(self) -> None:
         """Create the directory, copy the scripts into it and listen on its socket.
@@ -100,7 +131,7 @@ class InterceptionEndpoint:
         Raises:
             OSError: the directory or the socket cannot be created.
         """
-        directory, sock = await asyncio.to_thread(_prepare)
+        directory, self.sockets, sock, self._scripts = await asyncio.to_thread(_prepare)
         self.directory = directory
         app = Starlette(routes=[
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
@@ -109,35 +140,126 @@ class InterceptionEndpoint:
             Route("/prefect-rollouts/session", self._session, methods=["GET"]),
             Route("/prefect-rollouts/session/end", self._end, methods=["POST"]),
         ], exception_handlers={404: self._unserved, 405: self._unserved})
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                                timeout_keep_alive=30, timeout_graceful_shutdown=1)
-        self._server = _Server(config)
-        self._serving = asyncio.create_task(self._server.serve(sockets=[sock]), name="interception-endpoint")
-        while not self._server.started:
+        limited = Limiter(app, self.limits, lambda scope: self._find(Request(scope)))
+        config = uvicorn.Config(limited, log_level="warning", access_log=False, lifespan="off",
+                                timeout_keep_alive=30, timeout_graceful_shutdown=1,
+                                http=(protocol := connection_class(self.limits)))
+        self._server = server = _Server(config)
+        self._serving = asyncio.create_task(server.serve(sockets=[]), name="interception-endpoint")
+        while not server.started:
             if self._serving.done():
+                sock.close()
                 await self._serving   # raises what stopped it
                 raise RuntimeError("the interception endpoint stopped while starting")
             await asyncio.sleep(0.005)
+        self._factory = factory = functools.partial(protocol, config=config, server_state=server.server_state,
+                                                    app_state={})
+        self._acceptor = acceptor = Acceptor(sock, factory, self.limits)   # the server listens on none of its own
+        acceptor.start()
+        self._serving.add_done_callback(lambda _: acceptor.close())   # no server: no listener
 
     async def stop(self) -> None:
         """Stop serving and remove the directory; idempotent, completes under cancellation."""
         server, serving, self._server, self._serving = self._server, self._serving, None, None
+        acceptor, self._acceptor = self._acceptor, None
+        for listener in [acceptor, *(door for door, _ in self._doors.values())]:
+            if listener is not None:
+                listener.close()
+        self._doors.clear()
         if server is not None and serving is not None:
             server.should_exit = True
             with contextlib.suppress(BaseException):
                 await asyncio.shield(serving)
-        directory, self.directory = self.directory, None
-        if directory is not None:
-            shutil.rmtree(directory, ignore_errors=True)
+        for directory in (self.directory, self.sockets):
+            if directory is not None:
+                shutil.rmtree(directory, ignore_errors=True)
+        self.directory = self.sockets = None
+        if self.limits.refused:
+            logger.warning("interception endpoint: refused %s", ", ".join(
+                f"{count} ({reason})" for reason, count in sorted(self.limits.refused.items())))
         self.sessions.clear()
 
-    def open_session(self, session: ProgramSession) -> None:
-        """Accept requests bearing ``session.secret`` from now on."""
+    def verify(self) -> list[str]:
+        """Make the directory hold what this endpoint put there before a launch (blocking: file I/O).
+
+        A program on the local runtime runs as this user and could replace a script (a container
+        sees the directory read-only). A script whose bytes differ from the package's,
+        or that is no longer a plain file, is written back (atomically, never through a link).
+
+        Returns:
+            The names of the scripts written back (a warning is logged for each).
+
+        Raises:
+            RuntimeError: the endpoint is not started.
+        """
+        directory = self.directory
+        if directory is None:
+            raise RuntimeError("the interception endpoint is not started")
+        os.chmod(directory, 0o755)   # a program may have taken its write permission away
+        restored = []
+        for name, genuine in self._scripts.items():
+            path = directory / name
+            try:
+                with open(path, "rb", opener=lambda file, flags: os.open(file, flags | os.O_NOFOLLOW)) as handle:
+                    if os.fstat(handle.fileno()).st_size == len(genuine) and handle.read() == genuine:
+                        continue
+            except OSError:
+                pass   # gone, or a link: written back
+            _write_script(directory, name, genuine)
+            restored.append(name)
+            logger.warning("interception endpoint: %s in %s was changed by a program; the package's copy is "
+                           "back", name, directory)
+        return restored
+
+    def new_door(self) -> Path:
+        """A new, empty door: the host directory of one rollout's sockets, to bind read-only into its
+        runtime (at ``DOOR_MOUNT``) and name in ``open_session``. Removed with the endpoint.
+
+        Raises:
+            RuntimeError: the endpoint is not started. OSError: the directory cannot be made.
+        """
+        if self.sockets is None:
+            raise RuntimeError("the interception endpoint is not started")
+        door = Path(tempfile.mkdtemp(prefix="door-", dir=self.sockets))
+        door.chmod(0o755)   # a container's non-root user must reach the socket
+        return door
+
+    def open_session(self, session: ProgramSession, door: Path | None = None) -> None:
+        """Accept requests bearing ``session.secret`` from now on; with ``door`` (from ``new_door``),
+        serve them on a socket of their own there, ``door/s`` (replacing whatever is there), counted as
+        the rollout's from ``accept`` (``endpoint_limits.Acceptor``).
+
+        Raises:
+            OSError: the door's socket cannot be made.
+        """
+        if door is not None:
+            assert self._factory is not None, "start() runs first"
+            path = door / SOCKET_NAME
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.bind(str(path))
+                os.chmod(path, 0o777)   # connecting needs write permission on the socket
+                sock.listen(MAX_CONNECTIONS_PER_ROLLOUT)
+                sock.setblocking(False)
+            except BaseException:
+                sock.close()
+                raise
+            acceptor = Acceptor(sock, self._factory, self.limits, session)
+            acceptor.start()
+            self._doors[session.secret] = (acceptor, path)
         self.sessions[session.secret] = session
 
     def close_session(self, session: ProgramSession) -> None:
-        """Refuse ``session.secret`` from now on (401)."""
+        """Refuse ``session.secret`` from now on (401) and close its door's socket (its connections
+        end on their own: a request gets 401, an idle one its keep-alive timeout)."""
         self.sessions.pop(session.secret, None)
+        door = self._doors.pop(session.secret, None)
+        if door is not None:
+            door[0].close()
+            with contextlib.suppress(OSError):
+                door[1].unlink()
 
     def _find(self, request: Request) -> ProgramSession | None:
         header = request.headers.get("authorization", "")
@@ -215,25 +337,43 @@ class InterceptionEndpoint:
                              "model": session.ctx.config.model})
 
 
-def _prepare() -> tuple[Path, socket.socket]:
-    """The endpoint's directory, with the scripts copied in, and its listening socket."""
+def _prepare() -> tuple[Path, Path, socket.socket, dict[str, bytes]]:
+    """The endpoint's directory with the scripts copied in, its sockets' directory, its own listening
+    socket there, and the scripts' bytes."""
     directory = Path(tempfile.mkdtemp(prefix=f"rollout-{current_owner()}-", suffix=".endpoint"))
+    sockets = Path(tempfile.mkdtemp(prefix=f"rollout-{current_owner()}-", suffix=".sockets"))
     try:
-        directory.chmod(0o755)   # a container's non-root user must reach the socket and scripts
+        for made in (directory, sockets):
+            made.chmod(0o755)   # a container's non-root user must reach the scripts and the doors
         programs = resources.files("prefect_rollouts.harnesses") / "programs"
-        for name in SCRIPTS:
-            target = directory / name
-            target.write_bytes((programs / name).read_bytes())
-            target.chmod(0o755)
+        scripts = {name: (programs / name).read_bytes() for name in SCRIPTS}
+        for name, data in scripts.items():
+            _write_script(directory, name, data)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(str(directory / SOCKET_NAME))
-        os.chmod(directory / SOCKET_NAME, 0o777)   # connecting needs write permission on the socket
+        sock.bind(str(sockets / SOCKET_NAME))
+        os.chmod(sockets / SOCKET_NAME, 0o777)   # connecting needs write permission on the socket
         sock.listen(1024)
         sock.setblocking(False)
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
+        shutil.rmtree(sockets, ignore_errors=True)
         raise
-    return directory, sock
+    return directory, sockets, sock, scripts
+
+
+def _write_script(directory: Path, name: str, data: bytes) -> None:
+    """Write ``directory/name`` as a new read-only file (``0o555``) holding ``data``, replacing
+    whatever is there (a link is replaced, not followed)."""
+    fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{name}.")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.chmod(temporary, 0o555)
+        os.replace(temporary, directory / name)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 def read_json(raw: bytes) -> Any:

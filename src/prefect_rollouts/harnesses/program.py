@@ -4,9 +4,9 @@
 commands, with the network open when the runtime's policy is ``none`` or has rules (trusted: it
 installs the harness), and the policy back after.
 Each segment launches the program through ``programs/launch.py`` (``SCRIPTS`` in the endpoint's
-directory, bound into the runtime) with ``OPENAI_API_KEY`` a fresh per-launch secret, and waits
-for it to exit; the interception endpoint (``endpoint.py``, ``session.py``) records every model
-call and enforces the limits. Outcome of a launch, in order:
+directory, bound read-only into the runtime and checked before each launch) with ``OPENAI_API_KEY``
+a fresh per-launch secret, and waits for it to exit; the interception endpoint (``endpoint.py``,
+``session.py``) records every model call and enforces the limits. Outcome of a launch, in order:
 
 - the rollout stopped at the endpoint (``max_turns``, ``max_turn_tokens``): a clean end whatever the
   exit code; a program still running ``stop_grace_s`` after the stop is killed;
@@ -45,7 +45,7 @@ from prefect_rollouts.config.network import NetworkPolicy
 from prefect_rollouts.errors import ConfigError, TaskError, register_secret, scrub
 from prefect_rollouts.harnesses import mini_swe_agent
 from prefect_rollouts.harnesses.base import SegmentContext
-from prefect_rollouts.harnesses.endpoint import MOUNT, InterceptionEndpoint
+from prefect_rollouts.harnesses.endpoint import DOOR_MOUNT, MOUNT, SOCKET_NAME, InterceptionEndpoint
 from prefect_rollouts.harnesses.session import ProgramSession
 from prefect_rollouts.scoring.env import resolve_env
 
@@ -113,7 +113,8 @@ class ProgramHarness:
         self.id: str = config.id
         self.config = config
         self.endpoint = endpoint
-        self.binds = {str(endpoint.directory): MOUNT}
+        self.door = endpoint.new_door()   # this rollout's own socket, and no other's
+        self.binds = {str(endpoint.directory): f"{MOUNT}:ro", str(self.door): f"{DOOR_MOUNT}:ro"}
         if config.id == "mini-swe-agent":   # the host's installs, for an image without one
             self.binds[str(mini_swe_agent.cache_root())] = f"{mini_swe_agent.MOUNTED}:ro"
         self.spec: ProgramSpec | None = None
@@ -188,9 +189,11 @@ class ProgramHarness:
         argv = [part.replace("{scripts}", scripts).replace("{python}", python).replace("{site}", self._site)
                 for part in spec.command]
         launch = " ".join(shlex.quote(part) for part in
-                          [python, "-I", f"{scripts}/launch.py", f"{scripts}/s", str(self.config.output_tail_chars),
+                          [python, "-I", f"{scripts}/launch.py", f"{runtime.binds[str(self.door)]}/{SOCKET_NAME}",
+                           str(self.config.output_tail_chars),
                            *([] if local else ["--sweep"]), "--", *argv])
-        self.endpoint.open_session(session)
+        await asyncio.to_thread(self.endpoint.verify)   # the local runtime's programs can write the scripts
+        self.endpoint.open_session(session, self.door)
         job = asyncio.ensure_future(runtime.exec(launch, timeout=self.config.timeout_s, env=env))
         killed, ended_by, hit = False, "", dict[str, str]()
         try:

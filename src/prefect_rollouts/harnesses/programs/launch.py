@@ -20,6 +20,7 @@ secret) and ``OPENAI_MODEL`` set. It
    endpoint stops answering: its agent was killed.
 """
 
+import functools
 import json
 import os
 import signal
@@ -146,7 +147,13 @@ def listen():
     return listener
 
 
-def pump(source, target):
+MAX_RELAYED = 24
+"""Connections relayed at once: one more is closed at once, so a program opening thousands costs
+neither threads here nor descriptors at the endpoint. Below the endpoint's per-rollout cap (32), so
+connections the program just closed, which the endpoint sees close a moment later, leave room."""
+
+
+def pump(source, target, done):
     try:
         while True:
             data = source.recv(65536)
@@ -161,23 +168,40 @@ def pump(source, target):
                 end.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+        done()
+
+
+def finish(pumps, ends, slots):
+    """A pump between ``ends`` ended: the second one (``pumps`` counts them down; ``list.pop`` is atomic)
+    closes both sockets and frees their slot."""
+    pumps.pop()
+    if not pumps:
+        for end in ends:
+            end.close()
+        slots.release()
 
 
 def relay(listener, path):
+    slots = threading.BoundedSemaphore(MAX_RELAYED)
     while True:
         try:
             client, _ = listener.accept()
         except OSError:   # closed when the program exited
             return
+        if not slots.acquire(blocking=False):
+            client.close()
+            continue
         upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             upstream.connect(path)
         except OSError:
             client.close()
             upstream.close()
+            slots.release()
             continue
-        threading.Thread(target=pump, args=(client, upstream), daemon=True).start()
-        threading.Thread(target=pump, args=(upstream, client), daemon=True).start()
+        done = functools.partial(finish, [1, 2], (client, upstream), slots)
+        threading.Thread(target=pump, args=(client, upstream, done), daemon=True).start()
+        threading.Thread(target=pump, args=(upstream, client, done), daemon=True).start()
 
 
 def tail(fd, keep, counts, index):
