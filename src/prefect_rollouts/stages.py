@@ -353,9 +353,9 @@ async def score(state: RolloutState) -> None:
 
 
 async def teardown(state: RolloutState) -> None:
-    """Stop the runtime. Runs on every path; completes even if the caller is cancelled."""
+    """Stop the runtime, then close the harness. Runs on every path; completes even if cancelled."""
     started = time.perf_counter()
-    job = asyncio.ensure_future(stop_runtime(state))
+    job = asyncio.ensure_future(stop_runtime(state, close_harness=True))
     try:
         await asyncio.shield(job)
     except asyncio.CancelledError:
@@ -365,16 +365,20 @@ async def teardown(state: RolloutState) -> None:
         state.trace.timings["teardown"] = round(time.perf_counter() - started, 6)
 
 
-async def stop_runtime(state: RolloutState) -> None:
+async def stop_runtime(state: RolloutState, *, close_harness: bool = False) -> None:
     """Stop and forget the rollout's runtime (errors while stopping are swallowed); its network
-    records go onto the trace."""
+    records go onto the trace. ``close_harness``: then close the harness too (teardown)."""
     runtime, state.runtime = state.runtime, None
-    if runtime is not None:
-        try:
-            with contextlib.suppress(Exception):
-                await runtime.stop()
-        finally:
-            take_network_log(runtime, state.trace)
+    try:
+        if runtime is not None:
+            try:
+                with contextlib.suppress(Exception):
+                    await runtime.stop()
+            finally:
+                take_network_log(runtime, state.trace)
+    finally:
+        if close_harness and (close := getattr(state.harness, "close", None)) is not None:
+            close()
 
 
 @contextlib.asynccontextmanager

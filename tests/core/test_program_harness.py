@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import sys
 import textwrap
 
@@ -15,7 +16,7 @@ from tests.fakes.openai_server import reply, status, tool_call
 
 pytestmark = pytest.mark.unit
 
-KEY = "sk-provider-KEY-7f3a9c1e5b2d"
+KEY = f"sk-provider-KEY-{secrets.token_hex(6)}"   # per run: a probe of /proc must not find another run's
 
 
 class Said(vf.Task):
@@ -67,6 +68,16 @@ async def test_the_bash_program_is_recorded_and_scored_like_the_tools_loop(opena
     launch = program.info["program"][0]
     assert launch["exit_code"] == 0 and launch["model_calls"] == 2 and launch["stdout_tail"] == "done\n"
     assert openai_server.requests[0].headers["authorization"] == f"Bearer {KEY}"   # upstream: the provider key
+
+
+async def test_a_finished_rollout_leaves_no_door_behind(openai_server, agent_config):
+    openai_server.play([reply("done")] * 3)
+    async with vf.make_agent(agent_config(harness="bash")) as agent:
+        sockets = agent._services.endpoint.sockets
+        for _ in range(3):
+            trace = await agent.run(Said(vf.TaskData(prompt="say done")))
+            assert trace.reward == 1.0
+        assert sorted(path.name for path in sockets.iterdir() if path.name.startswith("door-")) == []
 
 
 async def test_model_and_sampling_are_imposed_and_recorded(openai_server, agent_config, tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import socket
 import textwrap
 import uuid
@@ -18,7 +19,7 @@ from tests.fakes.openai_server import reply, tool_call
 
 pytestmark = [pytest.mark.system, pytest.mark.usefixtures("docker_engine"), pytest.mark.timeout(120)]
 
-KEY = "sk-provider-KEY-7f3a9c1e5b2d"
+KEY = f"sk-provider-KEY-{secrets.token_hex(6)}"   # per run: a probe of /proc must not find another run's
 KEY_HEAD, KEY_TAIL = KEY[:16], KEY[16:]   # a command names the key in two pieces, so its own argv holds neither whole
 
 

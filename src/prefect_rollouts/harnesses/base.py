@@ -45,8 +45,10 @@ class Harness(Protocol):
     on ``ctx.trace.messages`` (the new user input is already appended) until the segment
     ends, appending every message to the trace and stopping it (``trace.stop``) when the run
     is over. ``can_steer`` says whether it injects ``ctx.steer_inbox`` messages at its safe
-    points (before each model call). Raising ends the segment; the rollout records the error
-    or, for a retryable one, runs the segment again, resuming from the trace.
+    points (before each model call). An optional ``close()`` runs once in teardown, after the
+    runtime stopped (a program harness removes its socket's directory). Raising ends the segment;
+    the rollout records the error or, for a retryable one, runs the segment again, resuming from
+    the trace.
     """
 
     id: str

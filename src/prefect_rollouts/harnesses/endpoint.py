@@ -224,6 +224,11 @@ class InterceptionEndpoint:
         door.chmod(0o755)   # a container's non-root user must reach the socket
         return door
 
+    def close_door(self, door: Path) -> None:
+        """Remove ``door`` (from ``new_door``) once its rollout is over, so an eval of many rollouts
+        does not leave a directory per rollout until the agent stops."""
+        shutil.rmtree(door, ignore_errors=True)
+
     def open_session(self, session: ProgramSession, door: Path | None = None) -> None:
         """Accept requests bearing ``session.secret`` from now on; with ``door`` (from ``new_door``),
         serve them on a socket of their own there, ``door/s`` (replacing whatever is there), counted as

@@ -121,6 +121,10 @@ class ProgramHarness:
         self._site = ""
         self._prompts: dict[int, tuple[str, str | None]] = {}
 
+    def close(self) -> None:
+        """Remove this rollout's door (teardown: its runtime is stopped, no launch follows)."""
+        self.endpoint.close_door(self.door)
+
     async def open(self, ctx: SegmentContext) -> None:
         """Upload ``files``, run ``setup`` (network open), check the forwarded variables; for
         ``mini-swe-agent``, find its install in the image or make it on the host (``mini_swe_agent.site_in``).
