@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import secrets
 import sys
 import textwrap
@@ -12,6 +13,8 @@ import textwrap
 import pytest
 
 import prefect_rollouts as vf
+from prefect_rollouts.errors import RuntimeUnavailableError
+from prefect_rollouts.runtimes.local import LocalRuntime
 from tests.fakes.openai_server import reply, status, tool_call
 
 pytestmark = pytest.mark.unit
@@ -140,13 +143,14 @@ async def test_max_turn_tokens_stops_after_the_response_that_hit_it(openai_serve
 
 
 async def test_a_program_ignoring_the_stop_is_killed_after_the_grace(openai_server, agent_config, tmp_path):
-    stubborn = textwrap.dedent(CALL_ONCE) + "\nimport time\ntime.sleep(600)\n"
+    stubborn = textwrap.dedent(CALL_ONCE) + "\nimport sys, time\nsys.stdout.flush()\ntime.sleep(600)\n"
     openai_server.play([reply("x", finish_reason="length")])
     config = agent_config(harness=program(tmp_path, stubborn, stop_grace_s=0.5), max_turn_tokens=4)
     async with vf.make_agent(config) as agent:
         trace = await asyncio.wait_for(agent.run(Said(vf.TaskData(prompt="go"))), 30)
     assert trace.stop_condition == "max_turn_tokens" and trace.errors == []
     assert "killed" in trace.info["program"][0]
+    assert trace.info["program"][0]["stdout_tail"] == "x\n"   # what it printed before the kill
 
 
 async def test_the_agent_deadline_kills_a_program_that_sleeps_forever(openai_server, agent_config, tmp_path):
@@ -163,6 +167,72 @@ async def test_the_agent_deadline_kills_a_program_that_sleeps_forever(openai_ser
     assert trace.stop_condition == "agent_timeout" and trace.is_timeout   # scored as any timeout (skip_on_timeout)
     for pid in marker.read_text().split():   # the program and its setsid child: gone
         assert b"sleep" not in _cmdline(pid) and b"agent.py" not in _cmdline(pid)
+
+
+async def test_the_agent_deadline_records_the_tails_the_program_printed_so_far(openai_server, agent_config,
+                                                                                tmp_path):
+    talker = """
+        import os, sys, time
+        print(os.path.dirname(os.environ["PROMPT_FILE"]), flush=True)   # the launcher's private directory
+        print("still thinking", file=sys.stderr, flush=True)
+        time.sleep(1000)
+    """
+    config = agent_config(harness=program(tmp_path, talker), timeouts=vf.TimeoutConfig(agent=2))
+    async with vf.make_agent(config) as agent:
+        trace = await asyncio.wait_for(agent.run(Said(vf.TaskData(prompt="go"))), 30)
+    assert trace.stop_condition == "agent_timeout"
+    [launch] = trace.info["program"]
+    assert (launch["exit_code"], launch["killed"]) == (None, "the agent deadline or a cancellation")
+    private = launch["stdout_tail"].strip()
+    assert "prefect-rollouts-launch-" in private and launch["stdout_bytes"] == len(private) + 1
+    assert (launch["stderr_tail"], launch["stderr_bytes"]) == ("still thinking\n", 15)
+    assert not await asyncio.to_thread(os.path.exists, private)   # read, then removed
+
+
+async def test_a_runtime_lost_mid_launch_names_what_the_program_printed(openai_server, agent_config, tmp_path,
+                                                                        monkeypatch):
+    real_exec = LocalRuntime.exec
+
+    async def failing(self, cmd, timeout=None, env=None):   # the engine fails a second into the launch
+        if "launch.py" not in cmd:
+            return await real_exec(self, cmd, timeout, env)
+        job = asyncio.ensure_future(real_exec(self, cmd, timeout, env))
+        await asyncio.sleep(1)
+        job.cancel()
+        raise RuntimeUnavailableError("the engine dropped the exec", retryable=False)
+    monkeypatch.setattr(LocalRuntime, "exec", failing)
+    talker = """
+        import sys, time
+        print("half way", file=sys.stderr, flush=True)
+        time.sleep(1000)
+    """
+    async with vf.make_agent(agent_config(harness=program(tmp_path, talker))) as agent:
+        trace = await asyncio.wait_for(agent.run(Said(vf.TaskData(prompt="go"))), 30)
+    [error] = trace.errors
+    assert (error.type, error.message) == ("RuntimeUnavailableError",
+                                           "the engine dropped the exec. The program's stderr: half way")
+    [launch] = trace.info["program"]
+    assert (launch["killed"], launch["stderr_tail"]) == ("RuntimeUnavailableError in the runtime", "half way\n")
+
+
+@pytest.mark.parametrize("planted", [
+    json.dumps({"stdout_tail": 5, "stderr_tail": "x" * 10_000, "stdout_bytes": "many", "stderr_bytes": -1}),
+    "{" * 100_000, "y" * 10_000_000])
+async def test_a_tails_file_the_program_rewrote_breaks_nothing(openai_server, agent_config, tmp_path, planted):
+    (tmp_path / "planted").write_text(planted)
+    tamper = f"""
+        import os, shutil, time
+        shutil.copy({str(tmp_path / "planted")!r}, os.path.join(os.path.dirname(os.environ["PROMPT_FILE"]),
+                                                                "tails.json"))
+        time.sleep(1000)
+    """
+    config = agent_config(harness=program(tmp_path, tamper, output_tail_chars=50), timeouts=vf.TimeoutConfig(agent=2))
+    async with vf.make_agent(config) as agent:
+        trace = await asyncio.wait_for(agent.run(Said(vf.TaskData(prompt="go"))), 30)
+    assert trace.stop_condition == "agent_timeout" and trace.errors == []
+    [launch] = trace.info["program"]
+    kept = {key: value for key, value in launch.items() if key.endswith(("_tail", "_bytes"))}
+    assert kept == ({"stderr_tail": "x" * 50} if planted.startswith("{\"") else {})
 
 
 def _cmdline(pid: str) -> bytes:

@@ -79,7 +79,8 @@ async def test_a_flood_to_the_init_s_stdout_leaves_a_log_under_the_cap(docker_en
 # Grows a bytearray by 8 MiB steps until the kernel ends it (the container's limit is 64 MiB).
 HOG = "b = []\nwhile True:\n    b.append(bytearray(8 * 2**20))"
 # A fork bomb that keeps its first process alive: every fork that fails is tried again.
-BOMB = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+BOMB = ("import os, sys\nprint('forking now', flush=True)\nprint('no way back', file=sys.stderr, flush=True)\n"
+        "while True:\n    try:\n        os.fork()\n    except OSError:\n        pass")
 
 
 async def test_a_program_killed_for_memory_says_memory_mb(openai_server, agent_config, docker_engine):
@@ -114,6 +115,8 @@ async def test_a_fork_bomb_at_the_agent_deadline_records_the_process_limit_and_i
     [launch] = trace.info["program"]
     assert (launch["exit_code"], launch["killed"]) == (None, "the agent deadline or a cancellation")
     assert "pids" in launch["limits_hit"] and "pids_limit = 32 processes" in launch["limits_hit"]["pids"], launch
+    # what it printed before the bomb: the launcher kept it in its file, read once kill_all ended the bomb
+    assert (launch["stdout_tail"], launch["stderr_tail"]) == ("forking now\n", "no way back\n"), launch
     # kill_all ended the bomb: a command runs, and beside init and the keep-alive only its own processes
     # (the runtime's wrapper and watchdog with its sleep, bash, ls and wc: up to 6) are left
     code, words = trace.info["afterwards"]

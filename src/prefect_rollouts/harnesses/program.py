@@ -9,9 +9,13 @@ a fresh per-launch secret, and waits for it to exit; the interception endpoint (
 ``session.py``) records every model call and enforces the limits. Outcome of a launch, in order:
 
 - the rollout stopped at the endpoint (``max_turns``, ``max_turn_tokens``): a clean end whatever the
-  exit code; a program still running ``stop_grace_s`` after the stop is killed;
-- the agent deadline or a cancellation: the program's process tree is killed (``Runtime.kill_all``)
-  and its entry records what is known (``killed``, the limits it hit);
+  exit code; a program still running ``stop_grace_s`` after the stop is killed (tails as below);
+- the agent deadline, a cancellation or a lost runtime: the program's process tree is killed
+  (``Runtime.kill_all``) and its entry records what is known (``killed``, the limits it hit, the tails
+  of its output so far; a lost runtime's error names their last lines). The launcher keeps the tails
+  in a file of its private directory under ``/tmp``, read with a command once the kill is done (not with
+  ``read_file``: docker's archive API does not reach a tmpfs ``/tmp``, and a file in the workspace
+  would be in the program's ``git diff``);
 - exit code 0 after at least one model call: the segment is over, unless its last call failed
   upstream (that ``ProviderError``: a program that swallows an outage is not scored 0);
 - exit 0 without a model call: an error (``TaskError``), unless the spec needs no model;
@@ -31,10 +35,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
+import secrets
 import shlex
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from prefect_rollouts.config.agent import HarnessConfig
 from prefect_rollouts.config.network import NetworkPolicy
-from prefect_rollouts.errors import ConfigError, TaskError, register_secret, scrub
+from prefect_rollouts.errors import ConfigError, RuntimeUnavailableError, TaskError, register_secret, scrub
 from prefect_rollouts.harnesses import mini_swe_agent
 from prefect_rollouts.harnesses.base import SegmentContext
 from prefect_rollouts.harnesses.endpoint import DOOR_MOUNT, MOUNT, SOCKET_NAME, InterceptionEndpoint
@@ -53,6 +60,8 @@ if TYPE_CHECKING:
     from prefect_rollouts.runtimes import Runtime
 
 _LAUNCH_LINE = re.compile(r"\n?\[launch\] exit=(-?\d+) stdout_bytes=(\d+) stderr_bytes=(\d+)\n?$")
+TAILS_READ_S = 10.0
+"""Deadline of the command reading a killed launch's tails (it runs after ``kill_all``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,14 +201,16 @@ class ProgramHarness:
         python = sys.executable if local else "python3"
         argv = [part.replace("{scripts}", scripts).replace("{python}", python).replace("{site}", self._site)
                 for part in spec.command]
+        # the launcher's private directory, where it keeps the tails of the program's output so far
+        state = f"{tempfile.gettempdir() if local else '/tmp'}/prefect-rollouts-launch-{secrets.token_hex(8)}"
         launch = " ".join(shlex.quote(part) for part in
                           [python, "-I", f"{scripts}/launch.py", f"{runtime.binds[str(self.door)]}/{SOCKET_NAME}",
-                           str(self.config.output_tail_chars),
-                           *([] if local else ["--sweep"]), "--", *argv])
+                           str(self.config.output_tail_chars), *([] if local else ["--sweep"]),
+                           "--state", state, "--", *argv])
         await asyncio.to_thread(self.endpoint.verify)   # the local runtime's programs can write the scripts
         self.endpoint.open_session(session, self.door)
         job = asyncio.ensure_future(runtime.exec(launch, timeout=self.config.timeout_s, env=env))
-        killed, ended_by, hit = False, "", dict[str, str]()
+        killed, ended_by, hit, so_far, failure = False, "", dict[str, str](), dict[str, Any](), None
         try:
             stop = asyncio.ensure_future(session.stopped.wait())
             try:
@@ -217,6 +228,7 @@ class ProgramHarness:
         except BaseException as exc:   # the agent deadline, a cancellation, a lost runtime
             ended_by = "the agent deadline or a cancellation" if isinstance(exc, asyncio.CancelledError) else \
                 f"{type(exc).__name__} in the runtime"
+            failure = exc
             raise
         finally:
             self.endpoint.close_session(session)
@@ -225,12 +237,56 @@ class ProgramHarness:
                 with contextlib.suppress(BaseException):
                     await job
             await asyncio.shield(runtime.kill_all())   # nothing the program started outlives its launch
+            if ended_by or killed:   # its launcher was killed too: its tails so far are in its file
+                so_far = await asyncio.shield(self._tails_so_far(runtime, state, session))
             if ended_by:   # what is known of the program (a fork bomb ends here, at the deadline)
                 hit = await asyncio.shield(runtime.limits_hit())
-                self._record(ctx, session, {"exit_code": None, "killed": ended_by}, hit)
+                self._record(ctx, session, {"exit_code": None, "killed": ended_by, **so_far}, hit)
+                if isinstance(failure, RuntimeUnavailableError) and so_far:   # its message shows them too
+                    stream, last = self._last_said(so_far)
+                    raise RuntimeUnavailableError(f"{failure}. The program's {stream}: {last}",
+                                                  retryable=failure.retryable) from failure
+        if killed:
+            self._record(ctx, session, {"exit_code": None, **so_far,
+                                        "killed": f"still running {self.config.stop_grace_s:g} s after the stop"}, hit)
+            return
         if result is not None and (result.exit_code != 0 or result.timed_out) and not ctx.stopped:
             hit = await runtime.limits_hit()   # a command in the runtime: only for a failure
         self._judge(ctx, session, result, spec, hit)
+
+    async def _tails_so_far(self, runtime: Runtime, state: str, session: ProgramSession) -> dict[str, Any]:
+        """The tails a killed launcher kept in ``<state>/tails.json`` (``programs/launch.py``), as
+        ``stdout_tail``, ``stderr_tail`` (scrubbed and cut as a finished launch's) and ``stdout_bytes``,
+        ``stderr_bytes``; its directory is removed. The program may have rewritten the file: at most
+        ``output_cap_bytes`` are read and only fields of the right type kept. Empty when it cannot be
+        read (the runtime is lost, ``TAILS_READ_S`` passed). Never raises but a cancellation."""
+        path, cap = shlex.quote(f"{state}/tails.json"), runtime.config.output_cap_bytes
+        try:
+            result = await asyncio.wait_for(runtime.exec(f"head -c {cap} {path}; rm -rf {shlex.quote(state)}",
+                                                         timeout=TAILS_READ_S), TAILS_READ_S + 5)
+            data = json.loads(result.stdout)
+        except Exception:   # a lost runtime, a timeout, a file that is not JSON: nothing is known
+            return {}
+        found: dict[str, Any] = {}
+        for stream in ("stdout", "stderr") if isinstance(data, dict) else ():
+            text, count = data.get(f"{stream}_tail"), data.get(f"{stream}_bytes")
+            if isinstance(text, str):
+                found[f"{stream}_tail"] = self._tail(text, session)
+            if type(count) is int and count >= 0:
+                found[f"{stream}_bytes"] = count
+        return found
+
+    def _tail(self, text: str, session: ProgramSession) -> str:
+        """``text`` scrubbed of secrets (the launch's key too), then cut to ``output_tail_chars``."""
+        return scrub(text, (session.secret,))[-self.config.output_tail_chars:]
+
+    def _last_said(self, info: dict[str, Any]) -> tuple[str, str]:
+        """``(stream, its last whole lines)`` of an entry's tails: stderr, else stdout (``last_lines``)."""
+        out, err = info.get("stdout_tail", ""), info.get("stderr_tail", "")
+        stream = "stderr" if err.strip() or not out.strip() else "stdout"
+        whole = info.get(f"{stream}_bytes", 0) <= self.config.output_tail_chars   # else the tail starts mid-line
+        last = last_lines(info.get(f"{stream}_tail", ""), whole=whole) or "(no output)"
+        return stream + (" (stderr empty)" if stream == "stdout" else ""), last
 
     def _record(self, ctx: SegmentContext, session: ProgramSession, info: dict[str, Any],
                 hit: dict[str, str]) -> dict[str, Any]:
@@ -245,19 +301,13 @@ class ProgramHarness:
                hit: dict[str, str]) -> None:
         """Record the launch on the trace and raise if it failed (see the module docstring)."""
         info: dict[str, Any] = {}
-        if result is None:
-            self._record(ctx, session, {"exit_code": None,
-                                        "killed": f"still running {self.config.stop_grace_s:g} s after the stop"}, hit)
-            return
         stderr, code = result.stderr, result.exit_code
         found = _LAUNCH_LINE.search(stderr)
         if found:
             stderr = stderr[:found.start()]
             info.update(stdout_bytes=int(found[2]), stderr_bytes=int(found[3]))
-        hide = (session.secret,)
-        info.update(exit_code=code, timed_out=result.timed_out,
-                    stdout_tail=scrub(result.stdout, hide)[-self.config.output_tail_chars:],
-                    stderr_tail=scrub(stderr, hide)[-self.config.output_tail_chars:])
+        info.update(exit_code=code, timed_out=result.timed_out, stdout_tail=self._tail(result.stdout, session),
+                    stderr_tail=self._tail(stderr, session))
         if spec.report is not None:
             info.update(spec.report(info["stdout_tail"], info["stderr_tail"]))
         info = self._record(ctx, session, info, hit)
@@ -277,10 +327,7 @@ class ProgramHarness:
             return
         if session.provider_error is not None:
             raise session.provider_error
-        stream = "stderr" if info["stderr_tail"].strip() or not info["stdout_tail"].strip() else "stdout"
-        whole = info.get(f"{stream}_bytes", 0) <= self.config.output_tail_chars   # else the tail starts mid-line
-        last = last_lines(info[f"{stream}_tail"], whole=whole) or "(no output)"
-        stream += " (stderr empty)" if stream == "stdout" else ""
+        stream, last = self._last_said(info)
         if code == 127 and "python3" in last and "not found" in last:
             raise TaskError(f'harness "{self.id}": the runtime has no python3, which the program launcher needs. '
                             f"Use an image with python3 (>= 3.8). {stream}: {last}")

@@ -1,23 +1,26 @@
 """Launch an agent program inside a runtime, wired to the interception endpoint (stdlib, Python >= 3.8).
 
-    python3 launch.py SOCKET TAIL_CHARS [--sweep] -- ARGV...
+    python3 launch.py SOCKET TAIL_CHARS [--sweep] [--state DIR] -- ARGV...
 
 Run by the program harness in the runtime's workspace, with ``OPENAI_API_KEY`` (the launch's
 secret) and ``OPENAI_MODEL`` set. It
 
 1. fetches the turn's prompt from the endpoint (``GET /prefect-rollouts/session`` over the Unix
    socket ``SOCKET``) and writes it to ``PROMPT_FILE`` (and ``SYSTEM_PROMPT_FILE`` when the task has
-   a system prompt) in a private temporary directory;
+   a system prompt) in its private directory: ``DIR`` (made here, mode 700), else a temporary one;
 2. listens on ``127.0.0.1:<free port>`` and relays each connection to ``SOCKET``, bringing the
    loopback interface up first when a fresh network namespace left it down, and sets
    ``OPENAI_BASE_URL=http://127.0.0.1:<port>/v1``;
 3. runs ``ARGV`` (in this process group, so a group kill reaches it), keeps the last ``TAIL_CHARS``
    characters of its stdout and stderr, prints them at its exit, and exits with its code
-   (127 when ``ARGV[0]`` cannot be run);
-4. when the program exits, stops relaying and ends the session at the endpoint (its key is refused
-   from then on, whatever the program left running); and while it runs, kills it (the process
-   group; with ``--sweep``, in a container, every process but init and the keep-alive) once the
-   endpoint stops answering: its agent was killed.
+   (127 when ``ARGV[0]`` cannot be run); meanwhile it keeps them in ``DIR/tails.json`` too
+   (``{"stdout_tail", "stderr_tail", "stdout_bytes", "stderr_bytes"}``, replaced by a rename when
+   output arrives, at most every ``SAVE_S``, and at the exit), which the harness reads when it had
+   to kill this launcher (the agent deadline): what the program printed is not lost with it;
+4. when the program exits, stops relaying, ends the session at the endpoint (its key is refused
+   from then on, whatever the program left running) and removes its private directory; and while
+   it runs, kills it (the process group; with ``--sweep``, in a container, every process but init
+   and the keep-alive) once the endpoint stops answering: its agent was killed.
 """
 
 import functools
@@ -204,7 +207,7 @@ def relay(listener, path):
         threading.Thread(target=pump, args=(upstream, client, done), daemon=True).start()
 
 
-def tail(fd, keep, counts, index):
+def tail(fd, keep, counts, index, changed):
     while True:
         chunk = os.read(fd, 65536)
         if not chunk:
@@ -212,21 +215,94 @@ def tail(fd, keep, counts, index):
             return
         counts[index] += len(chunk)
         keep[index] = (keep[index] + chunk)[-LIMIT[0]:] if LIMIT[0] else b""
+        changed.set()   # the saver writes it out: nothing slower here
 
 
 LIMIT = [0]
 
 
+def texts(keep):
+    """The kept stdout and stderr as text, each cut to ``TAIL_CHARS`` characters."""
+    limit = LIMIT[0] // 4
+    return [data.decode("utf-8", "replace")[-limit:] if limit else "" for data in keep]
+
+
+def save(path, keep, counts):
+    """Write the tails so far to ``path`` (a temporary file renamed over it: a reader never sees half
+    of one); a failed write (the program filled the disk, or took the directory) is skipped."""
+    out, err = texts(keep)
+    data = json.dumps({"stdout_tail": out, "stderr_tail": err, "stdout_bytes": counts[0],
+                       "stderr_bytes": counts[1]}, ensure_ascii=False).encode("utf-8")
+    try:
+        with open(path + ".tmp", "wb") as handle:
+            handle.write(data)
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass
+
+
+def keep_saving(path, keep, counts, changed, lock, done):
+    """Rewrite ``path`` when the program's output changed (``changed`` set), at once and then at most
+    every ``SAVE_S`` seconds, until ``done`` is set; ``lock`` keeps the last write (``main``'s) the last."""
+    while True:
+        changed.wait()
+        changed.clear()
+        with lock:
+            if done.is_set():
+                return
+            save(path, keep, counts)
+        time.sleep(SAVE_S)
+
+
+SAVE_S = 0.5
+TAILS_FILE = "tails.json"
+PRIVATE_FILES = ("prompt.txt", "system_prompt.txt", TAILS_FILE, TAILS_FILE + ".tmp")
+
+
+def private_directory(wanted):
+    """``wanted`` made (mode 700, its parents as needed), else a fresh temporary directory (the tails
+    are then not where the harness looks, and the launch runs all the same)."""
+    if wanted:
+        try:
+            os.makedirs(os.path.dirname(wanted), exist_ok=True)
+            os.mkdir(wanted, 0o700)
+            return wanted
+        except OSError:
+            pass
+    return tempfile.mkdtemp(prefix="prefect-rollouts-")
+
+
+def remove_private(private):
+    """Remove the private directory's files and the directory (not ``shutil``: its import costs start-up)."""
+    for name in PRIVATE_FILES:
+        try:
+            os.unlink(os.path.join(private, name))
+        except OSError:
+            pass
+    try:
+        os.rmdir(private)
+    except OSError:
+        pass   # the program left something there
+
+
 def main(argv):
-    sweep = argv[2:3] == ["--sweep"]
-    if sweep:
-        argv = argv[:2] + argv[3:]
-    if len(argv) < 4 or argv[2] != "--":
-        sys.exit("usage: launch.py SOCKET TAIL_CHARS [--sweep] -- ARGV...")
-    path, LIMIT[0], command = argv[0], int(argv[1]) * 4, argv[3:]
+    split = argv.index("--") if "--" in argv else -1
+    options = argv[2:split]
+    sweep = "--sweep" in options
+    wanted = options[options.index("--state") + 1] if "--state" in options[:-1] else None
+    if split < 2 or split == len(argv) - 1 or set(options) - {"--sweep", "--state", wanted}:
+        sys.exit("usage: launch.py SOCKET TAIL_CHARS [--sweep] [--state DIR] -- ARGV...")
+    path, LIMIT[0], command = argv[0], int(argv[1]) * 4, argv[split + 1:]
     secret = os.environ.get("OPENAI_API_KEY", "")
     session = fetch_session(path, secret)
-    private = tempfile.mkdtemp(prefix="prefect-rollouts-")
+    private = private_directory(wanted)
+    try:
+        return run(path, secret, session, private, sweep, command)
+    finally:
+        remove_private(private)
+
+
+def run(path, secret, session, private, sweep, command):
     env = dict(os.environ)
     env["PROMPT_FILE"] = os.path.join(private, "prompt.txt")
     with open(env["PROMPT_FILE"], "w", encoding="utf-8") as handle:
@@ -241,16 +317,21 @@ def main(argv):
     threading.Thread(target=relay, args=(listener, path), daemon=True).start()
     # Every thread starts before the program: a program that fills the process limit (a fork bomb;
     # threads count) would leave none to start, and this launcher would die without its report.
-    keep, counts, pipes = [b"", b""], [0, 0], [os.pipe(), os.pipe()]
-    readers = [threading.Thread(target=tail, args=(pipe[0], keep, counts, index), daemon=True)
+    keep, counts, pipes, changed = [b"", b""], [0, 0], [os.pipe(), os.pipe()], threading.Event()
+    readers = [threading.Thread(target=tail, args=(pipe[0], keep, counts, index, changed), daemon=True)
                for index, pipe in enumerate(pipes)]
     for reader in readers:
         reader.start()
     threading.Thread(target=watch, args=(path, sweep), daemon=True).start()
+    tails, lock, done = os.path.join(private, TAILS_FILE), threading.Lock(), threading.Event()
+    save(tails, keep, counts)   # there from the start: a launch killed before any output printed nothing
+    threading.Thread(target=keep_saving, args=(tails, keep, counts, changed, lock, done), daemon=True).start()
     try:
         process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=pipes[0][1], stderr=pipes[1][1])
     except OSError as exc:
         sys.stderr.write(f"launch: cannot run {command[0]!r}: {exc}\n")
+        done.set()
+        changed.set()
         return 127
     finally:
         for _, write_end in pipes:
@@ -261,9 +342,12 @@ def main(argv):
     deadline = time.monotonic() + 1.0   # a process the program left behind may hold its pipes open
     for reader in readers:
         reader.join(timeout=max(0.0, deadline - time.monotonic()))
-    limit = LIMIT[0] // 4
-    out = keep[0].decode("utf-8", "replace")[-limit:] if limit else ""
-    err = keep[1].decode("utf-8", "replace")[-limit:] if limit else ""
+    with lock:
+        done.set()
+        if changed.is_set():
+            save(tails, keep, counts)
+        changed.set()   # the saver wakes to see done
+    out, err = texts(keep)
     sys.stdout.write(out)
     sys.stderr.write(err)
     sys.stderr.write(f"\n[launch] exit={code} stdout_bytes={counts[0]} stderr_bytes={counts[1]}\n")
