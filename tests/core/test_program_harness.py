@@ -215,6 +215,16 @@ async def test_a_runtime_lost_mid_launch_names_what_the_program_printed(openai_s
     assert (launch["killed"], launch["stderr_tail"]) == ("RuntimeUnavailableError in the runtime", "half way\n")
 
 
+async def test_a_finished_launch_leaves_no_private_directory(openai_server, agent_config, tmp_path):
+    openai_server.play([reply("done")])
+    source = textwrap.dedent(CALL_ONCE) + "\nprint(os.path.dirname(os.environ['PROMPT_FILE']))\n"
+    async with vf.make_agent(agent_config(harness=program(tmp_path, source))) as agent:
+        trace = await asyncio.wait_for(agent.run(Said(vf.TaskData(prompt="go"))), 30)
+    assert trace.errors == [] and trace.reward == 1.0
+    said, private = trace.info["program"][0]["stdout_tail"].split()
+    assert said == "done" and not await asyncio.to_thread(os.path.exists, private)   # gone with the launcher
+
+
 @pytest.mark.parametrize("planted", [
     json.dumps({"stdout_tail": 5, "stderr_tail": "x" * 10_000, "stdout_bytes": "many", "stderr_bytes": -1}),
     "{" * 100_000, "y" * 10_000_000])
