@@ -45,7 +45,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-    from prefect_rollouts.harnesses.endpoint_accept import _Connection
     from prefect_rollouts.harnesses.session import ProgramSession
 
 logger = logging.getLogger("prefect_rollouts.endpoint")
@@ -97,7 +96,7 @@ class EndpointLimits:
 
     def __init__(self) -> None:
         self.max_connections = max_connections()
-        self.connections: dict[_Connection, str | None] = {}
+        self.connections: dict[object, str | None] = {}   # endpoint_accept's connections (it imports this module)
         self.open = 0
         """Connections open now (accepted, not yet lost)."""
         self.held_bytes = self.held_peak = 0
@@ -117,7 +116,7 @@ class EndpointLimits:
             logger.warning("interception endpoint: %s; refused (further refusals of this kind are only counted)",
                            detail)
 
-    def bind(self, connection: _Connection, secret: str) -> bool:
+    def bind(self, connection: object, secret: str) -> bool:
         """Count ``connection`` as ``secret``'s; False when that rollout has its most open already."""
         if self.connections.get(connection) == secret:
             return True
@@ -128,7 +127,7 @@ class EndpointLimits:
         self._per_rollout[secret] += 1
         return True
 
-    def forget(self, connection: _Connection) -> None:
+    def forget(self, connection: object) -> None:
         """Stop counting ``connection`` for its rollout (it closed, or names another)."""
         secret = self.connections.pop(connection, None)
         if secret is not None:
