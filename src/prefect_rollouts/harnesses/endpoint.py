@@ -59,7 +59,7 @@ MAX_BODY_BYTES = 32 * 1024 * 1024
 """The largest chat-completions request body taken (413 above): 32 MiB holds a long conversation
 with a few images; a program sending more is broken or hostile, and the body is held in memory."""
 
-SCRIPTS = ("launch.py", "bash_agent.py", "mini_swe_agent.py")
+SCRIPTS = ("launch.py", "bash_agent.py", "mini_swe_agent.py", "npm_agent.py")
 """The in-runtime scripts copied from ``harnesses/programs`` into the endpoint's directory."""
 
 

@@ -4,9 +4,10 @@
 commands, with the network open when the runtime's policy is ``none`` or has rules (trusted: it
 installs the harness), and the policy back after.
 Each segment launches the program through ``programs/launch.py`` (``SCRIPTS`` in the endpoint's
-directory, bound into the runtime) with ``OPENAI_API_KEY`` a fresh per-launch secret, and waits
-for it to exit; the interception endpoint (``endpoint.py``, ``session.py``) records every model
-call and enforces the limits. Outcome of a launch, in order:
+directory, bound into the runtime) with a fresh per-launch secret in ``OPENAI_API_KEY``,
+``ANTHROPIC_API_KEY`` and ``ANTHROPIC_AUTH_TOKEN`` beside ``OPENAI_BASE_URL`` and ``ANTHROPIC_BASE_URL``
+(the launcher's docstring), and waits for it to exit; the interception endpoint (``endpoint.py``,
+``session.py``) records every model call and enforces the limits. Outcome of a launch, in order:
 
 - the rollout stopped at the endpoint (``max_turns``, ``max_turn_tokens``): a clean end whatever the
   exit code; a program still running ``stop_grace_s`` after the stop is killed;
@@ -20,8 +21,10 @@ call and enforces the limits. Outcome of a launch, in order:
   lines of its stderr (of its stdout when stderr is empty; ``last_lines``).
 
 The exit code, the tails of stdout and stderr (scrubbed) and the byte counts of every launch are in
-``trace.info["program"]``. A later turn launches the program again on the new message; the endpoint
-carries the conversation so far ahead of the program's requests (``resume = false`` refuses it).
+``trace.info["program"]``; ``codex`` and ``claude-code`` add their transcript's tail there and the
+whole (scrubbed) under ``trace.info["transcripts"]`` (``npm_agents.keep_transcript``). A later turn
+launches the program again on the new message; the endpoint carries the conversation so far ahead
+of the program's requests (``resume = false`` refuses it).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from prefect_rollouts.config.agent import HarnessConfig
 from prefect_rollouts.config.network import NetworkPolicy
 from prefect_rollouts.errors import ConfigError, TaskError, register_secret, scrub
-from prefect_rollouts.harnesses import mini_swe_agent
+from prefect_rollouts.harnesses import mini_swe_agent, npm_agents
 from prefect_rollouts.harnesses.base import SegmentContext
 from prefect_rollouts.harnesses.endpoint import MOUNT, InterceptionEndpoint
 from prefect_rollouts.harnesses.session import ProgramSession
@@ -60,7 +63,7 @@ class ProgramSpec:
         command: The argv, run in the workspace; ``{scripts}`` in an entry is replaced by the
             directory of the package's in-runtime scripts (``bash_agent.py``), ``{python}`` by the
             runtime's Python (``python3``; on the local runtime this process's interpreter),
-            ``{site}`` by mini-swe-agent's install as the runtime sees it.
+            ``{site}`` by mini-swe-agent's install or the npm agent's binary as the runtime sees it.
         files: Runtime path -> host path, uploaded before ``setup``.
         setup: Shell commands run once at setup, before the network policy applies.
         env: Environment of the program (resolved, literal values).
@@ -78,7 +81,8 @@ class ProgramSpec:
 
 
 def program_spec(config: HarnessConfig) -> ProgramSpec:
-    """The ``ProgramSpec`` of a program harness config (``program``, ``bash``, ``mini-swe-agent``)."""
+    """The ``ProgramSpec`` of a program harness config (``program``, ``bash``, ``mini-swe-agent``,
+    ``codex``, ``claude-code``)."""
     env = resolve_env(dict(config.env), table="[env.agent.harness] env", place="where the rollout runs") \
         if config.env else {}
     if config.id == "bash":
@@ -86,6 +90,8 @@ def program_spec(config: HarnessConfig) -> ProgramSpec:
     elif config.id == "mini-swe-agent":
         base = ProgramSpec(["{python}", "-I", "{scripts}/mini_swe_agent.py", "{site}", config.action_format],
                            report=mini_swe_agent.report)
+    elif config.id in npm_agents.AGENTS:
+        base = ProgramSpec(["{python}", "-I", "{scripts}/npm_agent.py", config.id, "{site}"])
     else:
         assert config.command is not None   # the config validator requires it
         base = ProgramSpec(list(config.command))
@@ -113,17 +119,22 @@ class ProgramHarness:
         self.binds = {str(endpoint.directory): MOUNT}
         if config.id == "mini-swe-agent":   # the host's installs, for an image without one
             self.binds[str(mini_swe_agent.cache_root())] = f"{mini_swe_agent.MOUNTED}:ro"
+        self.npm_agent = npm_agents.AGENTS.get(config.id)
+        if self.npm_agent is not None:   # the host's installs, for an image without one
+            self.binds[str(npm_agents.cache_root(self.npm_agent))] = f"{npm_agents.MOUNTED}/{config.id}:ro"
         self.spec: ProgramSpec | None = None
         self._site = ""
+        self._transcript_info: dict[str, Any] = {}
         self._prompts: dict[int, tuple[str, str | None]] = {}
 
     async def open(self, ctx: SegmentContext) -> None:
         """Upload ``files``, run ``setup`` (network open), check the forwarded variables; for
-        ``mini-swe-agent``, find its install in the image or make it on the host (``mini_swe_agent.site_in``).
+        ``mini-swe-agent``, find its install in the image or make it on the host (``mini_swe_agent.site_in``);
+        for ``codex`` and ``claude-code`` likewise, and check that the binary runs (``npm_agents.binary_in``).
 
         Raises:
             TaskError: a ``setup`` command failed (its exit code and stderr), a file could not be
-                copied, or mini-swe-agent could not be installed.
+                copied, or the built-in agent could not be installed or does not run in the runtime.
             ConfigError: a ``forward_env`` variable is unset here.
         """
         runtime = _runtime(ctx)
@@ -137,6 +148,11 @@ class ProgramHarness:
         if self.id == "mini-swe-agent":
             self._site = await mini_swe_agent.site_in(runtime, local=ctx.config.runtime.type == "local",
                                                       timeout_s=self.config.setup_timeout_s)
+        elif self.npm_agent is not None:
+            self._site, version = await npm_agents.binary_in(
+                runtime, self.npm_agent, self.config.version, local=ctx.config.runtime.type == "local",
+                timeout_s=self.config.setup_timeout_s)
+            ctx.trace.info[self.id] = {"version": version, "binary": self._site}
         for target, source in spec.files.items():
             try:
                 await runtime.upload(source, target)
@@ -211,11 +227,22 @@ class ProgramHarness:
                 with contextlib.suppress(BaseException):
                     await job
             await asyncio.shield(runtime.kill_all())   # nothing the program started outlives its launch
+        if self.npm_agent is not None:
+            await self._keep_transcript(ctx, runtime, session)
         self._judge(ctx, session, result, spec)
+
+    async def _keep_transcript(self, ctx: SegmentContext, runtime: Runtime, session: ProgramSession) -> None:
+        """Move the agent's transcript onto the trace (the tail goes on this launch's ``program`` entry)."""
+        info: dict[str, Any] = {}
+        text = await npm_agents.keep_transcript(runtime, info, (session.secret,), self.config.output_tail_chars)
+        if text is not None:
+            ctx.trace.info.setdefault("transcripts", {})[f"{self.id}-segment-{ctx.segment_index}.jsonl"] = text
+        self._transcript_info = info
 
     def _judge(self, ctx: SegmentContext, session: ProgramSession, result: Any, spec: ProgramSpec) -> None:
         """Record the launch on the trace and raise if it failed (see the module docstring)."""
-        info: dict[str, Any] = {"segment": ctx.segment_index, "model_calls": session.calls}
+        info: dict[str, Any] = {"segment": ctx.segment_index, "model_calls": session.calls, **self._transcript_info}
+        self._transcript_info = {}
         if result is None:
             info.update(exit_code=None, killed=f"still running {self.config.stop_grace_s:g} s after the stop")
             ctx.trace.info.setdefault("program", []).append(info)
@@ -242,8 +269,8 @@ class ProgramHarness:
                 raise session.provider_error
             if session.calls == 0 and spec.needs_model:
                 raise TaskError(f'harness "{self.id}": the program exited (code 0) without calling the model'
-                                f"{_unserved(session)}. It must send its requests to OPENAI_BASE_URL "
-                                "(chat completions) with OPENAI_API_KEY")
+                                f"{_unserved(session)}. It must send its requests to OPENAI_BASE_URL (chat "
+                                "completions, Responses) with OPENAI_API_KEY, or to ANTHROPIC_BASE_URL (Messages)")
             return
         if session.provider_error is not None:
             raise session.provider_error
