@@ -54,14 +54,20 @@ def docker(**fields) -> vf.RuntimeConfig:
     return vf.RuntimeConfig(type="docker", exec_timeout_s=60, network="none", **fields)
 
 
+@pytest.mark.parametrize("runtime", ["docker", "local"])
 @pytest.mark.parametrize("harness", ["codex", "claude-code"])
 async def test_the_first_request_reaches_the_endpoint_in_the_agents_dialect(
-        docker_engine, openai_server, agent_config, harness):
-    async with vf.make_agent(agent_config(harness=harness, runtime=docker())) as agent:
+        request, npm_cache, openai_server, agent_config, harness, runtime):
+    if runtime == "docker":
+        request.getfixturevalue("docker_engine")
+    config = docker() if runtime == "docker" else vf.RuntimeConfig()
+    async with vf.make_agent(agent_config(harness=harness, runtime=config)) as agent:
         trace = await agent.run(task())
     agent_info = npm_agents.AGENTS[harness]
     assert agent_info.version in trace.info[harness]["version"]   # it answered --version at setup
-    assert trace.info[harness]["binary"].startswith(f"{npm_agents.MOUNTED}/{harness}/")   # the host's install
+    # the host's install: mounted read-only into the box, run in place by the local runtime
+    installed = f"{npm_agents.MOUNTED}/{harness}/" if runtime == "docker" else str(npm_cache / harness)
+    assert trace.info[harness]["binary"].startswith(installed)
     # its request came to the endpoint, on its dialect's route, with the launch's key as a bearer token
     # (a request without the key belongs to no rollout and is not listed on this trace)
     refused = trace.info["endpoint"]["refused"]
@@ -78,6 +84,35 @@ async def test_the_first_request_reaches_the_endpoint_in_the_agents_dialect(
     first = json.loads(transcript.splitlines()[0])
     assert first["type"] == ("session_meta" if harness == "codex" else "system")
     assert KEY not in json.dumps(trace.model_dump(mode="json"))
+
+
+async def test_an_image_with_the_agent_baked_in_is_used_as_it_is(docker_engine, openai_server, agent_config,
+                                                                 npm_cache):
+    from typer.testing import CliRunner
+
+    from prefect_rollouts.cli import app
+    from prefect_rollouts.runtimes import sandbox
+    from prefect_rollouts.runtimes.docker import docker_client
+
+    agent = npm_agents.AGENTS["claude-code"]
+    tag = "prefect-rollouts-sandbox:test-claude-code"
+    client = docker_client()
+    client.images.get(vf.RuntimeConfig().image).tag(tag)   # the baked layer goes on a copy of the default image
+    try:
+        sandbox.bake_directory(tag, npm_agents.install(agent, root=npm_cache / agent.id),
+                               npm_agents.image_dir(agent, agent.version),
+                               labels={"org.prefect-rollouts.claude-code": agent.version})
+        async with vf.make_agent(agent_config(harness="claude-code", runtime=docker(image=tag))) as rollouts:
+            trace = await rollouts.run(task())
+        assert trace.info["claude-code"]["binary"] == \
+            f"/usr/local/claude-code/{agent.version}/node_modules/@anthropic-ai/claude-code/bin/claude.exe"
+        assert trace.info["endpoint"]["refused"][0]["path"] == "/v1/messages"
+        result = CliRunner().invoke(app, ["sandbox", "build", "--with", "claude"])
+        assert result.exit_code == 2
+        assert "--with claude: not a program this image can bake in. Known: mini-swe-agent, codex, claude-code" \
+            in result.output
+    finally:
+        client.images.remove(tag, force=True)
 
 
 @pytest.mark.xfail(strict=True, reason="needs the Responses/Messages dialects (issue 33, item 1)")
