@@ -9,6 +9,7 @@ xfails that flip when the dialects land."""
 from __future__ import annotations
 
 import json
+import platform
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,44 @@ async def test_an_image_with_the_agent_baked_in_is_used_as_it_is(docker_engine, 
         assert result.exit_code == 2
         assert "--with claude: not a program this image can bake in. Known: mini-swe-agent, codex, claude-code" \
             in result.output
+    finally:
+        client.images.remove(tag, force=True)
+
+
+def unloadable_install(site: Path, binary: str) -> Path:
+    """An install whose ``binary`` is the host's ``true`` asking for a loader no image has."""
+    loader = b"/lib64/ld-linux-x86-64.so.2"
+    elf = Path("/bin/true").read_bytes()
+    assert loader in elf, "the host's /bin/true names another loader"
+    target = site / binary
+    target.parent.mkdir(parents=True)
+    target.write_bytes(elf.replace(loader, b"/lib/ld-none-x86_64.so.2".ljust(len(loader), b"\0")))
+    target.chmod(0o755)
+    return site
+
+
+async def test_an_image_whose_libc_cannot_run_the_binary_fails_at_setup_naming_why(
+        docker_engine, openai_server, agent_config, tmp_path):
+    """A glibc program in an image without glibc's loader (Claude Code on Alpine) does not exec: here
+    a copy of the host's ``true`` whose loader is renamed to one no image has, baked where the
+    harness looks first."""
+    from prefect_rollouts.runtimes import sandbox
+    from prefect_rollouts.runtimes.docker import docker_client
+
+    agent = npm_agents.AGENTS["claude-code"]
+    site = unloadable_install(tmp_path / "site", agent.binary_for(platform.machine()))
+    tag = "prefect-rollouts-sandbox:test-claude-code-broken"
+    client = docker_client()
+    client.images.get(vf.RuntimeConfig().image).tag(tag)
+    try:
+        sandbox.bake_directory(tag, site, npm_agents.image_dir(agent, agent.version))
+        async with vf.make_agent(agent_config(harness="claude-code", runtime=docker(image=tag))) as rollouts:
+            trace = await rollouts.run(task())
+        [error] = trace.errors
+        assert error.message.startswith('harness "claude-code": @anthropic-ai/claude-code@2.1.328 does not run in '
+                                        "this runtime")
+        assert "exited 127" in error.message and "glibc 2.26 or newer" in error.message
+        assert openai_server.requests == [] and "program" not in trace.info   # failed at setup: never launched
     finally:
         client.images.remove(tag, force=True)
 

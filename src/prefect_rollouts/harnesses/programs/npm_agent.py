@@ -36,12 +36,13 @@ def toml_string(text):
 def codex_config(base_url, model, instructions=None):
     """Codex CLI's ``config.toml`` for a run through the endpoint at ``base_url`` (``.../v1``).
 
-    Keys as Codex 0.169.0 reads them (``codex exec --strict-config`` accepts every one; the
-    reference is developers.openai.com/codex/config-reference and codex-rs/core/src/config):
-    ``model_providers.<id>`` with ``base_url``, ``env_key`` (the variable holding the key, sent as
-    ``Authorization: Bearer``), ``wire_api = "responses"`` (the only value 0.169 accepts: openai/codex
-    PR #10157 removed "chat"), ``request_max_retries`` and ``stream_max_retries`` (defaults 4 and 5)
-    at 0; ``approval_policy = "never"`` and ``sandbox_mode = "danger-full-access"`` (also what
+    Keys as Codex 0.169.0 reads them (``codex exec --strict-config`` accepts every one; their
+    meaning: developers.openai.com/codex/config-sample): ``model_providers.<id>`` with ``base_url``,
+    ``env_key`` (the variable holding the key, sent as ``Authorization: Bearer``),
+    ``wire_api = "responses"`` (the only value 0.169 accepts: openai/codex PR #10157 removed "chat"),
+    ``request_max_retries`` and ``stream_max_retries`` at 0 (defaults 4 and 5:
+    ``DEFAULT_REQUEST_MAX_RETRIES``, ``DEFAULT_STREAM_MAX_RETRIES`` in codex-rs/model-provider-info);
+    ``approval_policy = "never"`` and ``sandbox_mode = "danger-full-access"`` (also what
     ``--dangerously-bypass-approvals-and-sandbox`` sets); ``web_search = "disabled"`` (a hosted tool
     the endpoint cannot serve); update check, analytics, feedback, OpenTelemetry and history off;
     ``developer_instructions`` carries the task's system prompt, when it has one.
@@ -91,8 +92,8 @@ def claude_argv(binary, model, system_prompt_file=None):
 
 
 def claude_env(config_dir):
-    """Claude Code's variables (names as its 2.1.328 binary reads them; docs.anthropic.com/en/docs/
-    claude-code/settings#environment-variables): a private config directory; ``IS_SANDBOX=1`` lets
+    """Claude Code's variables (code.claude.com/docs/en/env-vars; each name checked among the strings
+    of the 2.1.328 binary): a private config directory; ``IS_SANDBOX=1`` lets
     root bypass permissions; no retries (``CLAUDE_CODE_MAX_RETRIES``, default 10); telemetry, error
     reporting, the auto-updater, feature flags and other non-model traffic off; the small fast
     model of its background calls is the rollout's model (the endpoint imposes it anyway)."""
