@@ -26,6 +26,10 @@ KEY = "sk-provider-KEY-npm-4d1c8e"
 ROUTE = {"codex": "/v1/responses", "claude-code": "/v1/messages"}
 """Where each agent sends its first request (its wire dialect)."""
 
+KEY_HEADERS = {"codex": ["authorization"], "claude-code": ["authorization", "x-api-key"]}
+"""The headers each agent puts the per-launch key in (Claude Code: ``ANTHROPIC_API_KEY`` as
+``x-api-key``, ``ANTHROPIC_AUTH_TOKEN`` as ``Authorization: Bearer``)."""
+
 SHELL_CALL = {"codex": tool_call("exec_command", cmd="echo $((2 + 3)) > answer.txt"),
               "claude-code": tool_call("Bash", command="echo $((2 + 3)) > answer.txt")}
 """The one tool call that solves the task, in each agent's own shell tool."""
@@ -51,6 +55,26 @@ def _test_cache(npm_cache, monkeypatch):
     monkeypatch.setenv("TEST_OPENAI_KEY", KEY)
 
 
+@pytest.fixture
+def arrivals(monkeypatch) -> list[dict]:
+    """What reached the endpoint: each request's path, query and the names of the headers holding a
+    live launch key (a spy on the endpoint's key lookup; the values are never kept)."""
+    from prefect_rollouts.harnesses.endpoint import InterceptionEndpoint
+
+    seen: list[dict] = []
+    lookup = InterceptionEndpoint._find
+
+    def spy(self, request):
+        keys = set(self.sessions)
+        seen.append({"path": request.url.path, "query": request.url.query,
+                     "key_in": sorted(name for name, value in request.headers.items()
+                                      if any(key in value for key in keys))})
+        return lookup(self, request)
+
+    monkeypatch.setattr(InterceptionEndpoint, "_find", spy)
+    return seen
+
+
 def docker(**fields) -> vf.RuntimeConfig:
     return vf.RuntimeConfig(type="docker", exec_timeout_s=60, network="none", **fields)
 
@@ -58,7 +82,7 @@ def docker(**fields) -> vf.RuntimeConfig:
 @pytest.mark.parametrize("runtime", ["docker", "local"])
 @pytest.mark.parametrize("harness", ["codex", "claude-code"])
 async def test_the_first_request_reaches_the_endpoint_in_the_agents_dialect(
-        request, npm_cache, openai_server, agent_config, harness, runtime):
+        request, npm_cache, openai_server, agent_config, arrivals, harness, runtime):
     if runtime == "docker":
         request.getfixturevalue("docker_engine")
     config = docker() if runtime == "docker" else vf.RuntimeConfig()
@@ -69,8 +93,12 @@ async def test_the_first_request_reaches_the_endpoint_in_the_agents_dialect(
     # the host's install: mounted read-only into the box, run in place by the local runtime
     installed = f"{npm_agents.MOUNTED}/{harness}/" if runtime == "docker" else str(npm_cache / harness)
     assert trace.info[harness]["binary"].startswith(installed)
-    # its request came to the endpoint, on its dialect's route, with the launch's key as a bearer token
-    # (a request without the key belongs to no rollout and is not listed on this trace)
+    # its requests came to the endpoint on its dialect's route, the launch's key in its dialect's headers
+    sent = [seen for seen in arrivals if not seen["path"].startswith("/prefect-rollouts/")]   # not the launcher's
+    assert sent and all(seen["path"] == ROUTE[harness] and seen["key_in"] == KEY_HEADERS[harness]
+                        for seen in sent), sent
+    assert {seen["query"] for seen in sent} == {"" if harness == "codex" else "beta=true"}
+    assert len(sent) == {"codex": 1, "claude-code": 2}[harness]   # no retry; Claude Code falls back to unstreamed
     refused = trace.info["endpoint"]["refused"]
     assert refused and {(r["method"], r["path"], r["status"]) for r in refused} == {("POST", ROUTE[harness], 404)}
     assert openai_server.requests == []   # nothing reached the model: no other route, no other host
@@ -162,5 +190,5 @@ async def test_the_agent_solves_a_one_tool_call_task_and_is_scored(docker_engine
     async with vf.make_agent(agent_config(harness=harness, runtime=docker(), max_turns=4)) as agent:
         trace = await agent.run(task())
     assert (trace.errors, trace.reward) == ([], 1.0)
-    assert len(trace.model_calls) >= 2 and trace.info["endpoint"].get("refused", []) == []
+    assert len(trace.model_calls) >= 2 and trace.info.get("endpoint", {}).get("refused", []) == []
     assert any(m["role"] == "tool" for m in trace.messages)
