@@ -109,7 +109,8 @@ async def test_the_first_request_reaches_the_endpoint_in_the_agents_dialect(
     assert launch["exit_code"] != 0 and launch["transcript_bytes"] > 0
     # its own transcript is kept whole (scrubbed), and its tail on the launch
     [(name, transcript)] = trace.info["transcripts"].items()
-    assert name == f"{harness}-segment-0.jsonl" and transcript.endswith(launch["transcript_tail"])
+    assert name == launch["transcript"] == f"{harness}-launch-0.jsonl"
+    assert transcript.endswith(launch["transcript_tail"])
     first = json.loads(transcript.splitlines()[0])
     assert first["type"] == ("session_meta" if harness == "codex" else "system")
     assert KEY not in json.dumps(trace.model_dump(mode="json"))

@@ -21,8 +21,8 @@ directory, bound into the runtime) with a fresh per-launch secret in ``OPENAI_AP
   lines of its stderr (of its stdout when stderr is empty; ``last_lines``).
 
 The exit code, the tails of stdout and stderr (scrubbed) and the byte counts of every launch are in
-``trace.info["program"]``; ``codex`` and ``claude-code`` add their transcript's tail there and the
-whole (scrubbed) under ``trace.info["transcripts"]`` (``npm_agents.keep_transcript``). A later turn
+``trace.info["program"]``; ``codex`` and ``claude-code`` add their transcript's name, size and tail
+there and the whole (scrubbed) under ``trace.info["transcripts"]`` (``_keep_transcript``). A later turn
 launches the program again on the new message; the endpoint carries the conversation so far ahead
 of the program's requests (``resume = false`` refuses it).
 """
@@ -124,7 +124,6 @@ class ProgramHarness:
             self.binds[str(npm_agents.cache_root(self.npm_agent))] = f"{npm_agents.MOUNTED}/{config.id}:ro"
         self.spec: ProgramSpec | None = None
         self._site = ""
-        self._transcript_info: dict[str, Any] = {}
         self._prompts: dict[int, tuple[str, str | None]] = {}
 
     async def open(self, ctx: SegmentContext) -> None:
@@ -227,22 +226,23 @@ class ProgramHarness:
                 with contextlib.suppress(BaseException):
                     await job
             await asyncio.shield(runtime.kill_all())   # nothing the program started outlives its launch
-        if self.npm_agent is not None:
-            await self._keep_transcript(ctx, runtime, session)
-        self._judge(ctx, session, result, spec)
+        extra = await self._keep_transcript(ctx, runtime, session) if self.npm_agent is not None else {}
+        self._judge(ctx, session, result, spec, extra)
 
-    async def _keep_transcript(self, ctx: SegmentContext, runtime: Runtime, session: ProgramSession) -> None:
-        """Move the agent's transcript onto the trace (the tail goes on this launch's ``program`` entry)."""
+    async def _keep_transcript(self, ctx: SegmentContext, runtime: Runtime, session: ProgramSession) -> dict[str, Any]:
+        """Move the agent's transcript onto the trace, under ``trace.info["transcripts"]["<id>-launch-<n>.jsonl"]``
+        (``n`` counts this rollout's launches from 0); returns what goes on this launch's ``program`` entry."""
         info: dict[str, Any] = {}
         text = await npm_agents.keep_transcript(runtime, info, (session.secret,), self.config.output_tail_chars)
         if text is not None:
-            ctx.trace.info.setdefault("transcripts", {})[f"{self.id}-segment-{ctx.segment_index}.jsonl"] = text
-        self._transcript_info = info
+            info["transcript"] = name = f"{self.id}-launch-{len(ctx.trace.info.get('program', []))}.jsonl"
+            ctx.trace.info.setdefault("transcripts", {})[name] = text
+        return info
 
-    def _judge(self, ctx: SegmentContext, session: ProgramSession, result: Any, spec: ProgramSpec) -> None:
-        """Record the launch on the trace and raise if it failed (see the module docstring)."""
-        info: dict[str, Any] = {"segment": ctx.segment_index, "model_calls": session.calls, **self._transcript_info}
-        self._transcript_info = {}
+    def _judge(self, ctx: SegmentContext, session: ProgramSession, result: Any, spec: ProgramSpec,
+               extra: dict[str, Any]) -> None:
+        """Record the launch on the trace (with ``extra``) and raise if it failed (see the module docstring)."""
+        info: dict[str, Any] = {"segment": ctx.segment_index, "model_calls": session.calls, **extra}
         if result is None:
             info.update(exit_code=None, killed=f"still running {self.config.stop_grace_s:g} s after the stop")
             ctx.trace.info.setdefault("program", []).append(info)
