@@ -89,8 +89,8 @@ FAKE_AGENT = """\
 #!{python}
 import json, os, sys
 home = os.environ.get("CODEX_HOME")
-seen = {{"argv": sys.argv[1:], "stdin": sys.stdin.read(), "codex_home": bool(home),
-        "claude_config_dir": bool(os.environ.get("CLAUDE_CONFIG_DIR")), "is_sandbox": os.environ.get("IS_SANDBOX")}}
+seen = {{"argv": sys.argv[1:], "stdin": sys.stdin.read(), "config_dir": home or os.environ.get("CLAUDE_CONFIG_DIR"),
+        "is_sandbox": os.environ.get("IS_SANDBOX")}}
 if home:
     seen["config"] = open(os.path.join(home, "config.toml")).read()
     os.makedirs(os.path.join(home, "sessions", "2026", "12", "05"))
@@ -114,7 +114,8 @@ def test_the_driver_configures_the_agent_feeds_it_the_prompt_and_leaves_its_tran
     (tmp_path / "system.txt").write_text("Be brief.")
     env = {"PATH": os.environ["PATH"], "PROMPT_FILE": str(tmp_path / "prompt.txt"),
            "SYSTEM_PROMPT_FILE": str(tmp_path / "system.txt"), "OPENAI_MODEL": "m",
-           "OPENAI_BASE_URL": "http://127.0.0.1:9/v1", "OPENAI_API_KEY": "k"}
+           "OPENAI_BASE_URL": "http://127.0.0.1:9/v1", "OPENAI_API_KEY": "k", "TMPDIR": str(tmp_path / "tmp")}
+    (tmp_path / "tmp").mkdir()
     result = subprocess.run([sys.executable, "-I", str(DRIVER), harness, str(fake)], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 3, result.stderr
@@ -129,10 +130,11 @@ def test_the_driver_configures_the_agent_feeds_it_the_prompt_and_leaves_its_tran
         assert [json.loads(line)["type"] for line in transcript] == ["session_meta"]
     else:
         assert seen["argv"] == npm_agent.claude_argv(str(fake), "m", str(tmp_path / "system.txt"))[1:]
-        assert (seen["claude_config_dir"], seen["is_sandbox"]) == (True, "1")
+        assert seen["is_sandbox"] == "1"
         assert [json.loads(line)["type"] for line in transcript] == ["system", "result"]
         assert result.stdout.splitlines() == transcript   # its end is echoed for the launcher's tail
-    assert not list(Path("/tmp").glob(f"prefect-rollouts-agent-*/{'codex' if harness == 'codex' else 'claude'}"))
+    assert Path(seen["config_dir"]).parent.parent == tmp_path / "tmp"   # a private directory in TMPDIR,
+    assert list((tmp_path / "tmp").iterdir()) == []                     # removed after the run
 
 
 class StubRuntime:
