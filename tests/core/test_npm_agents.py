@@ -188,6 +188,16 @@ def test_an_install_for_another_architecture_is_refused_before_npm_runs(tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_host_without_npm_is_told_how_to_get_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))   # no npm on it
+    with pytest.raises(TaskError) as caught:
+        npm_agents.install(npm_agents.AGENTS["claude-code"], root=tmp_path)
+    assert str(caught.value).startswith('harness "claude-code": npm install @anthropic-ai/claude-code@2.1.328: npm is '
+                                        "not on this machine's PATH. It needs Node and npm (Debian: apt-get install "
+                                        "nodejs npm)")
+    assert [path.name for path in tmp_path.iterdir()] == [f"2.1.328-{platform.machine()}.lock"]   # no install left
+
+
 async def test_the_transcript_is_taken_scrubbed_and_removed_from_the_workspace():
     secret = "sk-launch-key-0123456789abcdef"
     lines = [json.dumps({"type": "x", "i": i, "key": secret}) for i in range(100)]

@@ -66,7 +66,7 @@ def run_installer(argv: list[str], *, timeout_s: float, tmp: Path, what: str, fi
         argv: The command.
         timeout_s: Seconds before it is killed.
         tmp: Scratch directory for its temporary files.
-        what: Who installs what, for messages (``"codex 0.169.0: npm"``).
+        what: What runs, for messages (``'harness "codex": npm install @openai/codex@0.169.0'``).
         fix: What the user can do instead, ending the message (a sentence without its full stop).
         cwd: Working directory.
 
@@ -78,7 +78,7 @@ def run_installer(argv: list[str], *, timeout_s: float, tmp: Path, what: str, fi
         result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, cwd=cwd,
                                 env={**os.environ, "TMPDIR": str(tmp)})
     except FileNotFoundError as exc:
-        raise TaskError(f"{what} is not installed on this machine ({exc.filename}). {fix}") from exc
+        raise TaskError(f"{what}: {exc.filename} is not on this machine's PATH. {fix}") from exc
     except subprocess.TimeoutExpired as exc:
         raise TaskError(f"{what} ran longer than {timeout_s:g} s installing it "
                         f"([env.agent.harness] setup_timeout_s). {fix}") from exc

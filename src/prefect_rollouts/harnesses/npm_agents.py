@@ -136,7 +136,7 @@ def install(agent: NpmAgent, version: str | None = None, machine: str | None = N
                        "--no-update-notifier", "--loglevel=error", "--cache", str(scratch / ".tmp" / "npm"),
                        f"{agent.package}@{version}"],
                       timeout_s=timeout_s, tmp=scratch / ".tmp", cwd=scratch,
-                      what=f'harness "{agent.id}": npm ({agent.package}@{version})',
+                      what=f'harness "{agent.id}": npm install {agent.package}@{version}',
                       fix="It needs Node and npm (Debian: apt-get install nodejs npm) and the npm registry where the "
                           f"rollout runs, or an image made with `prefect-rollouts sandbox build --with {agent.id}`")
         if not (scratch / binary).is_file():
