@@ -246,17 +246,15 @@ def sandbox_build(
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         image_id = build_sandbox_image(tag, offline=offline)
+        python, machine = image_python(tag) if with_ else ("", "")
         for name in dict.fromkeys(with_ or []):
-            python, machine = image_python(tag)
-            if name == "mini-swe-agent":
-                logging.info("installing mini-swe-agent %s for Python %s on %s", mini_swe_agent.VERSION, python,
-                             machine)
-                site, target, version = mini_swe_agent.install(python, machine), mini_swe_agent.IMAGE_SITE, \
-                    mini_swe_agent.VERSION
+            if name == "mini-swe-agent":   # the install logs what it fetches (installs.install_once)
+                site, target, version = (mini_swe_agent.install(python, machine), mini_swe_agent.IMAGE_SITE,
+                                         mini_swe_agent.VERSION)
             else:
                 agent = npm_agents.AGENTS[name]
-                site, target, version = npm_agents.install(agent, machine=machine), \
-                    npm_agents.image_dir(agent, agent.version), agent.version
+                site, target, version = (npm_agents.install(agent, machine=machine),
+                                         npm_agents.image_dir(agent, agent.version), agent.version)
             image_id = bake_directory(tag, site, target, labels={f"org.prefect-rollouts.{name}": version})
     except (RuntimeUnavailableError, TaskError) as exc:
         _error("", exc)
