@@ -116,27 +116,33 @@ async def test_the_first_request_reaches_the_endpoint_in_the_agents_dialect(
     assert KEY not in json.dumps(trace.model_dump(mode="json"))
 
 
-async def test_an_image_with_the_agent_baked_in_is_used_as_it_is(docker_engine, openai_server, agent_config,
-                                                                 npm_cache):
+async def test_sandbox_build_with_both_agents_bakes_them_and_rollouts_use_them(
+        docker_engine, openai_server, agent_config, monkeypatch):
     from typer.testing import CliRunner
 
     from prefect_rollouts.cli import app
     from prefect_rollouts.runtimes import sandbox
     from prefect_rollouts.runtimes.docker import docker_client
 
-    agent = npm_agents.AGENTS["claude-code"]
-    tag = "prefect-rollouts-sandbox:test-claude-code"
+    tag = "prefect-rollouts-sandbox:test-npm-agents"
     client = docker_client()
-    client.images.get(vf.RuntimeConfig().image).tag(tag)   # the baked layer goes on a copy of the default image
+    base = client.images.get(vf.RuntimeConfig().image)
+
+    def build_sandbox_image(name: str, *, offline: bool | None = None) -> str:   # no rebuild of the base here
+        base.tag(name)
+        return str(base.id)
+
+    monkeypatch.setattr(sandbox, "build_sandbox_image", build_sandbox_image)
     try:
-        sandbox.bake_directory(tag, npm_agents.install(agent, root=npm_cache / agent.id),
-                               npm_agents.image_dir(agent, agent.version),
-                               labels={"org.prefect-rollouts.claude-code": agent.version})
-        async with vf.make_agent(agent_config(harness="claude-code", runtime=docker(image=tag))) as rollouts:
-            trace = await rollouts.run(task())
-        assert trace.info["claude-code"]["binary"] == \
-            f"/usr/local/claude-code/{agent.version}/node_modules/@anthropic-ai/claude-code/bin/claude.exe"
-        assert trace.info["endpoint"]["refused"][0]["path"] == "/v1/messages"
+        result = CliRunner().invoke(app, ["sandbox", "build", "--tag", tag, "--with", "codex", "--with", "claude-code"])
+        assert result.exit_code == 0, result.output
+        labels = client.images.get(tag).labels
+        for harness, agent in npm_agents.AGENTS.items():
+            assert labels[f"org.prefect-rollouts.{harness}"] == agent.version
+            async with vf.make_agent(agent_config(harness=harness, runtime=docker(image=tag))) as rollouts:
+                trace = await rollouts.run(task())
+            assert trace.info[harness]["binary"].startswith(f"/usr/local/{harness}/{agent.version}/node_modules/")
+            assert trace.info["endpoint"]["refused"][0]["path"] == ROUTE[harness]
         result = CliRunner().invoke(app, ["sandbox", "build", "--with", "claude"])
         assert result.exit_code == 2
         assert "--with claude: not a program this image can bake in. Known: mini-swe-agent, codex, claude-code" \
