@@ -3,8 +3,8 @@ Docker under ``network = "none"``, installed once into this session's test cache
 
 Until the endpoint speaks the Responses and Messages dialects (issue 33, item 1), each agent's first
 request is refused with a 404 that the trace records and the error names. The end-to-end tests below
-(a scripted model answers one shell tool call, the agent runs it, the task is scored) are strict
-xfails that flip when the dialects land."""
+(a scripted model answers one shell tool call, the agent runs it, the task is scored; the refusal
+after ``max_turns`` ends the agent at once) are strict xfails that flip when the dialects land."""
 
 from __future__ import annotations
 
@@ -199,3 +199,16 @@ async def test_the_agent_solves_a_one_tool_call_task_and_is_scored(docker_engine
     assert (trace.errors, trace.reward) == ([], 1.0)
     assert len(trace.model_calls) >= 2 and trace.info.get("endpoint", {}).get("refused", []) == []
     assert any(m["role"] == "tool" for m in trace.messages)
+
+
+@pytest.mark.xfail(strict=True, reason="needs the Responses/Messages dialects (issue 33, item 1)")
+@pytest.mark.parametrize("harness", ["codex", "claude-code"])
+async def test_the_refusal_after_max_turns_ends_the_agent_at_once(docker_engine, openai_server, agent_config, harness):
+    openai_server.default = SHELL_CALL[harness]   # a model that would go on calling the tool
+    async with vf.make_agent(agent_config(harness=harness, runtime=docker(), max_turns=1)) as agent:
+        trace = await agent.run(task())
+    assert (trace.errors, trace.stop_condition, len(trace.model_calls)) == ([], "max_turns", 1)
+    assert trace.reward == 1.0   # the one command it ran solved it: a stopped rollout is scored
+    launch = trace.info["program"][0]
+    assert "killed" not in launch   # it exited on the refusal (its retries off), not after stop_grace_s
+    assert {r["status"] for r in trace.info["endpoint"]["refused"]} == {400}
