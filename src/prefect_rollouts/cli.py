@@ -226,29 +226,36 @@ def sandbox_build(
         "--offline/--pull",
         help="Force debootstrap, or force a pull (default: pull, then debootstrap if no registry answers).")] = None,
     with_: Annotated[list[str] | None, typer.Option(
-        "--with", help="Bake a program harness's agent into the image: mini-swe-agent (its pinned release, "
-                       "installed from PyPI into /usr/local/mini-swe-agent; rollouts then install nothing).")] = None,
+        "--with", help="Bake a program harness's agent into the image (repeatable): mini-swe-agent (its pinned "
+                       "release, from PyPI into /usr/local/mini-swe-agent), codex or claude-code (their pinned "
+                       "npm releases, into /usr/local/<id>/<version>; needs npm here). Rollouts then install "
+                       "nothing.")] = None,
 ) -> None:
     """Build the default sandbox image of the docker runtime (bash, coreutils, python3, /workspace)."""
     import logging
 
     from prefect_rollouts.errors import RuntimeUnavailableError, TaskError
-    from prefect_rollouts.harnesses import mini_swe_agent
+    from prefect_rollouts.harnesses import mini_swe_agent, npm_agents
     from prefect_rollouts.runtimes.sandbox import bake_directory, build_sandbox_image, image_python
 
-    unknown = sorted(set(with_ or []) - {"mini-swe-agent"})
+    known = ["mini-swe-agent", *npm_agents.AGENTS]
+    unknown = sorted(set(with_ or []) - set(known))
     if unknown:
-        _error("", ConfigError(f"--with {unknown[0]}: not a program this image can bake in. Known: mini-swe-agent"))
+        _error("", ConfigError(f"--with {unknown[0]}: not a program this image can bake in. Known: {', '.join(known)}"))
         raise typer.Exit(2)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         image_id = build_sandbox_image(tag, offline=offline)
-        if with_:
-            python, machine = image_python(tag)
-            logging.info("installing mini-swe-agent %s for Python %s on %s", mini_swe_agent.VERSION, python, machine)
-            site = mini_swe_agent.install(python, machine)
-            image_id = bake_directory(tag, site, mini_swe_agent.IMAGE_SITE,
-                                      labels={"org.prefect-rollouts.mini-swe-agent": mini_swe_agent.VERSION})
+        python, machine = image_python(tag) if with_ else ("", "")
+        for name in dict.fromkeys(with_ or []):
+            if name == "mini-swe-agent":   # the install logs what it fetches (installs.install_once)
+                site, target, version = (mini_swe_agent.install(python, machine), mini_swe_agent.IMAGE_SITE,
+                                         mini_swe_agent.VERSION)
+            else:
+                agent = npm_agents.AGENTS[name]
+                site, target, version = (npm_agents.install(agent, machine=machine),
+                                         npm_agents.image_dir(agent, agent.version), agent.version)
+            image_id = bake_directory(tag, site, target, labels={f"org.prefect-rollouts.{name}": version})
     except (RuntimeUnavailableError, TaskError) as exc:
         _error("", exc)
         raise typer.Exit(1) from None

@@ -8,6 +8,7 @@ TOML uses the seed's layout: ``[env.agent]`` holds ``AgentConfig``; its sub-tabl
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,16 +27,22 @@ from prefect_rollouts.config.network import NetworkPolicy, compose
 from prefect_rollouts.config.sources import config_dir, read_toml, validate_config
 from prefect_rollouts.errors import ConfigError
 
-HarnessId = Literal["chat", "tools", "program", "bash", "mini-swe-agent", "oracle", "nop"]
+HarnessId = Literal["chat", "tools", "program", "bash", "mini-swe-agent", "codex", "claude-code", "oracle", "nop"]
 """The built-in harness ids (``HarnessConfig.id``)."""
 
 MODEL_FREE_HARNESSES = ("oracle", "nop")
 """Harness ids that never call a model (``harnesses/oracle.py``): an agent with one opens no model
 client and starts no local model server, whatever ``model`` says."""
 
-PROGRAM_HARNESSES = ("program", "bash", "mini-swe-agent")
+PROGRAM_HARNESSES = ("program", "bash", "mini-swe-agent", "codex", "claude-code")
 """Harness ids that run an agent program in the runtime (``harnesses/program.py``): ``program``
-runs ``command``; ``bash`` (our reference program) and ``mini-swe-agent`` are built in."""
+runs ``command``; ``bash`` (our reference program), ``mini-swe-agent``, ``codex`` and ``claude-code``
+are built in."""
+
+NPM_HARNESSES = ("codex", "claude-code")
+"""Built-in program harnesses installed from the npm registry (``harnesses/npm_agents.py``)."""
+
+_VERSION = re.compile(r"\d+\.\d+\.\d+(?:-[0-9A-Za-z.-]+)?")
 
 
 class HarnessConfig(ConfigModel):
@@ -50,9 +57,10 @@ class HarnessConfig(ConfigModel):
     """``chat``: one model response per segment. ``tools``: the tool-calling loop (can steer).
     ``program``: ``command`` run in the runtime. ``bash``: the package's own small agent program (a
     ``bash`` tool loop, ``harnesses/programs/bash_agent.py``). ``mini-swe-agent``: mini-swe-agent
-    from PyPI, pinned (``harnesses/mini_swe_agent.py``). ``oracle``: the task's reference solution
-    (``Task.solve``; a Harbor task's ``solution/solve.sh``), no model. ``nop``: does nothing, no model
-    (a task's tests must fail on the untouched box)."""
+    from PyPI, pinned (``harnesses/mini_swe_agent.py``). ``codex`` (Codex CLI) and ``claude-code``
+    (Claude Code): the npm packages, pinned (``harnesses/npm_agents.py``, docs/agents.md). ``oracle``:
+    the task's reference solution (``Task.solve``; a Harbor task's ``solution/solve.sh``), no model.
+    ``nop``: does nothing, no model (a task's tests must fail on the untouched box)."""
     runtime_tools: list[Literal["bash", "read_file", "write_file"]] = ["bash", "read_file", "write_file"]
     """Runtime tools the ``tools`` harness offers besides the task's own tools."""
     tool_timeout_s: float = Field(600.0, gt=0, le=MAX_DEADLINE_S)
@@ -88,6 +96,10 @@ class HarnessConfig(ConfigModel):
     program may take to exit before it is killed, in seconds."""
     output_tail_chars: int = Field(4000, ge=0)
     """Characters of the end of the program's stdout and of its stderr kept on the trace."""
+    version: str | None = None
+    """``codex`` and ``claude-code``: the npm release to run instead of the pinned one
+    (``npm_agents.AGENTS``: ``@openai/codex`` 0.169.0, ``@anthropic-ai/claude-code`` 2.1.328), e.g.
+    ``"0.170.0"``. Installed on first use like the pinned one."""
     action_format: Literal["tool_calls", "text"] = "tool_calls"
     """``mini-swe-agent``: how the model gives each command: a ``bash`` tool call (its ``mini.yaml``),
     or ``text``, a fenced ``mswea_bash_command`` block in the reply (its ``mini_textbased.yaml``), for
@@ -108,14 +120,21 @@ class HarnessConfig(ConfigModel):
             raise ValueError(f'action_format applies to id = "mini-swe-agent" only (id = "{self.id}"): remove it '
                              "(a --set of a key inside the table keeps the others; replace the whole table instead, "
                              f"e.g. --set 'env.agent.harness={{id=\"{self.id}\"}}')")
+        if self.version is not None:
+            if self.id not in NPM_HARNESSES:
+                raise ValueError(f'version applies to id = "codex" or "claude-code" only (id = "{self.id}"): remove it')
+            if not _VERSION.fullmatch(self.version):
+                raise ValueError(f"version = {self.version!r}: not an npm release number. Write it as "
+                                 '"MAJOR.MINOR.PATCH" (e.g. "0.169.0"), or remove the key for the pinned one')
         if self.command is not None and not all(self.command):
             raise ValueError(f"command = {self.command!r}: every argv entry must be a non-empty string")
         if self.id not in PROGRAM_HARNESSES:
             set_keys = [key for key in ("command", "files", "setup", "env", "forward_env")
                         if getattr(self, key)] + ([] if self.resume else ["resume"])
             if set_keys:
-                raise ValueError(f"{', '.join(set_keys)}: only program harnesses (id = \"program\", \"bash\" or "
-                                 f'"mini-swe-agent") take these keys; id = "{self.id}" runs in this process')
+                raise ValueError(f"{', '.join(set_keys)}: only program harnesses (id = \"program\", \"bash\", "
+                                 '"mini-swe-agent", "codex" or "claude-code") take these keys; '
+                                 f'id = "{self.id}" runs in this process')
         base = (info.context or {}).get("config_dir")
         for target, source in list(self.files.items()):
             if not target:

@@ -81,7 +81,7 @@ DOOR_MOUNT = "/run/prefect-rollouts-door"
 SOCKET_NAME = "s"
 """The socket's file name (short: a Unix socket path is limited to 107 bytes)."""
 
-SCRIPTS = ("launch.py", "bash_agent.py", "mini_swe_agent.py")
+SCRIPTS = ("launch.py", "bash_agent.py", "mini_swe_agent.py", "npm_agent.py")
 """The in-runtime scripts copied from ``harnesses/programs`` into the endpoint's directory."""
 
 

@@ -22,24 +22,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
-import logging
-import os
 import platform
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefect_rollouts.errors import TaskError
+from prefect_rollouts.harnesses.installs import install_once, run_installer
 from prefect_rollouts.nesting import loads
 from prefect_rollouts.runtimes.base import cache_dir
 
 if TYPE_CHECKING:
     from prefect_rollouts.runtimes import Runtime
-
-logger = logging.getLogger("prefect_rollouts.mini_swe_agent")
 
 VERSION = "2.4.6"
 """The mini-swe-agent release this package runs (PyPI ``mini-swe-agent``)."""
@@ -70,8 +64,7 @@ def cache_root() -> Path:
 def install(python: str, machine: str, *, root: Path | None = None, timeout_s: float = 900) -> Path:
     """Install mini-swe-agent ``VERSION`` for CPython ``python`` ("3.11") on ``machine`` ("x86_64").
 
-    Idempotent and safe to call from many processes at once: the first installs into a scratch
-    directory and renames it into place under a file lock; the rest wait for the lock and reuse it.
+    Idempotent and safe to call from many processes at once (``installs.install_once``).
 
     Returns:
         The install directory (``<root>/<VERSION>-cp311-x86_64``), holding ``minisweagent/``.
@@ -79,49 +72,20 @@ def install(python: str, machine: str, *, root: Path | None = None, timeout_s: f
     Raises:
         TaskError: pip failed or ran longer than ``timeout_s`` (its stderr's end in the message).
     """
-    root = root or cache_root()
-    key = f"{VERSION}-cp{python.replace('.', '')}-{machine}"
-    target = root / key
-    if (target / "minisweagent").is_dir():
-        return target
-    with open(root / f"{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / "minisweagent").is_dir():
-            return target
-        for stale in root.glob(f"{key}.partial-*"):   # left by a killed install: we hold the lock now
-            shutil.rmtree(stale, ignore_errors=True)
-        scratch = root / f"{key}.partial-{os.getpid()}"
-        logger.warning("installing mini-swe-agent %s for Python %s on %s into %s (once; about 35 s)",
-                       VERSION, python, machine, target)
-        try:
-            platforms = [arg for tag in ("manylinux2014", "manylinux_2_17", "manylinux_2_28", "linux")
-                         for arg in ("--platform", f"{tag}_{machine}")]
-            common = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                      "--no-warn-conflicts", "--target", str(scratch), "--python-version", python,
-                      "--implementation", "cp", "--only-binary=:all:", *platforms]
-            (scratch / ".tmp").mkdir(parents=True)   # pip's build and unpack directories: gone with scratch
-            for argv in ([*common, *DEPENDENCIES], [*common, "--no-deps", f"mini-swe-agent=={VERSION}"]):
-                _pip(argv, timeout_s, scratch / ".tmp")
-            shutil.rmtree(scratch / ".tmp")
-            scratch.rename(target)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-    return target
+    def build(scratch: Path) -> None:
+        platforms = [arg for tag in ("manylinux2014", "manylinux_2_17", "manylinux_2_28", "linux")
+                     for arg in ("--platform", f"{tag}_{machine}")]
+        common = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                  "--no-warn-conflicts", "--target", str(scratch), "--python-version", python,
+                  "--implementation", "cp", "--only-binary=:all:", *platforms]
+        for argv in ([*common, *DEPENDENCIES], [*common, "--no-deps", f"mini-swe-agent=={VERSION}"]):
+            run_installer(argv, timeout_s=timeout_s, tmp=scratch / ".tmp", what=f"mini-swe-agent {VERSION}: pip",
+                          fix="It needs PyPI (or your index) where the rollout runs, or an image made with "
+                              "`prefect-rollouts sandbox build --with mini-swe-agent`")
 
-
-def _pip(argv: list[str], timeout_s: float, tmp: Path) -> None:
-    try:
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
-                                env={**os.environ, "TMPDIR": str(tmp)})
-    except subprocess.TimeoutExpired as exc:
-        raise TaskError(f"mini-swe-agent {VERSION}: pip ran longer than {timeout_s:g} s installing it "
-                        "([env.agent.harness] setup_timeout_s); or bake it into the image with "
-                        "`prefect-rollouts sandbox build --with mini-swe-agent`") from exc
-    if result.returncode != 0:
-        tail = "\n".join(line for line in result.stderr.splitlines() if not line.startswith("WARNING"))[-1500:]
-        raise TaskError(f"mini-swe-agent {VERSION}: pip could not install it (exit {result.returncode}): {tail}. "
-                        "It needs PyPI (or your index) where the rollout runs, or an image made with "
-                        "`prefect-rollouts sandbox build --with mini-swe-agent`")
+    return install_once(root or cache_root(), f"{VERSION}-cp{python.replace('.', '')}-{machine}",
+                        ready=lambda target: (target / "minisweagent").is_dir(), build=build,
+                        note=f"installing mini-swe-agent {VERSION} for Python {python} on {machine} (about 35 s)")
 
 
 async def site_in(runtime: Runtime, *, local: bool, timeout_s: float) -> str:

@@ -4,9 +4,11 @@
 commands, with the network open when the runtime's policy is ``none`` or has rules (trusted: it
 installs the harness), and the policy back after.
 Each segment launches the program through ``programs/launch.py`` (``SCRIPTS`` in the endpoint's
-directory, bound read-only into the runtime and checked before each launch) with ``OPENAI_API_KEY``
-a fresh per-launch secret, and waits for it to exit; the interception endpoint (``endpoint.py``,
-``session.py``) records every model call and enforces the limits. Outcome of a launch, in order:
+directory, bound read-only into the runtime and checked before each launch) with a fresh per-launch
+secret in ``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY`` and ``ANTHROPIC_AUTH_TOKEN`` beside ``OPENAI_BASE_URL``
+and ``ANTHROPIC_BASE_URL`` (the launcher's docstring), and waits for it to exit; the interception
+endpoint (``endpoint.py``, ``session.py``) records every model call and enforces the limits.
+Outcome of a launch, in order:
 
 - the rollout stopped at the endpoint (``max_turns``, ``max_turn_tokens``): a clean end whatever the
   exit code; a program still running ``stop_grace_s`` after the stop is killed (tails as below);
@@ -27,8 +29,10 @@ a fresh per-launch secret, and waits for it to exit; the interception endpoint (
 The exit code, the tails of stdout and stderr (scrubbed) and the byte counts of every launch are in
 ``trace.info["program"]``; for a launch that failed or was cut off, also the runtime's limits it hit
 (``limits_hit``: ``Runtime.limits_hit``, e.g. killed for memory at ``memory_mb``), named in its error
-too. A later turn launches the program again on the new message; the endpoint carries the
-conversation so far ahead of the program's requests (``resume = false`` refuses it).
+too; ``codex`` and ``claude-code`` add their transcript's name, size and tail there and the whole
+(scrubbed) under ``trace.info["transcripts"]`` (``_keep_transcript``). A later turn launches the
+program again on the new message; the endpoint carries the conversation so far ahead of the
+program's requests (``resume = false`` refuses it).
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 from prefect_rollouts.config.agent import HarnessConfig
 from prefect_rollouts.config.network import NetworkPolicy
 from prefect_rollouts.errors import ConfigError, RuntimeUnavailableError, TaskError, register_secret, scrub
-from prefect_rollouts.harnesses import mini_swe_agent
+from prefect_rollouts.harnesses import mini_swe_agent, npm_agents
 from prefect_rollouts.harnesses.base import SegmentContext
 from prefect_rollouts.harnesses.endpoint import DOOR_MOUNT, MOUNT, SOCKET_NAME, InterceptionEndpoint
 from prefect_rollouts.harnesses.session import ProgramSession
@@ -72,7 +76,7 @@ class ProgramSpec:
         command: The argv, run in the workspace; ``{scripts}`` in an entry is replaced by the
             directory of the package's in-runtime scripts (``bash_agent.py``), ``{python}`` by the
             runtime's Python (``python3``; on the local runtime this process's interpreter),
-            ``{site}`` by mini-swe-agent's install as the runtime sees it.
+            ``{site}`` by mini-swe-agent's install or the npm agent's binary as the runtime sees it.
         files: Runtime path -> host path, uploaded before ``setup``.
         setup: Shell commands run once at setup, before the network policy applies.
         env: Environment of the program (resolved, literal values).
@@ -90,7 +94,8 @@ class ProgramSpec:
 
 
 def program_spec(config: HarnessConfig) -> ProgramSpec:
-    """The ``ProgramSpec`` of a program harness config (``program``, ``bash``, ``mini-swe-agent``)."""
+    """The ``ProgramSpec`` of a program harness config (``program``, ``bash``, ``mini-swe-agent``,
+    ``codex``, ``claude-code``)."""
     env = resolve_env(dict(config.env), table="[env.agent.harness] env", place="where the rollout runs") \
         if config.env else {}
     if config.id == "bash":
@@ -98,6 +103,8 @@ def program_spec(config: HarnessConfig) -> ProgramSpec:
     elif config.id == "mini-swe-agent":
         base = ProgramSpec(["{python}", "-I", "{scripts}/mini_swe_agent.py", "{site}", config.action_format],
                            report=mini_swe_agent.report)
+    elif config.id in npm_agents.AGENTS:
+        base = ProgramSpec(["{python}", "-I", "{scripts}/npm_agent.py", config.id, "{site}"])
     else:
         assert config.command is not None   # the config validator requires it
         base = ProgramSpec(list(config.command))
@@ -126,6 +133,9 @@ class ProgramHarness:
         self.binds = {str(endpoint.directory): f"{MOUNT}:ro", str(self.door): f"{DOOR_MOUNT}:ro"}
         if config.id == "mini-swe-agent":   # the host's installs, for an image without one
             self.binds[str(mini_swe_agent.cache_root())] = f"{mini_swe_agent.MOUNTED}:ro"
+        self.npm_agent = npm_agents.AGENTS.get(config.id)
+        if self.npm_agent is not None:   # the host's installs, for an image without one
+            self.binds[str(npm_agents.cache_root(self.npm_agent))] = f"{npm_agents.MOUNTED}/{config.id}:ro"
         self.spec: ProgramSpec | None = None
         self._site = ""
         self._prompts: dict[int, tuple[str, str | None]] = {}
@@ -136,11 +146,12 @@ class ProgramHarness:
 
     async def open(self, ctx: SegmentContext) -> None:
         """Upload ``files``, run ``setup`` (network open), check the forwarded variables; for
-        ``mini-swe-agent``, find its install in the image or make it on the host (``mini_swe_agent.site_in``).
+        ``mini-swe-agent``, find its install in the image or make it on the host (``mini_swe_agent.site_in``);
+        for ``codex`` and ``claude-code`` likewise, and check that the binary runs (``npm_agents.binary_in``).
 
         Raises:
             TaskError: a ``setup`` command failed (its exit code and stderr), a file could not be
-                copied, or mini-swe-agent could not be installed.
+                copied, or the built-in agent could not be installed or does not run in the runtime.
             ConfigError: a ``forward_env`` variable is unset here.
         """
         runtime = _runtime(ctx)
@@ -154,6 +165,11 @@ class ProgramHarness:
         if self.id == "mini-swe-agent":
             self._site = await mini_swe_agent.site_in(runtime, local=ctx.config.runtime.type == "local",
                                                       timeout_s=self.config.setup_timeout_s)
+        elif self.npm_agent is not None:
+            self._site, version = await npm_agents.binary_in(
+                runtime, self.npm_agent, self.config.version, local=ctx.config.runtime.type == "local",
+                timeout_s=self.config.setup_timeout_s)
+            ctx.trace.info[self.id] = {"version": version, "binary": self._site}
         for target, source in spec.files.items():
             try:
                 await runtime.upload(source, target)
@@ -246,13 +262,24 @@ class ProgramHarness:
                     stream, last = self._last_said(so_far)
                     raise RuntimeUnavailableError(f"{failure}. The program's {stream}: {last}",
                                                   retryable=failure.retryable) from failure
+        extra = await self._keep_transcript(ctx, runtime, session) if self.npm_agent is not None else {}
         if killed:
-            self._record(ctx, session, {"exit_code": None, **so_far,
+            self._record(ctx, session, {"exit_code": None, **so_far, **extra,
                                         "killed": f"still running {self.config.stop_grace_s:g} s after the stop"}, hit)
             return
         if result is not None and (result.exit_code != 0 or result.timed_out) and not ctx.stopped:
             hit = await runtime.limits_hit()   # a command in the runtime: only for a failure
-        self._judge(ctx, session, result, spec, hit)
+        self._judge(ctx, session, result, spec, hit, extra)
+
+    async def _keep_transcript(self, ctx: SegmentContext, runtime: Runtime, session: ProgramSession) -> dict[str, Any]:
+        """Move the agent's transcript onto the trace, under ``trace.info["transcripts"]["<id>-launch-<n>.jsonl"]``
+        (``n`` counts this rollout's launches from 0); returns what goes on this launch's ``program`` entry."""
+        info: dict[str, Any] = {}
+        text = await npm_agents.keep_transcript(runtime, info, (session.secret,), self.config.output_tail_chars)
+        if text is not None:
+            info["transcript"] = name = f"{self.id}-launch-{len(ctx.trace.info.get('program', []))}.jsonl"
+            ctx.trace.info.setdefault("transcripts", {})[name] = text
+        return info
 
     async def _tails_so_far(self, runtime: Runtime, state: str, session: ProgramSession) -> dict[str, Any]:
         """The tails a killed launcher kept in ``<state>/tails.json`` (``programs/launch.py``), as
@@ -298,9 +325,9 @@ class ProgramHarness:
         return entry
 
     def _judge(self, ctx: SegmentContext, session: ProgramSession, result: Any, spec: ProgramSpec,
-               hit: dict[str, str]) -> None:
-        """Record the launch on the trace and raise if it failed (see the module docstring)."""
-        info: dict[str, Any] = {}
+               hit: dict[str, str], extra: dict[str, Any]) -> None:
+        """Record the launch on the trace (with ``extra``) and raise if it failed (see the module docstring)."""
+        info: dict[str, Any] = dict(extra)
         stderr, code = result.stderr, result.exit_code
         found = _LAUNCH_LINE.search(stderr)
         if found:
@@ -322,8 +349,8 @@ class ProgramHarness:
                 raise session.provider_error
             if session.calls == 0 and spec.needs_model:
                 raise TaskError(f'harness "{self.id}": the program exited (code 0) without calling the model'
-                                f"{_unserved(session)}. It must send its requests to OPENAI_BASE_URL "
-                                "(chat completions) with OPENAI_API_KEY")
+                                f"{_unserved(session)}. It must send its requests to OPENAI_BASE_URL (chat "
+                                "completions, Responses) with OPENAI_API_KEY, or to ANTHROPIC_BASE_URL (Messages)")
             return
         if session.provider_error is not None:
             raise session.provider_error

@@ -10,7 +10,9 @@ secret) and ``OPENAI_MODEL`` set. It
    a system prompt) in its private directory: ``DIR`` (made here, mode 700), else a temporary one;
 2. listens on ``127.0.0.1:<free port>`` and relays each connection to ``SOCKET``, bringing the
    loopback interface up first when a fresh network namespace left it down, and sets
-   ``OPENAI_BASE_URL=http://127.0.0.1:<port>/v1``;
+   ``OPENAI_BASE_URL=http://127.0.0.1:<port>/v1`` (chat completions, Responses),
+   ``ANTHROPIC_BASE_URL=http://127.0.0.1:<port>`` (Messages, under ``/v1/messages``), and
+   ``ANTHROPIC_API_KEY`` and ``ANTHROPIC_AUTH_TOKEN`` to the launch's key;
 3. runs ``ARGV`` (in this process group, so a group kill reaches it), keeps the last ``TAIL_CHARS``
    characters of its stdout and stderr, prints them at its exit, and exits with its code
    (127 when ``ARGV[0]`` cannot be run); meanwhile it keeps them in ``DIR/tails.json`` too
@@ -312,7 +314,10 @@ def run(path, secret, session, private, sweep, command):
         with open(env["SYSTEM_PROMPT_FILE"], "w", encoding="utf-8") as handle:
             handle.write(session["system_prompt"])
     listener = listen()
-    env["OPENAI_BASE_URL"] = f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+    root = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    env["OPENAI_BASE_URL"] = root + "/v1"   # chat completions and Responses
+    env["ANTHROPIC_BASE_URL"] = root        # Messages: the Anthropic SDKs add /v1/messages
+    env["ANTHROPIC_API_KEY"] = env["ANTHROPIC_AUTH_TOKEN"] = secret   # x-api-key, Authorization: Bearer
     env.setdefault("OPENAI_MODEL", session.get("model") or "")
     threading.Thread(target=relay, args=(listener, path), daemon=True).start()
     # Every thread starts before the program: a program that fills the process limit (a fork bomb;

@@ -1,0 +1,214 @@
+"""The ``codex`` and ``claude-code`` program harnesses: the real Codex CLI and Claude Code (npm, pinned) in
+Docker under ``network = "none"``, installed once into this session's test cache and mounted read-only.
+
+Until the endpoint speaks the Responses and Messages dialects (issue 33, item 1), each agent's first
+request is refused with a 404 that the trace records and the error names. The end-to-end tests below
+(a scripted model answers one shell tool call, the agent runs it, the task is scored; the refusal
+after ``max_turns`` ends the agent at once) are strict xfails that flip when the dialects land."""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+
+import pytest
+
+import prefect_rollouts as vf
+from prefect_rollouts.harnesses import npm_agents
+from tests.docker.test_mini_swe_agent import Answered
+from tests.fakes.openai_server import reply, tool_call
+
+pytestmark = [pytest.mark.system, pytest.mark.timeout(600)]
+
+KEY = "sk-provider-KEY-npm-4d1c8e"
+
+ROUTE = {"codex": "/v1/responses", "claude-code": "/v1/messages"}
+"""Where each agent sends its first request (its wire dialect)."""
+
+KEY_HEADERS = {"codex": ["authorization"], "claude-code": ["authorization", "x-api-key"]}
+"""The headers each agent puts the per-launch key in (Claude Code: ``ANTHROPIC_API_KEY`` as
+``x-api-key``, ``ANTHROPIC_AUTH_TOKEN`` as ``Authorization: Bearer``)."""
+
+SHELL_CALL = {"codex": tool_call("exec_command", cmd="echo $((2 + 3)) > answer.txt"),
+              "claude-code": tool_call("Bash", command="echo $((2 + 3)) > answer.txt")}
+"""The one tool call that solves the task, in each agent's own shell tool."""
+
+
+def task() -> Answered:
+    return Answered(vf.TaskData(prompt="What is 2 + 3? Write the number to answer.txt."))
+
+
+@pytest.fixture(scope="session")
+def npm_cache(tmp_path_factory) -> Path:
+    """One install of each pinned agent for the whole session (npm, ~5 s and ~400 MB each here)."""
+    root = tmp_path_factory.mktemp("prefect-rollouts-cache")
+    for agent in npm_agents.AGENTS.values():
+        (root / agent.id).mkdir()
+        npm_agents.install(agent, root=root / agent.id)
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _test_cache(npm_cache, monkeypatch):
+    monkeypatch.setenv("PREFECT_ROLLOUTS_CACHE", str(npm_cache))
+    monkeypatch.setenv("TEST_OPENAI_KEY", KEY)
+
+
+@pytest.fixture
+def arrivals(monkeypatch) -> list[dict]:
+    """What reached the endpoint: each request's path, query and the names of the headers holding a
+    live launch key (a spy on the endpoint's key lookup; the values are never kept)."""
+    from prefect_rollouts.harnesses.endpoint import InterceptionEndpoint
+
+    seen: list[dict] = []
+    lookup = InterceptionEndpoint._find
+
+    def spy(self, request):
+        keys = set(self.sessions)
+        seen.append({"path": request.url.path, "query": request.url.query,
+                     "key_in": sorted(name for name, value in request.headers.items()
+                                      if any(key in value for key in keys))})
+        return lookup(self, request)
+
+    monkeypatch.setattr(InterceptionEndpoint, "_find", spy)
+    return seen
+
+
+def docker(**fields) -> vf.RuntimeConfig:
+    return vf.RuntimeConfig(type="docker", exec_timeout_s=60, network="none", **fields)
+
+
+@pytest.mark.parametrize("runtime", ["docker", "local"])
+@pytest.mark.parametrize("harness", ["codex", "claude-code"])
+async def test_the_first_request_reaches_the_endpoint_in_the_agents_dialect(
+        request, npm_cache, openai_server, agent_config, arrivals, harness, runtime):
+    if runtime == "docker":
+        request.getfixturevalue("docker_engine")
+    config = docker() if runtime == "docker" else vf.RuntimeConfig()
+    async with vf.make_agent(agent_config(harness=harness, runtime=config)) as agent:
+        trace = await agent.run(task())
+    agent_info = npm_agents.AGENTS[harness]
+    assert agent_info.version in trace.info[harness]["version"]   # it answered --version at setup
+    # the host's install: mounted read-only into the box, run in place by the local runtime
+    installed = f"{npm_agents.MOUNTED}/{harness}/" if runtime == "docker" else str(npm_cache / harness)
+    assert trace.info[harness]["binary"].startswith(installed)
+    # its requests came to the endpoint on its dialect's route, the launch's key in its dialect's headers
+    sent = [seen for seen in arrivals if not seen["path"].startswith("/prefect-rollouts/")]   # not the launcher's
+    assert sent and all(seen["path"] == ROUTE[harness] and seen["key_in"] == KEY_HEADERS[harness]
+                        for seen in sent), sent
+    assert {seen["query"] for seen in sent} == {"" if harness == "codex" else "beta=true"}
+    assert len(sent) == {"codex": 1, "claude-code": 2}[harness]   # no retry; Claude Code falls back to unstreamed
+    refused = trace.info["endpoint"]["refused"]
+    assert refused and {(r["method"], r["path"], r["status"]) for r in refused} == {("POST", ROUTE[harness], 404)}
+    assert openai_server.requests == []   # nothing reached the model: no other route, no other host
+    assert trace.model_calls == [] and trace.reward is None   # an agent that could not start is not scored
+    [error] = trace.errors
+    assert f"it asked for POST {ROUTE[harness]}, which the endpoint does not serve" in error.message
+    launch = trace.info["program"][0]
+    assert launch["exit_code"] != 0 and launch["transcript_bytes"] > 0
+    # its own transcript is kept whole (scrubbed), and its tail on the launch
+    [(name, transcript)] = trace.info["transcripts"].items()
+    assert name == launch["transcript"] == f"{harness}-launch-0.jsonl"
+    assert transcript.endswith(launch["transcript_tail"])
+    first = json.loads(transcript.splitlines()[0])
+    assert first["type"] == ("session_meta" if harness == "codex" else "system")
+    assert KEY not in json.dumps(trace.model_dump(mode="json"))
+
+
+async def test_sandbox_build_with_both_agents_bakes_them_and_rollouts_use_them(
+        docker_engine, openai_server, agent_config, monkeypatch):
+    from typer.testing import CliRunner
+
+    from prefect_rollouts.cli import app
+    from prefect_rollouts.runtimes import sandbox
+    from prefect_rollouts.runtimes.docker import docker_client
+
+    tag = "prefect-rollouts-sandbox:test-npm-agents"
+    client = docker_client()
+    base = client.images.get(vf.RuntimeConfig().image)
+
+    def build_sandbox_image(name: str, *, offline: bool | None = None) -> str:   # no rebuild of the base here
+        base.tag(name)
+        return str(base.id)
+
+    monkeypatch.setattr(sandbox, "build_sandbox_image", build_sandbox_image)
+    try:
+        result = CliRunner().invoke(app, ["sandbox", "build", "--tag", tag, "--with", "codex", "--with", "claude-code"])
+        assert result.exit_code == 0, result.output
+        labels = client.images.get(tag).labels
+        for harness, agent in npm_agents.AGENTS.items():
+            assert labels[f"org.prefect-rollouts.{harness}"] == agent.version
+            async with vf.make_agent(agent_config(harness=harness, runtime=docker(image=tag))) as rollouts:
+                trace = await rollouts.run(task())
+            assert trace.info[harness]["binary"].startswith(f"/usr/local/{harness}/{agent.version}/node_modules/")
+            assert trace.info["endpoint"]["refused"][0]["path"] == ROUTE[harness]
+        result = CliRunner().invoke(app, ["sandbox", "build", "--with", "claude"])
+        assert result.exit_code == 2
+        assert "--with claude: not a program this image can bake in. Known: mini-swe-agent, codex, claude-code" \
+            in result.output
+    finally:
+        client.images.remove(tag, force=True)
+
+
+def unloadable_install(site: Path, binary: str) -> Path:
+    """An install whose ``binary`` is the host's ``true`` asking for a loader no image has."""
+    loader = b"/lib64/ld-linux-x86-64.so.2"
+    elf = Path("/bin/true").read_bytes()
+    assert loader in elf, "the host's /bin/true names another loader"
+    target = site / binary
+    target.parent.mkdir(parents=True)
+    target.write_bytes(elf.replace(loader, b"/lib/ld-none-x86_64.so.2".ljust(len(loader), b"\0")))
+    target.chmod(0o755)
+    return site
+
+
+async def test_an_image_whose_libc_cannot_run_the_binary_fails_at_setup_naming_why(
+        docker_engine, openai_server, agent_config, tmp_path):
+    """A glibc program in an image without glibc's loader (Claude Code on Alpine) does not exec: here
+    a copy of the host's ``true`` whose loader is renamed to one no image has, baked where the
+    harness looks first."""
+    from prefect_rollouts.runtimes import sandbox
+    from prefect_rollouts.runtimes.docker import docker_client
+
+    agent = npm_agents.AGENTS["claude-code"]
+    site = unloadable_install(tmp_path / "site", agent.binary_for(platform.machine()))
+    tag = "prefect-rollouts-sandbox:test-claude-code-broken"
+    client = docker_client()
+    client.images.get(vf.RuntimeConfig().image).tag(tag)
+    try:
+        sandbox.bake_directory(tag, site, npm_agents.image_dir(agent, agent.version))
+        async with vf.make_agent(agent_config(harness="claude-code", runtime=docker(image=tag))) as rollouts:
+            trace = await rollouts.run(task())
+        [error] = trace.errors
+        assert error.message.startswith('harness "claude-code": @anthropic-ai/claude-code@2.1.328 does not run in '
+                                        "this runtime")
+        assert "exited 127" in error.message and "glibc 2.26 or newer" in error.message
+        assert openai_server.requests == [] and "program" not in trace.info   # failed at setup: never launched
+    finally:
+        client.images.remove(tag, force=True)
+
+
+@pytest.mark.xfail(strict=True, reason="needs the Responses/Messages dialects (issue 33, item 1)")
+@pytest.mark.parametrize("harness", ["codex", "claude-code"])
+async def test_the_agent_solves_a_one_tool_call_task_and_is_scored(docker_engine, openai_server, agent_config, harness):
+    openai_server.play([SHELL_CALL[harness], reply("I wrote 5 to answer.txt.")])
+    openai_server.default = reply("done")   # side requests (Claude Code's background calls) get a plain reply
+    async with vf.make_agent(agent_config(harness=harness, runtime=docker(), max_turns=4)) as agent:
+        trace = await agent.run(task())
+    assert (trace.errors, trace.reward) == ([], 1.0)
+    assert len(trace.model_calls) >= 2 and trace.info.get("endpoint", {}).get("refused", []) == []
+    assert any(m["role"] == "tool" for m in trace.messages)
+
+
+@pytest.mark.xfail(strict=True, reason="needs the Responses/Messages dialects (issue 33, item 1)")
+@pytest.mark.parametrize("harness", ["codex", "claude-code"])
+async def test_the_refusal_after_max_turns_ends_the_agent_at_once(docker_engine, openai_server, agent_config, harness):
+    openai_server.default = SHELL_CALL[harness]   # a model that would go on calling the tool
+    async with vf.make_agent(agent_config(harness=harness, runtime=docker(), max_turns=1)) as agent:
+        trace = await agent.run(task())
+    assert (trace.errors, trace.stop_condition, len(trace.model_calls)) == ([], "max_turns", 1)
+    assert trace.reward == 1.0   # the one command it ran solved it: a stopped rollout is scored
+    launch = trace.info["program"][0]
+    assert "killed" not in launch   # it exited on the refusal (its retries off), not after stop_grace_s
+    assert {r["status"] for r in trace.info["endpoint"]["refused"]} == {400}
