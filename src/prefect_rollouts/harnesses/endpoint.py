@@ -58,6 +58,7 @@ from starlette.routing import Route
 
 from prefect_rollouts.harnesses.dialects import Dialect
 from prefect_rollouts.harnesses.dialects import chat as chat_dialect
+from prefect_rollouts.harnesses.dialects import responses as responses_dialect
 from prefect_rollouts.harnesses.endpoint_accept import Acceptor, connection_class
 from prefect_rollouts.harnesses.endpoint_limits import (
     MAX_BODY_BYTES,
@@ -85,6 +86,7 @@ SOCKET_NAME = "s"
 
 DIALECTS: tuple[Dialect, ...] = (
     chat_dialect.DIALECT,
+    responses_dialect.DIALECT,
 )
 """The wire dialects served, each on its ``paths`` (``harnesses/dialects``): one line per dialect."""
 
