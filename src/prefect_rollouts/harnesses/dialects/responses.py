@@ -113,7 +113,8 @@ class ResponsesDialect(Dialect):
             "instructions": asked.get("instructions") if isinstance(asked.get("instructions"), str) else None,
             "model": completion["model"], "output": output,
             "parallel_tool_calls": asked.get("parallel_tool_calls", True) is not False,
-            "tool_choice": asked.get("tool_choice") or "auto", "tools": asked.get("tools") or [],
+            "tool_choice": asked.get("tool_choice") or "auto", "tools": [   # those offered to the model
+                tool for tool in asked.get("tools") or [] if isinstance(tool, dict) and tool.get("type") == "function"],
             "temperature": asked.get("temperature"), "top_p": asked.get("top_p"),
             "max_output_tokens": asked.get("max_output_tokens"), "store": False,
             "usage": {
