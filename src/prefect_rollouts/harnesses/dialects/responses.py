@@ -255,17 +255,20 @@ def _messages(body: dict[str, Any], lost: dict[str, Any]) -> list[dict[str, Any]
             turn.setdefault("tool_calls", []).append(call)
         elif kind == "function_call_output":
             turn = None
-            output = item.get("output")
-            text = output if isinstance(output, str) else _content(output, f"{where}.output", lost)
+            output = _content(item.get("output"), f"{where}.output", lost)
+            if isinstance(output, list):   # a tool message holds text: its images are lost
+                for part in output:
+                    if part["type"] != "text":
+                        _count(lost, "dropped_parts", "input_image")
+                output = "".join(part.get("text", "") for part in output)
             messages.append({"role": "tool", "tool_call_id": _text(item.get("call_id"), f"{where}.call_id"),
-                             "content": text if isinstance(text, str) else
-                             "".join(part.get("text", "") for part in text)})
+                             "content": output})
         else:
             _count(lost, "dropped_items", kind)
+    if not messages:
+        raise ValueError("input: holds no message (system and developer ones aside). Send at least one user message")
     if system:
         messages.insert(0, {"role": "system", "content": "\n\n".join(system)})
-    if not messages:
-        raise ValueError("input: holds no message. Send at least one user message")
     return messages
 
 
