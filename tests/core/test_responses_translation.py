@@ -60,6 +60,12 @@ def test_images_become_image_url_parts_and_what_chat_cannot_take_is_counted():
     assert lost == {"dropped_parts": {"input_file": 1, "input_image": 1}, "dropped_items": {"item_reference": 1}}
 
 
+def test_without_a_function_tool_left_no_tool_keys_are_sent():
+    chat, lost = DIALECT.to_chat({"input": "x", "tools": [{"type": "web_search"}], "tool_choice": "auto",
+                                  "parallel_tool_calls": True})
+    assert chat == {"messages": [{"role": "user", "content": "x"}]} and lost == {"dropped_tools": ["web_search"]}
+
+
 @pytest.mark.parametrize(("body", "message"), [
     ({"model": "m"}, "input: Field required"),
     ({"input": 7}, "input: must be a string or a list of items"),

@@ -70,12 +70,15 @@ class ResponsesDialect(Dialect):
             if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
                 raise ValueError(f"max_output_tokens = {json.dumps(limit)[:40]}: must be a positive integer")
             chat["max_tokens"] = limit
-        if body.get("tools") is not None:
-            chat["tools"] = _tools(body["tools"], lost)
-        if body.get("tool_choice") is not None:
-            choice = _tool_choice(body["tool_choice"], lost)
-            if choice is not None:
-                chat["tool_choice"] = choice
+        tools = _tools(body["tools"], lost) if body.get("tools") is not None else []
+        if tools:
+            chat["tools"] = tools
+            if body.get("tool_choice") is not None:
+                choice = _tool_choice(body["tool_choice"], lost)
+                if choice is not None:
+                    chat["tool_choice"] = choice
+        else:   # chat servers refuse tool_choice and parallel_tool_calls without tools
+            chat.pop("parallel_tool_calls", None)
         if body.get("text") is not None:
             form = _response_format(body["text"], lost)
             if form is not None:
