@@ -2,6 +2,15 @@
 
 Messages are kept in OpenAI wire form (plain dicts) and shared with the harness, so a model
 call appends to the trace instead of copying it.
+
+Typed parts (version 3): what another wire dialect needs resent unchanged and chat completions cannot
+take is kept in a message's ``content`` list, beside its text parts, as that dialect's own item or
+block, verbatim: a Responses ``reasoning`` item (``{"type": "reasoning", "id", "summary",
+"encrypted_content"}``) on the assistant message it preceded; an Anthropic ``thinking`` or
+``redacted_thinking`` block. Their types are ``KEPT_PART_TYPES``; a part may also carry keys of
+``KEPT_PART_KEYS`` (Anthropic's ``cache_control``). The chat-completions client sends neither
+(``model.wire.chat_messages``); the endpoint records what it kept back in
+``info["program_rewrites"]``. A message without such parts is as before.
 """
 
 from __future__ import annotations
@@ -15,7 +24,15 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 from prefect_rollouts.errors import ProviderError, RuntimeUnavailableError, scrub
 
 #: 2: token details (``cached_tokens``, ``reasoning_tokens``) and failed ``attempts`` on call records.
-TRACE_VERSION = 2
+#: 3: messages may hold typed parts (``KEPT_PART_TYPES``, ``KEPT_PART_KEYS``; the module docstring).
+TRACE_VERSION = 3
+
+KEPT_PART_TYPES = frozenset({"reasoning", "thinking", "redacted_thinking"})
+"""Content-part types kept on the trace for the dialect that resends them, never sent to a
+chat-completions upstream (``model.wire.chat_messages`` drops them)."""
+
+KEPT_PART_KEYS = frozenset({"cache_control"})
+"""Keys of a content part kept on the trace and left out of a chat-completions request."""
 
 #: Stop conditions that mean a turn or token cap cut the run short.
 TRUNCATING_STOPS = frozenset({"max_turns", "max_turn_tokens"})

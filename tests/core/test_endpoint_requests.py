@@ -81,26 +81,27 @@ async def test_a_body_at_the_bound_is_taken(served):
 
 async def test_an_unserved_route_is_a_404_in_the_openai_shape_recorded_on_the_trace(served):
     endpoint, session, client = served
-    response = await client.post("/v1/responses?beta=true", json={"input": "hi"})
+    response = await client.post("/v1/embeddings?beta=true", json={"input": "hi"})
     assert response.status_code == 404
     error = response.json()["error"]
-    assert error["message"] == ("POST /v1/responses is not served here: this endpoint serves "
-                                "POST /v1/chat/completions, GET /v1/models")
+    assert error["message"].startswith("POST /v1/embeddings is not served here: this endpoint serves "
+                                       "POST /v1/chat/completions, ")
+    assert error["message"].endswith(", GET /v1/models")
     assert (error["type"], error["code"]) == ("invalid_request_error", "not_found")
     wrong_method = await client.get("/v1/chat/completions")
     assert wrong_method.status_code == 405 and "not with this method" in wrong_method.json()["error"]["message"]
     refused = session.ctx.trace.info["endpoint"]["refused"]
     assert [(r["method"], r["path"], r["status"]) for r in refused] == [
-        ("POST", "/v1/responses", 404), ("GET", "/v1/chat/completions", 405)]
-    assert session.unserved == "POST /v1/responses" and endpoint.unknown_refused == 0
+        ("POST", "/v1/embeddings", 404), ("GET", "/v1/chat/completions", 405)]
+    assert session.unserved == "POST /v1/embeddings" and endpoint.unknown_refused == 0
 
 
 async def test_refusals_without_a_valid_key_are_only_counted(served):
     endpoint, session, client = served
-    for path in ("/v1/responses", "/v1/chat/completions", "/v1/messages"):
+    for path in ("/v1/responses", "/v1/chat/completions", "/v1/messages", "/v1/embeddings"):
         response = await client.post(path, json={}, headers={"Authorization": "Bearer sk-someone-else"})
         assert response.status_code in (401, 404)
-    assert endpoint.unknown_refused == 3 and "endpoint" not in session.ctx.trace.info
+    assert endpoint.unknown_refused == 4 and "endpoint" not in session.ctx.trace.info
 
 
 async def test_the_refusals_listed_on_a_trace_are_capped_and_the_rest_counted(served):
@@ -114,14 +115,14 @@ async def test_the_refusals_listed_on_a_trace_are_capped_and_the_rest_counted(se
 
 CODEX_LIKE = """
     import json, os, sys, urllib.request, urllib.error
-    request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/responses", json.dumps({"input": "hi"}).encode(),
+    request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/embeddings", b"{}",
                                      {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
     try:
         urllib.request.urlopen(request)
     except urllib.error.HTTPError as exc:
         print("warming up the model session " + "." * 150)   # several lines, more than the message keeps
         for attempt in range(8):
-            print(f"retrying request to /responses (attempt {attempt}): stream disconnected " + "." * 80)
+            print(f"retrying request to /embeddings (attempt {attempt}): stream disconnected " + "." * 80)
         print(f"ERROR: unexpected status {exc.code} Not Found: {json.load(exc)['error']['code']}")
     sys.exit(1)
 """
@@ -132,13 +133,13 @@ async def test_a_failed_program_says_which_route_it_asked_for_and_the_last_lines
     async with vf.make_agent(agent_config(harness=program(tmp_path, CODEX_LIKE))) as agent:
         trace = await agent.run(Said(vf.TaskData(prompt="go")))
     message = trace.errors[0].message
-    assert message.startswith('harness "program": the program exited with code 1; it asked for POST /v1/responses, '
+    assert message.startswith('harness "program": the program exited with code 1; it asked for POST /v1/embeddings, '
                               "which the endpoint does not serve. stdout (stderr empty): retrying request")
     assert message.endswith("\nERROR: unexpected status 404 Not Found: not_found")
     shown = message.split("stdout (stderr empty): ", 1)[1]
     assert all(line.startswith(("retrying request", "ERROR:")) for line in shown.splitlines())
     assert len(shown.encode()) <= 800 and "(no stderr)" not in message
-    assert trace.info["endpoint"]["refused"][0]["path"] == "/v1/responses" and openai_server.requests == []
+    assert trace.info["endpoint"]["refused"][0]["path"] == "/v1/embeddings" and openai_server.requests == []
 
 
 async def test_a_failed_programs_stderr_is_shown_from_a_line_start_with_its_last_line_whole(

@@ -221,3 +221,29 @@ async def test_an_unset_key_variable_is_warned_about_once_per_process_not_per_ag
     warned = [r.getMessage() for r in caplog.records if "PR_TEST_UNSET_KEY_ONCE" in r.getMessage()]
     assert len(warned) == 1, warned
     assert warned[0].startswith("client.api_key_env = 'PR_TEST_UNSET_KEY_ONCE': the variable is not set")
+
+
+async def test_parts_only_another_dialect_takes_stay_off_the_chat_request(openai_server):
+    """A Responses reasoning item and an Anthropic thinking block with a cache mark ride on the
+    trace's messages (``trace.KEPT_PART_TYPES``); the chat-completions request leaves them out."""
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "opaque"}
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]},
+        {"role": "assistant", "content": [reasoning, {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "t", "signature": "s"}],
+         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        {"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": "u"}}]}]
+    kept = [dict(message) for message in messages]
+    openai_server.play([reply("ok")])
+    client = client_for(openai_server.base_url)
+    try:
+        await client.complete({"model": "scripted", "messages": messages})
+    finally:
+        await client.aclose()
+    assert openai_server.requests[0].messages == [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "ab"},
+        {"role": "assistant", "content": "", "tool_calls": messages[2]["tool_calls"]},
+        messages[3], messages[4]]
+    assert messages == kept   # the trace's messages are not touched

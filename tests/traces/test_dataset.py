@@ -206,3 +206,25 @@ def test_a_row_of_schema_version_3_with_last_reply_in_its_trace_reads_as_before(
     again, = read_traces(tmp_path, run_id="r1")
     assert '"last_reply":"42"' in trace.model_dump_json() and again.last_reply == "42"
     assert read_rollouts(tmp_path, run_id="r1")["schema_version"].tolist() == [3]
+
+
+def test_a_trace_of_version_2_reads_and_one_with_typed_parts_round_trips(tmp_path):
+    """Version 3 lets messages hold typed parts (a reasoning item beside the text); a row written
+    with version 2 (no such parts) reads as before."""
+    old = make_trace("old", 1.0, messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": "42"}])
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "opaque"}
+    new = make_trace("new", 1.0, messages=[{"role": "user", "content": "q"}, {
+        "role": "assistant", "content": [reasoning, {"type": "text", "text": "42"}]}])
+    writer = TraceWriter(tmp_path, "r1")
+    add(writer, old)
+    add(writer, new)
+    writer.flush()
+    path, = (tmp_path / "rollouts").rglob("*.parquet")
+    table = pq.read_table(path, schema=pq.read_schema(path))
+    texts = [text.replace('"version":3', '"version":2', 1) if '"old"' in text else text
+             for text in table.column("trace").to_pylist()]
+    pq.write_table(table.set_column(table.schema.get_field_index("trace"), "trace", pa.array(texts)), path)
+    again = {trace.task_id: trace for trace in read_traces(tmp_path, run_id="r1")}
+    assert again["old"].version == 2 and again["old"].messages == old.messages and again["old"].last_reply == "42"
+    assert again["new"].version == vf.Trace(task_id="t", model="m").version == 3
+    assert again["new"].messages == new.messages and again["new"].last_reply == "42"

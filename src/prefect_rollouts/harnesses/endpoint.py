@@ -16,11 +16,12 @@ directory, named ``rollout-<owner>-<random>.*`` so the janitor removes them when
 Inside the runtime the launcher relays ``127.0.0.1:<port>`` to the door's socket, so the program
 reaches the endpoint under every network policy and nothing else is exposed (no host port).
 
-Routes: ``POST /v1/chat/completions`` (streamed or not), ``GET /v1/models``, and
+Routes: each wire dialect's (``DIALECTS``, ``harnesses/dialects``: ``POST /v1/chat/completions``,
+streamed or not, ...) served by one handler (``_serve``), ``GET /v1/models``, and
 ``GET /prefect-rollouts/session`` (the launcher fetches the turn's prompt) and ``POST
 /prefect-rollouts/session/end`` (the launcher saw the program exit); any other route is a 404 (a
 known one with another method a 405) in the OpenAI error shape. A rollout is known by
-its per-launch bearer secret (``ProgramSession``); the provider key stays in this process, in the
+its per-launch secret (``ProgramSession``), in its dialect's auth header; the provider key stays in this process, in the
 agent's model client, through which every request goes upstream (retries, lanes, limits, scrubbing)
 and is recorded on the trace like an in-process call (``harnesses.base.sample``). What the endpoint
 rewrites and refuses is ``ProgramSession.exchange``'s docstring. Every request it refuses or does
@@ -39,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import os
 import shutil
@@ -53,9 +53,12 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from prefect_rollouts.harnesses.dialects import Dialect
+from prefect_rollouts.harnesses.dialects import chat as chat_dialect
+from prefect_rollouts.harnesses.dialects import responses as responses_dialect
 from prefect_rollouts.harnesses.endpoint_accept import Acceptor, connection_class
 from prefect_rollouts.harnesses.endpoint_limits import (
     MAX_BODY_BYTES,
@@ -80,6 +83,12 @@ DOOR_MOUNT = "/run/prefect-rollouts-door"
 
 SOCKET_NAME = "s"
 """The socket's file name (short: a Unix socket path is limited to 107 bytes)."""
+
+DIALECTS: tuple[Dialect, ...] = (
+    chat_dialect.DIALECT,
+    responses_dialect.DIALECT,
+)
+"""The wire dialects served, each on its ``paths`` (``harnesses/dialects``): one line per dialect."""
 
 SCRIPTS = ("launch.py", "bash_agent.py", "mini_swe_agent.py", "npm_agent.py")
 """The in-runtime scripts copied from ``harnesses/programs`` into the endpoint's directory."""
@@ -134,8 +143,8 @@ class InterceptionEndpoint:
         directory, self.sockets, sock, self._scripts = await asyncio.to_thread(_prepare)
         self.directory = directory
         app = Starlette(routes=[
-            Route("/v1/chat/completions", self._chat, methods=["POST"]),
-            Route("/chat/completions", self._chat, methods=["POST"]),
+            *(Route(path, functools.partial(self._serve, dialect=dialect), methods=["POST"])
+              for dialect in DIALECTS for path in dialect.paths),
             Route("/v1/models", self._models, methods=["GET"]),
             Route("/prefect-rollouts/session", self._session, methods=["GET"]),
             Route("/prefect-rollouts/session/end", self._end, methods=["POST"]),
@@ -267,18 +276,23 @@ class InterceptionEndpoint:
                 door[1].unlink()
 
     def _find(self, request: Request) -> ProgramSession | None:
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        return self.sessions.get(token.strip()) if scheme.lower() == "bearer" else None
+        """The session whose key the request bears, in any dialect's auth header (for the limits and
+        the routes of no dialect)."""
+        for dialect in DIALECTS:
+            key = dialect.key(request.headers)
+            if key is not None and (session := self.sessions.get(key)) is not None:
+                return session
+        return None
 
     def _refuse(self, request: Request, session: ProgramSession | None, status: int, message: str,
-                code: str | None = None) -> JSONResponse:
-        """The error response, recorded on ``session``'s trace (counted when there is none)."""
+                code: str | None = None, dialect: Dialect = chat_dialect.DIALECT) -> JSONResponse:
+        """The error response in ``dialect``'s shape, recorded on ``session``'s trace (counted when
+        there is none)."""
         if session is None:
             self.unknown_refused += 1
         else:
             session.refused(request.method, request.url.path, status, message)
-        return error(status, message, code)
+        return JSONResponse(dialect.error(status, message, code), status_code=status)
 
     async def _unserved(self, request: Request, exc: Exception) -> Response:
         """Starlette's 404 (no route) and 405 (a route, another method), in the OpenAI error shape."""
@@ -290,12 +304,15 @@ class InterceptionEndpoint:
         return self._refuse(request, self._find(request), status, f"{asked[:200]} is {what}: this endpoint "
                             f"serves {served}", "not_found" if status == 404 else None)
 
-    async def _chat(self, request: Request) -> Response:
-        session = self._find(request)
+    async def _serve(self, request: Request, dialect: Dialect) -> Response:
+        """One model request in ``dialect``: its key (401), its body (413 past ``MAX_BODY_BYTES``; 400
+        not JSON or not translatable), the exchange, the answer (JSON or a stream); every refusal in
+        the dialect's error shape, recorded on the trace (``_refuse``)."""
+        session = self.sessions.get(dialect.key(request.headers) or "")
         if session is None:
             return self._refuse(request, None, 401, "unknown or expired API key: this endpoint serves the "
                                 "rollouts of one agent, each with the OPENAI_API_KEY it was launched with",
-                                "invalid_api_key")
+                                "invalid_api_key", dialect)
         chunks, size = [], 0
         async for chunk in request.stream():   # past the cap, read on but keep nothing: a client still
             size += len(chunk)                 # sending would not read the 413 (and the relay would stall)
@@ -303,21 +320,25 @@ class InterceptionEndpoint:
                 chunks.append(chunk)
         if size > MAX_BODY_BYTES:
             return self._refuse(request, session, 413, f"the request body is {size} bytes; this endpoint takes "
-                                f"at most {MAX_BODY_BYTES} (MAX_BODY_BYTES)", "request_too_large")
+                                f"at most {MAX_BODY_BYTES} (MAX_BODY_BYTES)", "request_too_large", dialect)
         raw = b"".join(chunks)
         try:
             body = read_json(raw)
+            chat, lost = dialect.to_chat(body)
         except ValueError as exc:
-            return self._refuse(request, session, 400, str(exc), "invalid_request")
-        status, payload = await session.exchange(body, raw, request.headers)
+            return self._refuse(request, session, 400, str(exc), "invalid_request", dialect)
+        translated = None if dialect is chat_dialect.DIALECT else {"dialect": dialect.name, **lost}
+        status, payload = await session.exchange(chat, raw, request.headers, translated)
         if status != 200:
-            if payload["error"]["code"] != "upstream_error":   # a failed upstream call is a recorded model call
-                session.refused(request.method, request.url.path, status, payload["error"]["message"])
-            return JSONResponse(payload, status_code=status)
-        if body.get("stream"):
-            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return StreamingResponse(sse_events(payload, include_usage), media_type="text/event-stream")
-        return JSONResponse(payload)
+            error = payload["error"]
+            if error["code"] != "upstream_error":   # a failed upstream call is a recorded model call
+                session.refused(request.method, request.url.path, status, error["message"])
+            return JSONResponse(dialect.error(status, error["message"], error["code"]), status_code=status)
+        answer = dialect.from_chat(payload, body)
+        if dialect.streams(body):
+            # the answer is finished: its events go in one write (an event per write cost 1-2 ms CPU a call)
+            return Response("".join(dialect.events(answer, body)), media_type="text/event-stream")
+        return JSONResponse(answer)
 
     async def _models(self, request: Request) -> Response:
         session = self._find(request)
@@ -397,30 +418,3 @@ def read_json(raw: bytes) -> Any:
 def _no_constant(name: str) -> Any:
     """``json.loads`` takes NaN and Infinity, which are not JSON and cannot be sent upstream."""
     raise ValueError(f"{name} is not a JSON number")
-
-
-def error(status: int, message: str, code: str | None = None) -> JSONResponse:
-    """An OpenAI-shaped error response: ``{"error": {"message", "type", "code"}}``."""
-    kind = "invalid_request_error" if status < 500 else "api_error"
-    return JSONResponse({"error": {"message": message, "type": kind, "code": code}}, status_code=status)
-
-
-def sse_events(completion: dict[str, Any], include_usage: bool) -> Iterator[str]:
-    """A recorded ``chat.completion`` as the ``chat.completion.chunk`` server-sent events a streaming
-    client expects: the role and content, one chunk per tool call, the finish reason, the usage
-    (when asked with ``stream_options.include_usage``) and ``[DONE]``."""
-    choice = completion["choices"][0]
-    message, base = choice["message"], {key: completion[key] for key in ("id", "created", "model")}
-    base["object"] = "chat.completion.chunk"
-
-    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
-        event = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
-        return f"data: {json.dumps(event)}\n\n"
-
-    yield chunk({"role": "assistant", "content": message.get("content") or ""})
-    for index, call in enumerate(message.get("tool_calls") or []):
-        yield chunk({"tool_calls": [{"index": index, **call}]})
-    yield chunk({}, choice.get("finish_reason"))
-    if include_usage:
-        yield f"data: {json.dumps({**base, 'choices': [], 'usage': completion.get('usage')})}\n\n"
-    yield "data: [DONE]\n\n"

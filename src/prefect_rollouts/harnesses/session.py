@@ -90,8 +90,14 @@ class ProgramSession:
         else:
             record["refused_more"] = record.get("refused_more", 0) + 1
 
-    async def exchange(self, body: Any, raw: bytes, headers: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
-        """Answer one chat-completions request of the program: ``(HTTP status, JSON body)``.
+    async def exchange(self, body: Any, raw: bytes, headers: Mapping[str, str],
+                       translated: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+        """Answer one chat-completions request of the program: ``(HTTP status, JSON body)``, the body
+        a ``chat.completion`` or an OpenAI-shaped error (the route re-shapes both for its dialect).
+
+        ``raw`` is the request's body as the program sent it, in its own dialect (a retry is known by
+        its hash); ``translated``, for a request in another dialect (``harnesses/dialects``), is
+        ``{"dialect": name, **what the translation lost}``, recorded with the call's rewrites.
 
         In order: a retried exchange (same ``Idempotency-Key``, or ``x-stainless-retry-count`` > 0
         with a body already answered) gets the recorded response, nothing is sampled twice; once the
@@ -124,6 +130,8 @@ class ProgramSession:
             if problem:
                 return 400, _error(problem, "invalid_request")
             request, messages, rewrites = self._rewrite(body)
+            if translated is not None:
+                rewrites["translated"] = translated
             ctx.trace.messages[:] = messages
             if self.calls == 0:   # the program's input messages are not part of what the segment produced
                 ctx.segment_inputs = _inputs(messages[len(self.carried):])

@@ -34,6 +34,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 from prefect_rollouts import limits
 from prefect_rollouts.config.agent import ClientConfig
 from prefect_rollouts.errors import InfrastructureError, ProviderError, register_secret, scrub
+from prefect_rollouts.model.wire import chat_messages
 from prefect_rollouts.nesting import loads
 
 #: Connections per httpx client. httpcore's pool does work per request that grows with the
@@ -127,7 +128,8 @@ class ModelClient:
         """POST ``body`` to ``{base_url}/chat/completions`` and parse the first choice.
 
         Args:
-            body: The request body (``model``, ``messages``, sampling keys, ``tools``...).
+            body: The request body (``model``, ``messages``, sampling keys, ``tools``...); typed parts
+                of the messages that chat completions cannot take are left out (``wire.chat_messages``).
 
         Returns:
             ``Completion``; ``retries`` counts attempts beyond the first, ``attempts`` holds
@@ -140,6 +142,9 @@ class ModelClient:
                 ``retries`` and ``attempts`` (every failed attempt, the last included) are set on
                 it as well.
         """
+        messages = body.get("messages")
+        if isinstance(messages, list) and (sent := chat_messages(messages)) is not messages:
+            body = {**body, "messages": sent}   # parts only another dialect takes stay on the trace
         failed: list[dict[str, Any]] = []
         try:
             async for attempt in self._retrying.copy():  # per call: the iterator keeps state

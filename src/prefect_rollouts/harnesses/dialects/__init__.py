@@ -1,0 +1,67 @@
+"""The wire dialects the interception endpoint speaks: one module per dialect.
+
+Each translates its requests to the endpoint's one chat-completions form for
+``ProgramSession.exchange`` (reporting what the translation lost), and the recorded chat completion
+back to its own response, stream and error shapes. ``endpoint.py`` serves every dialect with one route
+handler. Plain data in and out: must not import Prefect, Starlette or the endpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+
+def bearer(headers: Mapping[str, str]) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header, or None."""
+    scheme, _, token = headers.get("authorization", "").partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+class Dialect:
+    """One wire dialect of the endpoint (subclass it; ``chat.ChatDialect`` is the identity).
+
+    Attributes:
+        name: Its name on the trace (``trace.info["program_rewrites"][i]["translated"]["dialect"]``).
+        paths: The routes it serves (``POST``), with and without the ``/v1`` prefix.
+    """
+
+    name: str = ""
+    paths: tuple[str, ...] = ()
+
+    def key(self, headers: Mapping[str, str]) -> str | None:
+        """The per-launch key the request bears in this dialect's auth header (OpenAI: ``Authorization:
+        Bearer``), or None."""
+        return bearer(headers)
+
+    def to_chat(self, body: Any) -> tuple[Any, dict[str, Any]]:
+        """``(the chat-completions request for ProgramSession.exchange, what the translation lost)``.
+
+        The loss report is a small dict of counts and field names (``{"ignored": ["include", ...],
+        "reasoning_items": 2}``), empty when nothing was lost; it lands in
+        ``trace.info["program_rewrites"]``. Parts the chat upstream cannot take are kept on the messages
+        as typed parts (``trace.KEPT_PART_TYPES``) and reported here.
+
+        Raises:
+            ValueError: the body cannot be translated; its text names the field (a 400).
+        """
+        raise NotImplementedError
+
+    def from_chat(self, completion: dict[str, Any], body: Any) -> dict[str, Any]:
+        """This dialect's non-streamed response for the recorded ``chat.completion`` (``body``: the
+        program's request as it came)."""
+        raise NotImplementedError
+
+    def events(self, response: dict[str, Any], body: Any) -> Iterator[str]:
+        """This dialect's server-sent events (each a whole ``event``/``data`` block) for ``response``,
+        the finished ``from_chat`` answer."""
+        raise NotImplementedError
+
+    def error(self, status: int, message: str, code: str | None = None) -> dict[str, Any]:
+        """This dialect's error body (OpenAI's ``{"error": {"message", "type", "code"}}`` here)."""
+        kind = "invalid_request_error" if status < 500 else "api_error"
+        return {"error": {"message": message, "type": kind, "code": code}}
+
+    def streams(self, body: Any) -> bool:
+        """Whether the program asked for a stream (``"stream": true``)."""
+        return isinstance(body, dict) and body.get("stream") is True
