@@ -24,10 +24,13 @@ class Dialect:
     Attributes:
         name: Its name on the trace (``trace.info["program_rewrites"][i]["translated"]["dialect"]``).
         paths: The routes it serves (``POST``), with and without the ``/v1`` prefix.
+        alternates: Its turns alternate strictly (Anthropic Messages): a steer that lands after a user
+            message joins it as a text part (``ProgramSession.exchange``).
     """
 
     name: str = ""
     paths: tuple[str, ...] = ()
+    alternates: bool = False
 
     def key(self, headers: Mapping[str, str]) -> str | None:
         """The per-launch key the request bears in this dialect's auth header (OpenAI: ``Authorization:
