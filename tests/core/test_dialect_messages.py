@@ -77,7 +77,7 @@ def test_tool_choice_maps_to_chat(choice, chat):
     ({"max_tokens": None}, "max_tokens: required"),
     ({"max_tokens": 0}, "max_tokens = 0: must be an integer of at least 1"),
     ({"messages": []}, "messages: required"),
-    ({"messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_result"}]}]}, "messages.0.content.0.tool_use_id"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 8}]},
      'tools.0 (type "web_search_20250305", name "web_search"): a server tool'),

@@ -271,16 +271,70 @@ async def test_thinking_blocks_stay_on_the_trace_and_are_not_sent_upstream(serve
 
 
 async def test_side_requests_are_counted_but_leave_the_conversation_alone(served, openai_server):
-    openai_server.play([reply("main answer"), reply("Q"), reply("A title")])
-    s = await served(max_turns=3, max_turn_tokens=64)
-    await s.sdk.messages.create(model="claude-sonnet", max_tokens=64, messages=USER)
+    """A probe (max_tokens 1, here cut by it: no max_turn_tokens stop), another model, no tools where
+    the main loop offers some: each sampled and counted, none on the trace's conversation."""
+    openai_server.play([reply("main answer"), reply("Q", finish_reason="length"), reply("A title"),
+                        reply("A summary")])
+    s = await served(max_turns=4, max_turn_tokens=64)
+    tools = [{"name": "Bash", "input_schema": {"type": "object"}}]
+    await s.sdk.messages.create(model="claude-sonnet", max_tokens=64, messages=USER, tools=tools)
     await s.sdk.messages.create(model="claude-sonnet", max_tokens=1, messages=[{"role": "user", "content": "quota"}])
     await s.sdk.messages.create(model="claude-haiku", max_tokens=32, system="Write a title",
                                 messages=[{"role": "user", "content": "list the files"}])
+    await s.sdk.messages.create(model="claude-sonnet", max_tokens=32, messages=[{"role": "user", "content": "sum"}])
     assert [m["content"] for m in s.trace.messages] == ["list the files", "main answer"]
     assert [(r["kind"], r["model"], r["reply"]) for r in s.trace.info["endpoint"]["side_requests"]] == [
-        ("probe", "claude-sonnet", "Q"), ("other_model", "claude-haiku", "A title")]
-    assert [r.get("side") for r in s.trace.info["program_rewrites"]] == [None, "probe", "other_model"]
-    assert len(s.trace.model_calls) == 3 and s.session.ctx.turns == 3
+        ("probe", "claude-sonnet", "Q"), ("other_model", "claude-haiku", "A title"),
+        ("no_tools", "claude-sonnet", "A summary")]
+    assert [r.get("side") for r in s.trace.info["program_rewrites"]] == [None, "probe", "other_model", "no_tools"]
+    assert len(s.trace.model_calls) == 4 and s.session.ctx.turns == 4 and s.trace.stop_condition is None
     with pytest.raises(anthropic.BadRequestError, match="rollout stopped: max_turns"):
-        await s.sdk.messages.create(model="claude-sonnet", max_tokens=64, messages=USER)
+        await s.sdk.messages.create(model="claude-sonnet", max_tokens=64, messages=USER, tools=tools)
+
+
+BETA = "claude-code-20250219,interleaved-thinking-2025-05-14,context-management-2025-06-27"
+
+
+def claude_code_body(*turns: dict[str, Any]) -> dict[str, Any]:
+    """A request shaped as Claude Code 2.1.328's (/work/notes-33-wire.md: a system turn among the
+    messages, three system blocks, adaptive thinking, context management, a deferred tool)."""
+    return {
+        "model": "scripted", "max_tokens": 32000, "stream": True, "metadata": {"user_id": "{}"},
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "<env>"},
+                                                  {"type": "text", "text": "What is 2 + 3?"}]},
+                     {"role": "system", "content": [{"type": "text", "text": "<context>",
+                                                     "cache_control": {"type": "ephemeral"}}]}, *turns],
+        "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.328;"},
+                   {"type": "text", "text": "You are a Claude agent.", "cache_control": {"type": "ephemeral"}}],
+        "tools": [{"name": "Bash", "description": "run", "input_schema": {"type": "object"}},
+                  {"name": "DeferredToolPlaceholder", "description": "d", "defer_loading": True,
+                   "input_schema": {"type": "object"}}],
+        "thinking": {"type": "adaptive", "display": "updates"}, "output_config": {"effort": "high"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}}
+
+
+async def test_claude_codes_own_requests_are_served_and_their_extras_recorded(served, openai_server):
+    openai_server.play([tool_call("Bash", command="echo 5 > answer.txt"), reply("done")])
+    s = await served()
+    headers = {"Authorization": f"Bearer {s.session.secret}", "anthropic-beta": BETA, "x-stainless-retry-count": "0"}
+    first = await s.post(claude_code_body(), **headers)
+    use = next(event.content_block for event in events_of(first.text) if event.type == "content_block_start")
+    assert (use.type, use.name) == ("tool_use", "Bash")
+    turns = [{"role": "assistant", "content": [{"type": "tool_use", "id": use.id, "name": "Bash",
+                                                "input": {"command": "echo 5 > answer.txt"}}]},
+             {"role": "user", "content": [{"tool_use_id": use.id, "type": "tool_result", "content": "(no output)",
+                                           "is_error": False, "cache_control": {"type": "ephemeral"}}]}]
+    second = await s.post(claude_code_body(*turns), **headers)
+    assert events_of(second.text)[2].delta.text == "done"
+    upstream = openai_server.requests[1].body
+    assert [m["role"] for m in upstream["messages"]] == ["system", "user", "system", "assistant", "tool"]
+    assert upstream["messages"][0]["content"] == ("x-anthropic-billing-header: cc_version=2.1.328;"
+                                                  "You are a Claude agent.")
+    assert upstream["messages"][4] == {"role": "tool", "tool_call_id": use.id, "content": "(no output)"}
+    assert [tool["function"]["name"] for tool in upstream["tools"]] == ["Bash", "DeferredToolPlaceholder"]
+    translated = s.trace.info["program_rewrites"][1]["translated"]
+    assert translated == {"dialect": "messages", "cache_control": 3, "anthropic-beta": BETA,
+                          "ignored": ["context_management", "metadata", "output_config", "thinking",
+                                      "tools[].defer_loading"]}
+    assert s.trace.messages[-2]["content"][0]["cache_control"] == {"type": "ephemeral"}
+    assert s.trace.last_reply == "done" and len(s.trace.model_calls) == 2

@@ -56,6 +56,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from prefect_rollouts.errors import scrub
 from prefect_rollouts.harnesses.dialects import Dialect
 from prefect_rollouts.harnesses.dialects import chat as chat_dialect
 from prefect_rollouts.harnesses.dialects import messages as messages_dialect
@@ -318,7 +319,9 @@ class InterceptionEndpoint:
             chat, lost = dialect.to_chat(body)
         except ValueError as exc:
             return self._refuse(request, session, 400, str(exc), "invalid_request", dialect)
-        translated = None if dialect is chat_dialect.DIALECT else {"dialect": dialect.name, **lost}
+        translated = None if dialect is chat_dialect.DIALECT else {"dialect": dialect.name, **lost, **{
+            name: scrub(request.headers[name], (session.secret,))[:500]
+            for name in dialect.recorded_headers if name in request.headers}}
         status, payload = await session.exchange(chat, raw, request.headers, translated, dialect.alternates)
         if status != 200:
             error = payload["error"]

@@ -74,6 +74,7 @@ class ProgramSession:
     """The model the launch's first request (not a probe) asked for: a request asking another is a side
     request (``side``)."""
     _main_known: bool = False
+    _main_tools: bool = False
     _splices: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     _replies: dict[str, dict[str, Any]] = field(default_factory=dict)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -106,8 +107,8 @@ class ProgramSession:
         ``alternates``: the dialect's turns alternate strictly (Messages), so a steer landing after a
         user message joins it as a text part instead of following it.
 
-        A side request (``side``: a probe, or another model than the launch's first request asked for,
-        as Claude Code's background calls to its small model) is sampled and counted like any other
+        A side request (``side``: a probe, another model than the launch's first request asked for, no
+        tools where it offered some: Claude Code's background calls) is sampled and counted like any other
         (``max_turns``, usage, ``model_calls``) but does not touch the conversation: the trace's
         messages stay the main one's, no steer is delivered into it, no carried history is put ahead of
         it, a ``length`` finish under the program's own smaller ``max_tokens`` does not stop the run as
@@ -180,13 +181,18 @@ class ProgramSession:
     def side(self, body: dict[str, Any]) -> str | None:
         """What kind of side request ``body`` is (``exchange``), or None for the main conversation:
         ``"probe"`` (``max_tokens`` 1: Claude Code's quota check), ``"other_model"`` (a model other than
-        the one the launch's first non-probe request asked for, ``main_model``)."""
+        the one the launch's first non-probe request asked for, ``main_model``: Claude Code's calls to
+        its small fast model, when that has a name of its own), ``"no_tools"`` (no tools, where that
+        first request offered some: an agent's main loop always offers its tools, its title and
+        summary calls do not)."""
         if body.get("max_tokens", body.get("max_completion_tokens")) == 1:
             return "probe"
         if not self._main_known:
-            self.main_model, self._main_known = body.get("model"), True
+            self.main_model, self._main_known, self._main_tools = body.get("model"), True, bool(body.get("tools"))
             return None
-        return "other_model" if body.get("model") != self.main_model else None
+        if body.get("model") != self.main_model:
+            return "other_model"
+        return "no_tools" if self._main_tools and not body.get("tools") else None
 
     def _aside(self, kind: str, body: dict[str, Any], request: dict[str, Any], before: str | None,
                main: list[dict[str, Any]], sent: int) -> None:

@@ -26,11 +26,14 @@ class Dialect:
         paths: The routes it serves (``POST``), with and without the ``/v1`` prefix.
         alternates: Its turns alternate strictly (Anthropic Messages): a steer that lands after a user
             message joins it as a text part (``ProgramSession.exchange``).
+        recorded_headers: Request headers whose values the endpoint records with the translation's
+            loss (``anthropic-beta``: what the program asked for that a chat upstream does not do).
     """
 
     name: str = ""
     paths: tuple[str, ...] = ()
     alternates: bool = False
+    recorded_headers: tuple[str, ...] = ()
 
     def key(self, headers: Mapping[str, str]) -> str | None:
         """The per-launch key the request bears in this dialect's auth header (OpenAI: ``Authorization:

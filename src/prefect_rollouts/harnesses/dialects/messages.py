@@ -65,6 +65,7 @@ IMAGE_TOKENS = 1600
 """``count_tokens``'s estimate for one image: Anthropic's figure for an image of about 1.15
 megapixels (width x height / 750), the largest it takes without resizing."""
 
+_TOOL_KEYS = frozenset({"name", "description", "input_schema", "type", "cache_control"})
 _TOOL_ID = re.compile(r"^[A-Za-z0-9_-]{1,200}$")
 
 
@@ -75,6 +76,7 @@ class MessagesDialect(Dialect):
     name = "messages"
     paths = ("/v1/messages",)
     alternates = True
+    recorded_headers = ("anthropic-beta",)
 
     def key(self, headers: Mapping[str, str]) -> str | None:
         """``x-api-key`` (what ``ANTHROPIC_API_KEY`` sends), else ``Authorization: Bearer``
@@ -272,17 +274,19 @@ def _typed(body: dict[str, Any], key: str, kind: type) -> Any:
     return value
 
 
-def _system(system: Any, lost: _Loss) -> list[dict[str, Any]]:
+def _system(system: Any, lost: _Loss, where: str = "system") -> list[dict[str, Any]]:
+    """A system message for ``system`` (a string or text blocks), or none. Claude Code also sends a
+    ``{"role": "system"}`` turn among its messages (its environment block): kept in its place."""
     if system is None or system == "" or system == []:
         return []
     if isinstance(system, str):
         return [{"role": "system", "content": system}]
     if not isinstance(system, list):
-        raise ValueError("system: must be a string or a list of text blocks")
+        raise ValueError(f"{where}: must be a string or a list of text blocks")
     parts = []
     for index, block in enumerate(system):
         if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
-            raise ValueError(f"system.{index}: must be a text block ({{\"type\": \"text\", \"text\": ...}})")
+            raise ValueError(f"{where}.{index}: must be a text block ({{\"type\": \"text\", \"text\": ...}})")
         parts.append(_text_part(block, lost))
     return [{"role": "system", "content": parts}]
 
@@ -317,11 +321,13 @@ def _image_part(block: dict[str, Any], where: str, lost: _Loss) -> dict[str, Any
 
 def _turn(turn: Any, where: str, lost: _Loss) -> list[dict[str, Any]]:
     """One Messages turn as chat messages (a user turn with tool results: one or more)."""
-    if not isinstance(turn, dict) or turn.get("role") not in ("user", "assistant"):
-        raise ValueError(f"{where}.role: must be \"user\" or \"assistant\"")
+    if not isinstance(turn, dict) or turn.get("role") not in ("user", "assistant", "system"):
+        raise ValueError(f"{where}.role: must be \"user\" or \"assistant\" (or \"system\", as Claude Code sends)")
     role, content = turn["role"], turn.get("content")
     if isinstance(content, str):
         return [{"role": role, "content": content}]
+    if role == "system":
+        return _system(content, lost, f"{where}.content")
     if not isinstance(content, list):
         raise ValueError(f"{where}.content: must be a string or a list of content blocks")
     if role == "assistant":
@@ -355,10 +361,8 @@ def _tool_result(block: dict[str, Any], where: str, parts: list[dict[str, Any]],
     content = block.get("content", "")
     if block.get("is_error"):
         lost.add("tool_result_is_error")
-    if block.get("cache_control") is not None:
-        lost.add("cache_control")
     if isinstance(content, str):
-        return {"role": "tool", "tool_call_id": call, "content": content}
+        return _tool_message(call, content, block, lost)
     if not isinstance(content, list):
         raise ValueError(f"{where}.content: must be a string or a list of text and image blocks")
     texts: list[str] = []
@@ -371,7 +375,16 @@ def _tool_result(block: dict[str, Any], where: str, parts: list[dict[str, Any]],
             lost.add("tool_result_images_moved")
         else:
             lost.add(f"dropped_{kind}_blocks")
-    return {"role": "tool", "tool_call_id": call, "content": "\n".join(texts)}
+    return _tool_message(call, "\n".join(texts), block, lost)
+
+
+def _tool_message(call: str, text: str, block: dict[str, Any], lost: _Loss) -> dict[str, Any]:
+    """A chat tool message; a ``cache_control`` mark kept on a text part (the chat client sends the text)."""
+    if block.get("cache_control") is None:
+        return {"role": "tool", "tool_call_id": call, "content": text}
+    lost.add("cache_control")
+    return {"role": "tool", "tool_call_id": call,
+            "content": [{"type": "text", "text": text, "cache_control": block["cache_control"]}]}
 
 
 def _assistant(content: list[Any], where: str, lost: _Loss) -> dict[str, Any]:
@@ -424,6 +437,7 @@ def _tools(tools: Any, lost: _Loss) -> list[dict[str, Any]]:
             function["description"] = tool["description"]
         if tool.get("cache_control") is not None:
             lost.add("cache_control")
+        lost.ignored.extend(f"tools[].{key}" for key in tool if key not in _TOOL_KEYS)
         functions.append({"type": "function", "function": function})
     return functions
 
