@@ -60,6 +60,7 @@ from prefect_rollouts.errors import scrub
 from prefect_rollouts.harnesses.dialects import Dialect
 from prefect_rollouts.harnesses.dialects import chat as chat_dialect
 from prefect_rollouts.harnesses.dialects import messages as messages_dialect
+from prefect_rollouts.harnesses.dialects import responses as responses_dialect
 from prefect_rollouts.harnesses.endpoint_accept import Acceptor, connection_class
 from prefect_rollouts.harnesses.endpoint_limits import (
     MAX_BODY_BYTES,
@@ -87,6 +88,7 @@ SOCKET_NAME = "s"
 
 DIALECTS: tuple[Dialect, ...] = (
     chat_dialect.DIALECT,
+    responses_dialect.DIALECT,
     messages_dialect.DIALECT,
 )
 """The wire dialects served, each on its ``paths`` (``harnesses/dialects``): one line per dialect."""
