@@ -338,3 +338,12 @@ async def test_claude_codes_own_requests_are_served_and_their_extras_recorded(se
                                       "tools[].defer_loading"]}
     assert s.trace.messages[-2]["content"][0]["cache_control"] == {"type": "ephemeral"}
     assert s.trace.last_reply == "done" and len(s.trace.model_calls) == 2
+
+
+async def test_a_probe_before_the_first_main_request_leaves_the_segments_input_to_it(served, openai_server):
+    """Claude Code's quota probe may come first: the main request's messages are still the segment's input."""
+    openai_server.play([reply("Q"), reply("main answer")])
+    s = await served()
+    await s.sdk.messages.create(model="m", max_tokens=1, messages=[{"role": "user", "content": "quota"}])
+    await s.sdk.messages.create(model="m", max_tokens=64, messages=[*USER, {"role": "user", "content": "now"}])
+    assert s.session.ctx.segment_inputs == 2 and s.session.main_model == "m"

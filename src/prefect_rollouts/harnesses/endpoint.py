@@ -310,7 +310,8 @@ class InterceptionEndpoint:
         session = self.sessions.get(dialect.key(request.headers) or "")
         if session is None:
             return self._refuse(request, None, 401, "unknown or expired API key: this endpoint serves the "
-                                "rollouts of one agent, each with the OPENAI_API_KEY it was launched with",
+                                "rollouts of one agent, each with the key it was launched with (OPENAI_API_KEY, "
+                                "ANTHROPIC_API_KEY)",
                                 "invalid_api_key", dialect)
         raw, size = await _read_capped(request)
         if raw is None:

@@ -145,13 +145,14 @@ class ProgramSession:
             problem = _check(body)
             if problem:
                 return 400, _error(problem, "invalid_request")
+            first = not self._main_known
             kind = self.side(body)
             request, messages, rewrites = self._rewrite(body, kind, alternates)
             if translated is not None:
                 rewrites["translated"] = translated
             main = list(ctx.trace.messages) if kind else None
             ctx.trace.messages[:] = messages
-            if self.calls == 0 and kind is None:   # the program's input messages are not the segment's output
+            if first and kind is None:   # the program's input messages are not part of the segment's output
                 ctx.segment_inputs = _inputs(messages[len(self.carried):])
             self.calls += 1
             before = ctx.trace.stop_condition
