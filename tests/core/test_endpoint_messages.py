@@ -296,7 +296,7 @@ BETA = "claude-code-20250219,interleaved-thinking-2025-05-14,context-management-
 
 
 def claude_code_body(*turns: dict[str, Any]) -> dict[str, Any]:
-    """A request shaped as Claude Code 2.1.328's (/work/notes-33-wire.md: a system turn among the
+    """A request shaped as Claude Code 2.1.328's, as captured for issue 33 (a system turn among the
     messages, three system blocks, adaptive thinking, context management, a deferred tool)."""
     return {
         "model": "scripted", "max_tokens": 32000, "stream": True, "metadata": {"user_id": "{}"},
