@@ -52,6 +52,8 @@ class Wire:
     auth: Callable[[str], dict[str, str]] = lambda key: {"Authorization": f"Bearer {key}"}
     max_tokens_key: str = "max_tokens"
     joins_steer: bool = False
+    stop_status: int = 400
+    """The status of the refusal after a stop condition (``Dialect.stop_status``)."""
     """Its turns alternate strictly: a steer becomes a text part of the user message it follows."""
 
 
@@ -72,7 +74,8 @@ WIRES = [
                                     **extra},
          text=lambda answer: answer["content"][0]["text"],
          bad=({"messages": [{"role": "user", "content": "x"}]}, "max_tokens: required"),
-         auth=lambda key: {"x-api-key": key, "anthropic-version": "2023-06-01"}, joins_steer=True),
+         auth=lambda key: {"x-api-key": key, "anthropic-version": "2023-06-01"}, joins_steer=True,
+         stop_status=403),
 ]
 
 
@@ -152,7 +155,7 @@ async def test_max_turns_answers_up_to_the_cap_and_refuses_the_next_request(open
     async with launched(agent_config, tmp_path, wire, max_turns=2) as launch:
         answers = [await launch.ask([("user", f"q{index}")]) for index in range(3)]
         trace = launch.interaction.trace
-    assert [answer.status_code for answer in answers] == [200, 200, 400]
+    assert [answer.status_code for answer in answers] == [200, 200, wire.stop_status]
     assert [wire.text(answer.json()) for answer in answers[:2]] == ["ok", "ok"]
     assert wire.error(answers[2].json()) == "rollout stopped: max_turns"
     assert len(openai_server.requests) == 2 and trace.stop_condition == "max_turns"
@@ -169,7 +172,7 @@ async def test_max_turn_tokens_is_imposed_and_the_request_after_a_length_finish_
         second = await launch.ask([("user", "q"), ("assistant", "cut"), ("user", "more")])
         trace = launch.interaction.trace
     assert first.status_code == 200 and wire.text(first.json()) == "cut"
-    assert second.status_code == 400 and wire.error(second.json()) == "rollout stopped: max_turn_tokens"
+    assert second.status_code == wire.stop_status and wire.error(second.json()) == "rollout stopped: max_turn_tokens"
     sent = openai_server.requests[0].body
     assert (sent["model"], sent["temperature"], sent["max_tokens"]) == ("scripted", 0.2, 8)
     imposed = rewrites_of(trace, 0)["imposed"]

@@ -157,16 +157,19 @@ async def test_count_tokens_is_an_estimate_and_not_a_model_call(served, openai_s
     assert s.trace.info["endpoint"]["count_tokens"] == 1 and s.session.calls == 0
 
 
-async def test_the_stop_refusal_is_an_anthropic_400_that_the_sdk_does_not_retry(served, openai_server):
+async def test_the_stop_refusal_is_an_anthropic_403_that_the_sdk_does_not_retry(served, openai_server):
+    """403, not the other dialects' 400: on a 400 Claude Code resends the request 6 times (measured)."""
     openai_server.default = reply("again")
     s = await served(max_turns=1)
     await s.sdk.messages.create(model="m", max_tokens=64, messages=USER)
-    with pytest.raises(anthropic.BadRequestError) as raised:
+    with pytest.raises(anthropic.PermissionDeniedError) as raised:
         await s.sdk.messages.create(model="m", max_tokens=64, messages=USER)
-    assert raised.value.body == {"type": "error", "error": {"type": "invalid_request_error",
-                                                            "message": "rollout stopped: max_turns"}}
+    assert raised.value.status_code == 403 and raised.value.body == {
+        "type": "error", "error": {"type": "permission_error", "message": "rollout stopped: max_turns"}}
     assert raised.value.response.headers["x-should-retry"] == "false"
-    assert len(openai_server.requests) == 1 and len(s.trace.info["endpoint"]["refused"]) == 1
+    assert len(openai_server.requests) == 1
+    assert [(r["status"], r["reason"]) for r in s.trace.info["endpoint"]["refused"]] == [
+        (403, "rollout stopped: max_turns")]   # the SDK (max_retries=2) sent it once
 
 
 async def test_max_turn_tokens_caps_the_request_and_stops_after_a_length_finish(served, openai_server):
@@ -175,7 +178,7 @@ async def test_max_turn_tokens_caps_the_request_and_stops_after_a_length_finish(
     first = await s.sdk.messages.create(model="m", max_tokens=4096, messages=USER,
                                              extra_body={"temperature": 1.0})
     assert first.stop_reason == "max_tokens" and openai_server.requests[0].body["max_tokens"] == 16
-    with pytest.raises(anthropic.BadRequestError, match="rollout stopped: max_turn_tokens"):
+    with pytest.raises(anthropic.PermissionDeniedError, match="rollout stopped: max_turn_tokens"):
         await s.sdk.messages.create(model="m", max_tokens=4096, messages=USER)
     assert s.trace.stop_condition == "max_turn_tokens"
 
@@ -288,7 +291,7 @@ async def test_side_requests_are_counted_but_leave_the_conversation_alone(served
         ("no_tools", "claude-sonnet", "A summary")]
     assert [r.get("side") for r in s.trace.info["program_rewrites"]] == [None, "probe", "other_model", "no_tools"]
     assert len(s.trace.model_calls) == 4 and s.session.ctx.turns == 4 and s.trace.stop_condition is None
-    with pytest.raises(anthropic.BadRequestError, match="rollout stopped: max_turns"):
+    with pytest.raises(anthropic.PermissionDeniedError, match="rollout stopped: max_turns"):
         await s.sdk.messages.create(model="claude-sonnet", max_tokens=64, messages=USER, tools=tools)
 
 

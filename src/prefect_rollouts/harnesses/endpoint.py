@@ -328,10 +328,11 @@ class InterceptionEndpoint:
         status, payload = await session.exchange(chat, raw, request.headers, translated, dialect.alternates)
         if status != 200:
             error = payload["error"]
+            stopped = None
+            if error["code"] == "rollout_stopped":   # it must end the program: the SDKs obey x-should-retry
+                status, stopped = dialect.stop_status, {"x-should-retry": "false"}
             if error["code"] != "upstream_error":   # a failed upstream call is a recorded model call
                 session.refused(request.method, request.url.path, status, error["message"])
-            # a refusal after a stop condition ends the program: the SDKs (and Claude Code) obey x-should-retry
-            stopped = {"x-should-retry": "false"} if error["code"] == "rollout_stopped" else None
             return JSONResponse(dialect.error(status, error["message"], error["code"]), status_code=status,
                                 headers=stopped)
         answer = dialect.from_chat(payload, body)

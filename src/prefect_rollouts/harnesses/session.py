@@ -40,7 +40,7 @@ RETRY_HEADER = "x-stainless-retry-count"
 
 
 def stopped_message(condition: str) -> str:
-    """The refusal text of a request after the rollout stopped (HTTP 400)."""
+    """The refusal text of a request after the rollout stopped (HTTP 400; the dialect's ``stop_status``)."""
     return f"rollout stopped: {condition}"
 
 

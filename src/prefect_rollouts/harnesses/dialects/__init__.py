@@ -28,12 +28,15 @@ class Dialect:
             message joins it as a text part (``ProgramSession.exchange``).
         recorded_headers: Request headers whose values the endpoint records with the translation's
             loss (``anthropic-beta``: what the program asked for that a chat upstream does not do).
+        stop_status: The HTTP status of the refusal after a stop condition (``rollout stopped: ...``):
+            the one this dialect's agents end on at once, without a retry.
     """
 
     name: str = ""
     paths: tuple[str, ...] = ()
     alternates: bool = False
     recorded_headers: tuple[str, ...] = ()
+    stop_status: int = 400
 
     def key(self, headers: Mapping[str, str]) -> str | None:
         """The per-launch key the request bears in this dialect's auth header (OpenAI: ``Authorization:

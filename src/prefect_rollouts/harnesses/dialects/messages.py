@@ -47,6 +47,11 @@ class MessagesDialect(Dialect):
     paths = ("/v1/messages",)
     alternates = True
     recorded_headers = ("anthropic-beta",)
+    stop_status = 403
+    """``permission_error``: the launch's key may no longer be used. Measured with Claude Code 2.1.328
+    (``CLAUDE_CODE_MAX_RETRIES=0``) at ``max_turns = 1``: on a 403 (or a 413) it ends after that one
+    request; on a 400 (or a 422) it resends the request 3 times as it was and 3 times without its tool
+    search before ending (6 refusals); on a 404 it resends it once unstreamed."""
 
     def key(self, headers: Mapping[str, str]) -> str | None:
         """``x-api-key`` (what ``ANTHROPIC_API_KEY`` sends), else ``Authorization: Bearer``
