@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
+from openai.types.chat import ChatCompletionChunk
 
 import prefect_rollouts as vf
 from prefect_rollouts.harnesses.session import ProgramSession
@@ -314,3 +316,20 @@ async def test_previous_response_id_is_refused_saying_to_resend_the_history(open
         'previous_response_id = "resp_1": this endpoint keeps no responses (store = false). Send the whole '
         "conversation in input every time, as Codex does with store = false")
     assert openai_server.requests == []
+
+
+async def test_a_streamed_chat_completion_is_the_chunks_the_sdk_parses(openai_server, agent_config, tmp_path):
+    """Chat's stream, sent in one write since the answer is finished, validated chunk by chunk."""
+    openai_server.play([tool_call("shell", command="ls")])
+    async with launched(agent_config, tmp_path, WIRES[0]) as launch:
+        client = openai.AsyncOpenAI(base_url="http://endpoint/v1", api_key=launch.session.secret, max_retries=0,
+                                    http_client=httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(
+                                        uds=str(launch.endpoint.socket_path))))
+        stream = await client.chat.completions.with_raw_response.create(
+            model="m", messages=[{"role": "user", "content": "go"}], stream=True,
+            stream_options={"include_usage": True})
+        lines = [line async for line in stream.http_response.aiter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [ChatCompletionChunk.model_validate_json(line.removeprefix("data: ")) for line in lines[:-1]]
+    assert chunks[1].choices[0].delta.tool_calls[0].function.name == "shell"
+    assert chunks[2].choices[0].finish_reason == "tool_calls" and chunks[3].usage.total_tokens == 11

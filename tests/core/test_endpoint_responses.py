@@ -138,21 +138,59 @@ async def test_the_refusal_after_a_stop_is_a_400_the_sdk_raises_without_retrying
     assert [r["status"] for r in trace.info["endpoint"]["refused"]] == [400]   # asked once: a 400 is not retried
 
 
-async def test_what_codex_sends_is_accepted_and_what_is_lost_recorded(openai_server, agent_config, tmp_path):
+async def test_codex_0_169s_second_request_is_accepted_and_what_is_lost_recorded(
+        openai_server, agent_config, tmp_path):
+    """The shape Codex CLI 0.169.0 sends (notes-33-wire.md, captured by the agents helper): ids on every
+    item, two leading developer messages, a namespace tool, a tool round trip resent with the call's id
+    and status, ``client_metadata``; no ``instructions``, no ``max_output_tokens``."""
     openai_server.play([reply("done")])
-    body = {"model": "gpt-5-codex", "instructions": "You are Codex.", "store": False, "stream": True,
-            "include": ["reasoning.encrypted_content"], "prompt_cache_key": "thread-1", "parallel_tool_calls": False,
-            "reasoning": {"effort": "medium", "summary": "auto"}, "text": {"verbosity": "low"},
-            "tool_choice": "auto", "tools": [{**SHELL, "strict": True}, {"type": "web_search"}],
-            "input": [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "sandbox"}]},
-                      {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "fix it"}]}]}
+    namespace = {"type": "namespace", "name": "multi_agent_v1", "tools": [{**SHELL, "name": "spawn_agent"}]}
+    body = {"model": "scripted", "stream": True, "tool_choice": "auto", "parallel_tool_calls": True,
+            "reasoning": {"summary": "auto"}, "store": False, "include": ["reasoning.encrypted_content"],
+            "prompt_cache_key": "thread-1", "client_metadata": {"session_id": "s"},
+            "tools": [{**SHELL, "name": "exec_command"}, namespace], "input": [
+                {"type": "message", "id": "msg_1", "role": "developer",
+                 "content": [{"type": "input_text", "text": "sandbox rules"}]},
+                {"type": "message", "id": "msg_2", "role": "developer",
+                 "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
+                {"type": "message", "id": "msg_3", "role": "user", "content": [{"type": "input_text", "text": "env"}]},
+                {"type": "message", "id": "msg_4", "role": "user",
+                 "content": [{"type": "input_text", "text": "What is 2 + 3?"}]},
+                {"type": "function_call", "status": "completed", "id": "fc_resp_1", "name": "exec_command",
+                 "arguments": "{\"cmd\": \"echo 5 > answer.txt\"}", "call_id": "call_resp_1"},
+                {"type": "function_call_output", "id": "fco_1", "call_id": "call_resp_1", "output": "exit 0"}]}
     async with launched(agent_config, tmp_path, RESPONSES) as launch:
         events = await sse(launch, body)
         trace = launch.interaction.trace
     assert events[-1].response.output_text == "done"
     sent = openai_server.requests[0].body
-    assert sent["messages"][0] == {"role": "system", "content": "You are Codex.\n\nsandbox"}
-    assert (sent["parallel_tool_calls"], sent["tool_choice"], len(sent["tools"])) == (False, "auto", 1)
+    assert [(m["role"], m["content"]) for m in sent["messages"]] == [
+        ("system", "sandbox rules\n\nab"), ("user", "env"), ("user", "What is 2 + 3?"), ("assistant", ""),
+        ("tool", "exit 0")]
+    assert sent["messages"][3]["tool_calls"] == [{"id": "call_resp_1", "type": "function", "function": {
+        "name": "exec_command", "arguments": '{"cmd": "echo 5 > answer.txt"}'}}]
+    assert (sent["parallel_tool_calls"], sent["tool_choice"]) == (True, "auto")
+    assert [tool["function"]["name"] for tool in sent["tools"]] == ["exec_command"]
     assert rewrites_of(trace, 0)["translated"] == {
-        "dialect": "responses", "strict_tools": 1, "dropped_tools": ["web_search"], "text_verbosity": "low",
-        "ignored": ["include", "prompt_cache_key", "reasoning", "store"]}
+        "dialect": "responses", "dropped_tools": ["multi_agent_v1"],
+        "ignored": ["client_metadata", "include", "prompt_cache_key", "reasoning", "store"]}
+
+
+async def test_instructions_text_format_and_strict_tools_are_translated_or_recorded(
+        openai_server, agent_config, tmp_path):
+    openai_server.play([reply('{"n": 5}')])
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    body = {"instructions": "Answer in JSON.", "input": "2+3?", "tools": [{**SHELL, "strict": True}],
+            "tool_choice": {"type": "function", "name": "shell"}, "max_output_tokens": 20,
+            "text": {"format": {"type": "json_schema", "name": "sum", "schema": schema, "strict": True},
+                     "verbosity": "low"}}
+    async with launched(agent_config, tmp_path, RESPONSES) as launch:
+        response = Response.model_validate((await launch.post(body)).json())
+        trace = launch.interaction.trace
+    sent = openai_server.requests[0].body
+    assert response.output_text == '{"n": 5}'
+    assert sent["messages"][0] == {"role": "system", "content": "Answer in JSON."}
+    assert sent["response_format"] == {"type": "json_schema", "json_schema": {"name": "sum", "schema": schema,
+                                                                              "strict": True}}
+    assert sent["tool_choice"] == {"type": "function", "function": {"name": "shell"}} and sent["max_tokens"] == 20
+    assert rewrites_of(trace, 0)["translated"] == {"dialect": "responses", "strict_tools": 1, "text_verbosity": "low"}

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from prefect_rollouts.errors import scrub
@@ -337,7 +337,8 @@ class InterceptionEndpoint:
                                 headers=stopped)
         answer = dialect.from_chat(payload, body)
         if dialect.streams(body):
-            return StreamingResponse(dialect.events(answer, body), media_type="text/event-stream")
+            # the answer is finished: its events go in one write (an event per write cost 1-2 ms CPU a call)
+            return Response("".join(dialect.events(answer, body)), media_type="text/event-stream")
         return JSONResponse(answer)
 
     async def _count_tokens(self, request: Request) -> Response:

@@ -70,12 +70,15 @@ class ResponsesDialect(Dialect):
             if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
                 raise ValueError(f"max_output_tokens = {json.dumps(limit)[:40]}: must be a positive integer")
             chat["max_tokens"] = limit
-        if body.get("tools") is not None:
-            chat["tools"] = _tools(body["tools"], lost)
-        if body.get("tool_choice") is not None:
-            choice = _tool_choice(body["tool_choice"], lost)
-            if choice is not None:
-                chat["tool_choice"] = choice
+        tools = _tools(body["tools"], lost) if body.get("tools") is not None else []
+        if tools:
+            chat["tools"] = tools
+            if body.get("tool_choice") is not None:
+                choice = _tool_choice(body["tool_choice"], lost)
+                if choice is not None:
+                    chat["tool_choice"] = choice
+        else:   # chat servers refuse tool_choice and parallel_tool_calls without tools
+            chat.pop("parallel_tool_calls", None)
         if body.get("text") is not None:
             form = _response_format(body["text"], lost)
             if form is not None:
@@ -113,7 +116,8 @@ class ResponsesDialect(Dialect):
             "instructions": asked.get("instructions") if isinstance(asked.get("instructions"), str) else None,
             "model": completion["model"], "output": output,
             "parallel_tool_calls": asked.get("parallel_tool_calls", True) is not False,
-            "tool_choice": asked.get("tool_choice") or "auto", "tools": asked.get("tools") or [],
+            "tool_choice": asked.get("tool_choice") or "auto", "tools": [   # those offered to the model
+                tool for tool in asked.get("tools") or [] if isinstance(tool, dict) and tool.get("type") == "function"],
             "temperature": asked.get("temperature"), "top_p": asked.get("top_p"),
             "max_output_tokens": asked.get("max_output_tokens"), "store": False,
             "usage": {
@@ -254,17 +258,20 @@ def _messages(body: dict[str, Any], lost: dict[str, Any]) -> list[dict[str, Any]
             turn.setdefault("tool_calls", []).append(call)
         elif kind == "function_call_output":
             turn = None
-            output = item.get("output")
-            text = output if isinstance(output, str) else _content(output, f"{where}.output", lost)
+            output = _content(item.get("output"), f"{where}.output", lost)
+            if isinstance(output, list):   # a tool message holds text: its images are lost
+                for part in output:
+                    if part["type"] != "text":
+                        _count(lost, "dropped_parts", "input_image")
+                output = "".join(part.get("text", "") for part in output)
             messages.append({"role": "tool", "tool_call_id": _text(item.get("call_id"), f"{where}.call_id"),
-                             "content": text if isinstance(text, str) else
-                             "".join(part.get("text", "") for part in text)})
+                             "content": output})
         else:
             _count(lost, "dropped_items", kind)
+    if not messages:
+        raise ValueError("input: holds no message (system and developer ones aside). Send at least one user message")
     if system:
         messages.insert(0, {"role": "system", "content": "\n\n".join(system)})
-    if not messages:
-        raise ValueError("input: holds no message. Send at least one user message")
     return messages
 
 
