@@ -350,3 +350,14 @@ async def test_a_probe_before_the_first_main_request_leaves_the_segments_input_t
     await s.sdk.messages.create(model="m", max_tokens=1, messages=[{"role": "user", "content": "quota"}])
     await s.sdk.messages.create(model="m", max_tokens=64, messages=[*USER, {"role": "user", "content": "now"}])
     assert s.session.ctx.segment_inputs == 2 and s.session.main_model == "m"
+
+
+async def test_the_launch_key_in_a_resent_thinking_block_is_scrubbed_from_the_trace(served, openai_server):
+    openai_server.play([reply("done")])
+    s = await served()
+    thinking = {"type": "thinking", "thinking": f"the key is {s.session.secret}", "signature": "c2ln"}
+    turns = [*USER, {"role": "assistant", "content": [thinking, {"type": "text", "text": "ok"}]},
+             {"role": "user", "content": "go on"}]
+    await s.sdk.messages.create(model="m", max_tokens=64, messages=turns)
+    assert s.trace.messages[1]["content"][0] == {**thinking, "thinking": "the key is ***"}
+    assert s.session.secret not in json.dumps(s.trace.model_dump(mode="json"))
