@@ -1,6 +1,8 @@
 """Endpoint CPU per model call, per wire dialect: the same conversation sent as chat completions and as
 OpenAI Responses (what Codex sends: two developer messages, a 17 KB one among them, eight function
-tools, a tool round trip resent with a reasoning item; streamed as Codex streams).
+tools, a tool round trip resent with a reasoning item; streamed as Codex streams), and Claude Code's
+conversation as Anthropic Messages (three system blocks, a system turn among the messages, twelve tools,
+a tool round trip with a thinking block and cache_control marks; about 50 KB as its first request).
 
 Setup: one ``InterceptionEndpoint`` in this process with one ``ProgramSession`` whose model client is a
 stand-in answering at once (no upstream, so this process's CPU is the endpoint's: HTTP parsing, the
@@ -70,15 +72,35 @@ def bodies() -> dict[str, dict[str, Any]]:
                          {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function",
                           "function": {"name": "tool_0", "arguments": call["arguments"]}}]},
                          {"role": "tool", "tool_call_id": "call_1", "content": "o" * 100}]}
+    messages = {
+        "model": "m", "stream": True, "max_tokens": 32000, "metadata": {"user_id": "u" * 150},
+        "thinking": {"type": "adaptive", "display": "updates"}, "output_config": {"effort": "high"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.328;"},
+                   {"type": "text", "text": "You are a Claude agent.", "cache_control": {"type": "ephemeral"}},
+                   {"type": "text", "text": "s" * 6800, "cache_control": {"type": "ephemeral"}}],
+        "tools": [{"name": f"Tool{i}", "description": "d" * 2000, "input_schema": {
+            "type": "object", "properties": {f"p{j}": {"type": "string", "description": "x" * 80} for j in range(5)}}}
+            for i in range(12)],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "e" * 576}, {"type": "text", "text": "What is 2 + 3?"}]},
+            {"role": "system", "content": [{"type": "text", "text": "c" * 9100, "cache_control": {"type": "ephemeral"}}]},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "t" * 300, "signature": "g" * 400},
+                                              {"type": "tool_use", "id": "toolu_1", "name": "Tool0",
+                                               "input": {"p0": "echo $((2+3)) > answer.txt"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "o" * 100,
+                                          "is_error": False, "cache_control": {"type": "ephemeral"}}]}]}
     return {"chat": chat, "chat (not streamed)": {**chat, "stream": False}, "responses": responses,
-            "responses (not streamed)": {**responses, "stream": False}}
+            "responses (not streamed)": {**responses, "stream": False}, "messages": messages,
+            "messages (not streamed)": {**messages, "stream": False}}
 
 
 def client(socket_path: str, secret: str, path: str, body: bytes, calls: int, ready: Any) -> None:
     """The program's side, in a child process: ``calls`` requests, one after another."""
     import httpx
     with httpx.Client(transport=httpx.HTTPTransport(uds=socket_path), base_url="http://endpoint",
-                      headers={"Authorization": f"Bearer {secret}", "Content-Type": "application/json"}) as http:
+                      headers={"Authorization": f"Bearer {secret}", "x-api-key": secret,   # as Claude Code sends
+                               "Content-Type": "application/json"}) as http:
         for index in range(calls):
             if index == WARMUP:
                 ready.send("timed")
@@ -96,7 +118,8 @@ async def measure(endpoint: InterceptionEndpoint, name: str, body: dict[str, Any
     session = ProgramSession(ctx, "p", None, carried=[])   # type: ignore[arg-type]
     endpoint.open_session(session)
     raw = json.dumps(body).encode()
-    path = "/v1/responses" if name.startswith("responses") else "/v1/chat/completions"
+    path = {"responses": "/v1/responses", "messages": "/v1/messages?beta=true"}.get(name.split()[0],
+                                                                                    "/v1/chat/completions")
     ours, theirs = multiprocessing.Pipe()
     child = multiprocessing.Process(target=client, args=(str(endpoint.socket_path), session.secret, path, raw,
                                                          WARMUP + calls, theirs))

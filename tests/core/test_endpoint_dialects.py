@@ -53,6 +53,10 @@ class Wire:
     error: Callable[[dict[str, Any]], str] = lambda answer: answer["error"]["message"]
     auth: Callable[[str], dict[str, str]] = lambda key: {"Authorization": f"Bearer {key}"}
     max_tokens_key: str = "max_tokens"
+    joins_steer: bool = False
+    stop_status: int = 400
+    """The status of the refusal after a stop condition (``Dialect.stop_status``)."""
+    """Its turns alternate strictly: a steer becomes a text part of the user message it follows."""
 
 
 WIRES = [
@@ -67,6 +71,13 @@ WIRES = [
          bad=({"input": [{"role": "user", "content": "x", "type": "message"}, {"type": "function_call"}]},
               "input.1.call_id: must be a string"),
          max_tokens_key="max_output_tokens"),
+    Wire("messages", "/v1/messages?beta=true",
+         body=lambda turns, extra: {"max_tokens": 64, "messages": [{"role": r, "content": t} for r, t in turns],
+                                    **extra},
+         text=lambda answer: answer["content"][0]["text"],
+         bad=({"messages": [{"role": "user", "content": "x"}]}, "max_tokens: required"),
+         auth=lambda key: {"x-api-key": key, "anthropic-version": "2023-06-01"}, joins_steer=True,
+         stop_status=403),
 ]
 
 
@@ -146,7 +157,7 @@ async def test_max_turns_answers_up_to_the_cap_and_refuses_the_next_request(open
     async with launched(agent_config, tmp_path, wire, max_turns=2) as launch:
         answers = [await launch.ask([("user", f"q{index}")]) for index in range(3)]
         trace = launch.interaction.trace
-    assert [answer.status_code for answer in answers] == [200, 200, 400]
+    assert [answer.status_code for answer in answers] == [200, 200, wire.stop_status]
     assert [wire.text(answer.json()) for answer in answers[:2]] == ["ok", "ok"]
     assert wire.error(answers[2].json()) == "rollout stopped: max_turns"
     assert len(openai_server.requests) == 2 and trace.stop_condition == "max_turns"
@@ -163,7 +174,7 @@ async def test_max_turn_tokens_is_imposed_and_the_request_after_a_length_finish_
         second = await launch.ask([("user", "q"), ("assistant", "cut"), ("user", "more")])
         trace = launch.interaction.trace
     assert first.status_code == 200 and wire.text(first.json()) == "cut"
-    assert second.status_code == 400 and wire.error(second.json()) == "rollout stopped: max_turn_tokens"
+    assert second.status_code == wire.stop_status and wire.error(second.json()) == "rollout stopped: max_turn_tokens"
     sent = openai_server.requests[0].body
     assert (sent["model"], sent["temperature"], sent["max_tokens"]) == ("scripted", 0.2, 8)
     imposed = rewrites_of(trace, 0)["imposed"]
@@ -198,7 +209,12 @@ async def test_a_steer_lands_in_the_next_request_and_stays_in_every_later_one(
         trace = launch.interaction.trace
     second, third = (request.messages for request in openai_server.requests[1:3])
     steer = {"role": "user", "content": "use the fast path"}
-    assert receipt.accepted and second[-1] == steer and third[3] == steer and third.count(steer) == 1
+    if wire.joins_steer:   # a text block of the user turn it lands in, at its place in every later request
+        steer = {"role": "user", "content": [{"type": "text", "text": "next"},
+                                             {"type": "text", "text": "use the fast path"}]}
+        assert receipt.accepted and second[-1] == steer and third[2] == steer and len(third) == 5
+    else:
+        assert receipt.accepted and second[-1] == steer and third[3] == steer and third.count(steer) == 1
     assert trace.sends[0].delivered_call == 1 and rewrites_of(trace, 1)["steers_delivered"] == ["s1"]
 
 
@@ -239,7 +255,8 @@ async def test_a_malformed_request_is_a_400_naming_the_field_and_a_huge_one_a_41
     assert bad.status_code == 400 and wire.error(bad.json()).startswith(wire.bad[1]), bad.text
     assert huge.status_code == 413 and wire.error(huge.json()).startswith("the request body is 33554433 bytes")
     assert stranger.status_code == 401 and "unknown or expired API key" in wire.error(stranger.json())
-    assert [(r["path"], r["status"]) for r in refused] == [(wire.path, 400), (wire.path, 413)]
+    path = wire.path.split("?")[0]   # a query string (Claude Code's ?beta=true) is not part of the recorded path
+    assert [(r["path"], r["status"]) for r in refused] == [(path, 400), (path, 413)]
     assert openai_server.requests == []
 
 

@@ -49,7 +49,7 @@ class Gate:
         self.opened = asyncio.Event()
         self.exchanges = 0
 
-    async def exchange(self, body, raw, headers, translated=None):
+    async def exchange(self, body, raw, headers, translated=None, alternates=False):
         self.exchanges += 1
         await self.opened.wait()
         return 200, {"choices": [{"message": {"role": "assistant", "content": str(len(raw))}}]}

@@ -72,16 +72,15 @@ def request_template(config: AgentConfig) -> dict[str, Any]:
 
 def scrub_message(message: dict[str, Any], extra: tuple[str, ...] = ()) -> dict[str, Any]:
     """``message`` with registered secrets (and ``extra``) scrubbed from its text: a string
-    ``content``, the text of content parts, and the ``arguments`` of its tool calls. Returns the
-    same dict when nothing changed, else a copy (the caller's message is never mutated)."""
+    ``content``, the text of content parts (a thinking block's too), and the ``arguments`` of its tool
+    calls. Returns the same dict when nothing changed, else a copy (the caller's message is never mutated)."""
     changed: dict[str, Any] = {}
     content = message.get("content")
     if isinstance(content, str):
         if (cleaned := scrub(content, extra)) != content:
             changed["content"] = cleaned
     elif isinstance(content, list):
-        parts = [{**part, "text": scrub(part["text"], extra)}
-                 if isinstance(part, dict) and isinstance(part.get("text"), str) else part for part in content]
+        parts = [_scrub_part(part, extra) for part in content]
         if parts != content:
             changed["content"] = parts
     calls = message.get("tool_calls")
@@ -97,6 +96,16 @@ def scrub_message(message: dict[str, Any], extra: tuple[str, ...] = ()) -> dict[
         if cleaned_calls != calls:
             changed["tool_calls"] = cleaned_calls
     return {**message, **changed} if changed else message
+
+
+def _scrub_part(part: Any, extra: tuple[str, ...]) -> Any:
+    """A content part with its ``text`` (and a kept Anthropic thinking block's ``thinking``) scrubbed;
+    the same part when nothing changed."""
+    if not isinstance(part, dict):
+        return part
+    changed = {key: cleaned for key in ("text", "thinking") if isinstance(part.get(key), str)
+               and (cleaned := scrub(part[key], extra)) != part[key]}
+    return {**part, **changed} if changed else part
 
 
 async def sample(ctx: SegmentContext, template: dict[str, Any]) -> dict[str, Any] | None:

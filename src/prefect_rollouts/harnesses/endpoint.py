@@ -56,8 +56,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from prefect_rollouts.errors import scrub
 from prefect_rollouts.harnesses.dialects import Dialect
 from prefect_rollouts.harnesses.dialects import chat as chat_dialect
+from prefect_rollouts.harnesses.dialects import messages as messages_dialect
 from prefect_rollouts.harnesses.dialects import responses as responses_dialect
 from prefect_rollouts.harnesses.endpoint_accept import Acceptor, connection_class
 from prefect_rollouts.harnesses.endpoint_limits import (
@@ -87,6 +89,7 @@ SOCKET_NAME = "s"
 DIALECTS: tuple[Dialect, ...] = (
     chat_dialect.DIALECT,
     responses_dialect.DIALECT,
+    messages_dialect.DIALECT,
 )
 """The wire dialects served, each on its ``paths`` (``harnesses/dialects``): one line per dialect."""
 
@@ -145,6 +148,7 @@ class InterceptionEndpoint:
         app = Starlette(routes=[
             *(Route(path, functools.partial(self._serve, dialect=dialect), methods=["POST"])
               for dialect in DIALECTS for path in dialect.paths),
+            Route("/v1/messages/count_tokens", self._count_tokens, methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
             Route("/prefect-rollouts/session", self._session, methods=["GET"]),
             Route("/prefect-rollouts/session/end", self._end, methods=["POST"]),
@@ -311,34 +315,56 @@ class InterceptionEndpoint:
         session = self.sessions.get(dialect.key(request.headers) or "")
         if session is None:
             return self._refuse(request, None, 401, "unknown or expired API key: this endpoint serves the "
-                                "rollouts of one agent, each with the OPENAI_API_KEY it was launched with",
+                                "rollouts of one agent, each with the key it was launched with (OPENAI_API_KEY, "
+                                "ANTHROPIC_API_KEY)",
                                 "invalid_api_key", dialect)
-        chunks, size = [], 0
-        async for chunk in request.stream():   # past the cap, read on but keep nothing: a client still
-            size += len(chunk)                 # sending would not read the 413 (and the relay would stall)
-            if size <= MAX_BODY_BYTES:
-                chunks.append(chunk)
-        if size > MAX_BODY_BYTES:
+        raw, size = await _read_capped(request)
+        if raw is None:
             return self._refuse(request, session, 413, f"the request body is {size} bytes; this endpoint takes "
                                 f"at most {MAX_BODY_BYTES} (MAX_BODY_BYTES)", "request_too_large", dialect)
-        raw = b"".join(chunks)
         try:
             body = read_json(raw)
             chat, lost = dialect.to_chat(body)
         except ValueError as exc:
             return self._refuse(request, session, 400, str(exc), "invalid_request", dialect)
-        translated = None if dialect is chat_dialect.DIALECT else {"dialect": dialect.name, **lost}
-        status, payload = await session.exchange(chat, raw, request.headers, translated)
+        translated = None if dialect is chat_dialect.DIALECT else {"dialect": dialect.name, **lost, **{
+            name: scrub(request.headers[name], (session.secret,))[:500]
+            for name in dialect.recorded_headers if name in request.headers}}
+        status, payload = await session.exchange(chat, raw, request.headers, translated, dialect.alternates)
         if status != 200:
             error = payload["error"]
+            stopped = None
+            if error["code"] == "rollout_stopped":   # it must end the program: the SDKs obey x-should-retry
+                status, stopped = dialect.stop_status, {"x-should-retry": "false"}
             if error["code"] != "upstream_error":   # a failed upstream call is a recorded model call
                 session.refused(request.method, request.url.path, status, error["message"])
-            return JSONResponse(dialect.error(status, error["message"], error["code"]), status_code=status)
+            return JSONResponse(dialect.error(status, error["message"], error["code"]), status_code=status,
+                                headers=stopped)
         answer = dialect.from_chat(payload, body)
         if dialect.streams(body):
             # the answer is finished: its events go in one write (an event per write cost 1-2 ms CPU a call)
             return Response("".join(dialect.events(answer, body)), media_type="text/event-stream")
         return JSONResponse(answer)
+
+    async def _count_tokens(self, request: Request) -> Response:
+        """``POST /v1/messages/count_tokens``: ``{"input_tokens": N}``, an estimate
+        (``dialects.messages.count_tokens``); not a model call (no upstream request, not counted against
+        ``max_turns``), counted on the trace as ``info["endpoint"]["count_tokens"]``."""
+        dialect = messages_dialect.DIALECT
+        session = self.sessions.get(dialect.key(request.headers) or "")
+        if session is None:
+            return self._refuse(request, None, 401, "unknown or expired API key", "invalid_api_key", dialect)
+        raw, size = await _read_capped(request)
+        if raw is None:
+            return self._refuse(request, session, 413, f"the request body is {size} bytes; this endpoint takes "
+                                f"at most {MAX_BODY_BYTES} (MAX_BODY_BYTES)", "request_too_large", dialect)
+        try:
+            tokens = messages_dialect.count_tokens(read_json(raw))
+        except ValueError as exc:
+            return self._refuse(request, session, 400, str(exc), "invalid_request", dialect)
+        record = session.ctx.trace.info.setdefault("endpoint", {})
+        record["count_tokens"] = record.get("count_tokens", 0) + 1
+        return JSONResponse({"input_tokens": tokens})
 
     async def _models(self, request: Request) -> Response:
         session = self._find(request)
@@ -400,6 +426,18 @@ def _write_script(directory: Path, name: str, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+
+
+async def _read_capped(request: Request) -> tuple[bytes | None, int]:
+    """``(the request's body, its size)``, the body None past ``MAX_BODY_BYTES``: past the cap it reads
+    on but keeps nothing
+    (a client still sending would not read the 413, and the relay would stall)."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size <= MAX_BODY_BYTES:
+            chunks.append(chunk)
+    return (None if size > MAX_BODY_BYTES else b"".join(chunks)), size
 
 
 def read_json(raw: bytes) -> Any:

@@ -40,7 +40,7 @@ RETRY_HEADER = "x-stainless-retry-count"
 
 
 def stopped_message(condition: str) -> str:
-    """The refusal text of a request after the rollout stopped (HTTP 400)."""
+    """The refusal text of a request after the rollout stopped (HTTP 400; the dialect's ``stop_status``)."""
     return f"rollout stopped: {condition}"
 
 
@@ -70,6 +70,11 @@ class ProgramSession:
     """The upstream failure relayed to the program, when no call has succeeded since."""
     unserved: str | None = None
     """The first route the program asked for that the endpoint does not serve (``"POST /v1/responses"``)."""
+    main_model: str | None = None
+    """The model the launch's first request (not a probe) asked for: a request asking another is a side
+    request (``side``)."""
+    _main_known: bool = False
+    _main_tools: bool = False
     _splices: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     _replies: dict[str, dict[str, Any]] = field(default_factory=dict)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -91,13 +96,24 @@ class ProgramSession:
             record["refused_more"] = record.get("refused_more", 0) + 1
 
     async def exchange(self, body: Any, raw: bytes, headers: Mapping[str, str],
-                       translated: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+                       translated: dict[str, Any] | None = None,
+                       alternates: bool = False) -> tuple[int, dict[str, Any]]:
         """Answer one chat-completions request of the program: ``(HTTP status, JSON body)``, the body
         a ``chat.completion`` or an OpenAI-shaped error (the route re-shapes both for its dialect).
 
         ``raw`` is the request's body as the program sent it, in its own dialect (a retry is known by
         its hash); ``translated``, for a request in another dialect (``harnesses/dialects``), is
-        ``{"dialect": name, **what the translation lost}``, recorded with the call's rewrites.
+        ``{"dialect": name, **what the translation lost}``, recorded with the call's rewrites;
+        ``alternates``: the dialect's turns alternate strictly (Messages), so a steer landing after a
+        user message joins it as a text part instead of following it.
+
+        A side request (``side``: a probe, another model than the launch's first request asked for, no
+        tools where it offered some: Claude Code's background calls) is sampled and counted like any other
+        (``max_turns``, usage, ``model_calls``) but does not touch the conversation: the trace's
+        messages stay the main one's, no steer is delivered into it, no carried history is put ahead of
+        it, a ``length`` finish under the program's own smaller ``max_tokens`` does not stop the run as
+        ``max_turn_tokens``; its rewrites record ``side`` and ``trace.info["endpoint"]["side_requests"]``
+        lists it (call index, kind, model asked, the reply's first 200 characters).
 
         In order: a retried exchange (same ``Idempotency-Key``, or ``x-stainless-retry-count`` > 0
         with a body already answered) gets the recorded response, nothing is sampled twice; once the
@@ -129,13 +145,17 @@ class ProgramSession:
             problem = _check(body)
             if problem:
                 return 400, _error(problem, "invalid_request")
-            request, messages, rewrites = self._rewrite(body)
+            first = not self._main_known
+            kind = self.side(body)
+            request, messages, rewrites = self._rewrite(body, kind, alternates)
             if translated is not None:
                 rewrites["translated"] = translated
+            main = list(ctx.trace.messages) if kind else None
             ctx.trace.messages[:] = messages
-            if self.calls == 0:   # the program's input messages are not part of what the segment produced
+            if first and kind is None:   # the program's input messages are not part of the segment's output
                 ctx.segment_inputs = _inputs(messages[len(self.carried):])
             self.calls += 1
+            before = ctx.trace.stop_condition
             try:
                 message = await sample(ctx, request)
             except ProviderError as exc:
@@ -143,6 +163,8 @@ class ProgramSession:
                 status = exc.status_code if exc.status_code and exc.status_code >= 400 else 502
                 return status, _error(scrub(f"upstream model call failed: {exc}"), "upstream_error")
             finally:
+                if kind is not None and main is not None:
+                    self._aside(kind, body, request, before, main, len(messages))
                 if rewrites:
                     ctx.trace.info.setdefault("program_rewrites", []).append(
                         {"call": len(ctx.trace.model_calls) - 1, **rewrites})
@@ -157,22 +179,58 @@ class ProgramSession:
                 self._replies[f"key:{key}"] = reply
             return 200, reply
 
-    def _rewrite(self, body: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
-        """``(request keys but messages, upstream messages, rewrites made)`` for ``body``."""
+    def side(self, body: dict[str, Any]) -> str | None:
+        """What kind of side request ``body`` is (``exchange``), or None for the main conversation:
+        ``"probe"`` (``max_tokens`` 1: Claude Code's quota check), ``"other_model"`` (a model other than
+        the one the launch's first non-probe request asked for, ``main_model``: Claude Code's calls to
+        its small fast model, when that has a name of its own), ``"no_tools"`` (no tools, where that
+        first request offered some: an agent's main loop always offers its tools, its title and
+        summary calls do not)."""
+        if body.get("max_tokens", body.get("max_completion_tokens")) == 1:
+            return "probe"
+        if not self._main_known:
+            self.main_model, self._main_known, self._main_tools = body.get("model"), True, bool(body.get("tools"))
+            return None
+        if body.get("model") != self.main_model:
+            return "other_model"
+        return "no_tools" if self._main_tools and not body.get("tools") else None
+
+    def _aside(self, kind: str, body: dict[str, Any], request: dict[str, Any], before: str | None,
+               main: list[dict[str, Any]], sent: int) -> None:
+        """After a side request's call (``sent`` messages): the main conversation back on the trace,
+        the side call listed."""
+        trace = self.ctx.trace
+        reply = trace.messages[-1] if len(trace.messages) > sent else None
+        trace.messages[:] = main
+        cap = self.ctx.config.max_turn_tokens
+        if before is None and trace.stop_condition == "max_turn_tokens" and cap is not None \
+                and request.get("max_tokens", cap) < cap:   # its own small max_tokens, not the rollout's cap
+            trace.stop_condition = None
+        listed = trace.info.setdefault("endpoint", {}).setdefault("side_requests", [])
+        if len(listed) < MAX_REFUSED:
+            text = reply.get("content") if reply and reply.get("role") == "assistant" else None
+            listed.append({"call": len(trace.model_calls) - 1, "kind": kind, "model": body.get("model"),
+                           "reply": scrub(text, (self.secret,))[:200] if isinstance(text, str) else None})
+
+    def _rewrite(self, body: dict[str, Any], side: str | None = None,
+                 alternates: bool = False) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+        """``(request keys but messages, upstream messages, rewrites made)`` for ``body``; a ``side``
+        request gets no steer and no carried history."""
         ctx = self.ctx
-        rewrites: dict[str, Any] = {}
+        rewrites: dict[str, Any] = {"side": side} if side else {}
+        carried = self.carried if side is None else []
         if self._template is None:
             self._template = request_template(ctx.config)
         template = self._template
         own = [scrub_message(message, (self.secret,)) for message in body["messages"]]
-        if self.carried and self.carried[0].get("role") == "system":
+        if carried and carried[0].get("role") == "system":
             dropped = 0
             while own and own[0].get("role") == "system":
                 own.pop(0)
                 dropped += 1
             if dropped:
                 rewrites["dropped_system_messages"] = dropped
-        if ctx.steer_inbox:
+        if ctx.steer_inbox and side is None:
             landed = []
             for record in ctx.steer_inbox:
                 self._splices.append((len(own), {"role": "user", "content": record.text}))
@@ -183,16 +241,19 @@ class ProgramSession:
             rewrites["steers_delivered"] = landed
         spliced: list[dict[str, Any]] = []
         at = 0
-        for position, message in self._splices:
+        for position, message in self._splices if side is None else ():
             position = min(position, len(own))
             spliced.extend(own[at:position])
-            spliced.append(message)
+            if alternates and spliced and spliced[-1].get("role") == "user":   # a text block of that turn
+                spliced[-1] = _joined(spliced[-1], message["content"])
+            else:
+                spliced.append(message)
             at = max(at, position)
         spliced.extend(own[at:])
-        if self._splices:
+        if self._splices and side is None:
             rewrites["steers_spliced"] = len(self._splices)
-        if self.carried:
-            rewrites["carried_messages"] = len(self.carried)
+        if carried:
+            rewrites["carried_messages"] = len(carried)
         request = {key: value for key, value in body.items() if key != "messages" and key not in IMPOSED_OUT}
         asked = body.get("max_completion_tokens", body.get("max_tokens"))
         imposed: dict[str, Any] = {}
@@ -212,7 +273,14 @@ class ProgramSession:
             imposed["n"] = {"program": body["n"], "sent": 1}
         if imposed:
             rewrites["imposed"] = imposed
-        return request, [*self.carried, *spliced], rewrites
+        return request, [*carried, *spliced], rewrites
+
+
+def _joined(message: dict[str, Any], text: str) -> dict[str, Any]:
+    """A copy of user ``message`` with ``text`` as a last text part."""
+    content = message.get("content")
+    parts = list(content) if isinstance(content, list) else [{"type": "text", "text": content or ""}]
+    return {**message, "content": [*parts, {"type": "text", "text": text}]}
 
 
 class _Message(BaseModel):

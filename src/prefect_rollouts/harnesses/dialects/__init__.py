@@ -24,10 +24,19 @@ class Dialect:
     Attributes:
         name: Its name on the trace (``trace.info["program_rewrites"][i]["translated"]["dialect"]``).
         paths: The routes it serves (``POST``), with and without the ``/v1`` prefix.
+        alternates: Its turns alternate strictly (Anthropic Messages): a steer that lands after a user
+            message joins it as a text part (``ProgramSession.exchange``).
+        recorded_headers: Request headers whose values the endpoint records with the translation's
+            loss (``anthropic-beta``: what the program asked for that a chat upstream does not do).
+        stop_status: The HTTP status of the refusal after a stop condition (``rollout stopped: ...``):
+            the one this dialect's agents end on at once, without a retry.
     """
 
     name: str = ""
     paths: tuple[str, ...] = ()
+    alternates: bool = False
+    recorded_headers: tuple[str, ...] = ()
+    stop_status: int = 400
 
     def key(self, headers: Mapping[str, str]) -> str | None:
         """The per-launch key the request bears in this dialect's auth header (OpenAI: ``Authorization:
