@@ -13,7 +13,15 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, model_validator
 
-from prefect_rollouts.bounds import MAX_CPUS, MAX_DEADLINE_S, MAX_MEMORY_MB, MAX_PIDS, MAX_RETRIES, MAX_STORAGE_MB
+from prefect_rollouts.bounds import (
+    MAX_CPUS,
+    MAX_DEADLINE_S,
+    MAX_MEMORY_MB,
+    MAX_PIDS,
+    MAX_RETRIES,
+    MAX_STORAGE_MB,
+    MIN_CPUS,
+)
 from prefect_rollouts.config.base import (
     ClientConfig,
     ConfigModel,
@@ -166,8 +174,8 @@ class RuntimeConfig(ConfigModel):
     """docker: the container image (build the default with ``prefect-rollouts sandbox build``)."""
     workdir: str = "/workspace"
     """docker: the workspace directory in the container (absolute)."""
-    cpus: float = Field(1.0, gt=0, le=MAX_CPUS)
-    """docker: CPU limit, in CPUs (at most 1024: ``bounds.MAX_CPUS``)."""
+    cpus: float = Field(1.0, ge=MIN_CPUS, le=MAX_CPUS)
+    """docker: CPU limit, in CPUs (at least Docker's 0.01, at most 1024: ``bounds.MIN_CPUS``, ``bounds.MAX_CPUS``)."""
     memory_mb: int = Field(2048, ge=16, le=MAX_MEMORY_MB)
     """docker: memory limit, in MiB (at most 1 TiB: ``bounds.MAX_MEMORY_MB``)."""
     pids_limit: int = Field(512, ge=16, le=MAX_PIDS)
