@@ -186,8 +186,9 @@ class RuntimeConfig(ConfigModel):
     Where the storage driver can cap a container (overlay2 on xfs with ``pquota``, btrfs, zfs,
     devicemapper) it caps everything the container writes. Elsewhere (overlay2 on ext4) the root
     filesystem is read-only and the workspace, ``/tmp``, ``/var/tmp``, ``/run`` and HOME are tmpfs
-    of this size each, held in memory and counted against ``memory_mb`` (keep it below that);
-    ``runtimes/docker_storage.py`` has the details. A write past it fails with "No space left on
+    of this size each, held in memory and counted against ``memory_mb`` (keep it below that); so is
+    each ``VOLUME`` path of the image, under either way. ``runtimes/docker_storage.py`` and
+    ``docker_volumes.py`` have the details. A write past it fails with "No space left on
     device" (a tool error the agent sees), and a rollout that filled it ends with an error."""
     docker_network: str = "bridge"
     """docker: the Docker network joined under ``network = "open"``."""
