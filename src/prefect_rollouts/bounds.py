@@ -60,5 +60,10 @@ MAX_CPUS = 1024
 """A box's ``cpus``: more than any host has (Docker refuses more than the host's own count at start;
 as nano-CPUs the value is a 64-bit integer)."""
 
+MIN_CPUS = 0.01
+"""A box's least ``cpus``: Docker's own minimum (``--cpus`` below 0.01 is refused by the CLI; the engine
+passed ``cpus = 1e-9`` on as 1 nano-CPU, and runc failed ``cpus = 0.001`` with ``failed to write "100"``,
+naming no key): a CFS quota of 1 ms per 100 ms period, the kernel's least."""
+
 MAX_PIDS = 4_194_304
 """A box's ``pids_limit``: Linux's ``PID_MAX_LIMIT`` on 64-bit machines, the most PIDs there can be."""

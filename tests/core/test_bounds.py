@@ -112,3 +112,15 @@ def test_an_agent_value_past_its_bound_is_a_config_error_naming_the_key(table, k
         load_config(agent(value))
     assert f"[env.agent.{table}] {key} = {value}" in str(caught.value) and f"equal to {int(bound)}" in str(caught.value)
     load_config(agent(bound))   # the bound itself is allowed
+
+
+# issue 32 (adversarial pass, e12): cpus = 1e-9 started a container with 1 nano-CPU, and 0.001 failed in runc
+# with 'failed to write "100"' naming no key; Docker's own minimum is 0.01
+@pytest.mark.parametrize("value", [1e-9, 0.001, 0.009])
+def test_cpus_below_dockers_minimum_is_a_config_error_naming_the_key(value):
+    def agent(value: object) -> str:
+        return f'[env.agent]\nmodel = "m"\n[env.agent.runtime]\ncpus = {value}\n'
+    with pytest.raises(ConfigError) as caught:
+        load_config(agent(value))
+    assert f"[env.agent.runtime] cpus = {value}" in str(caught.value) and "equal to 0.01" in str(caught.value)
+    assert load_config(agent(bounds.MIN_CPUS)).runtime.cpus == 0.01   # the bound itself is allowed

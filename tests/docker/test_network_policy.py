@@ -161,6 +161,30 @@ async def test_the_allowed_server_answers_and_everything_else_is_refused(servers
     assert sum(not allowed for _, _, _, allowed, _ in log) == 3
 
 
+async def test_star_does_not_reach_a_container_of_this_machine_but_a_rule_naming_it_does(servers):
+    """Issue 32 (adversarial pass, e5): ``allow = ["*"]`` fetched a page from a container beside the box
+    (another box under ``open``, a service's container), by its address and by its decimal form."""
+    egress = EgressProxy()
+    address = servers["allowed.test"]
+    decimal = str(int.from_bytes(bytes(int(part) for part in address.split(".")), "big"))
+    star = make_runtime(docker_config(network={"allow": ["*"]}), egress=egress)
+    exact = make_runtime(docker_config(network={"allow": [f"{address}:8080"]}), egress=egress)
+    await star.start()
+    await exact.start()
+    try:
+        get = _GET.replace("'", '"')
+        refused = [await out(star, python(get, f"http://{host}:8080/")) for host in (address, decimal, "allowed.test")]
+        named = await out(exact, python(get, f"http://{address}:8080/named"))
+    finally:
+        await star.stop()
+        await exact.stop()
+        await egress.stop()
+    for host, answer in zip((address, decimal, "allowed.test"), refused, strict=True):
+        assert answer.startswith(f"403 prefect-rollouts egress proxy: {host}:8080 denied: {host} resolves to "
+                                 f"{address}, an address on one of this machine's bridges"), answer
+    assert named == "200 allowed.test /named"
+
+
 async def test_on_the_servers_own_network_neither_their_addresses_nor_dockers_dns_are_reachable(servers):
     """A user-defined ``docker_network``: its peers are on the container's own link, and Docker's DNS
     server on the container's loopback (127.0.0.11) would answer names, or forward them outside."""

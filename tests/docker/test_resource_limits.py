@@ -1,12 +1,15 @@
 """Resource limits of docker containers on a real engine: capped logs (rollout, isolated scoring and
-the network guard helper), and deaths by memory or the process limit named as such."""
+the network guard helper), deaths by memory or the process limit named as such, and an image's
+``VOLUME`` paths under ``storage_mb``."""
 
 from __future__ import annotations
 
 import asyncio
+import io
 import uuid
 from pathlib import Path
 
+import docker.errors
 import pytest
 from docker.models.containers import ContainerCollection
 
@@ -121,3 +124,45 @@ async def test_a_fork_bomb_at_the_agent_deadline_records_the_process_limit_and_i
     # (the runtime's wrapper and watchdog with its sleep, bash, ls and wc: up to 6) are left
     code, words = trace.info["afterwards"]
     assert code == 0 and words[0] == "alive" and int(words[1]) <= 8, trace.info["afterwards"]
+
+
+# A file at /data in the image, and two VOLUME lines: /data (a service's data directory, as postgres's) and
+# /tmp, which the tmpfs quota mounts already
+_VOLUME_IMAGE = f"""FROM {vf.RuntimeConfig().image}
+USER root
+RUN mkdir -p /data && echo seeded > /data/seed.txt
+VOLUME /data /tmp
+"""
+
+
+@pytest.fixture(scope="module")
+def volume_image(docker_engine):
+    """A small image of the sandbox with ``VOLUME /data /tmp``, removed after the module."""
+    tag = f"pr-volume-test-{uuid.uuid4().hex[:8]}:latest"
+    docker_engine.images.build(fileobj=io.BytesIO(_VOLUME_IMAGE.encode()), tag=tag, rm=True,
+                               labels={f"{LABEL}.test": "1"})
+    yield tag
+    docker_engine.images.remove(tag, force=True)
+
+
+async def test_an_image_s_volume_is_a_tmpfs_within_storage_mb_seeded_with_its_files(docker_engine, volume_image):
+    """Issue 32 (adversarial pass, e4): with storage_mb = 64, dd wrote 300 MiB to an image's VOLUME /data, an
+    anonymous volume on the engine's disk outside the quota."""
+    runtime = make_runtime(docker_config(image=volume_image, storage_mb=32, memory_mb=512),
+                           labels={"run_id": uuid.uuid4().hex})
+    await runtime.start()
+    try:
+        shown = (await runtime.exec("cat /data/seed.txt; head -c 48m /dev/zero > /data/big; echo written=$?; "
+                                    "du -k /data/big | cut -f1; df -P -k /data /tmp | tail -2")).stdout.split()
+        mounts = {mount["Destination"]: mount for mount in docker_engine.api.inspect_container(runtime.id)["Mounts"]}
+        volume = docker_engine.volumes.get(mounts["/data"]["Name"]).attrs
+        with pytest.raises(vf.TaskError, match="storage_mb = 32: the rollout filled its disk quota"):
+            await runtime.check_storage()
+    finally:
+        await runtime.stop()
+    assert shown[:2] == ["seeded", "written=1"] and int(shown[2]) <= 32 * 1024     # ENOSPC at the quota
+    assert (shown[3], shown[4], shown[8], shown[9], shown[14]) == ("tmpfs", str(32 * 1024), "/data", "tmpfs", "/tmp")
+    assert shown[10] == str(32 * 1024)   # /tmp, a place of the quota already and a VOLUME too: one tmpfs of the quota
+    assert volume["Options"] == {"type": "tmpfs", "device": "tmpfs", "o": "size=32m"}   # memory, not the disk
+    with pytest.raises(docker.errors.NotFound):   # removed with the container
+        docker_engine.volumes.get(mounts["/data"]["Name"])

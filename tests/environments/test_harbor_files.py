@@ -142,3 +142,52 @@ async def test_a_link_made_after_loading_is_refused_before_anything_is_copied(tm
             await task.solve(NoRuntime(), Trace(task_id="changed", model="none"))
         else:
             await task.tests(Trace(task_id="changed", model="none"), NoRuntime())
+
+
+# issue 32 (adversarial pass, e16): a hard link cannot be followed to its other names, so a hard-linked
+# instruction.md loaded a host file as the prompt and one under tests/ was uploaded with its contents
+@pytest.mark.parametrize("name", ["instruction.md", "task.toml", "tests/test.sh", "tests/helpers/h",
+                                  "solution/solve.sh", "environment/Dockerfile"])
+def test_a_hard_link_is_refused_by_loading_and_tasks_check_naming_it(tmp_path, name):
+    tasks = tmp_path / "tasks"
+    directory = with_solution(make_task(tasks, "linked"))
+    (directory / "tests" / "helpers").mkdir()
+    (directory / name).unlink(missing_ok=True)
+    (directory / name).hardlink_to(host_file(tmp_path))
+    with pytest.raises(ConfigError) as raised:
+        load_taskset("harbor", {"path": str(tasks)})
+    message = str(raised.value)
+    assert "Harbor task 'linked'" in message and f"{name} is a hard link (2 names of one file)" in message
+    assert "Replace it with a copy of the file" in message and "sk-not-for-the-box" not in message
+    make_task(tasks, "fine")
+    result = CliRunner().invoke(app, ["tasks", "check", str(tasks)])
+    output = "".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert f"{name}isahardlink" in output and "1taskdirectoriesdonotload" in output
+    assert "sk-not-for-the-box" not in output
+
+
+def test_a_copy_of_a_hard_linked_file_loads(tmp_path):
+    directory = make_task(tmp_path, "copied", instruction=None)
+    (directory / "instruction.md").write_text(host_file(tmp_path).read_text())
+    (task,) = load_taskset("harbor", {"path": str(tmp_path)})
+    assert task.data.prompt == "PROVIDER_KEY=sk-not-for-the-box\n"
+
+
+async def test_a_hard_link_made_after_loading_is_refused_before_tests_are_copied(tmp_path):
+    directory = make_task(tmp_path, "changed")
+    (task,) = load_taskset("harbor", {"path": str(tmp_path)})
+    (directory / "tests" / "h").hardlink_to(host_file(tmp_path))
+
+    class NoRuntime:   # nothing may reach the box: the check comes first
+        async def kill_all(self) -> None:
+            pass
+
+        async def exec(self, *args, **kwargs):
+            return type("Result", (), {"exit_code": 0, "stderr": "", "stdout": ""})()
+
+        async def upload(self, source, target):
+            raise AssertionError(f"uploaded {source}")
+
+    with pytest.raises(TaskError, match=r"'changed'.*tests/h is a hard link"):
+        await task.tests(Trace(task_id="changed", model="none"), NoRuntime())

@@ -14,7 +14,15 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, model_validator
 
-from prefect_rollouts.bounds import MAX_CPUS, MAX_DEADLINE_S, MAX_MEMORY_MB, MAX_PIDS, MAX_RETRIES, MAX_STORAGE_MB
+from prefect_rollouts.bounds import (
+    MAX_CPUS,
+    MAX_DEADLINE_S,
+    MAX_MEMORY_MB,
+    MAX_PIDS,
+    MAX_RETRIES,
+    MAX_STORAGE_MB,
+    MIN_CPUS,
+)
 from prefect_rollouts.config.base import (
     ClientConfig,
     ConfigModel,
@@ -185,8 +193,8 @@ class RuntimeConfig(ConfigModel):
     """docker: the container image (build the default with ``prefect-rollouts sandbox build``)."""
     workdir: str = "/workspace"
     """docker: the workspace directory in the container (absolute)."""
-    cpus: float = Field(1.0, gt=0, le=MAX_CPUS)
-    """docker: CPU limit, in CPUs (at most 1024: ``bounds.MAX_CPUS``)."""
+    cpus: float = Field(1.0, ge=MIN_CPUS, le=MAX_CPUS)
+    """docker: CPU limit, in CPUs (at least Docker's 0.01, at most 1024: ``bounds.MIN_CPUS``, ``bounds.MAX_CPUS``)."""
     memory_mb: int = Field(2048, ge=16, le=MAX_MEMORY_MB)
     """docker: memory limit, in MiB (at most 1 TiB: ``bounds.MAX_MEMORY_MB``)."""
     pids_limit: int = Field(512, ge=16, le=MAX_PIDS)
@@ -197,8 +205,9 @@ class RuntimeConfig(ConfigModel):
     Where the storage driver can cap a container (overlay2 on xfs with ``pquota``, btrfs, zfs,
     devicemapper) it caps everything the container writes. Elsewhere (overlay2 on ext4) the root
     filesystem is read-only and the workspace, ``/tmp``, ``/var/tmp``, ``/run`` and HOME are tmpfs
-    of this size each, held in memory and counted against ``memory_mb`` (keep it below that);
-    ``runtimes/docker_storage.py`` has the details. A write past it fails with "No space left on
+    of this size each, held in memory and counted against ``memory_mb`` (keep it below that); so is
+    each ``VOLUME`` path of the image, under either way. ``runtimes/docker_storage.py`` and
+    ``docker_volumes.py`` have the details. A write past it fails with "No space left on
     device" (a tool error the agent sees), and a rollout that filled it ends with an error."""
     docker_network: str = "bridge"
     """docker: the Docker network joined under ``network = "open"``."""

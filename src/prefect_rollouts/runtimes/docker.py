@@ -7,7 +7,7 @@ dropped and ``no-new-privileges``, labelled with the run, rollout and flow run i
 API and the owning process, so the janitor flow can find leftovers and tell whose owner is
 gone. ``network = "none"`` gives it only a loopback interface; under ``{ allow, block }`` its only
 way out is the agent's egress proxy (``docker_network``, ``egress``). ``storage_mb`` is its disk quota,
-enforced as this engine allows (``docker_storage``); ``check_storage`` tells whether it was filled.
+enforced as this engine allows (``docker_storage``, ``docker_volumes``); ``check_storage`` tells whether it was filled.
 The SDK is blocking, so every call runs in a thread of the runtime's own pool (``_in_thread``):
 an ``exec`` holds its thread for the whole command, and asyncio's default pool (``min(32,
 cores + 4)`` threads, 6 here) would queue concurrent commands behind each other. ``stop``
@@ -46,6 +46,7 @@ from prefect_rollouts.errors import InfrastructureError, RuntimeUnavailableError
 from prefect_rollouts.runtimes import docker_limits as resources
 from prefect_rollouts.runtimes import docker_network as net
 from prefect_rollouts.runtimes import docker_storage as storage
+from prefect_rollouts.runtimes import docker_volumes as image_volumes
 from prefect_rollouts.runtimes.base import SCRUB_SLACK_BYTES, ExecResult, output_text
 from prefect_rollouts.runtimes.egress import EgressProxy, Route
 from prefect_rollouts.runtimes.owner import current_owner
@@ -242,12 +243,13 @@ class DockerRuntime:
         quota = storage.quota_options(config, mode, home)
         mounts = [*quota.pop("mounts", []), *(Mount(inside, host, type="bind", read_only=host in self._read_only)
                                                    for host, inside in self.binds.items())]
+        volumes = image_volumes.volume_mounts(config, image, mounts, quota.get("tmpfs", {}))   # the image's VOLUMEs
         try:
             container = client.containers.run(
                 config.image, ["sleep", "infinity"], detach=True, init=True, working_dir=config.workdir,
                 labels=labels, **net.create_options(self.network.mode, config.docker_network),
                 **resources.create_options(config), cap_drop=["ALL"], security_opt=["no-new-privileges"],
-                environment=dict(config.env), mounts=mounts,
+                environment=dict(config.env), mounts=[*mounts, *volumes],
                 **quota)
         except docker.errors.APIError as exc:
             if mode == "size" and storage.refuse_size(exc):
@@ -261,11 +263,11 @@ class DockerRuntime:
             raise RuntimeUnavailableError(f'runtime "docker": cannot start a container from {config.image} '
                                           f"({exc.explanation or exc})") from exc
         if quota:
-            self._quota.update(mode=mode, paths=storage.quota_paths(config, mode, home), enospc=False)
+            self._quota.update(mode=mode, enospc=False, paths=[*storage.quota_paths(config, mode, home),
+                                                               *(volume["Target"] for volume in volumes)])
         try:
-            seed = storage.image_workdir(client, image.id, config.workdir) if quota and mode == "tmpfs" else None
-            if seed:   # the tmpfs workspace hides the image's own files there: copy them in
-                client.api.put_archive(container.id, config.workdir, seed)
+            workspace = [config.workdir] if quota and mode == "tmpfs" else []   # a tmpfs hides the image's files
+            image_volumes.seed(client, container.id, image.id, [*workspace, *(volume["Target"] for volume in volumes)])
         except BaseException:
             _remove(container)
             raise

@@ -15,9 +15,10 @@ What is checked (``NetworkPolicy.decide``; no TLS interception):
 - a plain request ``GET http://host[:port]/path``: the request line's host and the ``Host`` header.
   It is sent upstream in origin form with ``Connection: close``, one request per connection.
 - the address the host resolves to (IPv4 only), the one connected to: a loopback, link-local or
-  unspecified one, or any address of this machine (an interface's, a Docker gateway's), only when
-  the allowing rule names the host exactly, and the proxy's own ports never (``egress_address.py``):
-  ``*`` and globs never reach the machine's own services or cloud metadata.
+  unspecified one, any address of this machine (an interface's, a Docker gateway's) or of a
+  container on its bridges, only when the allowing rule names the host exactly, and the proxy's own
+  ports never (``egress_address.py``): ``*`` and globs never reach the machine's own services, its
+  containers or cloud metadata.
 
 A refused request gets ``403`` with a text body saying what was refused and why; a refused
 server name closes the tunnel. Every request becomes a ``NetworkRecord`` on its route (up to

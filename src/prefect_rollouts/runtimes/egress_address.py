@@ -8,7 +8,13 @@ caught). Under ``*`` or a glob (a rule without ``Rule.exact``) the proxy never c
   (``config.network.is_special_address``);
 - an address of this machine: any of its interfaces' (``eth0``'s, a Docker network's gateway such as
   ``172.17.0.1``), including interfaces added after the proxy started. The kernel is asked at check
-  time (``is_host_address``), so there is no list to keep fresh.
+  time (``is_host_address``), so there is no list to keep fresh;
+- an address this machine reaches directly through an interface that carries no default route
+  (``is_bridged_address``): a Docker bridge's (``docker0``, ``br-...``), a VM's or a VPN's subnet. The
+  containers of this host are this machine's services too: another rollout's box under ``open``, a
+  database's or a model server's container (``allow = ["*"]`` fetched a page from ``172.17.0.3:8000``,
+  a container beside the box, and from its decimal form). Hosts of the LAN the default route's
+  interface is on are not this machine's and stay reachable.
 
 A rule naming the host exactly (``allow = ["172.17.0.1:8000"]``, or a name written as it is) reaches
 those. The proxy's own ports on any address of this machine are refused whatever the rules say: a
@@ -23,6 +29,7 @@ import asyncio
 import contextlib
 import ipaddress
 import socket
+import sys
 from collections.abc import Collection
 
 from prefect_rollouts.config.network import Rule, is_special_address
@@ -47,18 +54,69 @@ def is_host_address(address: str) -> bool:
     return bool(source == address or ipaddress.ip_address(source).is_loopback)
 
 
+ROUTE_TABLE = "/proc/net/route"
+"""The kernel's IPv4 routing table (main table): interface, destination, gateway, mask, metric per line."""
+
+
+def is_bridged_address(address: str, table: str | None = None) -> bool:
+    """True when this machine reaches the IPv4 ``address`` directly (no gateway) through an interface
+    that carries no default route: a container or VM on one of its bridges.
+
+    The route is the kernel's choice, found as the kernel finds it: the longest prefix of ``table``
+    (the text of ``/proc/net/route``; read at each call when None, tens of µs, so bridges that come
+    and go are followed) that holds ``address``, the lowest metric among equals. An address reached
+    through a gateway, or directly on the default route's interface (the LAN), is not bridged.
+    """
+    try:
+        target = int(ipaddress.IPv4Address(address))
+    except ValueError:
+        return False
+    if table is None:
+        try:
+            with open(ROUTE_TABLE) as routes:
+                table = routes.read()
+        except OSError:
+            return False
+    best: tuple[int, int, str, int] | None = None   # (prefix length, -metric, interface, gateway)
+    defaults = set()
+    for line in table.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 8:
+            continue
+        interface, (destination, gateway, flags, metric, mask) = fields[0], (
+            _hex(fields[1]), _hex(fields[2]), int(fields[3], 16), int(fields[6]), _hex(fields[7]))
+        if not flags & 1:   # RTF_UP
+            continue
+        if mask == 0:
+            defaults.add(interface)
+        if target & mask == destination:
+            length = bin(mask).count("1")
+            if best is None or (length, -metric) > best[:2]:
+                best = (length, -metric, interface, gateway)
+    return best is not None and best[0] > 0 and best[3] == 0 and best[2] not in defaults
+
+
+def _hex(field: str) -> int:
+    """An address of ``/proc/net/route`` (hex of the bytes in network order read in the machine's order) as an int."""
+    return int.from_bytes(int(field, 16).to_bytes(4, sys.byteorder), "big")
+
+
 def refusal(host: str, address: str, port: int, rule: Rule | None, proxy_ports: Collection[int]) -> str | None:
     """Why the proxy must not connect to ``address:port`` (what ``host`` resolved to) although
     ``rule`` allowed ``host``; None when it may (module docstring)."""
     special = is_special_address(address)
-    if not (special or is_host_address(address)):
+    host_address = not special and is_host_address(address)
+    if host_address or special:
+        if port in proxy_ports:
+            return f"{address}:{port} is this egress proxy itself, which no rule reaches"
+    elif not is_bridged_address(address):
         return None
-    if port in proxy_ports:
-        return f"{address}:{port} is this egress proxy itself, which no rule reaches"
     if rule is not None and rule.exact:
         return None
     what = ("a loopback or link-local address" if special else
-            "an address of this machine (one of its interfaces, such as a Docker network's gateway)")
+            "an address of this machine (one of its interfaces, such as a Docker network's gateway)" if host_address
+            else "an address on one of this machine's bridges (a container of this host, such as another box or "
+                 "a service's container)")
     return (f"{host} resolves to {address}, {what}, which only a rule naming the host exactly reaches "
             f"(e.g. allow = ['{host}:{port}'])")
 
