@@ -63,7 +63,7 @@ from prefect_rollouts.harnesses.endpoint_limits import (
     EndpointLimits,
     Limiter,
 )
-from prefect_rollouts.nesting import MAX_JSON_DEPTH, loads
+from prefect_rollouts.nesting import MAX_JSON_DEPTH, MAX_JSON_VALUES, loads
 from prefect_rollouts.runtimes.owner import current_owner
 
 if TYPE_CHECKING:
@@ -307,8 +307,10 @@ class InterceptionEndpoint:
         raw = b"".join(chunks)
         try:
             body = read_json(raw)
-        except ValueError as exc:
-            return self._refuse(request, session, 400, str(exc), "invalid_request")
+        except ValueError as exc:   # a JSONRefused names its status: 413 for too many values
+            status = getattr(exc, "status", 400)
+            return self._refuse(request, session, status, str(exc),
+                                "request_too_large" if status == 413 else "invalid_request")
         status, payload = await session.exchange(body, raw, request.headers)
         if status != 200:
             if payload["error"]["code"] != "upstream_error":   # a failed upstream call is a recorded model call
@@ -383,20 +385,24 @@ def _write_script(directory: Path, name: str, data: bytes) -> None:
 
 def read_json(raw: bytes) -> Any:
     """The JSON of a request body, for the route of every dialect: ``NaN`` and ``Infinity`` refused
-    (not JSON, and they cannot be sent upstream), nesting past ``nesting.MAX_JSON_DEPTH`` refused
-    without a ``RecursionError`` (a 100,000-level body used to be a 500 with a traceback).
+    (not JSON, and they cannot be sent upstream), and so is a number that overflows a float
+    (``1e400`` was ``inf``, which httpx failed to send: a 500); nesting past ``nesting.MAX_JSON_DEPTH``
+    refused without a ``RecursionError`` (a 100,000-level body was a 500 with a traceback); more than
+    ``nesting.MAX_JSON_VALUES`` values refused before parsing (32 MiB of ``{},`` parsed to ~900 MB).
 
     Raises:
         ValueError: the text of the 400 that refuses it (``the request body is not JSON (...)``,
-            ``the request body nests deeper than 128 levels ...``).
+            ``the request body nests deeper than 128 levels ...``, ``a number in the request body is
+            out of range (1e400)``); a ``nesting.TooManyValues`` (``status`` 413) past the values.
     """
-    return loads(raw, "the request body", parse_constant=_no_constant,
+    return loads(raw, "the request body", parse_constant=_no_constant, finite=True, values=MAX_JSON_VALUES,
                  fix=f"Send a body nested at most {MAX_JSON_DEPTH} levels deep")
 
 
 def _no_constant(name: str) -> Any:
     """``json.loads`` takes NaN and Infinity, which are not JSON and cannot be sent upstream."""
     raise ValueError(f"{name} is not a JSON number")
+
 
 
 def error(status: int, message: str, code: str | None = None) -> JSONResponse:
