@@ -258,7 +258,7 @@ def door(endpoint, gate) -> str:
 
 async def test_a_rollout_holding_idle_connections_on_its_door_takes_none_from_another_rollout(endpoint, monkeypatch):
     monkeypatch.setattr(endpoint_limits, "MAX_CONNECTIONS_PER_ROLLOUT", 4)
-    endpoint.limits.max_connections = 6
+    endpoint.limits.max_connections = 8   # a share of 4 for each of the two doors
     flood, other = Gate("flood"), Gate("other")
     flood_socket, other_socket = door(endpoint, flood), door(endpoint, other)
     other.opened.set()
@@ -294,3 +294,62 @@ async def ask_at(path: str, request: bytes) -> tuple[int, dict]:
         return await answer(reader)
     finally:
         writer.close()
+
+
+async def test_doors_that_fill_the_cap_in_all_leave_a_new_door_its_share_and_a_refusal_is_read_not_reset(
+        endpoint):
+    endpoint.limits.max_connections = 8
+    flood = [Gate(f"flood{index}") for index in range(4)]
+    sockets = [door(endpoint, gate) for gate in flood]   # a share of 2 each
+    held = [await asyncio.open_unix_connection(path) for path in sockets for _ in range(2)]
+    await until(lambda: _open(endpoint) == 8)
+    reader, writer = await asyncio.open_unix_connection(sockets[0])   # past its share: refused at its door
+    await until(lambda: flood[0].limited == {"connections": 1})
+    writer.write(chat(flood[0]))   # the client writes after the refusal: it still reads it
+    status, body = await answer(reader)
+    writer.close()
+    assert (status, body["error"]["code"]) == (429, "too_many_connections")
+    late = Gate("late")
+    late.opened.set()
+    assert (await ask_at(door(endpoint, late), chat(late)))[0] == 200   # served past the cap, within its share
+    reader, writer = await connect(endpoint)   # the host's socket: past the cap in all
+    await until(lambda: endpoint.limits.refused["connections"] == 2)
+    writer.write(chat(late))
+    assert (await answer(reader))[0] == 503
+    writer.close()
+    for _, writer in held:
+        writer.close()
+    assert late.limited == {} and [gate.limited for gate in flood[1:]] == [{}, {}, {}]
+
+
+async def test_the_descriptor_limit_is_raised_to_the_hard_one(monkeypatch):
+    set_to = []
+    monkeypatch.setattr(endpoint_limits.resource, "getrlimit", lambda _: (1024, 4096))
+    monkeypatch.setattr(endpoint_limits.resource, "setrlimit", lambda kind, limits: set_to.append(limits))
+    endpoint_limits.EndpointLimits()
+    assert set_to == [(4096, 4096)]
+
+
+@pytest.mark.parametrize(("path", "key", "status"), [
+    ("/v1/chat/completions", False, 401), ("/v1/embeddings", True, 404)])
+async def test_a_refused_request_whose_body_trickles_is_answered_and_closed(endpoint, monkeypatch, path, key, status):
+    monkeypatch.setattr(endpoint_limits, "DRAIN_S", 0.2)
+    gate = Gate("a")
+    reader, writer = await asyncio.open_unix_connection(door(endpoint, gate))
+    authorization = f"Authorization: Bearer {gate.secret}\r\n" if key else ""
+    writer.write(f"POST {path} HTTP/1.1\r\nHost: e\r\n{authorization}Transfer-Encoding: chunked\r\n\r\n1\r\n[\r\n"
+                 .encode())   # and no more: a trickle
+    head = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)).decode().lower()
+    assert head.startswith(f"http/1.1 {status}") and "connection: close" in head
+    await asyncio.wait_for(reader.read(), 5)   # then closed: read returns at its end
+    assert reader.at_eof()
+    writer.close()
+
+
+async def test_a_request_without_a_key_has_the_body_deadline(endpoint, monkeypatch):
+    monkeypatch.setattr(endpoint_limits, "BODY_TIMEOUT_S", 0.3)
+    reader, writer = await connect(endpoint)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: e\r\nContent-Length: 100\r\n\r\n{")
+    status, body = await answer(reader)
+    writer.close()
+    assert (status, body["error"]["code"]) == (408, "body_timeout") and endpoint.limits.refused == {"body_timeout": 1}

@@ -4,7 +4,9 @@ sockets; the program tests run real processes on the local runtime)."""
 
 from __future__ import annotations
 
+import json
 import logging
+import sys
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
@@ -15,7 +17,7 @@ import prefect_rollouts as vf
 from prefect_rollouts.harnesses import mini_swe_agent
 from prefect_rollouts.harnesses.endpoint import InterceptionEndpoint
 from prefect_rollouts.harnesses.session import MAX_REFUSED, ProgramSession
-from prefect_rollouts.nesting import MAX_JSON_DEPTH
+from prefect_rollouts.nesting import MAX_JSON_DEPTH, count_values
 from prefect_rollouts.traces import TraceWriter, read_rollouts
 from tests.core.test_program_harness import KEY, Said, program
 from tests.fakes.openai_server import reply
@@ -194,3 +196,44 @@ def test_a_mini_swe_agent_report_nested_too_deep_or_not_an_object_is_no_report(s
     assert mini_swe_agent.report("patch", f"log\n{mini_swe_agent.MARKER}{said}\n") == {}
     assert mini_swe_agent.report("patch", f'{mini_swe_agent.MARKER}{{"exit_status": "Submitted"}}\n')[
         "exit_status"] == "Submitted"
+
+
+async def test_a_body_of_more_values_than_the_bound_is_a_413_before_it_is_parsed(served, monkeypatch):
+    endpoint_module = sys.modules[InterceptionEndpoint.__module__]
+    monkeypatch.setattr(endpoint_module, "MAX_JSON_VALUES", 1000)
+    _, session, client = served
+    junk = b"[" + b",".join([b"{}"] * 1001) + b"]"
+    response = await client.post("/v1/chat/completions", content=b'{"messages": [], "junk": ' + junk + b"}")
+    assert response.status_code == 413
+    error = response.json()["error"]
+    assert error["message"].startswith("the request body holds more than 1000 JSON values (objects, arrays, keys "
+                                       "and items: MAX_JSON_VALUES)")
+    assert error["code"] == "request_too_large"
+    assert [r["status"] for r in session.ctx.trace.info["endpoint"]["refused"]] == [413]
+    commas = json.dumps({"messages": [{"role": "user", "content": [[]]}], "note": "a, b: [c]" * 1000}).encode()
+    response = await client.post("/v1/chat/completions", content=commas)   # within the bound outside strings
+    assert response.status_code == 400 and response.json()["error"]["message"].startswith("messages.0.content")
+
+
+@pytest.mark.parametrize(("text", "outside"), [
+    (b'[{"a": 1}, [2, 3]]', 6),
+    (b'["a, b: {c", "d\\", e", "f\\\\", {"g\\\\\\"h,": 1}]', 6),   # brackets, commas, colons in strings skipped
+    (b'[1, 2, "open, string, to: the end', 3),   # an unterminated string runs to the end
+    (b'["a" "b" "c" "d", 1, 2, 3]', 1),   # strings without separators: invalid from there, json.loads stops
+])
+def test_the_values_counted_are_the_brackets_commas_and_colons_outside_strings(text, outside):
+    assert count_values(text, limit=outside) == outside   # the bytes counted anywhere are more: the text is walked
+    assert count_values(text, limit=outside - 1) == outside   # one past the limit: too many
+
+
+async def test_a_number_past_a_floats_range_is_a_400_naming_it_without_a_traceback(served, capfd):
+    _, session, client = served
+    response = await client.post("/v1/chat/completions", content=b'{"messages": [], "temperature": 1e400}')
+    assert response.status_code == 400
+    message = response.json()["error"]["message"]
+    assert message == ("a number in the request body is out of range (1e400). Send numbers a 64-bit float holds "
+                       "(at most 1.7e308 in size)")
+    assert session.ctx.trace.info["endpoint"]["refused"] == [
+        {"method": "POST", "path": "/v1/chat/completions", "status": 400, "reason": message}]
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err

@@ -68,7 +68,7 @@ from prefect_rollouts.harnesses.endpoint_limits import (
     EndpointLimits,
     Limiter,
 )
-from prefect_rollouts.nesting import MAX_JSON_DEPTH, loads
+from prefect_rollouts.nesting import MAX_JSON_DEPTH, MAX_JSON_VALUES, loads
 from prefect_rollouts.runtimes.owner import current_owner
 
 if TYPE_CHECKING:
@@ -325,8 +325,10 @@ class InterceptionEndpoint:
         try:
             body = read_json(raw)
             chat, lost = dialect.to_chat(body)
-        except ValueError as exc:
-            return self._refuse(request, session, 400, str(exc), "invalid_request", dialect)
+        except ValueError as exc:   # a JSONRefused names its status: 413 for too many values
+            status = getattr(exc, "status", 400)
+            return self._refuse(request, session, status, str(exc),
+                                "request_too_large" if status == 413 else "invalid_request", dialect)
         translated = None if dialect is chat_dialect.DIALECT else {"dialect": dialect.name, **lost, **{
             name: scrub(request.headers[name], (session.secret,))[:500]
             for name in dialect.recorded_headers if name in request.headers}}
@@ -361,7 +363,9 @@ class InterceptionEndpoint:
         try:
             tokens = messages_dialect.count_tokens(read_json(raw))
         except ValueError as exc:
-            return self._refuse(request, session, 400, str(exc), "invalid_request", dialect)
+            status = getattr(exc, "status", 400)
+            return self._refuse(request, session, status, str(exc),
+                                "request_too_large" if status == 413 else "invalid_request", dialect)
         record = session.ctx.trace.info.setdefault("endpoint", {})
         record["count_tokens"] = record.get("count_tokens", 0) + 1
         return JSONResponse({"input_tokens": tokens})
@@ -442,14 +446,17 @@ async def _read_capped(request: Request) -> tuple[bytes | None, int]:
 
 def read_json(raw: bytes) -> Any:
     """The JSON of a request body, for the route of every dialect: ``NaN`` and ``Infinity`` refused
-    (not JSON, and they cannot be sent upstream), nesting past ``nesting.MAX_JSON_DEPTH`` refused
-    without a ``RecursionError`` (a 100,000-level body used to be a 500 with a traceback).
+    (not JSON, and they cannot be sent upstream), and so is a number that overflows a float
+    (``1e400`` was ``inf``, which httpx failed to send: a 500); nesting past ``nesting.MAX_JSON_DEPTH``
+    refused without a ``RecursionError`` (a 100,000-level body was a 500 with a traceback); more than
+    ``nesting.MAX_JSON_VALUES`` values refused before parsing (32 MiB of ``{},`` parsed to ~900 MB).
 
     Raises:
         ValueError: the text of the 400 that refuses it (``the request body is not JSON (...)``,
-            ``the request body nests deeper than 128 levels ...``).
+            ``the request body nests deeper than 128 levels ...``, ``a number in the request body is
+            out of range (1e400)``); a ``nesting.TooManyValues`` (``status`` 413) past the values.
     """
-    return loads(raw, "the request body", parse_constant=_no_constant,
+    return loads(raw, "the request body", parse_constant=_no_constant, finite=True, values=MAX_JSON_VALUES,
                  fix=f"Send a body nested at most {MAX_JSON_DEPTH} levels deep")
 
 

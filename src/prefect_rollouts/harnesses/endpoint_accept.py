@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from prefect_rollouts.harnesses import endpoint_limits
 from prefect_rollouts.harnesses.endpoint_limits import CONNECTION, EndpointLimits
 
 if TYPE_CHECKING:
@@ -33,6 +32,12 @@ ACCEPT_BATCH = 64
 """Connections accepted per wake-up of the listening socket, so the event loop serves the others between."""
 ACCEPT_PAUSE_S = 0.5
 """How long accepting pauses after ``accept`` failed (no descriptor left in the process)."""
+LINGER_S = 1.0
+"""How long a connection refused at accept is kept, reading and dropping what its client sends, before
+it is closed. Closing a Unix socket with unread data resets the client's end, and a client writes its
+request just after connecting: closed at once, it got ``ConnectionResetError`` and never the answer."""
+MAX_LINGERING = 64
+"""Refused connections kept so at once, in all (past it they are closed at once: a flood holds no more)."""
 
 
 def refusal(status: int, message: str, code: str) -> bytes:
@@ -93,12 +98,15 @@ class Acceptor:
     """Accepts the endpoint's connections itself. ``asyncio``'s server accepts a whole backlog before
     any of them reaches its protocol, so a flood ran the eval out of descriptors before a cap there
     could act. Here a connection past ``limits.max_connections`` is answered 503 and closed on the
-    spot; when ``accept`` fails (the process is out of descriptors elsewhere) accepting pauses for
-    ``ACCEPT_PAUSE_S``, counted once per pause, not logged per attempt.
+    spot (its client reads the answer: ``LINGER_S``); when ``accept`` fails (the process is out of
+    descriptors elsewhere) accepting pauses for ``ACCEPT_PAUSE_S``, counted once per pause, not logged per attempt.
 
     On a rollout's own socket (``session`` given: its door) the rollout is known before a byte is
-    read, so its connections past ``endpoint_limits.MAX_CONNECTIONS_PER_ROLLOUT`` are refused (429) there, and a
-    program holding connections open without a request takes no other rollout's.
+    read, so its connections past its share (``EndpointLimits.share``: at most
+    ``endpoint_limits.MAX_CONNECTIONS_PER_ROLLOUT``) are refused (429) there, and a program holding
+    connections open without a request takes no other rollout's. A door within its share is served
+    past the cap in all (up to twice it): rollouts that fill their shares leave a new door its own.
+    Refusals at a door are counted on its rollout's trace (``EndpointLimits.count``).
 
     Args:
         sock: The listening socket (non-blocking); closed by ``close``.
@@ -117,12 +125,16 @@ class Acceptor:
         self.closed = False
 
     def start(self) -> None:
+        if self.session is not None:
+            self.limits.doors += 1
         self.loop.add_reader(self.sock.fileno(), self._accept)
 
     def close(self) -> None:
         """Stop accepting and close the listening socket (idempotent); open connections stay."""
         if not self.closed:
             self.closed = True
+            if self.session is not None:
+                self.limits.doors -= 1
             self.loop.remove_reader(self.sock.fileno())
             self.sock.close()
 
@@ -138,16 +150,17 @@ class Acceptor:
                 self.loop.remove_reader(self.sock.fileno())
                 self.loop.call_later(ACCEPT_PAUSE_S, self._resume)
                 return
-            most = endpoint_limits.MAX_CONNECTIONS_PER_ROLLOUT
+            most = limits.share() if self.session is not None else 0
             if self.session is not None and self.open >= most:
                 limits.count("connections", self.session, f"a rollout opened over {most} connections")
-                _refuse_now(connection, refusal(429, f"this rollout has {most} connections open to the endpoint, its "
-                                                     "most; reuse or close them", "too_many_connections"))
+                self._refuse_now(connection, refusal(429, f"this rollout has {most} connections open to the endpoint, "
+                                                          "its most; reuse or close them", "too_many_connections"))
                 continue
-            if limits.open >= limits.max_connections:
-                limits.count("connections", None, f"more than {limits.max_connections} connections open")
-                _refuse_now(connection, refusal(503, f"the interception endpoint has {limits.max_connections} "
-                                                     "connections open, its most; retry later", "too_many_connections"))
+            if limits.open >= limits.max_connections * (2 if self.session is not None else 1):
+                limits.count("connections", self.session, f"more than {limits.max_connections} connections open")
+                self._refuse_now(connection, refusal(503, f"the interception endpoint has {limits.max_connections} "
+                                                          "connections open, its most; retry later",
+                                                     "too_many_connections"))
                 continue
             limits.open += 1   # until its protocol's connection_lost
             self.open += 1
@@ -177,18 +190,47 @@ class Acceptor:
             self.loop.add_reader(self.sock.fileno(), self._accept)
 
 
-def _refuse_now(connection: socket.socket, response: bytes) -> None:
-    """Write ``response`` on a just-accepted ``connection`` and close it, without waiting. What the
-    client sent so far is read and dropped first: closing a Unix socket with unread data resets the
-    client's end, which then loses the response."""
-    with contextlib.suppress(OSError):   # BlockingIOError: nothing more to read now, or no room to write
-        connection.setblocking(False)
+    def _refuse_now(self, connection: socket.socket, response: bytes) -> None:
+        """Write ``response`` on a just-accepted ``connection``, end its sending side, and close it once
+        its client closed or after ``LINGER_S``, reading and dropping what the client sends meanwhile
+        (``LINGER_S``); past ``MAX_LINGERING`` such connections, at once."""
+        with contextlib.suppress(OSError):   # BlockingIOError: nothing to read now, or no room to write
+            connection.setblocking(False)
+            _drop_input(connection)
+            connection.send(response)
+            connection.shutdown(socket.SHUT_WR)
+        limits, loop = self.limits, self.loop
+        if limits.lingering >= MAX_LINGERING:
+            connection.close()
+            return
+        limits.lingering += 1
+        descriptor = connection.fileno()
+
+        def done() -> None:
+            if connection.fileno() != -1:
+                loop.remove_reader(descriptor)
+                timer.cancel()
+                connection.close()
+                limits.lingering -= 1
+
+        def readable() -> None:
+            if not _drop_input(connection):
+                done()
+        loop.add_reader(descriptor, readable)
+        timer = loop.call_later(LINGER_S, done)
+
+
+def _drop_input(connection: socket.socket) -> bool:
+    """Read and drop what ``connection`` (non-blocking) holds now; False once its client closed."""
+    try:
         for _ in range(16):
             if not connection.recv(65536):
-                break
-    with contextlib.suppress(OSError):
-        connection.send(response)
-    connection.close()
+                return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def connection_class(limits: EndpointLimits) -> type[_Connection]:

@@ -7,8 +7,11 @@ A program can connect to its socket directly, past the launcher's relay, so the 
 its own (as the egress proxy does):
 
 - **connections in all**: at most ``max_connections()`` open at once (a quarter of this process's
-  descriptor limit, at most ``MAX_CONNECTIONS``); one more is answered 503 and closed at once, so a
-  flood cannot use up the eval's file descriptors;
+  descriptor limit, whose soft value ``EndpointLimits`` first raises to the hard one; at most
+  ``MAX_CONNECTIONS``); one more is answered 503 and closed, so a flood cannot use up the eval's
+  file descriptors. The doors share it fairly: a door holds at most its share (``EndpointLimits.share``,
+  the cap split among the open doors), refused 429 at the door past it, and a door within its share
+  is served past the cap (up to twice it), so rollouts filling theirs do not starve a new one;
 - **a request head** must be complete within ``endpoint_accept.HEAD_TIMEOUT_S`` of the connection
   opening or of its first byte (after a response, uvicorn's keep-alive timeout bounds the wait),
   else 408 and closed;
@@ -25,10 +28,12 @@ its own (as the egress proxy does):
 
 A refusal is a chat-completions error object (``{"error": {"message", "type", "code"}}``) with
 ``Connection: close``, answered at once (a body-memory one after reading the body on, keeping
-nothing). One a rollout's key names is counted on its trace, ``trace.info["endpoint"]["limited"]
-[reason]``, and listed with the endpoint's other refusals (``ProgramSession.refused``); all are
-counted in ``EndpointLimits.refused`` and the first of each kind is logged (a flood does not
-flood the console).
+nothing). Every other answer of 400 or more (a route's 401, 404, 405, 400, 413) also closes its
+connection, after reading the body on (at most ``DRAIN_S``), and every request's body, with a key or
+without, has ``BODY_TIMEOUT_S``: a trickle after a refusal held a connection with no deadline. One
+a rollout's key names is counted on its trace, ``trace.info["endpoint"]["limited"][reason]``, and
+listed with the endpoint's other refusals (``ProgramSession.refused``); all are counted in
+``EndpointLimits.refused`` and the first of each kind is logged (a flood does not flood the console).
 """
 
 from __future__ import annotations
@@ -73,6 +78,16 @@ CONNECTION = "prefect_rollouts.connection"
 """The scope extension naming the request's ``_Connection``."""
 
 
+def raise_descriptor_limit() -> None:
+    """Raise this process's soft ``RLIMIT_NOFILE`` to its hard one (as many servers do at startup), so
+    the connections in all (a quarter of the soft limit) are not those of a shell's default 1024: 8
+    rollouts holding 32 connections each filled a cap of 256. Left as it is where it cannot be raised."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(OSError, ValueError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def max_connections() -> int:
     """Connections the endpoint holds at once: a quarter of ``RLIMIT_NOFILE``'s soft limit (the rest is
     the eval's: containers, Parquet files, the model client), between 64 and ``MAX_CONNECTIONS``."""
@@ -95,7 +110,12 @@ class EndpointLimits:
     """
 
     def __init__(self) -> None:
+        raise_descriptor_limit()
         self.max_connections = max_connections()
+        self.doors = 0
+        """Rollouts' doors listening now (``endpoint_accept.Acceptor`` with a session)."""
+        self.lingering = 0
+        """Refused connections kept open a moment to read what their client still sends (``endpoint_accept``)."""
         self.connections: dict[object, str | None] = {}   # endpoint_accept's connections (it imports this module)
         self.open = 0
         """Connections open now (accepted, not yet lost)."""
@@ -105,6 +125,11 @@ class EndpointLimits:
         self._in_flight: Counter[str] = Counter()
         self._held: Counter[str] = Counter()
         self._room = asyncio.Condition()
+
+    def share(self) -> int:
+        """The connections one door may hold: the cap in all split among the open doors, between 1
+        and ``MAX_CONNECTIONS_PER_ROLLOUT``."""
+        return min(MAX_CONNECTIONS_PER_ROLLOUT, max(1, self.max_connections // max(1, self.doors)))
 
     def count(self, reason: str, session: ProgramSession | None, detail: str) -> None:
         """Count a refusal (on ``session``'s trace too), logging the first of its kind."""
@@ -191,10 +216,13 @@ class Limiter:
         self.app, self.limits, self.find = app, limits, find
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        session = self.find(scope) if scope["type"] == "http" else None
-        connection = scope.get("extensions", {}).get(CONNECTION)
-        if session is None or connection is None:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        session = self.find(scope)
+        connection = scope.get("extensions", {}).get(CONNECTION)
+        if session is None or connection is None:   # the routes refuse it: still a body deadline, then closed
+            await self._deadline(scope, receive, send, None)
             return
         secret, limits = session.secret, self.limits
         door = connection.acceptor.session if connection.acceptor is not None else None
@@ -226,14 +254,18 @@ class Limiter:
                     return
                 await self._deadline(scope, receive, send, session)
 
-    async def _refuse(self, scope: Scope, receive: Receive | None, send: Send, session: ProgramSession, reason: str,
-                      status: int, code: str, message: str) -> None:
-        self.limits.count(reason, session, f"a rollout's request: {message}")
-        session.refused(scope["method"], scope["path"], status, message)
+    async def _refuse(self, scope: Scope, receive: Receive | None, send: Send, session: ProgramSession | None,
+                      reason: str, status: int, code: str, message: str) -> None:
+        whose = "a rollout's" if session is not None else "an unknown"
+        self.limits.count(reason, session, f"{whose} request: {message}")
+        if session is not None:
+            session.refused(scope["method"], scope["path"], status, message)
         await _refuse(receive, send, status, message, code)
 
-    async def _deadline(self, scope: Scope, receive: Receive, send: Send, session: ProgramSession) -> None:
-        """Run the routes, ending the request with 408 when its body is not complete in ``BODY_TIMEOUT_S``."""
+    async def _deadline(self, scope: Scope, receive: Receive, send: Send, session: ProgramSession | None) -> None:
+        """Run the routes, ending the request with 408 when its body is not complete in ``BODY_TIMEOUT_S``;
+        an answer of 400 or more is sent after reading the body on (``DRAIN_S`` at most, keeping
+        nothing: a client still sending would not read it) with ``Connection: close``."""
         deadline = asyncio.get_running_loop().time() + BODY_TIMEOUT_S
         state = {"started": False, "late": False, "body_done": False}
 
@@ -255,6 +287,14 @@ class Limiter:
             return message
 
         async def tracked_send(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] >= 400 and not state["late"]:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(DRAIN_S):
+                        while not (state["body_done"] or state["late"]):
+                            await timed_receive()
+                headers = list(message.get("headers", []))
+                if not any(name.lower() == b"connection" for name, _ in headers):
+                    message = {**message, "headers": [*headers, (b"connection", b"close")]}
             if state["late"]:
                 return
             state["started"] = True
