@@ -250,13 +250,16 @@ async def test_a_malformed_request_is_a_400_naming_the_field_and_a_huge_one_a_41
         bad = await launch.http.post(wire.path, json=wire.bad[0], headers=wire.auth(launch.session.secret))
         huge = await launch.http.post(wire.path, content=b"x" * (32 * 1024 * 1024 + 1),
                                       headers=wire.auth(launch.session.secret))
+        dense = await launch.http.post(wire.path, content=b'{"junk": [' + b",".join([b"{}"] * 1_000_001) + b"]}",
+                                       headers=wire.auth(launch.session.secret))   # MAX_JSON_VALUES: not parsed
         stranger = await launch.http.post(wire.path, json=wire.bad[0], headers=wire.auth("sk-someone-else"))
         refused = launch.interaction.trace.info["endpoint"]["refused"]
     assert bad.status_code == 400 and wire.error(bad.json()).startswith(wire.bad[1]), bad.text
     assert huge.status_code == 413 and wire.error(huge.json()).startswith("the request body is 33554433 bytes")
+    assert dense.status_code == 413 and "more than 1000000 JSON values" in wire.error(dense.json())
     assert stranger.status_code == 401 and "unknown or expired API key" in wire.error(stranger.json())
     path = wire.path.split("?")[0]   # a query string (Claude Code's ?beta=true) is not part of the recorded path
-    assert [(r["path"], r["status"]) for r in refused] == [(path, 400), (path, 413)]
+    assert [(r["path"], r["status"]) for r in refused] == [(path, 400), (path, 413), (path, 413)]
     assert openai_server.requests == []
 
 
