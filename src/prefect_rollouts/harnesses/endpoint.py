@@ -46,7 +46,6 @@ import shutil
 import socket
 import tempfile
 from collections.abc import Callable, Iterator
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +61,7 @@ from prefect_rollouts.harnesses.dialects import chat as chat_dialect
 from prefect_rollouts.harnesses.dialects import messages as messages_dialect
 from prefect_rollouts.harnesses.dialects import responses as responses_dialect
 from prefect_rollouts.harnesses.endpoint_accept import Acceptor, connection_class
+from prefect_rollouts.harnesses.endpoint_files import SOCKET_NAME, prepare, restore_scripts
 from prefect_rollouts.harnesses.endpoint_limits import (
     MAX_BODY_BYTES,
     MAX_CONNECTIONS_PER_ROLLOUT,
@@ -69,7 +69,6 @@ from prefect_rollouts.harnesses.endpoint_limits import (
     Limiter,
 )
 from prefect_rollouts.nesting import MAX_JSON_DEPTH, MAX_JSON_VALUES, loads
-from prefect_rollouts.runtimes.owner import current_owner
 
 if TYPE_CHECKING:
     from prefect_rollouts.harnesses.endpoint_accept import _Connection
@@ -83,8 +82,6 @@ MOUNT = "/run/prefect-rollouts"
 DOOR_MOUNT = "/run/prefect-rollouts-door"
 """Where a container sees its rollout's door, read-only: the socket ``s`` of its current launch."""
 
-SOCKET_NAME = "s"
-"""The socket's file name (short: a Unix socket path is limited to 107 bytes)."""
 
 DIALECTS: tuple[Dialect, ...] = (
     chat_dialect.DIALECT,
@@ -143,7 +140,7 @@ class InterceptionEndpoint:
         Raises:
             OSError: the directory or the socket cannot be created.
         """
-        directory, self.sockets, sock, self._scripts = await asyncio.to_thread(_prepare)
+        directory, self.sockets, sock, self._scripts = await asyncio.to_thread(prepare, SCRIPTS)
         self.directory = directory
         app = Starlette(routes=[
             *(Route(path, functools.partial(self._serve, dialect=dialect), methods=["POST"])
@@ -205,24 +202,9 @@ class InterceptionEndpoint:
         Raises:
             RuntimeError: the endpoint is not started.
         """
-        directory = self.directory
-        if directory is None:
+        if self.directory is None:
             raise RuntimeError("the interception endpoint is not started")
-        os.chmod(directory, 0o755)   # a program may have taken its write permission away
-        restored = []
-        for name, genuine in self._scripts.items():
-            path = directory / name
-            try:
-                with open(path, "rb", opener=lambda file, flags: os.open(file, flags | os.O_NOFOLLOW)) as handle:
-                    if os.fstat(handle.fileno()).st_size == len(genuine) and handle.read() == genuine:
-                        continue
-            except OSError:
-                pass   # gone, or a link: written back
-            _write_script(directory, name, genuine)
-            restored.append(name)
-            logger.warning("interception endpoint: %s in %s was changed by a program; the package's copy is "
-                           "back", name, directory)
-        return restored
+        return restore_scripts(self.directory, self._scripts)
 
     def new_door(self) -> Path:
         """A new, empty door: the host directory of one rollout's sockets, to bind read-only into its
@@ -391,45 +373,6 @@ class InterceptionEndpoint:
             return self._refuse(request, None, 401, "unknown or expired API key", "invalid_api_key")
         return JSONResponse({"prompt": session.prompt, "system_prompt": session.system_prompt,
                              "model": session.ctx.config.model})
-
-
-def _prepare() -> tuple[Path, Path, socket.socket, dict[str, bytes]]:
-    """The endpoint's directory with the scripts copied in, its sockets' directory, its own listening
-    socket there, and the scripts' bytes."""
-    directory = Path(tempfile.mkdtemp(prefix=f"rollout-{current_owner()}-", suffix=".endpoint"))
-    sockets = Path(tempfile.mkdtemp(prefix=f"rollout-{current_owner()}-", suffix=".sockets"))
-    try:
-        for made in (directory, sockets):
-            made.chmod(0o755)   # a container's non-root user must reach the scripts and the doors
-        programs = resources.files("prefect_rollouts.harnesses") / "programs"
-        scripts = {name: (programs / name).read_bytes() for name in SCRIPTS}
-        for name, data in scripts.items():
-            _write_script(directory, name, data)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(str(sockets / SOCKET_NAME))
-        os.chmod(sockets / SOCKET_NAME, 0o777)   # connecting needs write permission on the socket
-        sock.listen(1024)
-        sock.setblocking(False)
-    except BaseException:
-        shutil.rmtree(directory, ignore_errors=True)
-        shutil.rmtree(sockets, ignore_errors=True)
-        raise
-    return directory, sockets, sock, scripts
-
-
-def _write_script(directory: Path, name: str, data: bytes) -> None:
-    """Write ``directory/name`` as a new read-only file (``0o555``) holding ``data``, replacing
-    whatever is there (a link is replaced, not followed)."""
-    fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{name}.")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.chmod(temporary, 0o555)
-        os.replace(temporary, directory / name)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
 
 
 async def _read_capped(request: Request) -> tuple[bytes | None, int]:
