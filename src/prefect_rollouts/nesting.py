@@ -7,12 +7,15 @@ pydantic, is the shallowest writer, while the row's other JSON columns (``json.d
 1,000. A program's request nested 300 levels deep was answered, then its rollout had no row.
 Text from outside (a program's request body in any dialect, a reward file, a model's tool
 arguments) is refused past ``MAX_JSON_DEPTH`` levels (``loads``); a value already in a trace is made
-writable by ``cut_deep``.
+writable by ``cut_deep``. TOML (a config file, a ``--set`` value, a task's ``task.toml``) is held
+to the same bound (``toml_loads``): ``tomllib`` recurses per level too, and a config 5,000 arrays
+deep ended in a ``RecursionError`` traceback.
 """
 
 from __future__ import annotations
 
 import json
+import tomllib
 from collections.abc import Callable
 from typing import Any
 
@@ -84,6 +87,26 @@ def loads(text: str | bytes, what: str, *, fix: str = "", limit: int = MAX_JSON_
         brackets = (text.count(b"[") + text.count(b"{") if isinstance(text, bytes)
                     else text.count("[") + text.count("{"))   # counted at C speed: too few, no walk
         if brackets <= limit or not nests_deeper(value, limit):
+            return value
+    raise ValueError(f"{what} nests deeper than {limit} levels (MAX_JSON_DEPTH)" + (f". {fix}" if fix else ""))
+
+
+def toml_loads(text: str, what: str, *, fix: str = "", limit: int = MAX_JSON_DEPTH) -> dict[str, Any]:
+    """``tomllib.loads(text)``, refusing nesting past ``limit`` levels without a ``RecursionError``.
+
+    Tables, dotted keys, arrays and inline tables all count (``a.b = [1]`` is three levels);
+    the parsed document is always walked (``nests_deeper``), since dotted keys nest without brackets.
+
+    Raises:
+        tomllib.TOMLDecodeError: ``text`` is not TOML, as ``tomllib`` says.
+        ValueError: ``"<what> nests deeper than <limit> levels (MAX_JSON_DEPTH). <fix>"``.
+    """
+    try:
+        value = tomllib.loads(text)
+    except RecursionError:
+        pass
+    else:
+        if not nests_deeper(value, limit):
             return value
     raise ValueError(f"{what} nests deeper than {limit} levels (MAX_JSON_DEPTH)" + (f". {fix}" if fix else ""))
 
