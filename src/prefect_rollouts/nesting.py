@@ -9,6 +9,9 @@ Text from outside (a program's request body in any dialect, a reward file, a mod
 arguments) is refused past ``MAX_JSON_DEPTH`` levels (``loads``); a value already in a trace is made
 writable by ``cut_deep``. A request body is also refused past ``MAX_JSON_VALUES`` values before it
 is parsed (``count_values``): parsing makes about 28 times the bytes of a body of empty objects.
+TOML (a config file, a ``--set`` value, a task's ``task.toml``) is held
+to the same bound (``toml_loads``): ``tomllib`` recurses per level too, and a config 5,000 arrays
+deep ended in a ``RecursionError`` traceback.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import tomllib
 from collections.abc import Callable
 from typing import Any
 
@@ -163,6 +167,26 @@ def _finite(what: str) -> Callable[[str], float]:
                               "(at most 1.7e308 in size)")
         return value
     return parse
+
+
+def toml_loads(text: str, what: str, *, fix: str = "", limit: int = MAX_JSON_DEPTH) -> dict[str, Any]:
+    """``tomllib.loads(text)``, refusing nesting past ``limit`` levels without a ``RecursionError``.
+
+    Tables, dotted keys, arrays and inline tables all count (``a.b = [1]`` is three levels);
+    the parsed document is always walked (``nests_deeper``), since dotted keys nest without brackets.
+
+    Raises:
+        tomllib.TOMLDecodeError: ``text`` is not TOML, as ``tomllib`` says.
+        ValueError: ``"<what> nests deeper than <limit> levels (MAX_JSON_DEPTH). <fix>"``.
+    """
+    try:
+        value = tomllib.loads(text)
+    except RecursionError:
+        pass
+    else:
+        if not nests_deeper(value, limit):
+            return value
+    raise ValueError(f"{what} nests deeper than {limit} levels (MAX_JSON_DEPTH)" + (f". {fix}" if fix else ""))
 
 
 def cut_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> tuple[Any, int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import re
 import uuid
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from docker.models.containers import ContainerCollection
 import prefect_rollouts as vf
 from prefect_rollouts.runtimes import docker_limits, docker_storage, make_runtime
 from prefect_rollouts.runtimes.docker import LABEL
-from tests.fakes.openai_server import reply
+from tests.fakes.openai_server import reply, tool_call
 
 pytestmark = [pytest.mark.system, pytest.mark.usefixtures("docker_engine"), pytest.mark.timeout(120)]
 
@@ -166,3 +167,75 @@ async def test_an_image_s_volume_is_a_tmpfs_within_storage_mb_seeded_with_its_fi
     assert volume["Options"] == {"type": "tmpfs", "device": "tmpfs", "o": "size=32m"}   # memory, not the disk
     with pytest.raises(docker.errors.NotFound):   # removed with the container
         docker_engine.volumes.get(mounts["/data"]["Name"])
+
+
+ALLOC = "python3 -c 'x = bytearray(400 * 2**20)'"   # past memory_mb = 128: the OOM killer ends python
+ALLOC_IN_CHILD = "python3 -c 'import subprocess; subprocess.run([\"python3\", \"-c\", \"x = bytearray(400 * 2**20)\"])'"
+
+
+class Said(vf.Task):
+    @vf.reward
+    def said_done(self, trace):
+        return float(trace.last_reply == "done")
+
+
+def tool_results(trace) -> list[str]:
+    return [message["content"] for message in trace.messages if message.get("role") == "tool"]
+
+
+async def test_a_tools_harness_bash_command_killed_for_memory_tells_the_model_and_the_trace(
+        openai_server, agent_config):
+    openai_server.play([tool_call("bash", command=ALLOC), reply("done")])
+    config = agent_config(runtime=docker_config(memory_mb=128))   # the tools harness, its runtime bash tool
+    async with vf.make_agent(config) as agent:
+        trace = await agent.run(Said(vf.TaskData(prompt="go")))
+    assert (trace.errors, trace.reward) == ([], 1.0)
+    [result] = tool_results(trace)
+    assert result.startswith("exit_code: 137 (killed: out of memory (memory_mb = 128))\n"), result
+    [entry] = trace.info["limits_hit"]
+    assert (entry["tool"], entry["command"], entry["exit_code"]) == ("bash", ALLOC, 137)
+    assert set(entry["limits_hit"]) == {"memory"} and "memory_mb = 128" in entry["limits_hit"]["memory"]
+
+
+@pytest.mark.parametrize(("command", "note"), [
+    (ALLOC, "exit_code: -9 (killed: out of memory (memory_mb = 128))"),
+    (ALLOC_IN_CHILD, "exit_code: 0 (1 of its processes killed: out of memory (memory_mb = 128))"),
+])
+async def test_a_bash_program_command_killed_for_memory_tells_the_model_and_the_trace(
+        openai_server, agent_config, command, note):
+    openai_server.play([tool_call("bash", command=command), reply("done")])
+    config = agent_config(harness="bash", runtime=docker_config(memory_mb=128))
+    async with vf.make_agent(config) as agent:
+        trace = await agent.run(Said(vf.TaskData(prompt="go")))
+    assert (trace.errors, trace.reward) == ([], 1.0)
+    [result] = tool_results(trace)
+    assert result.startswith(note + "\n"), result
+    [launch] = trace.info["program"]   # the program exited 0: the launch's limits are read all the same
+    assert launch["exit_code"] == 0 and set(launch["limits_hit"]) == {"memory"}, launch
+
+
+async def test_a_fork_bomb_in_a_bash_program_command_is_killed_and_the_rollout_goes_on(openai_server, agent_config):
+    openai_server.play([tool_call("bash", command=":(){ :|:& };:; sleep 2; echo after"),
+                        tool_call("bash", command="echo still here"), reply("done")])
+    config = agent_config(harness="bash", runtime=docker_config(pids_limit=64))
+    async with vf.make_agent(config) as agent:
+        trace = await asyncio.wait_for(agent.run(Said(vf.TaskData(prompt="go"))), 90)
+    assert (trace.errors, trace.reward, trace.stop_condition) == ([], 1.0, "agent_completed"), trace.info
+    bomb, after = tool_results(trace)
+    assert re.match(r"exit_code: \d+ \(the process limit was hit: \d+ fork\(s\) refused \(pids_limit = 64\); "
+                    r"its processes were killed\)\n", bomb), bomb   # 0, or 254 when sleep could not start
+    assert after == "exit_code: 0\nstdout:\nstill here\n\nstderr:\n"
+    [launch] = trace.info["program"]
+    assert set(launch["limits_hit"]) == {"pids"} and "Traceback" not in launch["stderr_tail"], launch
+
+
+async def test_a_program_that_exits_0_without_the_model_after_a_death_by_memory_says_so(openai_server, agent_config):
+    harness = vf.HarnessConfig(id="program", command=["bash", "-c", ALLOC_IN_CHILD + "; echo survived"])
+    config = agent_config(harness=harness, runtime=docker_config(memory_mb=128), retries=vf.StageRetryConfig(segment=0))
+    async with vf.make_agent(config) as agent:
+        trace = await agent.run(vf.Task(vf.TaskData(prompt="go")))
+    [error] = trace.errors
+    assert error.message.startswith('harness "program": the program exited (code 0) without calling the model '
+                                    "(out of memory: the kernel's OOM killer ended 1 process(es)"), error.message
+    assert "memory_mb = 128" in error.message
+    assert set(trace.info["program"][0]["limits_hit"]) == {"memory"}

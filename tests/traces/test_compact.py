@@ -150,3 +150,16 @@ def test_compaction_leaves_each_model_call_once_on_disk(tmp_path):
     compact_run(tmp_path, "r1")
 
     assert on_disk(tmp_path) == (30, 30, 150) and len(calls(tmp_path, "r1")) == 30
+
+
+def test_a_compaction_refuses_a_file_of_another_schema_and_leaves_the_files_as_they_were(tmp_path):
+    import pyarrow as pa
+
+    write_one_file_per_rollout(tmp_path, "r", 3)
+    other = next((tmp_path / "rollouts").rglob("run_id=r")) / "part-9-other.parquet"
+    pq.write_table(pa.table({"foo": [1, 2]}), other)   # read as rows of nulls, it would be kept in the new file
+    before = sorted(p.name for p in tmp_path.rglob("*.parquet"))
+    with pytest.raises(TraceStoreError, match=r"part-9-other.parquet has no key column environment, task_id, "
+                                              r"rollout_index; it is not a file of rows. Move it out"):
+        compact_run(tmp_path, "r", min_files=2)
+    assert sorted(p.name for p in tmp_path.rglob("*.parquet")) == before

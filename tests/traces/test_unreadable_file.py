@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 import re
+from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
@@ -22,6 +24,7 @@ from prefect_rollouts.traces import (
     durable_keys,
     read_model_calls,
     read_rollouts,
+    read_traces,
     summarize_run,
 )
 from prefect_rollouts.traces.report import format_rollout_list, read_rollout_traces, run_rows
@@ -141,3 +144,71 @@ def test_a_file_removed_between_listing_and_reading_is_listed_again_not_skipped(
     monkeypatch.setattr(files, "partition_files", with_a_file_compaction_removed)
     assert sorted(read_rollouts(dataset, run_id="B")["task_id"]) == ["x", "y", "z"]
     assert calls == ["rollouts", "rollouts"] and skipped_files(caplog) == []
+
+
+def _run_a(root) -> Path:
+    return next((root / "rollouts").rglob("run_id=A"))
+
+
+@pytest.fixture
+def other_schema(dataset):
+    """``dataset`` with its junk file replaced by a readable Parquet file of another schema in run A."""
+    (_run_a(dataset) / JUNK).unlink()
+    pq.write_table(pa.table({"foo": [1, 2]}), _run_a(dataset) / "part-9-other.parquet")
+    return dataset
+
+
+def test_a_parquet_file_without_the_key_columns_is_skipped_not_read_as_rows_of_nulls(other_schema, caplog):
+    caplog.set_level(logging.WARNING)
+    rows = read_rollouts(other_schema, run_id="A")
+    assert sorted(rows["task_id"]) == ["x", "y", "z"] and rows["reward"].tolist() == [1.0] * 3
+    assert durable_keys(other_schema, "A") == {("arith", task, 0) for task in "xyz"}
+    assert summarize_run(other_schema, "A").environments[0].rollouts == 3
+    assert "run A: 3 rollouts" in format_rollout_list(other_schema, "A")
+    warnings = skipped_files(caplog)   # once per meaning: rows left out, rollouts not durable
+    assert len(warnings) == 2 and all("part-9-other.parquet" in warning for warning in warnings)
+    assert re.search(r"skipped file rollouts/date=[\d-]+/run_id=A/part-9-other\.parquet: it has no key column "
+                     r"environment, task_id, rollout_index \(not a file of rollouts rows\); its rows are left out\. "
+                     r"Move the file out of the dataset or delete it", warnings[0])
+
+
+def test_traces_commands_work_beside_a_file_of_another_schema(other_schema):
+    for args in (["summary", str(other_schema), "--run-id", "A"], ["compare", str(other_schema), "A", "B"],
+                 ["show", str(other_schema), "A"]):
+        result = CliRunner().invoke(app, ["traces", *args])
+        assert result.exit_code == 0, (args, result.output, result.exception)
+        assert "nan" not in result.output, (args, result.output)
+
+
+def test_rows_with_a_null_key_are_left_out_and_the_rest_of_their_file_read(dataset, caplog):
+    caplog.set_level(logging.WARNING)
+    (_run_a(dataset) / JUNK).unlink()
+    [good] = _run_a(dataset).glob("part-*.parquet")
+    table = pq.read_table(good)
+    nulled = table.set_column(table.column_names.index("task_id"), "task_id", pa.array(["x", None, "z"]))
+    pq.write_table(nulled, good)
+    assert sorted(read_rollouts(dataset, run_id="A")["task_id"]) == ["x", "z"]
+    assert durable_keys(dataset, "A") == {("arith", "x", 0), ("arith", "z", 0)}
+    assert [message for message in skipped_files(caplog)] == []   # the file itself is read
+    [warning] = [record.getMessage() for record in caplog.records if "skipped rows of file" in record.getMessage()]
+    assert f"skipped rows of file {good.relative_to(dataset).as_posix()}: 1 of its 3 rows have a null key " \
+           "(environment, task_id, rollout_index); those rows are left out" in warning
+
+
+@pytest.mark.parametrize("text", ["{not json", "[" * 100_000 + "]" * 100_000, '{"task_id": 5}'],
+                         ids=["junk", "deep", "not a trace"])
+def test_show_of_a_row_whose_trace_json_cannot_be_read_shows_its_other_columns(dataset, text):
+    (_run_a(dataset) / JUNK).unlink()
+    [good] = _run_a(dataset).glob("part-*.parquet")
+    table = pq.read_table(good)
+    table = table.set_column(table.column_names.index("trace"), "trace", pa.array([text] * 3))
+    pq.write_table(table, good)
+    result = CliRunner().invoke(app, ["traces", "show", str(dataset), "A", "x"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    output = " ".join(result.output.split())
+    assert "task x · index 0 · model m" in output and "reward: 1" in output and "stop agent_completed" in output
+    assert "tokens: prompt 5, completion 2" in output
+    assert "TraceNotReadable in read: the row's trace JSON could not be read (" in output
+    assert "shown is what the row's other columns hold" in output
+    [trace] = read_traces(dataset, run_id="A", task_id="y")
+    assert (trace.task_id, trace.reward, trace.errors[-1].type) == ("y", 1.0, "TraceNotReadable")

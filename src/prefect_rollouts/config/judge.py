@@ -7,14 +7,13 @@ once, at validation, into ``criteria``.
 
 from __future__ import annotations
 
-import json
-import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, ValidationError, ValidationInfo, model_validator
 
 from prefect_rollouts.config.base import JUDGE_TAGS, ClientConfig, ConfigModel, SamplingConfig, explain_error
+from prefect_rollouts.nesting import loads, toml_loads
 
 
 class JudgeConfig(ConfigModel):
@@ -140,7 +139,7 @@ AnyJudgeConfig = Annotated[
 def _read_rubric(path: Path) -> list[RubricCriterion]:
     try:
         text = path.read_text(encoding="utf-8")
-        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+        data = loads(text, "the file") if path.suffix == ".json" else toml_loads(text, "the file")
     except (OSError, ValueError) as exc:
         raise ValueError(f"rubric = {str(path)!r}: cannot read it ({exc}). Give a TOML or JSON file") from exc
     if not isinstance(data, dict) or not isinstance(data.get("criteria"), list):

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 
 from prefect_rollouts.config.base import explain_error
 from prefect_rollouts.errors import ConfigError
+from prefect_rollouts.nesting import MAX_JSON_DEPTH, toml_loads
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,9 @@ def validate_config(model: type[BaseModel], data: Any, section: str, config_dir:
         raise ConfigError("\n".join(explain_error(err, section) for err in exc.errors())) from None
 
 
+_SHALLOWER = "Write it with fewer levels of tables and arrays"
+
+
 def read_toml(source: str | Path) -> dict[str, Any]:
     """Parse ``source``: a ``Path``, a string naming an existing file, or TOML text.
 
@@ -114,7 +118,7 @@ def read_toml(source: str | Path) -> dict[str, Any]:
     path = None if text_like and not _is_file(str(source)) else Path(source)
     try:
         text = path.read_text(encoding="utf-8") if path is not None else str(source)
-        return tomllib.loads(text)
+        return toml_loads(text, _describe(source, path), fix=_SHALLOWER)
     except FileNotFoundError:
         raise ConfigError(f"config file {str(path)!r}: not found. Check the path") from None
     except IsADirectoryError:
@@ -123,6 +127,8 @@ def read_toml(source: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {str(path)!r}: not UTF-8 text ({exc.reason}). Save it as UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{_describe(source, path)}: not valid TOML ({exc})") from None
+    except ValueError as exc:   # nested too deep
+        raise ConfigError(str(exc)) from None
 
 
 def config_dir(source: str | Path) -> Path | None:
@@ -148,22 +154,33 @@ def parse_sets(overrides: Sequence[str]) -> list[tuple[list[str], Any]]:
     value (``3``, ``true``, ``"x"``, ``[1, 2]``, ``{a = 1}``) and taken as a plain string otherwise.
 
     Raises:
-        ConfigError: an item is not ``dotted.key=value``.
+        ConfigError: an item is not ``dotted.key=value``, or its key and value together nest deeper
+            than ``MAX_JSON_DEPTH`` levels.
     """
     sets = []
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--set {item!r}: expected dotted.key=value, e.g. --set env.agent.max_turns=4")
-        sets.append((key.strip().split("."), _parse_value(raw.strip())))
+        path = key.strip().split(".")
+        where = f"--set {_cut(key.strip())}"
+        if len(path) > MAX_JSON_DEPTH:
+            raise ConfigError(f"{where}: the key nests deeper than {MAX_JSON_DEPTH} levels (MAX_JSON_DEPTH). "
+                              f"{_SHALLOWER}")
+        try:   # the value's levels count below the key's (the document's own table is one level)
+            value = toml_loads(f"value = {raw.strip()}", where,
+                               limit=MAX_JSON_DEPTH - len(path) + 1)["value"]
+        except tomllib.TOMLDecodeError:
+            value = raw.strip()
+        except ValueError:
+            raise ConfigError(f"{where}: the key and value nest deeper than {MAX_JSON_DEPTH} levels "
+                              f"(MAX_JSON_DEPTH). {_SHALLOWER}") from None
+        sets.append((path, value))
     return sets
 
 
-def _parse_value(raw: str) -> Any:
-    try:
-        return tomllib.loads(f"value = {raw}")["value"]
-    except tomllib.TOMLDecodeError:
-        return raw
+def _cut(text: str, keep: int = 80) -> str:
+    return text if len(text) <= keep else f"{text[:keep]}... ({len(text)} characters)"
 
 
 def _assign(data: dict[str, Any], path: list[str], value: Any, source: str) -> None:

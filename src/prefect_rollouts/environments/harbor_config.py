@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from prefect_rollouts.bounds import MAX_CPUS, MAX_DEADLINE_S, MAX_MEMORY_MB, MAX_STORAGE_MB
 from prefect_rollouts.config.network import parse_rule
 from prefect_rollouts.errors import ConfigError
+from prefect_rollouts.nesting import toml_loads
 
 log = logging.getLogger("prefect_rollouts.harbor")
 _warned: set[str] = set()
@@ -187,15 +188,19 @@ def read_task_toml(directory: Path, where: str) -> TaskToml:
     """``directory/task.toml`` read and checked; unknown keys are logged once each (per process).
 
     Raises:
-        ConfigError: it is missing, not TOML (the line), or a key has a wrong type (the key and the expected type).
+        ConfigError: it is missing, not TOML (the line), nested deeper than ``MAX_JSON_DEPTH`` levels,
+            or a key has a wrong type (the key and the expected type).
     """
     path = directory / "task.toml"
     if not path.is_file():
         raise ConfigError(f"{where}: task.toml is missing")
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = toml_loads(path.read_text(encoding="utf-8"), f"{where}: task.toml",
+                         fix="Write it with fewer levels of tables and arrays")
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{where}: task.toml is not valid TOML ({exc})") from None
+    except ValueError as exc:   # nested too deep
+        raise ConfigError(str(exc)) from None
     try:
         toml = TaskToml.model_validate(raw)
     except ValidationError as exc:

@@ -27,12 +27,12 @@ Outcome of a launch, in order:
   lines of its stderr (of its stdout when stderr is empty; ``last_lines``).
 
 The exit code, the tails of stdout and stderr (scrubbed) and the byte counts of every launch are in
-``trace.info["program"]``; for a launch that failed or was cut off, also the runtime's limits it hit
-(``limits_hit``: ``Runtime.limits_hit``, e.g. killed for memory at ``memory_mb``), named in its error
-too; ``codex`` and ``claude-code`` add their transcript's name, size and tail there and the whole
-(scrubbed) under ``trace.info["transcripts"]`` (``_keep_transcript``). A later turn launches the
-program again on the new message; the endpoint carries the conversation so far ahead of the
-program's requests (``resume = false`` refuses it).
+``trace.info["program"]``, and the runtime's limits it hit (``limits_hit``: ``Runtime.limits_hit``,
+e.g. a process killed for memory at ``memory_mb``, read after every launch: a program that exits 0
+may have had a command killed), named in its error too; ``codex`` and ``claude-code`` add their
+transcript's name, size and tail there and the whole (scrubbed) under ``trace.info["transcripts"]``
+(``_keep_transcript``). A later turn launches the program again on the new message; the endpoint
+carries the conversation so far ahead of the program's requests (``resume = false`` refuses it).
 """
 
 from __future__ import annotations
@@ -267,8 +267,8 @@ class ProgramHarness:
             self._record(ctx, session, {"exit_code": None, **so_far, **extra,
                                         "killed": f"still running {self.config.stop_grace_s:g} s after the stop"}, hit)
             return
-        if result is not None and (result.exit_code != 0 or result.timed_out) and not ctx.stopped:
-            hit = await runtime.limits_hit()   # a command in the runtime: only for a failure
+        if result is not None and not ctx.stopped:   # a command in the runtime; also after exit 0: a tool
+            hit = await runtime.limits_hit()         # command of the program may have been killed for memory
         self._judge(ctx, session, result, spec, hit, extra)
 
     async def _keep_transcript(self, ctx: SegmentContext, runtime: Runtime, session: ProgramSession) -> dict[str, Any]:
@@ -349,8 +349,9 @@ class ProgramHarness:
                 raise session.provider_error
             if session.calls == 0 and spec.needs_model:
                 raise TaskError(f'harness "{self.id}": the program exited (code 0) without calling the model'
-                                f"{_unserved(session)}. It must send its requests to OPENAI_BASE_URL (chat "
-                                "completions, Responses) with OPENAI_API_KEY, or to ANTHROPIC_BASE_URL (Messages)")
+                                f"{limits}{_unserved(session)}. It must send its requests to OPENAI_BASE_URL "
+                                "(chat completions, Responses) with OPENAI_API_KEY, or to ANTHROPIC_BASE_URL "
+                                "(Messages)")
             return
         if session.provider_error is not None:
             raise session.provider_error

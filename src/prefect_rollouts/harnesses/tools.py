@@ -4,7 +4,9 @@ Per segment: model -> execute its tool calls -> model ... until a reply without 
 (and no steer waiting) or a stop. Before each model call (the safe point) pending steer
 messages are appended as user messages. A tool that raises, an unknown tool, or arguments
 that are not valid JSON become a tool message with the error; the loop goes on. A tool's output
-is scrubbed of registered secrets (``errors.scrub``), then cut to ``tool_output_cap_chars``.
+is scrubbed of registered secrets (``errors.scrub``), then cut to ``tool_output_cap_chars``. A
+``bash`` command the runtime's limits killed says which (``runtime_tools``), and is listed in
+``trace.info["limits_hit"]``.
 """
 
 from __future__ import annotations
@@ -46,7 +48,9 @@ class ToolsHarness:
     async def open(self, ctx: SegmentContext) -> None:
         """Build the tool table and the request template (tools, ``tool_choice``)."""
         specs = [fn if isinstance(fn, ToolSpec) else tool_spec(fn) for fn in ctx.task.tools()]
-        specs += [tool_spec(fn) for fn in runtime_tools(ctx.runtime, self.config.runtime_tools)]
+        specs += [tool_spec(fn) for fn in runtime_tools(
+            ctx.runtime, self.config.runtime_tools,
+            lambda entry: ctx.trace.info.setdefault("limits_hit", []).append(entry))]
         self.tools = {}
         for spec in specs:
             if spec.name in self.tools:
@@ -135,6 +139,13 @@ class ToolsHarness:
         return (result if isinstance(result, str) else json.dumps(result, default=str)), False
 
 
+_KILLED: dict[str, Callable[[Any], str]] = {
+    "memory": lambda config: f"killed: out of memory (memory_mb = {config.memory_mb})",
+    "pids": lambda config: f"the process limit was hit (pids_limit = {config.pids_limit})",
+}
+"""What a bash tool result says of each limit ``Runtime.limits_hit`` names, given the runtime's config."""
+
+
 def deliver_steers(ctx: SegmentContext) -> None:
     """Append waiting steer messages as user messages, in arrival order; mark them delivered."""
     inbox = ctx.steer_inbox
@@ -146,8 +157,15 @@ def deliver_steers(ctx: SegmentContext) -> None:
     inbox.clear()
 
 
-def runtime_tools(runtime: Runtime | None, names: Sequence[str]) -> list[Any]:
-    """The runtime tools ``names`` (``bash``, ``read_file``, ``write_file``) bound to ``runtime``."""
+def runtime_tools(runtime: Runtime | None, names: Sequence[str],
+                  on_limits: Callable[[dict[str, Any]], None] | None = None) -> list[Any]:
+    """The runtime tools ``names`` (``bash``, ``read_file``, ``write_file``) bound to ``runtime``.
+
+    A ``bash`` command killed (SIGKILL, exit code 137 or -9) before its timeout has the runtime's
+    limits read (``Runtime.limits_hit``): its result tells the model which one ("killed: out of memory
+    (memory_mb = 128)"), and ``on_limits`` gets ``{"tool": "bash", "command", "exit_code",
+    "limits_hit": {kind: sentence}}`` (the tools harness appends it to ``trace.info["limits_hit"]``).
+    """
     if runtime is None:
         return []
 
@@ -161,6 +179,12 @@ def runtime_tools(runtime: Runtime | None, names: Sequence[str]) -> list[Any]:
         limit = runtime.config.exec_timeout_s
         result = await runtime.exec(command, timeout=min(timeout, limit) if timeout and timeout > 0 else limit)
         note = " (killed: timeout)" if result.timed_out else ""
+        if result.exit_code in (137, -9) and not result.timed_out:   # SIGKILL: the OOM killer's, or a kill -9
+            hit = await runtime.limits_hit()
+            if hit and on_limits is not None:
+                on_limits({"tool": "bash", "command": scrub(command)[:200], "exit_code": result.exit_code,
+                           "limits_hit": hit})
+            note = "".join(f" ({_KILLED[kind](runtime.config)})" for kind in hit if kind in _KILLED)
         return f"exit_code: {result.exit_code}{note}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
 
     async def read_file(path: str) -> str:

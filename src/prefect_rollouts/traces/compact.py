@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from prefect_rollouts.errors import TraceStoreError
 from prefect_rollouts.traces.files import partition_files
-from prefect_rollouts.traces.schema import MODEL_CALLS, ROLLOUTS
+from prefect_rollouts.traces.schema import KEY_COLUMNS, MODEL_CALLS, ROLLOUTS
 from prefect_rollouts.traces.store import DatasetRoot, dataset_root
 from prefect_rollouts.traces.writer import new_part_name, write_table
 
@@ -71,10 +71,10 @@ def compact_run(root: str | Path | DatasetRoot, run_id: str, *, min_files: int =
             call_files = [f for f in files["model_calls"] if f.split("/")[1] == day]
             if len(rollout_files) < min_files and len(call_files) < min_files:
                 continue
-            rollouts = _read_all(store, rollout_files, ROLLOUTS)
+            rollouts = _read_all(store, rollout_files, ROLLOUTS, KEY_COLUMNS["rollouts"])
             kept = _first_of(rollouts, ["environment", "task_id", "rollout_index"])
             dropped += rollouts.num_rows - kept.num_rows
-            calls = _read_all(store, call_files, MODEL_CALLS)
+            calls = _read_all(store, call_files, MODEL_CALLS, KEY_COLUMNS["model_calls"])
             calls = _first_of(calls.filter(pc.is_in(calls["rollout_id"], value_set=kept["rollout_id"])),
                               ["rollout_id", "call_index"])
             partition = f"{day}/run_id={run_id}/{new_part_name()}"
@@ -114,8 +114,9 @@ def _remove_written(store: DatasetRoot, written: list[str], cause: TraceStoreErr
                               "rows of the run (readers drop them; the next compaction removes them)") from cause
 
 
-def _read_all(store: DatasetRoot, names: list[str], schema: pa.Schema) -> pa.Table:
-    """The rows of ``names`` in this order, as ``schema`` (older files' missing columns as nulls)."""
+def _read_all(store: DatasetRoot, names: list[str], schema: pa.Schema, keys: tuple[str, ...]) -> pa.Table:
+    """The rows of ``names`` in this order, as ``schema`` (older files' missing columns as nulls); a file
+    without the ``keys`` columns is an error, as an unreadable one is."""
     def read(name: str) -> pa.Table:
         try:
             with store.filesystem.open_input_file(store.join(name)) as handle:
@@ -123,6 +124,10 @@ def _read_all(store: DatasetRoot, names: list[str], schema: pa.Schema) -> pa.Tab
         except (OSError, pa.ArrowInvalid) as exc:
             raise TraceStoreError(f"trace dataset {store.uri}: cannot read {name} ({exc}). If the file is damaged or "
                                   "not a file of rows, move it out of the dataset or delete it") from exc
+        missing = [key for key in keys if key not in table.column_names]
+        if missing:   # another schema: its rows would be nulls, kept in the new file
+            raise TraceStoreError(f"trace dataset {store.uri}: {name} has no key column {', '.join(missing)}; "
+                                  "it is not a file of rows. Move it out of the dataset or delete it")
         columns = [table[field.name].cast(field.type) if field.name in table.column_names
                    else pa.nulls(table.num_rows, field.type) for field in schema]
         return pa.Table.from_arrays(columns, schema=schema)

@@ -4,7 +4,10 @@ A read filtered by ``run_id`` (or ``date``) lists and opens only the files under
 ``<table>/date=<day>/run_id=<run>/`` directories, so nothing stored for another run can affect it.
 A file pyarrow cannot read while the store answers (not Parquet, cut short, another schema: a stray
 or damaged file) is skipped, with a warning on the ``prefect_rollouts.traces`` logger that names it
-and says what to do; its rows are left out. A store that cannot be reached is still an error
+and says what to do; its rows are left out. So is a readable Parquet file without the table's key
+columns (``schema.KEY_COLUMNS``; a file of another schema read as the table's was a row of nulls,
+which ``traces summary`` failed on and a resume took for a rollout's key), and a row whose key holds
+a null. A store that cannot be reached is still an error
 (``TraceStoreError``): skipping its files would make durable rollouts look absent (and a resume
 run them again). Must not import Prefect.
 """
@@ -12,16 +15,18 @@ run them again). Must not import Prefect.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Iterable
 from typing import Any
 from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from prefect_rollouts.errors import TraceStoreError
-from prefect_rollouts.traces.schema import PARTITIONING
+from prefect_rollouts.traces.schema import KEY_COLUMNS, PARTITIONING
 from prefect_rollouts.traces.store import DatasetRoot
 
 logger = logging.getLogger("prefect_rollouts.traces")
@@ -91,9 +96,11 @@ def scan(root: DatasetRoot, table: str, files: list[str], schema: pa.Schema, exp
     """The rows of ``files`` (of ``table``) that match ``expression``, as ``schema`` (the table's
     columns and the partition columns ``date`` and ``run_id``), only ``columns`` when given.
 
-    One pyarrow scan of all the files; when it fails, each file is read whole on its own and a file
-    that cannot be read while the store answers is skipped with a warning naming it, ``skipped``
-    saying what that means for the caller (default: its rows are left out).
+    One pyarrow scan of all the files; when it fails, or a row it read has a null key column
+    (``schema.KEY_COLUMNS``: a file of another schema reads as rows of nulls), each file is read
+    whole on its own and a file that cannot be read while the store answers, or has no key
+    columns, is skipped with a warning naming it, ``skipped`` saying what that means for the caller
+    (default: its rows are left out); rows with a null key are left out with a warning naming their file.
 
     Raises:
         TraceStoreError: the store did not answer (a file's bytes could not be read), or
@@ -102,10 +109,15 @@ def scan(root: DatasetRoot, table: str, files: list[str], schema: pa.Schema, exp
     """
     if not files:
         return schema.empty_table().select(columns or schema.names)
+    keys = KEY_COLUMNS.get(table, ())
+    read = None if columns is None else list(dict.fromkeys([*columns, *keys]))   # keys: cheap, and checked
     try:
-        return _dataset(root, table, files, schema).to_table(filter=expression, columns=columns)
+        rows = _dataset(root, table, files, schema).to_table(filter=expression, columns=read)
     except (OSError, pa.ArrowException):
         pass
+    else:
+        if not any(rows.column(key).null_count for key in keys):
+            return rows.select(columns or schema.names)
     tables = [read for name in files if (read := _read_one(root, table, name, schema, skipped)) is not None]
     try:
         rows = pa.concat_tables(tables) if tables else schema.empty_table()
@@ -115,8 +127,9 @@ def scan(root: DatasetRoot, table: str, files: list[str], schema: pa.Schema, exp
 
 
 def _read_one(root: DatasetRoot, table: str, name: str, schema: pa.Schema, skipped: str) -> pa.Table | None:
-    """Every row of file ``name`` as ``schema``, read whole into memory first: an error then is the
-    file's, not the store's. None (and a warning) when it cannot be read."""
+    """Every row of file ``name`` as ``schema`` whose key columns hold values, read whole into memory
+    first: an error then is the file's, not the store's. None (and a warning) when it cannot be read
+    or has no key columns."""
     data = root.read_file(name)   # TraceStoreError when the store does not answer
     if data is None:
         raise FilesChangedError(f"trace dataset {root.uri}: {name} was removed while it was read (a compaction "
@@ -124,19 +137,37 @@ def _read_one(root: DatasetRoot, table: str, name: str, schema: pa.Schema, skipp
     try:
         fragment = ds.ParquetFileFormat().make_fragment(
             pa.BufferReader(data), partition_expression=_HIVE.parse(name.removeprefix(f"{table}/")))
-        return ds.FileSystemDataset([fragment], schema=schema, format=ds.ParquetFileFormat()).to_table()
+        keys = KEY_COLUMNS.get(table, ())
+        missing = [key for key in keys if key not in fragment.physical_schema.names]
+        if missing:
+            _warn(root, name, f"it has no key column {', '.join(missing)} (not a file of {table} rows)", skipped)
+            return None
+        rows = ds.FileSystemDataset([fragment], schema=schema, format=ds.ParquetFileFormat()).to_table()
     except (OSError, pa.ArrowException) as exc:
         text = str(exc).replace("Could not open Parquet input source '<Buffer>': ", "")
         _warn(root, name, f"it cannot be read as Parquet of this table ({type(exc).__name__}: {text})", skipped)
         return None
+    valid = [pc.is_valid(rows.column(key)) for key in keys]
+    if not valid:
+        return rows
+    keyed = functools.reduce(pc.and_, valid)
+    kept = pc.sum(keyed).as_py() or 0
+    if kept == rows.num_rows:
+        return rows
+    if not kept:
+        _warn(root, name, f"every row has a null key ({', '.join(keys)})", skipped)
+        return None
+    _warn(root, name, f"{rows.num_rows - kept} of its {rows.num_rows} rows have a null key ({', '.join(keys)})",
+          "those rows are left out", what="skipped rows of file", fix="Remove those rows from the file")
+    return rows.filter(keyed)
 
 
-def _warn(root: DatasetRoot, name: str, why: str, skipped: str) -> None:
+def _warn(root: DatasetRoot, name: str, why: str, skipped: str, what: str = "skipped file",
+          fix: str = "Move the file out of the dataset or delete it") -> None:
     if (root.uri, name, skipped) in _warned:
         return
     _warned.add((root.uri, name, skipped))
-    logger.warning("trace dataset %s: skipped file %s: %s; %s. Move the file out of the dataset or delete it",
-                   root.uri, name, why, skipped)
+    logger.warning("trace dataset %s: %s %s: %s; %s. %s", root.uri, what, name, why, skipped, fix)
 
 
 def _dataset(root: DatasetRoot, table: str, files: list[str], schema: pa.Schema) -> ds.Dataset:

@@ -7,6 +7,7 @@ Every reader takes the dataset root as a path, an object-store URI (``s3://bucke
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,11 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+from pydantic import ValidationError
 
 from prefect_rollouts.errors import TraceStoreError
-from prefect_rollouts.trace import Trace
+from prefect_rollouts.nesting import loads
+from prefect_rollouts.trace import ErrorRecord, Trace
 from prefect_rollouts.traces.files import LEFT_OUT, read_partitions
 from prefect_rollouts.traces.schema import MODEL_CALLS, PARTITIONING, ROLLOUTS
 from prefect_rollouts.traces.store import DatasetRoot, dataset_root
@@ -112,8 +115,57 @@ def read_network(path: Root, **filters: Any) -> pd.DataFrame:
 
 
 def read_traces(path: Root, **filters: Any) -> list[Trace]:
-    """The full ``Trace`` objects of the matching rollouts."""
-    return [Trace.model_validate_json(text) for text in read_rollouts(path, **filters)["trace"]]
+    """The full ``Trace`` objects of the matching rollouts (``trace_of_row`` of each row)."""
+    return [trace_of_row(row) for row in read_rollouts(path, **filters).to_dict("records")]
+
+
+NOT_READABLE = "TraceNotReadable"
+"""The ``ErrorRecord.type`` ``trace_of_row`` adds to a trace built from a row's other columns."""
+
+
+def trace_of_row(row: Mapping[str, Any]) -> Trace:
+    """The ``Trace`` of one ``rollouts`` row (a record of ``read_rollouts``, every column read).
+
+    Its ``trace`` column's JSON; when that cannot be read (not JSON, nested deeper than pydantic's
+    JSON parser takes, not a trace's shape: a damaged or hand-made row), a ``Trace`` of what the
+    row's other columns hold (rollout id, task, model, reward, rewards, metrics, stop condition,
+    tokens, errors, info; a JSON column that cannot be read is left empty), with an ``ErrorRecord``
+    of type ``NOT_READABLE`` and stage ``read`` saying why. Never raises for what the row holds.
+    """
+    try:
+        return Trace.model_validate_json(row.get("trace") or "")
+    except ValueError as exc:   # pydantic's ValidationError, also for JSON it cannot parse
+        problem = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) and exc.errors() else str(exc)
+    plain = {name: None if _missing(value) else value.item() if isinstance(value, np.generic) else value
+             for name, value in row.items()}
+    started = plain.get("started_at")
+    fields = {"id": plain.get("rollout_id") or "", "task_id": plain.get("task_id") or "",
+              "model": plain.get("model") or "", "reward": plain.get("reward"),
+              "stop_condition": plain.get("stop_condition"), "is_timeout": bool(plain.get("is_timeout")),
+              "started_at": started.timestamp() if isinstance(started, pd.Timestamp) else 0.0,
+              "usage": {key: plain.get(key) or 0 for key in ("prompt_tokens", "completion_tokens", "total_tokens")},
+              **{name: _json_column(plain.get(name), kind)
+                 for name, kind in (("rewards", dict), ("metrics", dict), ("info", dict), ("errors", list))}}
+    try:
+        trace = Trace.model_validate(fields)
+    except ValueError:   # a column of another shape than a trace's: keep what identifies the rollout
+        trace = Trace.model_validate({key: fields[key] for key in ("id", "task_id", "model")})
+    trace.errors.append(ErrorRecord(type=NOT_READABLE, stage="read", message=(
+        f"the row's trace JSON could not be read ({problem[:200]}); shown is what the row's other columns hold")))
+    return trace
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float | np.floating) and np.isnan(value)) or value is pd.NaT
+
+
+def _json_column(text: Any, kind: type) -> Any:
+    """A row's JSON column as ``kind`` (dict or list), empty when it is not one (or not JSON, or too deep)."""
+    try:
+        value = loads(text, "the column") if isinstance(text, str) else None
+    except ValueError:
+        return kind()
+    return value if isinstance(value, kind) else kind()
 
 
 def durable_keys(path: Root, run_id: str) -> set[tuple[str, str, int]]:

@@ -18,7 +18,7 @@ import pandas as pd
 from prefect_rollouts.errors import TraceStoreError
 from prefect_rollouts.trace import Trace, content_text
 from prefect_rollouts.traces.files import run_ids
-from prefect_rollouts.traces.read import read_rollouts
+from prefect_rollouts.traces.read import read_rollouts, trace_of_row
 from prefect_rollouts.traces.run_config import with_harness
 from prefect_rollouts.traces.store import dataset_root
 
@@ -127,7 +127,8 @@ def read_rollout_traces(root: str | Path, run_id: str, task_id: str, index: int 
                         environment: str | None = None) -> list[tuple[str, int, Trace]]:
     """``(environment, rollout index, trace)`` of each rollout of task ``task_id`` in run ``run_id``
     (only rollout ``index``, and only ``environment``, when given), by environment and index. In a
-    suite two environments may hold the same task id.
+    suite two environments may hold the same task id. A row whose ``trace`` JSON cannot be read gives
+    the trace of its other columns, with an error saying so (``read.trace_of_row``).
 
     Raises:
         TraceStoreError: the dataset cannot be read, holds no rollout of ``run_id``, or none of
@@ -149,8 +150,15 @@ def read_rollout_traces(root: str | Path, run_id: str, task_id: str, index: int 
         indices = ", ".join(str(i) for i in sorted(of_task["rollout_index"]))
         raise TraceStoreError(f"task {task_id!r} of run {run_id!r} has no rollout index {index}; it has {indices}")
     chosen = chosen.sort_values(["environment", "rollout_index"])
-    return [(str(env), int(i), Trace.model_validate_json(text))
-            for env, i, text in zip(chosen["environment"], chosen["rollout_index"], chosen["trace"], strict=True)]
+    traces = []
+    for env, i, text in zip(chosen["environment"], chosen["rollout_index"], chosen["trace"], strict=True):
+        try:
+            trace = Trace.model_validate_json(text)
+        except ValueError:   # a damaged or hand-made row: what its other columns hold (read again, whole)
+            row = read_rollouts(root, run_id=run_id, environment=env, task_id=task_id, rollout_index=int(i))
+            trace = trace_of_row(row.iloc[0].to_dict())
+        traces.append((str(env), int(i), trace))
+    return traces
 
 
 def format_rollout(trace: Trace, *, index: int | None = None, environment: str | None = None,

@@ -32,6 +32,10 @@ SCHEMA_VERSION = 5
 DERIVED_FROM_MESSAGES = {"last_reply"}
 """``Trace`` fields the ``trace`` column leaves out: each repeats text of ``messages`` (``Trace`` derives it)."""
 
+KEY_COLUMNS = {"rollouts": ("environment", "task_id", "rollout_index"), "model_calls": ("rollout_id", "call_index")}
+"""The columns that identify a row of each table within its run (readers and compaction keep the first row
+of each key): a file without them is not a file of the table, and a row with a null one identifies nothing."""
+
 PARTITIONING = pa.schema([("date", pa.string()), ("run_id", pa.string())])
 
 ROLLOUTS = pa.schema([

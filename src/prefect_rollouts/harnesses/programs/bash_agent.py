@@ -12,7 +12,11 @@ Runs inside the runtime on Python >= 3.8, standard library only. Environment (se
 
 Loop: POST {model, messages, tools} (no sampling keys: the endpoint imposes them); each ``bash``
 call runs ``bash -c COMMAND`` in the working directory (stdin /dev/null) and is answered with a tool
-message "exit_code: N\\nstdout:\\n...\\nstderr:\\n..." (a bad call: an error text). A reply without
+message "exit_code: N\\nstdout:\\n...\\nstderr:\\n..." (a bad call: an error text). When the box's
+limits acted while it ran (its cgroup's counters, read before and after: ``limits``), the exit code
+line says so, e.g. "exit_code: -9 (killed: out of memory (memory_mb = 128))"; a command that hit the
+process limit (a fork bomb) has its process group killed, as nothing could run after it, this
+program's model requests included. A reply without
 tool calls is printed to stdout: exit 0. Exit 3: HTTP 400 "rollout stopped: <condition>" (printed on
 stderr). Exit 2: any other HTTP error, no connection, a malformed reply or a bad setting (stderr).
 No retries here: the endpoint retries upstream.
@@ -94,9 +98,11 @@ def post(url, key, body):
     raise stop(2, f"bash_agent: POST {url} returned {status}: {message[:500]}")
 
 
-def run_bash(command, timeout_s, keep_bytes, env):
+def run_bash(command, timeout_s, keep_bytes, env, before=None):
     """Run ``bash -c command``: (exit code, stdout, stderr, timed out); each stream keeps ``keep_bytes``.
-    The command ends when bash exits; at the timeout its process group is killed (exit code -9)."""
+    The command ends when bash exits; at the timeout its process group is killed (exit code -9), and
+    also when the process limit refused a fork since ``before`` (``counters()``): a fork bomb left
+    running would leave no process, nor thread, for anything else in the box."""
     proc = subprocess.Popen(["bash", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True, env=env)
     assert proc.stdout is not None and proc.stderr is not None
@@ -127,7 +133,71 @@ def run_bash(command, timeout_s, keep_bytes, env):
     for stream in streams:
         stream.close()
     code = proc.wait()
+    if before is not None and counters().get("max", 0) > before.get("max", 0):
+        kill_group(proc.pid)
     return -9 if timed_out else code, out, err, timed_out
+
+
+def kill_group(pgid):
+    """SIGKILL process group ``pgid`` until it is gone (a fork in flight can add a member); at most 50 times."""
+    for _ in range(50):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:   # ProcessLookupError: no member left
+            return
+        time.sleep(0.02)
+
+
+# The box's cgroup counters (v2, then v1) and limits: what ``docker_limits`` reads from outside.
+COUNTERS = {"oom_kill": ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"),
+            "max": ("/sys/fs/cgroup/pids.events", "/sys/fs/cgroup/pids/pids.events")}
+LIMITS = {"memory_mb": ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"),
+          "pids_limit": ("/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/pids/pids.max")}
+
+
+def counters():
+    """``{"oom_kill": N, "max": N}``: processes the OOM killer ended and forks the process limit refused,
+    in this box's cgroup (a key is missing where there is no such file, as outside a container)."""
+    found: dict = {}
+    for key, paths in COUNTERS.items():
+        for path in paths:
+            try:
+                with open(path) as handle:
+                    for line in handle:
+                        name, _, value = line.partition(" ")
+                        if name == key and value.strip().isdigit():
+                            found[key] = max(found.get(key, 0), int(value))
+            except OSError:
+                continue
+    return found
+
+
+def limit(name):
+    """The box's ``memory_mb`` (MiB) or ``pids_limit`` as text; "?" when unknown."""
+    for path in LIMITS[name]:
+        try:
+            with open(path) as handle:
+                value = handle.read().strip()
+        except OSError:
+            continue
+        if value.isdigit():
+            return str(int(value) // 2**20) if name == "memory_mb" else value
+    return "?"
+
+
+def limits(before, after, code):
+    """What the box's limits did while a command ran (counters ``before`` and ``after``; ``code``: its
+    exit code), as a note for its exit code line; "" when nothing."""
+    notes = []
+    killed = after.get("oom_kill", 0) - before.get("oom_kill", 0)
+    if killed > 0:
+        what = "killed" if code in (-9, 137) else f"{killed} of its processes killed"
+        notes.append(f"{what}: out of memory (memory_mb = {limit('memory_mb')})")
+    refused = after.get("max", 0) - before.get("max", 0)
+    if refused > 0:
+        notes.append(f"the process limit was hit: {refused} fork(s) refused (pids_limit = {limit('pids_limit')}); "
+                     "its processes were killed")
+    return "; ".join(notes)
 
 
 def tool_result(call, timeout_s, cap, key, env):
@@ -143,11 +213,13 @@ def tool_result(call, timeout_s, cap, key, env):
     command = arguments.get("command") if isinstance(arguments, dict) else None
     if not isinstance(command, str):
         return 'Error: invalid arguments for \'bash\': expected {"command": "<shell command>"}.'
+    before = counters()
     try:
-        code, out, err, timed_out = run_bash(command, timeout_s, 4 * cap, env)
+        code, out, err, timed_out = run_bash(command, timeout_s, 4 * cap, env, before)
     except OSError as exc:
         return f"Error: cannot run bash: {exc}"
-    note = " (killed: timeout)" if timed_out else ""
+    acted = limits(before, counters(), code)
+    note = " (killed: timeout)" if timed_out else f" ({acted})" if acted else ""
     output = f"exit_code: {code}{note}\nstdout:\n{out}\nstderr:\n{err}".replace(key, "[redacted]")
     if len(output) > cap:
         output = output[:cap] + f"\n[output cut at {cap} characters]"

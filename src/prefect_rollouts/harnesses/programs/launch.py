@@ -205,8 +205,18 @@ def relay(listener, path):
             slots.release()
             continue
         done = functools.partial(finish, [1, 2], (client, upstream), slots)
-        threading.Thread(target=pump, args=(client, upstream, done), daemon=True).start()
-        threading.Thread(target=pump, args=(upstream, client, done), daemon=True).start()
+        for started, (source, target) in enumerate(((client, upstream), (upstream, client))):
+            try:
+                threading.Thread(target=pump, args=(source, target, done), daemon=True).start()
+            except RuntimeError:   # no thread to be had (the process limit, a fork bomb's): refuse it, go on
+                for end in (client, upstream):
+                    try:
+                        end.shutdown(socket.SHUT_RDWR)   # ends the pump that started, which does its done()
+                    except OSError:
+                        pass
+                for _ in range(2 - started):
+                    done()
+                break
 
 
 def tail(fd, keep, counts, index, changed):
