@@ -22,6 +22,7 @@ import pytest
 from openai.types.chat import ChatCompletionChunk
 
 import prefect_rollouts as vf
+from prefect_rollouts.harnesses.dialects import echo
 from prefect_rollouts.harnesses.session import ProgramSession
 from tests.core.test_program_harness import KEY, Said, program
 from tests.fakes.openai_server import reply, tool_call
@@ -241,6 +242,37 @@ async def test_the_launch_key_is_scrubbed_from_what_goes_upstream_and_onto_the_t
     assert openai_server.requests[0].messages[-1]["content"] == "my key is ***"
     assert openai_server.requests[0].headers["authorization"] == f"Bearer {KEY}"
     assert secret not in json.dumps(trace.model_dump(mode="json"))
+
+
+@parametrised
+async def test_the_launch_key_is_scrubbed_from_every_string_and_key_of_the_body(
+        openai_server, agent_config, tmp_path, wire):
+    openai_server.play([reply("ok")])
+    async with launched(agent_config, tmp_path, wire) as launch:
+        secret = launch.session.secret
+        answer = await launch.ask([("user", "go")], model=secret, metadata={secret: f"x{secret}"})
+        bad = await launch.ask([("user", "go")], **{wire.max_tokens_key: secret})
+        trace = launch.interaction.trace
+    assert answer.status_code == 200 and bad.status_code == 400
+    assert rewrites_of(trace, 0)["imposed"]["model"] == {"program": "***", "sent": "scripted"}
+    assert secret[:20] not in json.dumps(trace.model_dump(mode="json"))
+    assert secret[:20] not in json.dumps([request.body for request in openai_server.requests])
+
+
+def test_an_error_echoes_a_long_value_as_its_type_and_size_never_a_cut():
+    assert echo("k" * 43) == "a str of 43 characters" and echo([1] * 30) == "a list of 30 items"
+    assert echo("short") == '"short"' and echo(7) == "7"
+
+
+@parametrised
+async def test_a_lone_surrogate_is_a_400_naming_it(openai_server, agent_config, tmp_path, wire):
+    async with launched(agent_config, tmp_path, wire) as launch:
+        raw = json.dumps(wire.body([("user", "a\ud800b")], {})).encode()   # valid JSON: "a\\ud800b"
+        answer = await launch.http.post(wire.path, content=raw, headers=wire.auth(launch.session.secret))
+        trace = launch.interaction.trace
+    assert answer.status_code == 400, answer.text
+    assert wire.error(answer.json()).startswith("the request body holds a lone UTF-16 surrogate (\\ud800)")
+    assert openai_server.requests == [] and trace.model_calls == []
 
 
 @parametrised
