@@ -276,6 +276,18 @@ async def test_a_lone_surrogate_is_a_400_naming_it(openai_server, agent_config, 
 
 
 @parametrised
+async def test_a_content_part_whose_type_is_a_list_or_an_object_is_a_400_naming_it(
+        openai_server, agent_config, tmp_path, wire):
+    async with launched(agent_config, tmp_path, wire) as launch:
+        answers = [await launch.ask([("user", [{"type": kind, "text": "x"}])]) for kind in (["text"], {"t": 1})]
+    for answer in answers:   # was a 500: "unhashable type"
+        assert answer.status_code == 400, answer.text
+        error = wire.error(answer.json())
+        assert ".0.content." in error and ".0.type" in error and "string" in error, error
+    assert openai_server.requests == []
+
+
+@parametrised
 async def test_a_malformed_request_is_a_400_naming_the_field_and_a_huge_one_a_413(
         openai_server, agent_config, tmp_path, wire):
     async with launched(agent_config, tmp_path, wire) as launch:

@@ -190,7 +190,7 @@ def _turn(turn: Any, where: str, lost: _Loss) -> list[dict[str, Any]]:
     parts: list[dict[str, Any]] = []
     for index, block in enumerate(content):
         at = f"{where}.content.{index}"
-        kind = block.get("type") if isinstance(block, dict) else None
+        kind = _kind(block, at)
         if kind == "text" and isinstance(block.get("text"), str):
             parts.append(_text_part(block, lost))
         elif kind == "image":
@@ -207,6 +207,18 @@ def _turn(turn: Any, where: str, lost: _Loss) -> list[dict[str, Any]]:
     return messages
 
 
+def _kind(block: Any, where: str) -> str | None:
+    """A content block's ``type`` (None: not an object, or no type).
+
+    Raises:
+        ValueError: the type is not a string (a list there was a loss key ``dropped_['x']_blocks``).
+    """
+    kind = block.get("type") if isinstance(block, dict) else None
+    if kind is not None and not isinstance(kind, str):
+        raise ValueError(f"{where}.type = {echo(kind)}: must be a string (text, image, tool_use, tool_result, ...)")
+    return kind
+
+
 def _tool_result(block: dict[str, Any], where: str, parts: list[dict[str, Any]], lost: _Loss) -> dict[str, Any]:
     """A chat tool message; the result's images go to the user message after the tool messages."""
     call = block.get("tool_use_id")
@@ -221,7 +233,7 @@ def _tool_result(block: dict[str, Any], where: str, parts: list[dict[str, Any]],
         raise ValueError(f"{where}.content: must be a string or a list of text and image blocks")
     texts: list[str] = []
     for index, item in enumerate(content):
-        kind = item.get("type") if isinstance(item, dict) else None
+        kind = _kind(item, f"{where}.content.{index}")
         if kind == "text" and isinstance(item.get("text"), str):
             texts.append(item["text"])
         elif kind == "image":
@@ -246,7 +258,7 @@ def _assistant(content: list[Any], where: str, lost: _Loss) -> dict[str, Any]:
     calls: list[dict[str, Any]] = []
     for index, block in enumerate(content):
         at = f"{where}.content.{index}"
-        kind = block.get("type") if isinstance(block, dict) else None
+        kind = _kind(block, at)
         if kind == "text" and isinstance(block.get("text"), str):
             parts.append(_text_part(block, lost))
         elif kind == "tool_use":

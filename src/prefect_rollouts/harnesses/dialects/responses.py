@@ -191,6 +191,8 @@ def _content(content: Any, where: str, lost: dict[str, Any]) -> str | list[dict[
         if not isinstance(part, dict):
             raise ValueError(f"{where}.{index}: must be an object")
         kind = part.get("type")
+        if not isinstance(kind, str):
+            raise ValueError(f"{where}.{index}.type = {echo(kind)}: must be a string (input_text, input_image, ...)")
         if kind in _TEXT_PARTS:
             parts.append({"type": "text", "text": _text(part.get("text"), f"{where}.{index}.text")})
         elif kind == "refusal":
