@@ -22,10 +22,11 @@ import pytest
 from openai.types.chat import ChatCompletionChunk
 
 import prefect_rollouts as vf
+from prefect_rollouts.harnesses import endpoint_limits
 from prefect_rollouts.harnesses.dialects import echo
 from prefect_rollouts.harnesses.session import ProgramSession
 from tests.core.test_program_harness import KEY, Said, program
-from tests.fakes.openai_server import reply, tool_call
+from tests.fakes.openai_server import delayed, reply, tool_call
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.unit
@@ -285,6 +286,28 @@ async def test_a_content_part_whose_type_is_a_list_or_an_object_is_a_400_naming_
         error = wire.error(answer.json())
         assert ".0.content." in error and ".0.type" in error and "string" in error, error
     assert openai_server.requests == []
+
+
+@parametrised
+async def test_the_limiters_refusal_and_an_unserved_method_are_in_the_dialects_error_shape(
+        openai_server, agent_config, tmp_path, wire, monkeypatch):
+    monkeypatch.setattr(endpoint_limits, "MAX_IN_FLIGHT_PER_ROLLOUT", 2)
+    openai_server.default = delayed(0.5, reply("slow"))
+    async with launched(agent_config, tmp_path, wire) as launch:
+        held = [asyncio.create_task(launch.ask([("user", "go")])) for _ in range(2)]
+        await wait_for(lambda: launch.endpoint.limits._in_flight[launch.session.secret] == 2, 5, 0.01)
+        refused = await launch.ask([("user", "one more")])
+        await asyncio.gather(*held)
+        unserved = await launch.http.get(wire.path, headers=wire.auth(launch.session.secret))
+    for answer, status in ((refused, 429), (unserved, 405)):
+        body = answer.json()
+        assert answer.status_code == status and wire.error(body)
+        if wire.name == "messages":   # Anthropic's shape: what its SDK parses (was OpenAI's on every path)
+            assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, body
+        else:
+            assert set(body["error"]) == {"message", "type", "code"}, body
+    kind = "rate_limit_error" if wire.name == "messages" else "invalid_request_error"
+    assert refused.json()["error"]["type"] == kind
 
 
 @parametrised

@@ -91,6 +91,14 @@ DIALECTS: tuple[Dialect, ...] = (
 )
 """The wire dialects served, each on its ``paths`` (``harnesses/dialects``): one line per dialect."""
 
+
+def dialect_of(path: str) -> Dialect:
+    """The dialect whose error shape a refusal on ``path`` takes: Anthropic Messages' on ``/v1/messages``
+    and below it (``count_tokens``), else OpenAI's (chat's)."""
+    if path.rstrip("/") == "/v1/messages" or path.startswith("/v1/messages/"):
+        return messages_dialect.DIALECT
+    return next((dialect for dialect in DIALECTS if path in dialect.paths), chat_dialect.DIALECT)
+
 SCRIPTS = ("launch.py", "bash_agent.py", "mini_swe_agent.py", "npm_agent.py")
 """The in-runtime scripts copied from ``harnesses/programs`` into the endpoint's directory."""
 
@@ -151,7 +159,8 @@ class InterceptionEndpoint:
             Route("/prefect-rollouts/session", self._session, methods=["GET"]),
             Route("/prefect-rollouts/session/end", self._end, methods=["POST"]),
         ], exception_handlers={404: self._unserved, 405: self._unserved})
-        limited = Limiter(app, self.limits, lambda scope: self._find(Request(scope)))
+        limited = Limiter(app, self.limits, lambda scope: self._find(Request(scope)),
+                          lambda path, *error: dialect_of(path).error(*error))
         config = uvicorn.Config(limited, log_level="warning", access_log=False, lifespan="off",
                                 timeout_keep_alive=30, timeout_graceful_shutdown=1,
                                 http=(protocol := connection_class(self.limits)))
@@ -282,14 +291,15 @@ class InterceptionEndpoint:
         return JSONResponse(dialect.error(status, message, code), status_code=status)
 
     async def _unserved(self, request: Request, exc: Exception) -> Response:
-        """Starlette's 404 (no route) and 405 (a route, another method), in the OpenAI error shape."""
+        """Starlette's 404 (no route) and 405 (a route, another method), in the error shape of the path's
+        dialect (``dialect_of``)."""
         status = getattr(exc, "status_code", 404)
         asked = f"{request.method} {request.url.path}"
         what = "a route of this endpoint, but not with this method" if status == 405 else "not served here"
         served = ", ".join(f"{'/'.join(sorted(set(route.methods or ()) - {'HEAD'}))} {route.path}"
                            for route in request.app.routes if getattr(route, "path", "").startswith("/v1/"))
         return self._refuse(request, self._find(request), status, f"{asked[:200]} is {what}: this endpoint "
-                            f"serves {served}", "not_found" if status == 404 else None)
+                            f"serves {served}", "not_found" if status == 404 else None, dialect_of(request.url.path))
 
     async def _serve(self, request: Request, dialect: Dialect) -> Response:
         """One model request in ``dialect``: its key (401), its body (413 past ``MAX_BODY_BYTES``; 400
