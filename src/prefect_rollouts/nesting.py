@@ -87,6 +87,9 @@ def count_values(text: bytes, limit: int = MAX_JSON_VALUES) -> int:
 MARKER = f"<cut: nested deeper than {MAX_JSON_DEPTH} levels>"
 """What ``cut_deep`` puts in place of a value nested too deep."""
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+"""A lone surrogate: ``json.loads`` joins a valid escaped pair into one character, so any left is alone."""
+
 CYCLE = "<cut: a cycle>"
 """What ``cut_deep`` puts in place of a container found inside itself."""
 
@@ -193,7 +196,8 @@ def cut_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> tuple[Any, int]:
     """A copy of ``value`` that ``json.dumps`` and pydantic can write: what lies deeper than
     ``limit`` levels becomes ``MARKER``, pydantic models become dicts of their fields, tuples and
     sets lists, keys other than str, int, float, bool and None their ``repr``, and any other object
-    its ``repr``; a container inside itself (a cycle) becomes ``CYCLE``.
+    its ``repr``; a container inside itself (a cycle) becomes ``CYCLE``; a lone UTF-16 surrogate in a
+    string or key (valid JSON, but no UTF-8 writer, pydantic's included, takes it) becomes U+FFFD.
 
     Returns:
         ``(copy, places cut)``.
@@ -203,7 +207,9 @@ def cut_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> tuple[Any, int]:
 
     def copy(item: Any, depth: int) -> Any:
         nonlocal cuts
-        if item is None or isinstance(item, (str, int, float, bool)):
+        if isinstance(item, str):
+            return _SURROGATE.sub("\ufffd", item)
+        if item is None or isinstance(item, (int, float, bool)):
             return item
         if depth >= limit or id(item) in path:
             cuts += 1
@@ -213,7 +219,7 @@ def cut_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> tuple[Any, int]:
             if isinstance(item, BaseModel):
                 return copy({name: getattr(item, name) for name in type(item).model_fields}, depth)
             if isinstance(item, dict):
-                return {(key if key is None or isinstance(key, (str, int, float, bool)) else repr(key)):
+                return {(copy(key, depth) if key is None or isinstance(key, (str, int, float, bool)) else repr(key)):
                         copy(child, depth + 1) for key, child in item.items()}
             if isinstance(item, (list, tuple, set, frozenset)):
                 return [copy(child, depth + 1) for child in item]

@@ -121,6 +121,13 @@ def completion(message, finish="stop", cached=None):
             "choices": [{"index": 0, "message": message, "finish_reason": finish}], "usage": usage}
 
 
+@pytest.mark.parametrize("arguments", ["", "  ", None])
+def test_a_tool_call_without_arguments_is_an_empty_input(arguments):
+    done = completion({"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_7", "type": "function", "function": {"name": "Bash", "arguments": arguments}}]}, "tool_calls")
+    assert DIALECT.from_chat(done, CLAUDE_CODE_LIKE)["content"][0]["input"] == {}   # was {"_raw": ""}
+
+
 def test_a_tool_call_answer_is_a_message_the_sdk_reads_and_streams_the_same():
     done = completion({"role": "assistant", "content": "Running.", "tool_calls": [
         {"id": "call_7", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "ls"}'}},

@@ -22,9 +22,11 @@ import pytest
 from openai.types.chat import ChatCompletionChunk
 
 import prefect_rollouts as vf
+from prefect_rollouts.harnesses import endpoint_limits
+from prefect_rollouts.harnesses.dialects import echo
 from prefect_rollouts.harnesses.session import ProgramSession
 from tests.core.test_program_harness import KEY, Said, program
-from tests.fakes.openai_server import reply, tool_call
+from tests.fakes.openai_server import delayed, reply, tool_call
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.unit
@@ -241,6 +243,71 @@ async def test_the_launch_key_is_scrubbed_from_what_goes_upstream_and_onto_the_t
     assert openai_server.requests[0].messages[-1]["content"] == "my key is ***"
     assert openai_server.requests[0].headers["authorization"] == f"Bearer {KEY}"
     assert secret not in json.dumps(trace.model_dump(mode="json"))
+
+
+@parametrised
+async def test_the_launch_key_is_scrubbed_from_every_string_and_key_of_the_body(
+        openai_server, agent_config, tmp_path, wire):
+    openai_server.play([reply("ok")])
+    async with launched(agent_config, tmp_path, wire) as launch:
+        secret = launch.session.secret
+        answer = await launch.ask([("user", "go")], model=secret, metadata={secret: f"x{secret}"})
+        bad = await launch.ask([("user", "go")], **{wire.max_tokens_key: secret})
+        trace = launch.interaction.trace
+    assert answer.status_code == 200 and bad.status_code == 400
+    assert rewrites_of(trace, 0)["imposed"]["model"] == {"program": "***", "sent": "scripted"}
+    assert secret[:20] not in json.dumps(trace.model_dump(mode="json"))
+    assert secret[:20] not in json.dumps([request.body for request in openai_server.requests])
+
+
+def test_an_error_echoes_a_long_value_as_its_type_and_size_never_a_cut():
+    assert echo("k" * 43) == "a str of 43 characters" and echo([1] * 30) == "a list of 30 items"
+    assert echo("short") == '"short"' and echo(7) == "7"
+
+
+@parametrised
+async def test_a_lone_surrogate_is_a_400_naming_it(openai_server, agent_config, tmp_path, wire):
+    async with launched(agent_config, tmp_path, wire) as launch:
+        raw = json.dumps(wire.body([("user", "a\ud800b")], {})).encode()   # valid JSON: "a\\ud800b"
+        answer = await launch.http.post(wire.path, content=raw, headers=wire.auth(launch.session.secret))
+        trace = launch.interaction.trace
+    assert answer.status_code == 400, answer.text
+    assert wire.error(answer.json()).startswith("the request body holds a lone UTF-16 surrogate (\\ud800)")
+    assert openai_server.requests == [] and trace.model_calls == []
+
+
+@parametrised
+async def test_a_content_part_whose_type_is_a_list_or_an_object_is_a_400_naming_it(
+        openai_server, agent_config, tmp_path, wire):
+    async with launched(agent_config, tmp_path, wire) as launch:
+        answers = [await launch.ask([("user", [{"type": kind, "text": "x"}])]) for kind in (["text"], {"t": 1})]
+    for answer in answers:   # was a 500: "unhashable type"
+        assert answer.status_code == 400, answer.text
+        error = wire.error(answer.json())
+        assert ".0.content." in error and ".0.type" in error and "string" in error, error
+    assert openai_server.requests == []
+
+
+@parametrised
+async def test_the_limiters_refusal_and_an_unserved_method_are_in_the_dialects_error_shape(
+        openai_server, agent_config, tmp_path, wire, monkeypatch):
+    monkeypatch.setattr(endpoint_limits, "MAX_IN_FLIGHT_PER_ROLLOUT", 2)
+    openai_server.default = delayed(0.5, reply("slow"))
+    async with launched(agent_config, tmp_path, wire) as launch:
+        held = [asyncio.create_task(launch.ask([("user", "go")])) for _ in range(2)]
+        await wait_for(lambda: launch.endpoint.limits._in_flight[launch.session.secret] == 2, 5, 0.01)
+        refused = await launch.ask([("user", "one more")])
+        await asyncio.gather(*held)
+        unserved = await launch.http.get(wire.path, headers=wire.auth(launch.session.secret))
+    for answer, status in ((refused, 429), (unserved, 405)):
+        body = answer.json()
+        assert answer.status_code == status and wire.error(body)
+        if wire.name == "messages":   # Anthropic's shape: what its SDK parses (was OpenAI's on every path)
+            assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, body
+        else:
+            assert set(body["error"]) == {"message", "type", "code"}, body
+    kind = "rate_limit_error" if wire.name == "messages" else "invalid_request_error"
+    assert refused.json()["error"]["type"] == kind
 
 
 @parametrised

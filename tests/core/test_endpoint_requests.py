@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
@@ -14,7 +13,7 @@ import httpx
 import pytest
 
 import prefect_rollouts as vf
-from prefect_rollouts.harnesses import mini_swe_agent
+from prefect_rollouts.harnesses import endpoint_body, mini_swe_agent
 from prefect_rollouts.harnesses.endpoint import InterceptionEndpoint
 from prefect_rollouts.harnesses.session import MAX_REFUSED, ProgramSession
 from prefect_rollouts.nesting import MAX_JSON_DEPTH, count_values
@@ -199,8 +198,7 @@ def test_a_mini_swe_agent_report_nested_too_deep_or_not_an_object_is_no_report(s
 
 
 async def test_a_body_of_more_values_than_the_bound_is_a_413_before_it_is_parsed(served, monkeypatch):
-    endpoint_module = sys.modules[InterceptionEndpoint.__module__]
-    monkeypatch.setattr(endpoint_module, "MAX_JSON_VALUES", 1000)
+    monkeypatch.setattr(endpoint_body, "MAX_JSON_VALUES", 1000)
     _, session, client = served
     junk = b"[" + b",".join([b"{}"] * 1001) + b"]"
     response = await client.post("/v1/chat/completions", content=b'{"messages": [], "junk": ' + junk + b"}")

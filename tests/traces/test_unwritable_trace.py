@@ -72,6 +72,17 @@ def test_a_cycle_and_a_tuple_key_in_info_still_give_a_row(tmp_path):
     assert back.info["pairs"] == {"(1, 2)": "a tuple key"}
 
 
+def test_a_lone_surrogate_in_a_message_and_a_key_still_gives_a_row(tmp_path):
+    trace = finished()   # "a\ud800b" is valid JSON; pydantic's writer (UTF-8) refuses it
+    trace.messages.append({"role": "assistant", "content": "a\ud800b"})
+    trace.info["odd\udc00key"] = 1
+    row, back = written(tmp_path, trace)
+    assert (row["is_error"], row["error_type"], row["reward"]) == (True, "TraceNotWritable", 1.0)
+    assert "surrogates not allowed" in row["error_message"]
+    assert back.messages[1] == {"role": "assistant", "content": "a\ufffdb"}
+    assert back.info["odd\ufffdkey"] == 1
+
+
 def test_a_writable_trace_is_written_as_it_is(tmp_path):
     trace = finished()
     trace.info["reward_detail"] = deep(100)

@@ -27,7 +27,8 @@ and is recorded on the trace like an in-process call (``harnesses.base.sample``)
 rewrites and refuses is ``ProgramSession.exchange``'s docstring. Every request it refuses or does
 not serve is recorded on its rollout's trace (``ProgramSession.refused``); one without a valid key
 belongs to no rollout and is only counted (``InterceptionEndpoint.unknown_refused``). A route of any
-dialect reads its body with ``read_json`` (the nesting bound, ``nesting.MAX_JSON_DEPTH``).
+dialect reads its body with ``endpoint_body.read_json`` (the nesting bound, ``nesting.MAX_JSON_DEPTH``; a
+lone surrogate refused; the launch key scrubbed from every string and key).
 
 Uvicorn serves it inside the agent's event loop, with its signal handling turned off: the eval's
 own SIGINT/SIGTERM handling (``stop_signals``) must stay in charge. Connections, request heads,
@@ -47,7 +48,7 @@ import socket
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import uvicorn
 from starlette.applications import Starlette
@@ -61,6 +62,7 @@ from prefect_rollouts.harnesses.dialects import chat as chat_dialect
 from prefect_rollouts.harnesses.dialects import messages as messages_dialect
 from prefect_rollouts.harnesses.dialects import responses as responses_dialect
 from prefect_rollouts.harnesses.endpoint_accept import Acceptor, connection_class
+from prefect_rollouts.harnesses.endpoint_body import read_json
 from prefect_rollouts.harnesses.endpoint_files import SOCKET_NAME, prepare, restore_scripts
 from prefect_rollouts.harnesses.endpoint_limits import (
     MAX_BODY_BYTES,
@@ -68,7 +70,6 @@ from prefect_rollouts.harnesses.endpoint_limits import (
     EndpointLimits,
     Limiter,
 )
-from prefect_rollouts.nesting import MAX_JSON_DEPTH, MAX_JSON_VALUES, loads
 
 if TYPE_CHECKING:
     from prefect_rollouts.harnesses.endpoint_accept import _Connection
@@ -89,6 +90,14 @@ DIALECTS: tuple[Dialect, ...] = (
     messages_dialect.DIALECT,
 )
 """The wire dialects served, each on its ``paths`` (``harnesses/dialects``): one line per dialect."""
+
+
+def dialect_of(path: str) -> Dialect:
+    """The dialect whose error shape a refusal on ``path`` takes: Anthropic Messages' on ``/v1/messages``
+    and below it (``count_tokens``), else OpenAI's (chat's)."""
+    if path.rstrip("/") == "/v1/messages" or path.startswith("/v1/messages/"):
+        return messages_dialect.DIALECT
+    return next((dialect for dialect in DIALECTS if path in dialect.paths), chat_dialect.DIALECT)
 
 SCRIPTS = ("launch.py", "bash_agent.py", "mini_swe_agent.py", "npm_agent.py")
 """The in-runtime scripts copied from ``harnesses/programs`` into the endpoint's directory."""
@@ -150,7 +159,8 @@ class InterceptionEndpoint:
             Route("/prefect-rollouts/session", self._session, methods=["GET"]),
             Route("/prefect-rollouts/session/end", self._end, methods=["POST"]),
         ], exception_handlers={404: self._unserved, 405: self._unserved})
-        limited = Limiter(app, self.limits, lambda scope: self._find(Request(scope)))
+        limited = Limiter(app, self.limits, lambda scope: self._find(Request(scope)),
+                          lambda path, *error: dialect_of(path).error(*error))
         config = uvicorn.Config(limited, log_level="warning", access_log=False, lifespan="off",
                                 timeout_keep_alive=30, timeout_graceful_shutdown=1,
                                 http=(protocol := connection_class(self.limits)))
@@ -281,14 +291,15 @@ class InterceptionEndpoint:
         return JSONResponse(dialect.error(status, message, code), status_code=status)
 
     async def _unserved(self, request: Request, exc: Exception) -> Response:
-        """Starlette's 404 (no route) and 405 (a route, another method), in the OpenAI error shape."""
+        """Starlette's 404 (no route) and 405 (a route, another method), in the error shape of the path's
+        dialect (``dialect_of``)."""
         status = getattr(exc, "status_code", 404)
         asked = f"{request.method} {request.url.path}"
         what = "a route of this endpoint, but not with this method" if status == 405 else "not served here"
         served = ", ".join(f"{'/'.join(sorted(set(route.methods or ()) - {'HEAD'}))} {route.path}"
                            for route in request.app.routes if getattr(route, "path", "").startswith("/v1/"))
         return self._refuse(request, self._find(request), status, f"{asked[:200]} is {what}: this endpoint "
-                            f"serves {served}", "not_found" if status == 404 else None)
+                            f"serves {served}", "not_found" if status == 404 else None, dialect_of(request.url.path))
 
     async def _serve(self, request: Request, dialect: Dialect) -> Response:
         """One model request in ``dialect``: its key (401), its body (413 past ``MAX_BODY_BYTES``; 400
@@ -305,7 +316,7 @@ class InterceptionEndpoint:
             return self._refuse(request, session, 413, f"the request body is {size} bytes; this endpoint takes "
                                 f"at most {MAX_BODY_BYTES} (MAX_BODY_BYTES)", "request_too_large", dialect)
         try:
-            body = read_json(raw)
+            body = read_json(raw, session.secret)   # the launch key scrubbed from every string and key
             chat, lost = dialect.to_chat(body)
         except ValueError as exc:   # a JSONRefused names its status: 413 for too many values
             status = getattr(exc, "status", 400)
@@ -343,7 +354,7 @@ class InterceptionEndpoint:
             return self._refuse(request, session, 413, f"the request body is {size} bytes; this endpoint takes "
                                 f"at most {MAX_BODY_BYTES} (MAX_BODY_BYTES)", "request_too_large", dialect)
         try:
-            tokens = messages_dialect.count_tokens(read_json(raw))
+            tokens = messages_dialect.count_tokens(read_json(raw, session.secret))
         except ValueError as exc:
             status = getattr(exc, "status", 400)
             return self._refuse(request, session, status, str(exc),
@@ -386,23 +397,3 @@ async def _read_capped(request: Request) -> tuple[bytes | None, int]:
             chunks.append(chunk)
     return (None if size > MAX_BODY_BYTES else b"".join(chunks)), size
 
-
-def read_json(raw: bytes) -> Any:
-    """The JSON of a request body, for the route of every dialect: ``NaN`` and ``Infinity`` refused
-    (not JSON, and they cannot be sent upstream), and so is a number that overflows a float
-    (``1e400`` was ``inf``, which httpx failed to send: a 500); nesting past ``nesting.MAX_JSON_DEPTH``
-    refused without a ``RecursionError`` (a 100,000-level body was a 500 with a traceback); more than
-    ``nesting.MAX_JSON_VALUES`` values refused before parsing (32 MiB of ``{},`` parsed to ~900 MB).
-
-    Raises:
-        ValueError: the text of the 400 that refuses it (``the request body is not JSON (...)``,
-            ``the request body nests deeper than 128 levels ...``, ``a number in the request body is
-            out of range (1e400)``); a ``nesting.TooManyValues`` (``status`` 413) past the values.
-    """
-    return loads(raw, "the request body", parse_constant=_no_constant, finite=True, values=MAX_JSON_VALUES,
-                 fix=f"Send a body nested at most {MAX_JSON_DEPTH} levels deep")
-
-
-def _no_constant(name: str) -> Any:
-    """``json.loads`` takes NaN and Infinity, which are not JSON and cannot be sent upstream."""
-    raise ValueError(f"{name} is not a JSON number")

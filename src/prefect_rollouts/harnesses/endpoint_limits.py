@@ -44,7 +44,7 @@ import json
 import logging
 import resource
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -210,10 +210,14 @@ class Limiter:
         app: The endpoint's routes.
         limits: Its ``EndpointLimits``.
         find: The session a request's headers name (None: the routes answer 401).
+        error: The error body of a refusal, ``error(path, status, message, code)``, in the shape of the
+            dialect the path belongs to (Anthropic's on ``/v1/messages``); OpenAI's when not given.
     """
 
-    def __init__(self, app: ASGIApp, limits: EndpointLimits, find: Any) -> None:
+    def __init__(self, app: ASGIApp, limits: EndpointLimits, find: Any,
+                 error: Callable[[str, int, str, str], dict[str, Any]] | None = None) -> None:
         self.app, self.limits, self.find = app, limits, find
+        self.error = error or _openai_error
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -227,8 +231,8 @@ class Limiter:
         secret, limits = session.secret, self.limits
         door = connection.acceptor.session if connection.acceptor is not None else None
         if door is not None and door is not session:
-            await _refuse(None, send, 401, "this socket serves another launch; use the one you were given",
-                          "invalid_api_key")
+            await _refuse(None, send, 401, self.error(scope["path"], 401, "this socket serves another launch; use "
+                                                      "the one you were given", "invalid_api_key"))
             return
         if not limits.bind(connection, secret):
             await self._refuse(scope, None, send, session, "connections", 429, "too_many_connections",
@@ -260,7 +264,7 @@ class Limiter:
         self.limits.count(reason, session, f"{whose} request: {message}")
         if session is not None:
             session.refused(scope["method"], scope["path"], status, message)
-        await _refuse(receive, send, status, message, code)
+        await _refuse(receive, send, status, self.error(scope["path"], status, message, code))
 
     async def _deadline(self, scope: Scope, receive: Receive, send: Send, session: ProgramSession | None) -> None:
         """Run the routes, ending the request with 408 when its body is not complete in ``BODY_TIMEOUT_S``;
@@ -320,8 +324,14 @@ def _declared(scope: Scope) -> int:
     return MAX_BODY_BYTES
 
 
-async def _refuse(receive: Receive | None, send: Send, status: int, message: str, code: str) -> None:
-    """Answer ``status`` with an OpenAI-shaped error and close the connection; with ``receive``, first
+def _openai_error(path: str, status: int, message: str, code: str) -> dict[str, Any]:
+    """OpenAI's error body (``Limiter``'s ``error`` when none is given)."""
+    return {"error": {"message": message, "type": "invalid_request_error" if status < 500 else "api_error",
+                      "code": code}}
+
+
+async def _refuse(receive: Receive | None, send: Send, status: int, error: dict[str, Any]) -> None:
+    """Answer ``status`` with the ``error`` body and close the connection; with ``receive``, first
     read the request's body on (keeping nothing, ``DRAIN_S`` at most: a client still sending would not
     read the answer). A flood's refusals do not wait: they must not hold connections."""
     if receive is not None:
@@ -329,8 +339,7 @@ async def _refuse(receive: Receive | None, send: Send, status: int, message: str
             async with asyncio.timeout(DRAIN_S):
                 while (message_in := await receive())["type"] == "http.request" and message_in.get("more_body"):
                     pass
-    kind = "invalid_request_error" if status < 500 else "api_error"
-    body = json.dumps({"error": {"message": message, "type": kind, "code": code}}).encode()
+    body = json.dumps(error).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             (b"connection", b"close")]})

@@ -283,10 +283,17 @@ def _joined(message: dict[str, Any], text: str) -> dict[str, Any]:
     return {**message, "content": [*parts, {"type": "text", "text": text}]}
 
 
+class _Part(BaseModel):
+    """A content part: its ``type`` a string (a list or object there was a 500: ``unhashable type``)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: StrictStr | None = None
+
+
 class _Message(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: StrictStr | list[dict[str, Any]] | None = None
+    content: StrictStr | list[_Part] | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: StrictStr | None = None
     name: StrictStr | None = None

@@ -23,7 +23,7 @@ def chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for index, message in enumerate(messages):
         content = message.get("content")
         if not isinstance(content, list) or not any(
-                isinstance(part, dict) and (part.get("type") in KEPT_PART_TYPES or not KEPT_PART_KEYS.isdisjoint(part))
+                isinstance(part, dict) and (_kept(part) or not KEPT_PART_KEYS.isdisjoint(part))
                 for part in content):
             if out is not None:
                 out.append(message)
@@ -32,9 +32,15 @@ def chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             out = list(messages[:index])
         parts = [{key: value for key, value in part.items() if key not in KEPT_PART_KEYS}
                  if isinstance(part, dict) else part
-                 for part in content if not (isinstance(part, dict) and part.get("type") in KEPT_PART_TYPES)]
+                 for part in content if not (isinstance(part, dict) and _kept(part))]
         if all(isinstance(part, dict) and part.get("type") == "text" for part in parts):
             out.append({**message, "content": "".join(str(part.get("text", "")) for part in parts)})
         else:
             out.append({**message, "content": parts})
     return messages if out is None else out
+
+
+def _kept(part: dict[str, Any]) -> bool:
+    """Whether ``part`` is of a kept type (a ``type`` that is not a string is none: no ``unhashable type``)."""
+    kind = part.get("type")
+    return isinstance(kind, str) and kind in KEPT_PART_TYPES

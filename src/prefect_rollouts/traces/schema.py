@@ -114,9 +114,10 @@ def rollout_row(trace: Trace, *, rollout_index: int, environment: str, config_ha
     """One ``rollouts`` row for a finished trace (``elapsed_s``: wall seconds of the whole rollout).
 
     Every trace gets a row: one whose JSON cannot be written as it is (nested deeper than
-    pydantic's 255 levels, a cycle, a key JSON has no form for) or could not be read back (nested
-    deeper than ``MAX_JSON_DEPTH``: pydantic's JSON parser stops near 200 levels) is written from
-    ``writable``'s copy, which says on the trace what was cut.
+    pydantic's 255 levels, a cycle, a key JSON has no form for, a lone UTF-16 surrogate in a string:
+    U+FFFD in the copy) or could not be read back (nested deeper than ``MAX_JSON_DEPTH``: pydantic's
+    JSON parser stops near 200 levels) is written from ``writable``'s copy, which says on the trace
+    what was cut.
     """
     texts = None
     why = _too_deep(trace)
@@ -124,7 +125,7 @@ def rollout_row(trace: Trace, *, rollout_index: int, environment: str, config_ha
         try:
             texts = _json_columns(trace)
         except (ValueError, TypeError, RecursionError) as exc:   # PydanticSerializationError is a ValueError
-            why = f"{type(exc).__name__}: {str(exc)[:200]}"
+            why = f"{type(exc).__name__}: {str(exc)[:200]}".encode(errors="replace").decode()   # no surrogate
     if texts is None:
         trace = writable(trace, why or "")
         texts = _json_columns(trace)

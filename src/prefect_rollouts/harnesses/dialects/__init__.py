@@ -8,8 +8,23 @@ handler. Plain data in and out: must not import Prefect, Starlette or the endpoi
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping
 from typing import Any
+
+from prefect_rollouts.errors import scrub
+
+
+def echo(value: Any, limit: int = 40) -> str:
+    """``value`` as a 400's text shows it: its JSON (registered secrets scrubbed) when at most ``limit``
+    characters, else its type and size (``a str of 43 characters``), never a cut of it: a cut of a
+    secret is a prefix that no scrub recognises (a 43-character launch key was echoed as its first 39)."""
+    text = scrub(json.dumps(value))
+    if len(text) <= limit:
+        return text
+    size = f"of {len(value)} {'characters' if isinstance(value, str) else 'items'}" \
+        if isinstance(value, (str, list, dict)) else f"of {len(text)} characters as JSON"
+    return f"a {type(value).__name__} {size}"
 
 
 def bearer(headers: Mapping[str, str]) -> str | None:

@@ -134,8 +134,11 @@ def tool_id(upstream: Any) -> str:
 
 
 def tool_input(arguments: Any) -> dict[str, Any]:
-    """A tool call's ``arguments`` as a ``tool_use`` block's ``input``: the JSON object, or
+    """A tool call's ``arguments`` as a ``tool_use`` block's ``input``: the JSON object, ``{}`` for none
+    (``""`` or blanks, as models send for a tool without parameters: it was ``{"_raw": ""}``), or
     ``{"_raw": arguments}`` when they are not one (``tool_arguments`` turns it back)."""
+    if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
+        return {}
     if isinstance(arguments, str):
         try:
             parsed = json.loads(arguments)

@@ -32,6 +32,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from prefect_rollouts.harnesses.dialects import echo
+
 ACCEPTED = ("top_k", "metadata", "thinking", "service_tier", "container", "context_management", "output_config",
             "mcp_servers")
 """Request keys Claude Code or the SDK send that a chat upstream cannot use: accepted, recorded as
@@ -69,12 +71,12 @@ def translate(body: Any, counting: bool) -> tuple[dict[str, Any], dict[str, Any]
         if tokens is None:
             raise ValueError("max_tokens: required in a Messages request. Send the most tokens to sample")
         if type(tokens) is not int or tokens < 1:
-            raise ValueError(f"max_tokens = {json.dumps(tokens)[:40]}: must be an integer of at least 1")
+            raise ValueError(f"max_tokens = {echo(tokens)}: must be an integer of at least 1")
         request["max_tokens"] = tokens
     for key in ("temperature", "top_p"):
         if body.get(key) is not None:
             if type(body[key]) not in (int, float):
-                raise ValueError(f"{key} = {json.dumps(body[key])[:40]}: must be a number")
+                raise ValueError(f"{key} = {echo(body[key])}: must be a number")
             request[key] = body[key]
     if body.get("stop_sequences") is not None:
         stops = body["stop_sequences"]
@@ -83,7 +85,7 @@ def translate(body: Any, counting: bool) -> tuple[dict[str, Any], dict[str, Any]
         if stops:
             request["stop"] = stops
     if body.get("stream") is not None and not isinstance(body["stream"], bool):
-        raise ValueError(f"stream = {json.dumps(body['stream'])[:40]}: must be true or false")
+        raise ValueError(f"stream = {echo(body['stream'])}: must be true or false")
     if body.get("mcp_servers"):
         raise ValueError("mcp_servers: this endpoint connects no MCP servers (the Anthropic API's own work). "
                          "Run the MCP servers in the program, or send an empty list")
@@ -122,7 +124,7 @@ class _Loss:
 def _typed(body: dict[str, Any], key: str, kind: type) -> Any:
     value = body[key]
     if not isinstance(value, kind):
-        raise ValueError(f"{key} = {json.dumps(value)[:40]}: must be a {kind.__name__}")
+        raise ValueError(f"{key} = {echo(value)}: must be a {kind.__name__}")
     return value
 
 
@@ -162,7 +164,7 @@ def _image_part(block: dict[str, Any], where: str, lost: _Loss) -> dict[str, Any
     elif source.get("type") == "url" and isinstance(source.get("url"), str):
         url = source["url"]
     else:
-        raise ValueError(f"{where}.source.type = {json.dumps(source.get('type'))}: takes \"base64\" (with "
+        raise ValueError(f"{where}.source.type = {echo(source.get('type'))}: takes \"base64\" (with "
                          "media_type and data) or \"url\" here")
     part: dict[str, Any] = {"type": "image_url", "image_url": {"url": url}}
     if block.get("cache_control") is not None:
@@ -188,7 +190,7 @@ def _turn(turn: Any, where: str, lost: _Loss) -> list[dict[str, Any]]:
     parts: list[dict[str, Any]] = []
     for index, block in enumerate(content):
         at = f"{where}.content.{index}"
-        kind = block.get("type") if isinstance(block, dict) else None
+        kind = _kind(block, at)
         if kind == "text" and isinstance(block.get("text"), str):
             parts.append(_text_part(block, lost))
         elif kind == "image":
@@ -205,6 +207,18 @@ def _turn(turn: Any, where: str, lost: _Loss) -> list[dict[str, Any]]:
     return messages
 
 
+def _kind(block: Any, where: str) -> str | None:
+    """A content block's ``type`` (None: not an object, or no type).
+
+    Raises:
+        ValueError: the type is not a string (a list there was a loss key ``dropped_['x']_blocks``).
+    """
+    kind = block.get("type") if isinstance(block, dict) else None
+    if kind is not None and not isinstance(kind, str):
+        raise ValueError(f"{where}.type = {echo(kind)}: must be a string (text, image, tool_use, tool_result, ...)")
+    return kind
+
+
 def _tool_result(block: dict[str, Any], where: str, parts: list[dict[str, Any]], lost: _Loss) -> dict[str, Any]:
     """A chat tool message; the result's images go to the user message after the tool messages."""
     call = block.get("tool_use_id")
@@ -219,7 +233,7 @@ def _tool_result(block: dict[str, Any], where: str, parts: list[dict[str, Any]],
         raise ValueError(f"{where}.content: must be a string or a list of text and image blocks")
     texts: list[str] = []
     for index, item in enumerate(content):
-        kind = item.get("type") if isinstance(item, dict) else None
+        kind = _kind(item, f"{where}.content.{index}")
         if kind == "text" and isinstance(item.get("text"), str):
             texts.append(item["text"])
         elif kind == "image":
@@ -244,7 +258,7 @@ def _assistant(content: list[Any], where: str, lost: _Loss) -> dict[str, Any]:
     calls: list[dict[str, Any]] = []
     for index, block in enumerate(content):
         at = f"{where}.content.{index}"
-        kind = block.get("type") if isinstance(block, dict) else None
+        kind = _kind(block, at)
         if kind == "text" and isinstance(block.get("text"), str):
             parts.append(_text_part(block, lost))
         elif kind == "tool_use":
@@ -279,7 +293,7 @@ def _tools(tools: Any, lost: _Loss) -> list[dict[str, Any]]:
         kind = tool.get("type")
         if "input_schema" not in tool or kind not in (None, "custom"):
             raise ValueError(
-                f"tools.{index} (type {json.dumps(kind)}, name {json.dumps(tool.get('name'))}): a server tool, which "
+                f"tools.{index} (type {echo(kind)}, name {echo(tool.get('name'))}): a server tool, which "
                 "this endpoint cannot run: it reaches the model through chat completions, which call function "
                 "tools only. Offer it as a tool with an input_schema that the program runs, or leave it out")
         if not isinstance(tool.get("name"), str) or not isinstance(tool["input_schema"], dict):
@@ -301,7 +315,7 @@ def _tool_choice(choice: Any) -> dict[str, Any]:
     elif kind in ("auto", "any", "none"):
         chat = {"auto": "auto", "any": "required", "none": "none"}[kind]
     else:
-        raise ValueError(f"tool_choice = {json.dumps(choice)[:80]}: takes {{\"type\": \"auto\"}}, \"any\", "
+        raise ValueError(f"tool_choice = {echo(choice, 80)}: takes {{\"type\": \"auto\"}}, \"any\", "
                          "\"none\" or {\"type\": \"tool\", \"name\": ...}")
     out: dict[str, Any] = {"tool_choice": chat}
     if choice.get("disable_parallel_tool_use") is True and kind != "none":

@@ -28,7 +28,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from prefect_rollouts.harnesses.dialects import Dialect
+from prefect_rollouts.harnesses.dialects import Dialect, echo
 
 HANDLED = frozenset({"input", "instructions", "model", "tools", "tool_choice", "parallel_tool_calls",
                      "max_output_tokens", "temperature", "top_p", "stream", "text", "previous_response_id",
@@ -57,7 +57,7 @@ class ResponsesDialect(Dialect):
             raise ValueError("the request body must be a JSON object")
         for key in ("previous_response_id", "conversation"):
             if body.get(key) is not None:
-                raise ValueError(f"{key} = {json.dumps(body[key])[:80]}: this endpoint keeps no responses "
+                raise ValueError(f"{key} = {echo(body[key], 80)}: this endpoint keeps no responses "
                                  "(store = false). Send the whole conversation in input every time, as Codex "
                                  "does with store = false")
         lost: dict[str, Any] = {}
@@ -68,7 +68,7 @@ class ResponsesDialect(Dialect):
                 chat[key] = body[key]
         if (limit := body.get("max_output_tokens")) is not None:
             if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-                raise ValueError(f"max_output_tokens = {json.dumps(limit)[:40]}: must be a positive integer")
+                raise ValueError(f"max_output_tokens = {echo(limit)}: must be a positive integer")
             chat["max_tokens"] = limit
         tools = _tools(body["tools"], lost) if body.get("tools") is not None else []
         if tools:
@@ -191,6 +191,8 @@ def _content(content: Any, where: str, lost: dict[str, Any]) -> str | list[dict[
         if not isinstance(part, dict):
             raise ValueError(f"{where}.{index}: must be an object")
         kind = part.get("type")
+        if not isinstance(kind, str):
+            raise ValueError(f"{where}.{index}.type = {echo(kind)}: must be a string (input_text, input_image, ...)")
         if kind in _TEXT_PARTS:
             parts.append({"type": "text", "text": _text(part.get("text"), f"{where}.{index}.text")})
         elif kind == "refusal":
@@ -227,7 +229,7 @@ def _messages(body: dict[str, Any], lost: dict[str, Any]) -> list[dict[str, Any]
         if kind == "message":
             role = item.get("role")
             if role not in ("user", "assistant", "system", "developer"):
-                raise ValueError(f"{where}.role = {json.dumps(role)[:40]}: must be user, assistant, system or "
+                raise ValueError(f"{where}.role = {echo(role)}: must be user, assistant, system or "
                                  "developer")
             content = _content(item.get("content"), f"{where}.content", lost)
             if role in ("system", "developer") and not messages and isinstance(content, str):
@@ -317,7 +319,7 @@ def _tool_choice(choice: Any, lost: dict[str, Any]) -> Any:
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
         return {"type": "function", "function": {"name": choice["name"]}}
     lost["dropped_tool_choice"] = choice if isinstance(choice, str) else choice.get("type") \
-        if isinstance(choice, dict) else repr(choice)[:40]
+        if isinstance(choice, dict) else echo(choice)
     return None
 
 
