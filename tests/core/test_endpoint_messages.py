@@ -361,3 +361,15 @@ async def test_the_launch_key_in_a_resent_thinking_block_is_scrubbed_from_the_tr
     await s.sdk.messages.create(model="m", max_tokens=64, messages=turns)
     assert s.trace.messages[1]["content"][0] == {**thinking, "thinking": "the key is ***"}
     assert s.session.secret not in json.dumps(s.trace.model_dump(mode="json"))
+
+
+async def test_a_piece_of_the_launch_key_in_a_recorded_header_never_reaches_the_trace(served, openai_server):
+    openai_server.play([reply("done")])
+    s = await served()
+    secret = s.session.secret
+    headers = {"Authorization": f"Bearer {secret}", "anthropic-beta": f"claude-code-20250219,{secret[:30]}"}
+    answer = await s.post(claude_code_body(), **headers)
+    assert answer.status_code == 200
+    [rewrite] = s.trace.info["program_rewrites"]
+    assert rewrite["translated"]["anthropic-beta"] == "claude-code-20250219,***"
+    assert secret[:16] not in json.dumps(s.trace.model_dump(mode="json"))

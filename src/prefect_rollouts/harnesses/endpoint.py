@@ -323,8 +323,8 @@ class InterceptionEndpoint:
             return self._refuse(request, session, status, str(exc),
                                 "request_too_large" if status == 413 else "invalid_request", dialect)
         translated = None if dialect is chat_dialect.DIALECT else {"dialect": dialect.name, **lost, **{
-            name: scrub(request.headers[name], (session.secret,))[:500]
-            for name in dialect.recorded_headers if name in request.headers}}
+            name: _header(request.headers[name], session.secret) for name in dialect.recorded_headers
+            if name in request.headers}}
         status, payload = await session.exchange(chat, raw, request.headers, translated, dialect.alternates)
         if status != 200:
             error = payload["error"]
@@ -397,3 +397,11 @@ async def _read_capped(request: Request) -> tuple[bytes | None, int]:
             chunks.append(chunk)
     return (None if size > MAX_BODY_BYTES else b"".join(chunks)), size
 
+
+
+def _header(value: str, secret: str) -> str:
+    """A recorded header's value (``anthropic-beta``: comma-separated names), scrubbed, at most 500
+    characters: an item that is a piece of ``secret`` (8 characters or more) is ``***`` too, so not
+    even a prefix of the launch key reaches the trace."""
+    items = [item.strip() for item in scrub(value, (secret,)).split(",")]
+    return ",".join("***" if len(item) >= 8 and item in secret else item for item in items)[:500]
