@@ -128,6 +128,17 @@ def test_a_tool_call_without_arguments_is_an_empty_input(arguments):
     assert DIALECT.from_chat(done, CLAUDE_CODE_LIKE)["content"][0]["input"] == {}   # was {"_raw": ""}
 
 
+@pytest.mark.parametrize("arguments", ['{"a": NaN}', '{"a": Infinity}', '{"a": 1e999}', '{"a": "\\ud800"}',
+                                       '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"])
+def test_tool_arguments_the_answer_cannot_carry_as_json_are_kept_raw(arguments):
+    done = completion({"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_7", "type": "function", "function": {"name": "Bash", "arguments": arguments}}]}, "tool_calls")
+    answer = DIALECT.from_chat(done, CLAUDE_CODE_LIKE)
+    assert answer["content"][0]["input"] == {"_raw": arguments}
+    json.dumps(answer, ensure_ascii=False, allow_nan=False).encode("utf-8")   # writable: was a 500
+    assert "".join(DIALECT.events(answer, {**CLAUDE_CODE_LIKE, "stream": True}))
+
+
 def test_a_tool_call_answer_is_a_message_the_sdk_reads_and_streams_the_same():
     done = completion({"role": "assistant", "content": "Running.", "tool_calls": [
         {"id": "call_7", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "ls"}'}},

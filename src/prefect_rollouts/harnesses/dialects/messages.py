@@ -26,6 +26,7 @@ from typing import Any
 
 from prefect_rollouts.harnesses.dialects import Dialect, bearer
 from prefect_rollouts.harnesses.dialects.messages_request import translate
+from prefect_rollouts.nesting import loads
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
@@ -136,17 +137,24 @@ def tool_id(upstream: Any) -> str:
 def tool_input(arguments: Any) -> dict[str, Any]:
     """A tool call's ``arguments`` as a ``tool_use`` block's ``input``: the JSON object, ``{}`` for none
     (``""`` or blanks, as models send for a tool without parameters: it was ``{"_raw": ""}``), or
-    ``{"_raw": arguments}`` when they are not one (``tool_arguments`` turns it back)."""
+    ``{"_raw": arguments}`` when they are not one, or not one the answer can carry as JSON (``NaN``,
+    ``1e999``, a lone surrogate, nesting past ``MAX_JSON_DEPTH``: a model's arguments of those made the
+    answer a 500); ``tool_arguments`` turns it back."""
     if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
         return {}
     if isinstance(arguments, str):
         try:
-            parsed = json.loads(arguments)
-        except ValueError:
+            parsed = loads(arguments, "the tool call's arguments", parse_constant=_not_json, finite=True)
+            json.dumps(parsed, ensure_ascii=False, allow_nan=False).encode("utf-8")   # what the answer will write
+        except ValueError:   # UnicodeEncodeError is one
             parsed = None
         if isinstance(parsed, dict):
             return parsed
     return {"_raw": arguments if isinstance(arguments, str) else json.dumps(arguments)}
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def count_tokens(body: Any) -> int:
