@@ -228,3 +228,16 @@ def test_a_trace_of_version_2_reads_and_one_with_typed_parts_round_trips(tmp_pat
     assert again["old"].version == 2 and again["old"].messages == old.messages and again["old"].last_reply == "42"
     assert again["new"].version == vf.Trace(task_id="t", model="m").version == 3
     assert again["new"].messages == new.messages and again["new"].last_reply == "42"
+
+
+def test_first_rows_keeps_the_first_row_of_each_key_in_arrow():
+    import pyarrow as pa
+
+    from prefect_rollouts.traces.read import first_rows
+
+    words = pa.DictionaryArray.from_arrays(pa.array([0, 0, 1, 0, 1], pa.int32()), pa.array(["a", "b"]))
+    table = pa.table({"k": words, "n": [1, 2, 3, 4, 5], "v": ["x1", "x2", "x3", "x4", "x5"]})
+    kept = first_rows(table, ["k"])
+    assert isinstance(kept, pa.Table) and kept.column("n").to_pylist() == [1, 3]
+    assert first_rows(table, ["k", "n"]) is table   # nothing repeated: the table as it is
+    assert first_rows(table.slice(0, 0), ["k"]).num_rows == 0
