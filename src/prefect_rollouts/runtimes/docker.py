@@ -50,6 +50,7 @@ from prefect_rollouts.runtimes import docker_volumes as image_volumes
 from prefect_rollouts.runtimes.base import SCRUB_SLACK_BYTES, ExecResult, output_text
 from prefect_rollouts.runtimes.egress import EgressProxy, Route
 from prefect_rollouts.runtimes.owner import current_owner
+from prefect_rollouts.unwind import run_to_end
 
 LABEL = "org.prefect-rollouts"
 """Every container this project starts carries ``LABEL=1`` and ``LABEL.<key>`` labels."""
@@ -182,9 +183,11 @@ class DockerRuntime:
         try:
             self.container = await asyncio.shield(job)
         except asyncio.CancelledError:   # the thread creates the container all the same: wait for it, remove it
-            with contextlib.suppress(BaseException):
-                self.container = await job
-            await self.stop()
+            with contextlib.suppress(BaseException):   # cancelled again while waiting: still waits to the end
+                await run_to_end(job)
+            if not job.cancelled() and job.exception() is None:
+                self.container = job.result()
+            await run_to_end(self.stop())
             await self._release_slot()
             raise
         except BaseException:
@@ -366,12 +369,8 @@ class DockerRuntime:
         """Remove the container (force) and close its egress route. Idempotent; a ``scoped`` view leaves it alone."""
         container, self.container = self.container, None
         if container is not None and self._owner:
-            job = asyncio.ensure_future(_in_thread(_remove, container))
             try:
-                await asyncio.shield(job)
-            except asyncio.CancelledError:
-                await job
-                raise
+                await run_to_end(_in_thread(_remove, container))
             finally:
                 if (route := self._net.get("route")) is not None and self._egress is not None:
                     self._egress.close_route(route)
@@ -380,7 +379,7 @@ class DockerRuntime:
     async def _release_slot(self) -> None:
         slot, self._slot = self._slot, None
         if slot is not None:
-            await asyncio.shield(slot.release())
+            await run_to_end(slot.release())
 
     async def scoped(self, *, env: dict[str, str] | None = None, network: NetworkPolicy | None = None) -> DockerRuntime:
         """A view of this started container whose commands get ``env``; ``network`` (if it
@@ -575,8 +574,19 @@ class DockerRuntime:
         return target
 
 
+REMOVE_TRIES = 3
+"""Tries to remove a container, 1 s apart: a busy engine can fail a forced removal once ("could not
+kill", "removal already in progress") and take it the next time."""
+
+
 def _remove(container: Any) -> None:
-    try:
-        container.remove(force=True, v=True)   # v: the anonymous tmpfs volume of the workspace too
-    except docker.errors.NotFound:
-        pass
+    for attempt in range(1, REMOVE_TRIES + 1):
+        try:
+            container.remove(force=True, v=True)   # v: the anonymous tmpfs volume of the workspace too
+            return
+        except docker.errors.NotFound:
+            return
+        except docker.errors.APIError:
+            if attempt == REMOVE_TRIES:
+                raise
+            time.sleep(1.0)

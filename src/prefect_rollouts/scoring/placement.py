@@ -11,7 +11,6 @@ rollout's ``scoring`` stage policy retries a retryable infrastructure error with
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from prefect_rollouts.config.agent import RuntimeConfig, ScoringConfig
@@ -23,6 +22,7 @@ from prefect_rollouts.scoring.judges import JudgeClients, run_judges
 from prefect_rollouts.scoring.rewards import run_scoring_functions
 from prefect_rollouts.task import Task
 from prefect_rollouts.trace import Trace
+from prefect_rollouts.unwind import run_to_end
 
 
 async def score_shared(task: Task, trace: Trace, runtime: Any, scoring: ScoringConfig,
@@ -82,6 +82,6 @@ async def score_isolated(task: Task, trace: Trace, artifacts: bytes, scoring: Sc
         await runtime.restore_artifacts(artifacts)
         await run_scoring_functions(task, trace, await runtime.scoped(env=env))
     finally:
-        await asyncio.shield(runtime.stop())
+        await run_to_end(runtime.stop())
         take_network_log(runtime, trace)
     await run_judges(scoring.judges, task, trace, judges)
