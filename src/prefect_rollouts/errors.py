@@ -149,6 +149,29 @@ class TaskError(RolloutsError):
     """User code of a task raised: a ``setup``/``finalize`` hook, a reward or a metric."""
 
 
+class AgentFailure(RolloutsError):
+    """The agent failed on its own: a result of the rollout, not an error of the system (Harbor's rule,
+    ``harbor/trial``: an agent that exits non-zero or times out is recorded and the tests still run).
+
+    Raised by a harness or a runtime during a segment (a program that exited non-zero after it
+    started, one its own deadline stopped, a box the agent filled past its disk quota) and turned by
+    the stages into ``Trace.record_agent_failure``: the run stops with ``stop_condition`` (e.g.
+    ``program_failed``, ``program_timeout``, ``storage_quota``) and no ``ErrorRecord``.
+
+    Attributes:
+        stop_condition: The trace's stop condition.
+        scored: True: the task's scoring still runs (the tests decide, usually 0). False: the box
+            cannot be scored (the agent broke it); reward 0 without scoring.
+        timeout: The agent's deadline stopped it: ``is_timeout`` is set, so ``skip_on_timeout`` applies.
+    """
+
+    def __init__(self, message: str, stop_condition: str, *, scored: bool = True, timeout: bool = False) -> None:
+        super().__init__(message)
+        self.stop_condition = stop_condition
+        self.scored = scored
+        self.timeout = timeout
+
+
 class JudgeError(TaskError):
     """A judge could not reach its model or parse its reply: a scoring error (reward None), never 0.
 

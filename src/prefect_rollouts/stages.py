@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from prefect_rollouts.config.agent import AgentConfig, ScoringConfig, effective_scoring, with_task_network
-from prefect_rollouts.errors import InfrastructureError, StageTimeoutError
+from prefect_rollouts.errors import AgentFailure, InfrastructureError, StageTimeoutError
 from prefect_rollouts.harnesses import Harness, make_harness
 from prefect_rollouts.model.local import is_local
 from prefect_rollouts.runtimes import Runtime, make_runtime
@@ -35,6 +35,7 @@ from prefect_rollouts.scoring.placement import score_isolated, score_shared
 from prefect_rollouts.task import Task, call_injected
 from prefect_rollouts.threads import note_in
 from prefect_rollouts.trace import SegmentRecord, SendRecord, Trace, last_assistant_text
+from prefect_rollouts.unwind import run_to_end
 
 if TYPE_CHECKING:
     from prefect_rollouts.harnesses.endpoint import InterceptionEndpoint
@@ -228,6 +229,9 @@ async def run_segment(state: RolloutState, messages: list[dict[str, Any]]) -> Se
         ``Segment``; ``terminated`` is True when the run has stopped (an empty one if it
         had stopped before).
 
+    An ``AgentFailure`` the harness raises (its program failed on its own) ends the segment and the
+    run as ``Trace.record_agent_failure`` says; it is not raised.
+
     Raises:
         ProviderError: a model call failed after the client's retries.
         StageTimeoutError: the agent budget ran out (recorded on the trace).
@@ -252,6 +256,8 @@ async def run_segment(state: RolloutState, messages: list[dict[str, Any]]) -> Se
     try:
         async with _timed(state, "agent", remaining, timing=False):
             await state.harness.run_segment(state)
+    except AgentFailure as failure:   # the agent's own failure is its result: recorded, then scored
+        trace.record_agent_failure(failure)
     except Exception:
         state.resume_segment = not state.stopped   # the failed call is on the trace; a retry samples again
         raise
@@ -288,7 +294,10 @@ async def finalize(state: RolloutState) -> None:
         available = {"trace": state.trace, "runtime": state.runtime, "task": state.task}
         await call_injected(state.task.finalize, available, "finalize hook", note_in(state.trace.info))
         if state.runtime is not None:
-            await state.runtime.check_storage()   # a filled disk quota is an error, not a score
+            try:
+                await state.runtime.check_storage()
+            except AgentFailure as failure:   # the agent filled its disk quota: scored 0 (skip_check)
+                state.trace.record_agent_failure(failure)
         if state.scoring.mode == "isolated" and state.runtime is not None:
             state.artifacts, missing = await state.runtime.collect_artifacts(list(state.task.data.artifacts))
             if missing:
@@ -303,14 +312,20 @@ def scorable(state: RolloutState) -> bool:
 def skip_check(state: RolloutState) -> str | None:
     """Apply ``skip_on_truncated`` / ``skip_on_timeout``.
 
+    An agent failure recorded with ``scored = False`` (``Trace.record_agent_failure``: the agent
+    filled its disk quota or broke its box) skips scoring the same way, its stop condition the reason.
+
     Returns:
-        ``"truncated"`` or ``"timeout"`` when scoring is skipped (then ``trace.reward`` is 0,
+        ``"truncated"``, ``"timeout"`` or that stop condition when scoring is skipped (then ``trace.reward`` is 0,
         no task rewards or metrics are kept, ``trace.info["scoring_skipped"]`` holds the
         reason); None when scoring should run.
     """
     trace, scoring = state.trace, state.scoring
     reason = None
-    if scoring.skip_on_truncated and trace.is_truncated:
+    failure = trace.info.get("agent_failure")
+    if failure is not None and failure.get("scored") is False:   # the agent broke its box: nothing to score
+        reason = failure["stop_condition"]
+    elif scoring.skip_on_truncated and trace.is_truncated:
         reason = "truncated"
     elif scoring.skip_on_timeout and trace.is_timeout:
         reason = "timeout"
@@ -355,12 +370,8 @@ async def score(state: RolloutState) -> None:
 async def teardown(state: RolloutState) -> None:
     """Stop the runtime, then close the harness. Runs on every path; completes even if cancelled."""
     started = time.perf_counter()
-    job = asyncio.ensure_future(stop_runtime(state, close_harness=True))
     try:
-        await asyncio.shield(job)
-    except asyncio.CancelledError:
-        await job
-        raise
+        await run_to_end(stop_runtime(state, close_harness=True))
     finally:
         state.trace.timings["teardown"] = round(time.perf_counter() - started, 6)
 

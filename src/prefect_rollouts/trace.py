@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
-from prefect_rollouts.errors import ProviderError, RuntimeUnavailableError, scrub
+from prefect_rollouts.errors import AgentFailure, ProviderError, RuntimeUnavailableError, scrub
 
 #: 2: token details (``cached_tokens``, ``reasoning_tokens``) and failed ``attempts`` on call records.
 #: 3: messages may hold typed parts (``KEPT_PART_TYPES``, ``KEPT_PART_KEYS``; the module docstring).
@@ -255,7 +255,9 @@ class Trace(BaseModel):
     errors: list[ErrorRecord] = Field(default_factory=list)
     stop_condition: str | None = None
     """Why the run stopped: ``agent_completed``, ``user_closed``, ``max_turns``, ``max_turn_tokens``,
-    ``<stage>_timeout`` or ``<kind>_error`` (e.g. ``provider_error``, ``task_error``, ``scoring_error``)."""
+    ``<stage>_timeout``, the agent's own failure (``record_agent_failure``: e.g. ``program_failed``,
+    ``storage_quota``; scored, not an error) or ``<kind>_error`` (e.g. ``provider_error``, ``task_error``,
+    ``scoring_error``)."""
     is_timeout: bool = False
     started_at: float = Field(default_factory=time.time)
     """Unix time (s) the rollout started."""
@@ -297,6 +299,18 @@ class Trace(BaseModel):
         self.errors.append(ErrorRecord(type=type(exc).__name__, message=scrub(str(exc)), stage=stage,
                                        status_code=getattr(exc, "status_code", None)))
         self.stop(f"{_error_kind(exc, stage)}_error", override=self.stop_condition in COMPLETED_STOPS)
+
+    def record_agent_failure(self, failure: AgentFailure) -> None:
+        """Record the agent's own failure as the rollout's result (``errors.AgentFailure``): stop as
+        ``failure.stop_condition`` (replacing a normal end, never a limit, deadline or error already
+        recorded), ``is_timeout`` when its deadline stopped it, and ``info["agent_failure"]`` =
+        ``{"stop_condition", "message" (scrubbed), "scored"}``. Not an error: ``ok`` stays True and
+        scoring runs, unless ``scored`` is False (then ``stages.skip_check`` gives reward 0)."""
+        self.stop(failure.stop_condition, override=self.stop_condition in COMPLETED_STOPS)
+        if failure.timeout:
+            self.is_timeout = True
+        self.info["agent_failure"] = {"stop_condition": failure.stop_condition, "message": scrub(str(failure)),
+                                      "scored": failure.scored}
 
     def record_timeout(self, stage: str) -> None:
         """Mark a stage deadline as expired: ``is_timeout`` and stop condition ``<stage>_timeout``."""
