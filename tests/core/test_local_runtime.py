@@ -30,6 +30,15 @@ async def test_exec_runs_in_the_workspace_with_exit_code_and_streams(runtime):
     assert result.stdout == f"out\n{runtime.workspace}\n"
 
 
+async def test_the_local_runtime_refuses_another_user_with_the_fix(runtime):
+    with pytest.raises(ValueError, match=r"user = 'agent': the local runtime runs commands as this process's user. "
+                                         r'Set type = "docker", or remove user'):
+        vf.RuntimeConfig(user="agent")
+    with pytest.raises(ValueError, match=r"runtime \"local\" cannot run a command as user 'agent'"):
+        await runtime.exec("id -u", user="agent")
+    assert (await runtime.exec("true", user="")).exit_code == 0   # IMAGE_USER: this process's user here
+
+
 def _processes_with(marker: str) -> list[str]:
     """Command lines of the live processes on this host that contain ``marker``."""
     found = []

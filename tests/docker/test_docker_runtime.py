@@ -11,6 +11,7 @@ import pytest
 
 import prefect_rollouts as vf
 from prefect_rollouts.runtimes import make_runtime
+from prefect_rollouts.runtimes.base import IMAGE_USER
 from prefect_rollouts.runtimes.docker import LABEL
 from tests.fakes.openai_server import delayed, reply, tool_call
 from tests.support.extras import require_module
@@ -53,6 +54,25 @@ async def test_a_container_is_locked_down_labelled_and_removed(docker_engine):
     finally:
         await runtime.stop()
     assert containers_of(docker_engine, run_id) == []
+
+
+async def test_commands_run_as_the_configured_user_and_kill_all_reaches_that_users_processes():
+    """A Harbor task's ``[agent] user``: ``config.user`` is every command's user, ``exec(user=...)`` another's,
+    ``IMAGE_USER`` the image's; with every capability dropped root cannot signal another user's processes, so
+    ``kill_all`` sweeps as each user that ran a command (as root alone it left ``nobody``'s daemon running)."""
+    runtime = make_runtime(docker_config(user="nobody"))
+    await runtime.start()
+    try:
+        ids = [await runtime.exec("id -u"), await runtime.exec("id -u", user="1234:1234"),
+               await runtime.exec("id -u", user=IMAGE_USER)]
+        assert [result.stdout.strip() for result in ids] == ["65534", "1234", "0"]
+        await runtime.exec("setsid -f sleep 300 </dev/null >/dev/null 2>&1")   # a daemon of nobody's
+        count = "grep -l '^Uid:[[:space:]]*65534[[:space:]]' /proc/[0-9]*/status 2>/dev/null | wc -l"
+        assert (await runtime.exec(count, user=IMAGE_USER)).stdout.strip() == "1"
+        await runtime.kill_all()
+        assert (await runtime.exec(count, user=IMAGE_USER)).stdout.strip() == "0"
+    finally:
+        await runtime.stop()
 
 
 async def test_a_start_cancelled_while_its_container_is_created_leaves_no_container(docker_engine, monkeypatch):

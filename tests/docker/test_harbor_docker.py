@@ -245,3 +245,19 @@ async def test_a_silent_build_past_its_timeout_is_an_error_naming_the_key(tmp_pa
     assert trace.reward is None and [e.type for e in trace.errors] == ["InfrastructureError"]
     assert "ran past [environment] build_timeout_sec = 3 s" in trace.errors[0].message
     assert str(tmp_path) not in trace.errors[0].message   # no host path on the trace
+
+
+async def test_the_agent_and_the_tests_run_as_the_users_task_toml_names(tmp_path, agent_config):
+    """``[agent] user`` runs solve.sh (and every command of the agent), ``[verifier] user`` runs test.sh; the
+    log directories are made by root and open to both, as Harbor makes them."""
+    directory = task_dir(tmp_path, "users", toml='version = "1.0"\n[agent]\nuser = "agent"\n[verifier]\nuser = 1501\n',
+                         solve_sh="id -un > /app/out.txt && id -un > /logs/agent/who.txt\n",
+                         test_sh='who=$(id -un); echo "agent=$(cat /app/out.txt) owner=$(stat -c %U /app/out.txt) '
+                                 'tests=$who"\n[ "$(cat /app/out.txt)/$(stat -c %U /app/out.txt)/$who" = '
+                                 'agent/agent/grader ] && echo 1 > /logs/verifier/reward.txt\n')
+    (directory / "environment" / "Dockerfile").write_text(
+        "FROM prefect-rollouts-sandbox:latest\nRUN useradd -m -u 1500 agent && useradd -m -u 1501 grader && "
+        "mkdir /app && chown agent /app\nWORKDIR /app\n")
+    trace = (await run_all(harbor_config(agent_config, "oracle"), tmp_path))["users"]
+    assert (trace.errors, trace.reward) == ([], 1.0), trace.info["harbor"].get("verifier")
+    assert trace.info["harbor"]["verifier"]["stdout_tail"] == "agent=agent owner=agent tests=grader\n"

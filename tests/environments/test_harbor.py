@@ -123,16 +123,57 @@ def test_a_task_without_an_image_is_a_config_error(tmp_path):
 
 
 @pytest.mark.parametrize(("extra", "named"), [
-    ("[environment]\ngpus = 1\n", "gpus = 1"),
-    ('[agent]\nuser = "agent"\n', "[agent] user = 'agent'"),
+    ("[environment]\ngpus = 1\n", "gpus = 1 (this system runs no GPU boxes; run the task in Harbor on a GPU host"),
+    ('[environment.tpu]\ntype = "v6e"\ntopology = "2x4"\n', "[environment] tpu (this system runs no TPU boxes"),
+    ('[environment]\nos = "Windows"\n', '[environment] os = "windows" (only Linux boxes run here)'),
+    ('[[environment.mcp_servers]]\nname = "docs"\nurl = "http://docs:8000/sse"\n',
+     "[environment] mcp_servers (MCP servers are not run for the agent; remove them"),
+    ('[[steps]]\nname = "one"\n[[steps]]\nname = "two"\n', "[[steps]] (2 steps: multi-step tasks are not run here"),
+    ('[verifier.environment]\ndocker_image = "grader:1"\n', "[verifier.environment] (a separate verifier image"),
+    ('[[verifier.collect]]\ncommand = "pg_dump > /logs/artifacts/db.sql"\nservice = "db"\n',
+     "[[verifier.collect]] (collect hooks run in Docker Compose services"),
+    ('artifacts = [{ source = "/data", service = "db" }]\n', "artifacts from a compose service"),
+    ('artifacts = ["/app/out"]\n[verifier]\nenvironment_mode = "separate"\n',
+     'artifacts with environment_mode = "separate"'),
     ('[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["pypi.org/simple"]\n', "not a path"),
     ('[verifier]\nallowed_hosts = ["pypi.org"]\n', "[verifier] allowed_hosts = ['pypi.org'] without network_mode"),
+    # Harbor 0.26: a phase's hosts need that phase's own allowlist, even under an environment allowlist
+    ('[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["a.org"]\n[agent]\nallowed_hosts = ["b.org"]\n',
+     "[agent] allowed_hosts = ['b.org'] without network_mode = \"allowlist\" in [agent] (set it there"),
 ])
-def test_what_this_system_does_not_run_is_refused_naming_the_task(tmp_path, extra, named):
+def test_what_this_system_does_not_run_is_refused_naming_the_task_and_the_fix(tmp_path, extra, named):
     make_task(tmp_path, "asks-much", 'version = "1.0"\n' + extra)
     with pytest.raises(ConfigError) as raised:
         load_taskset("harbor", {"path": str(tmp_path)})
     assert "'asks-much'" in str(raised.value) and named in str(raised.value)
+
+
+def test_a_docker_compose_task_is_refused_not_built_from_its_dockerfile_alone(tmp_path):
+    directory = make_task(tmp_path, "composed")
+    (directory / "environment" / "docker-compose.yaml").write_text("services:\n  db:\n    image: postgres:16\n")
+    with pytest.raises(ConfigError, match=r"'composed'.*environment/docker-compose.yaml \(Docker Compose services "
+                                          r"are not run here"):
+        load_taskset("harbor", {"path": str(tmp_path)})
+
+
+def test_harbor_026_defaults_and_derived_values(tmp_path):
+    """Harbor 0.26 (``schema_version`` 1.4): resources unset (the runtime config's), fractional CPUs, a verifier
+    mode derived from ``[verifier.environment]``, users read as given, ``steps`` and ``artifacts`` known."""
+    make_task(tmp_path, "t", 'artifacts = ["/logs/artifacts", { source = "/app/out.txt", destination = "out.txt" }]\n'
+              'multi_step_reward_strategy = "final"\n[agent]\nuser = "agent"\n[verifier]\nuser = 1000\n'
+              '[environment]\ncpus = 0.5\n')
+    (task,) = load_taskset("harbor", {"path": str(tmp_path)})
+    toml = task.toml
+    assert toml.schema_version == "1.4" and toml.unknown_keys() == []
+    assert (toml.agent.user, toml.verifier.user) == ("agent", 1000)
+    assert (toml.environment.cpus, toml.environment.memory_mb, toml.environment.storage_mb) == (0.5, None, None)
+    assert toml.verifier.environment_mode == "shared" and toml.environment.os == "linux"
+    assert TaskToml.model_validate({"verifier": {"environment": {"docker_image": "g"}}}).verifier.environment_mode \
+        == "separate"
+    with pytest.raises(ValueError, match=r"incompatible with \[verifier.environment\]"):
+        TaskToml.model_validate({"verifier": {"environment_mode": "shared", "environment": {}}})
+    with pytest.raises(ValueError, match=r"memory = '1G' \(1024 MB\) conflicts with memory_mb = 512"):
+        TaskToml.model_validate({"environment": {"memory": "1G", "memory_mb": 512}})
 
 
 def test_bad_paths_and_subsets_are_config_errors(tmp_path):
@@ -162,11 +203,14 @@ def test_an_allowlist_maps_onto_rules_per_phase(tmp_path):
     """Issue 23, part 5: ``allowlist`` with ``allowed_hosts``; a phase's own hosts replace the environment's."""
     make_task(tmp_path, "listed", 'version = "1.0"\n[environment]\nnetwork_mode = "allowlist"\n'
                                   'allowed_hosts = ["pypi.org", "*.pythonhosted.org"]\n'
-                                  '[verifier]\nallowed_hosts = ["https://grader.example"]\n')
+                                  '[verifier]\nnetwork_mode = "allowlist"\nallowed_hosts = ["https://grader.example"]\n'
+                                  '[agent]\nnetwork_mode = "allowlist"\nallowed_hosts = []\n')
     make_task(tmp_path, "graded-offline", 'version = "1.0"\n[agent]\nnetwork_mode = "allowlist"\n'
                                           'allowed_hosts = ["api.example.com:8443"]\n')
     offline, listed = sorted(load_taskset("harbor", {"path": str(tmp_path)}), key=lambda t: t.id)
-    assert listed.data.network == vf.NetworkPolicy.model_validate({"allow": ["pypi.org", "*.pythonhosted.org"]})
+    # the agent's own allowlist, though empty, replaces the environment's (Harbor's explicit phase policy)
+    assert listed.data.network == vf.NetworkPolicy.model_validate({"allow": []})
+    assert listed.toml.phase_hosts("verifier") == ["https://grader.example"]
     assert listed.data.scoring.network.allow == ["https://grader.example"]
     assert offline.data.network.allow == ["api.example.com:8443"] and offline.data.scoring.network.mode == "open"
     composed = with_task_network(vf.AgentConfig(model="m", runtime={"type": "docker"}), listed.data.network,

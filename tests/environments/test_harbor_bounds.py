@@ -88,7 +88,7 @@ async def test_healthcheck_retries_0_still_waits_out_the_start_period(tmp_path):
     answers = iter([1, 1, 0])   # mkdir, then the healthcheck fails twice while starting, then passes
     calls = []
 
-    async def exec(command, timeout=None, env=None):
+    async def exec(command, timeout=None, env=None, user=None):
         calls.append(command)
         code = 0 if command.startswith("mkdir") else next(answers)
         return SimpleNamespace(exit_code=code, stderr="", stdout="", timed_out=False)

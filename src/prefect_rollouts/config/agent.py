@@ -211,6 +211,9 @@ class RuntimeConfig(ConfigModel):
     device" (a tool error the agent sees), and a rollout that filled it ends with an error."""
     docker_network: str = "bridge"
     """docker: the Docker network joined under ``network = "open"``."""
+    user: str | None = None
+    """docker: the user the rollout's commands run as (a name or UID known in the image, ``uid:gid`` too);
+    None: the image's ``USER`` (root when it sets none). A Harbor task's ``[agent] user`` sets it."""
     writable: list[str] = []
     """docker: more absolute paths the container may write besides the workspace, ``/tmp``,
     ``/var/tmp``, ``/run`` and HOME. Under the ``tmpfs`` disk quota (a read-only root filesystem) each
@@ -225,6 +228,9 @@ class RuntimeConfig(ConfigModel):
             raise ValueError(f"writable = {bad!r}: each must be an absolute path in the container other than /")
         if self.type == "local" and self.network.mode == "rules":
             raise ValueError(local_rules_error("network"))
+        if self.type == "local" and self.user:
+            raise ValueError(f'user = {self.user!r}: the local runtime runs commands as this process\'s user. Set '
+                             'type = "docker", or remove user')
         return self
 
 

@@ -11,11 +11,13 @@ A rollout of a task (the ``docker`` runtime only):
 
 1. ``prepare``: the image (``[environment] docker_image``, else built from ``environment/``, tagged by
    a hash of the directory: ``runtimes/images.py``) and the agent config of the rollout: that image,
-   ``cpus``, ``memory_mb``, ``storage_mb``, ``workdir`` (default the image's ``WORKDIR``), ``env`` and
-   the agent deadline (``[agent] timeout_sec``). The agent phase's network is the task's
+   ``cpus``, ``memory_mb``, ``storage_mb`` (each unset: the runtime config's), ``workdir`` (default the
+   image's ``WORKDIR``), ``env``, the user of the agent's commands (``[agent] user``, else the image's
+   ``USER``) and the agent deadline (``[agent] timeout_sec``). The agent phase's network is the task's
    ``TaskData.network``, composed with the agent's ``runtime.network`` (``config.network.compose``).
    A failed build is an ``InfrastructureError`` of the task's rollouts (reward None), never reward 0.
-2. ``setup``: ``/logs/agent``, ``/logs/verifier`` and ``/logs/artifacts`` made; the healthcheck run.
+2. ``setup``: ``/logs/agent``, ``/logs/verifier`` and ``/logs/artifacts`` made by root, writable by every
+   user (as Harbor makes them); the healthcheck run as the image's user.
 3. The agent (any harness; ``oracle`` runs ``solve``: ``solution/`` copied to ``/solution``, ``bash
    /solution/solve.sh``).
 4. ``finalize``: what the agent left in ``/logs/artifacts`` is listed (small text files kept) in
@@ -51,6 +53,7 @@ from prefect_rollouts.environments.harbor_config import TaskToml, read_task_toml
 from prefect_rollouts.environments.harbor_files import check_task_directory, inside
 from prefect_rollouts.environments.harbor_reward import READ_REWARD, REWARD_MAX_BYTES, read_reward
 from prefect_rollouts.errors import ConfigError, TaskError, register_secret
+from prefect_rollouts.runtimes.base import IMAGE_USER
 from prefect_rollouts.scoring.env import resolve_env, template_variables
 from prefect_rollouts.task import Task, TaskData, reward
 from prefect_rollouts.threads import run_sync
@@ -60,6 +63,8 @@ LOG_DIRS = ("/logs/agent", "/logs/verifier", "/logs/artifacts")
 """Harbor's log directories in the box."""
 WRITABLE = ("/logs", "/tests", "/solution")
 """Places besides the workdir a Harbor box must be able to write (``RuntimeConfig.writable``)."""
+ROOT = "0"
+"""The user (root by UID, which every image has) of the commands that make and clear the log directories."""
 TAIL_CHARS = 4000
 """Characters of the end of the tests' (and the oracle's) stdout and stderr kept on the trace."""
 ARTIFACT_FILE_BYTES = 16 * 1024
@@ -120,10 +125,14 @@ class HarborTask(Task):
         ready = await run_sync(job, f"{what}: the image")   # a daemon thread: Ctrl-C does not wait for a build
         if known is None:
             self.image = ready   # its build_s is the eval's build, not a rollout's cached check
+        storage_mb = next(size for size in (self.storage_mb, environment.storage_mb, config.runtime.storage_mb)
+                          if size is not None)
+        user = self.toml.agent.user
         runtime = config.runtime.model_copy(update={
-            "image": ready.tag, "workdir": environment.workdir or ready.workdir, "cpus": float(environment.cpus),
-            "memory_mb": environment.memory_mb,
-            "storage_mb": environment.storage_mb if self.storage_mb is None else self.storage_mb,
+            "image": ready.tag, "workdir": environment.workdir or ready.workdir,
+            "cpus": float(environment.cpus or config.runtime.cpus),
+            "memory_mb": environment.memory_mb or config.runtime.memory_mb, "storage_mb": storage_mb,
+            "user": config.runtime.user if user is None else str(user),
             "env": {**config.runtime.env, **environment.env},
             "writable": sorted({*config.runtime.writable, *WRITABLE})})
         timeouts = config.timeouts
@@ -141,7 +150,8 @@ class HarborTask(Task):
         info.update(image=runtime.config.image, workdir=runtime.config.workdir,
                     build_s=image.build_s if (image := getattr(self, "image", None)) else None,
                     network={"agent": runtime.network.describe(), "verifier": self.network("verifier").describe()})
-        made = await runtime.exec("mkdir -p " + " ".join(LOG_DIRS), timeout=60)
+        made = await runtime.exec(f"mkdir -p {' '.join(LOG_DIRS)} && chmod 777 {' '.join(LOG_DIRS)}", timeout=60,
+                                  user=ROOT)
         if made.exit_code != 0:
             raise TaskError(f"Harbor task {self.id!r}: cannot make {', '.join(LOG_DIRS)} in the box: "
                             f"{made.stderr.strip()[-500:]}")
@@ -150,7 +160,7 @@ class HarborTask(Task):
             return
         started, failures = time.monotonic(), 0
         while True:
-            result = await runtime.exec(check.command, timeout=check.timeout_sec)
+            result = await runtime.exec(check.command, timeout=check.timeout_sec, user=IMAGE_USER)
             if result.exit_code == 0:
                 return
             starting = time.monotonic() - started < check.start_period_sec
@@ -217,14 +227,15 @@ class HarborTask(Task):
         verifier = self.toml.verifier
         env = _resolved(verifier.env, f"Harbor task {self.id!r}: [verifier] env")
         await runtime.kill_all()   # nothing the agent left running may touch the tests or their reward
-        cleared = await runtime.exec(_CLEAR, timeout=60)
+        cleared = await runtime.exec(_CLEAR, timeout=60, user=ROOT)
         if cleared.exit_code != 0:
             raise TaskError(f"Harbor task {self.id!r}: cannot clear /logs/verifier and /tests: "
                             f"{cleared.stderr.strip()[-500:] or f'exit code {cleared.exit_code}'}")
         await runtime.upload(self._inside("tests"), "/tests")
         limit = verifier.timeout_sec * self.timeout_multiplier
         started = time.monotonic()
-        result = await runtime.exec("bash /tests/test.sh", timeout=limit, env=env)
+        result = await runtime.exec("bash /tests/test.sh", timeout=limit, env=env,
+                                    user=IMAGE_USER if verifier.user is None else str(verifier.user))
         trace.info.setdefault("harbor", {})["verifier"] = _outcome(result, started)
         if result.timed_out:
             raise TaskError(f"Harbor task {self.id!r}: tests/test.sh ran longer than [verifier] timeout_sec = "
@@ -250,7 +261,8 @@ class HarborTask(Task):
 # /logs/verifier is made anew (a symlink the agent left there is removed, not followed) and /tests
 # emptied, so no file of the agent's can pose as the tests or their reward.
 _CLEAR = ("for d in /logs /tests; do if [ -L $d ]; then rm -f $d; fi; done; rm -rf /logs/verifier; "
-          "mkdir -p " + " ".join(LOG_DIRS) + " /tests && find /tests -mindepth 1 -delete")
+          "mkdir -p " + " ".join(LOG_DIRS) + " /tests && chmod 777 " + " ".join(LOG_DIRS) +
+          " && find /tests -mindepth 1 -delete")
 
 _LIST_ARTIFACTS = ("cd /logs/artifacts 2>/dev/null && find . -type f -printf '%s %P\\n' 2>/dev/null | sort -k2 | "
                    f"head -n {ARTIFACT_FILES}")
@@ -295,7 +307,8 @@ def load(path: str = "examples/harbor-tasks", tasks: list[str] | None = None, ti
             lacks ``instruction.md``, ``tests/test.sh`` or an image (``environment/Dockerfile`` or
             ``docker_image``); its ``task.toml`` is not TOML, has a wrong type or a value out of bounds (named
             by key); a file it names is a link out of its directory (``harbor_files``); or it asks for what
-            this system does not run (GPUs, MCP servers, skills, another user).
+            this system does not run (``harbor_config.refuse_unsupported``: GPUs, MCP servers, Docker Compose,
+            multi-step tasks, ...).
     """
     if not (math.isfinite(timeout_multiplier) and 0 < timeout_multiplier <= MAX_TIMEOUT_MULTIPLIER):
         raise ConfigError(f"[env.taskset] timeout_multiplier = {timeout_multiplier}: must be above 0 and at most "
@@ -364,7 +377,7 @@ def _task(name: str, directory: Path, timeout_multiplier: float, storage_mb: int
     if not toml.environment.docker_image and not (directory / "environment" / "Dockerfile").is_file():
         raise ConfigError(f"{where}: environment/Dockerfile is missing and [environment] docker_image is not set; "
                           "give one of them")
-    refuse_unsupported(toml, where)
+    refuse_unsupported(toml, where, directory)
     try:
         prompt = instruction.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

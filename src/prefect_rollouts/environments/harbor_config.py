@@ -1,15 +1,19 @@
-"""A Harbor task's ``task.toml``, read with Harbor's schema (1.x, as in Harbor 0.25).
+"""A Harbor task's ``task.toml``, read with Harbor's schema (task config ``schema_version`` 1.4, as in Harbor
+0.26; its ``harbor/models/task/config.py`` is 0.25's with one comment added).
 
-The fields and defaults are Harbor's own (``../shared/reference/program-harnesses.md`` §5), and
-values are coerced the way Harbor's pydantic models coerce them (``"600"`` is a float there too),
-so a task that Harbor loads loads here. Nonsense is refused naming the key: ``cpus = 0``, NaN or
-infinity, and values past what a box or a deadline can hold (``bounds``: deadlines at most a week,
-``memory_mb`` and ``storage_mb`` at most 1 TiB, ``cpus`` at most 1024; ``timeout_sec = 1e308`` ended in
-an ``OverflowError``, ``memory_mb = 2**62`` in an error of the Docker engine's).
-Keys Harbor may add later are accepted with one warning per key (``read_task_toml``). What this
-system cannot honour is refused with an error naming the task (``refuse_unsupported``: ``gpus``,
-``mcp_servers``, ``skills_dir``, a ``user``; ``allowed_hosts`` without ``allowlist`` or with a
-malformed host). Must not import Prefect.
+The fields and defaults are Harbor's own, and values are coerced the way Harbor's pydantic models coerce
+them (``"600"`` is a float there too), so a task that Harbor loads loads here
+(``tests/environments/test_harbor_schema.py`` checks the shipped tasks against Harbor's own ``TaskConfig``).
+Nonsense is refused naming the key: ``cpus = 0``, NaN or infinity, and values past what a box or a deadline
+can hold (``bounds``: deadlines at most a week, ``memory_mb`` and ``storage_mb`` at most 1 TiB, ``cpus`` at
+most 1024; ``timeout_sec = 1e308`` ended in an ``OverflowError``, ``memory_mb = 2**62`` in an error of the
+Docker engine's). ``cpus``, ``memory_mb`` and ``storage_mb`` left unset are the agent's runtime config's
+(Harbor's Docker environment sets no limit then). Keys Harbor may add later are accepted with one warning
+per key (``read_task_toml``; Harbor ignores them silently). What this system cannot run is refused with an
+error naming the task, the key and the fix (``refuse_unsupported``: GPUs and TPUs, Windows boxes, MCP
+servers, skills, multi-step tasks, a separate verifier image, compose collect hooks and artifacts of compose
+services; ``allowed_hosts`` without ``allowlist`` or with a malformed host). ``[agent] user`` and
+``[verifier] user`` are run as that user (``harbor.HarborTask``). Must not import Prefect.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from prefect_rollouts.bounds import MAX_CPUS, MAX_DEADLINE_S, MAX_MEMORY_MB, MAX_STORAGE_MB
+from prefect_rollouts.bounds import MAX_CPUS, MAX_DEADLINE_S, MAX_MEMORY_MB, MAX_STORAGE_MB, MIN_CPUS
 from prefect_rollouts.config.network import parse_rule
 from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.nesting import toml_loads
@@ -45,9 +49,11 @@ class AgentSection(_Section):
     timeout_sec: float | None = Field(None, gt=0, le=MAX_DEADLINE_S)
     """The agent deadline in seconds (None: none)."""
     user: str | int | None = None
+    """The user (name or UID) the agent's commands run as; None: the image's ``USER`` (root when unset)."""
     network_mode: NetworkMode | None = None
     """Overrides ``[environment] network_mode`` while the agent runs."""
-    allowed_hosts: list[str] = []
+    allowed_hosts: list[str] | None = None
+    """The hosts of this phase's ``allowlist``; only with this phase's own ``network_mode = "allowlist"``."""
 
 
 class VerifierSection(_Section):
@@ -57,10 +63,25 @@ class VerifierSection(_Section):
     """The scoring deadline: ``test.sh`` is killed after this many seconds."""
     env: dict[str, str] = {}
     user: str | int | None = None
-    environment_mode: Literal["shared", "separate"] = "shared"
-    """``separate``: the tests run in a fresh container of the task's image with the agent's workdir restored."""
+    """The user (name or UID) ``test.sh`` runs as; None: the image's ``USER`` (root when unset), not the agent's."""
+    environment_mode: Literal["shared", "separate"] | None = None
+    """``separate``: the tests run in a fresh container of the task's image with the agent's workdir restored.
+    Unset: ``separate`` when ``[verifier.environment]`` is given, else ``shared`` (Harbor's rule)."""
+    environment: dict[str, Any] | None = None
+    """``[verifier.environment]``: another image for a separate verifier (refused here)."""
+    collect: list[dict[str, Any]] = []
+    """``[[verifier.collect]]``: commands run in compose services before artifacts are collected (refused)."""
     network_mode: NetworkMode | None = None
-    allowed_hosts: list[str] = []
+    allowed_hosts: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _mode(self) -> VerifierSection:
+        if self.environment_mode == "shared" and self.environment is not None:
+            raise ValueError("environment_mode = 'shared' is incompatible with [verifier.environment]; omit the "
+                             "environment or set environment_mode = 'separate'")
+        if self.environment_mode is None:
+            self.environment_mode = "separate" if self.environment is not None else "shared"
+        return self
 
 
 class HealthcheckSection(_Section):
@@ -81,14 +102,21 @@ class EnvironmentSection(_Section):
     build_timeout_sec: float = Field(600.0, gt=0, le=MAX_DEADLINE_S)
     docker_image: str | None = None
     """A prebuilt image; without it the image is built from ``environment/``."""
-    cpus: int = Field(1, ge=1, le=MAX_CPUS)
-    memory_mb: int = Field(2048, ge=16, le=MAX_MEMORY_MB)
-    storage_mb: int = Field(10240, ge=0, le=MAX_STORAGE_MB)
-    gpus: int = Field(0, ge=0)
+    os: Literal["linux", "windows"] = "linux"
+    """The box's operating system (any case); only ``linux`` runs here."""
+    cpus: float | None = Field(None, ge=MIN_CPUS, le=MAX_CPUS)
+    """CPUs of the box (Harbor takes fractions); None: the runtime config's ``cpus``."""
+    memory_mb: int | None = Field(None, ge=16, le=MAX_MEMORY_MB)
+    """None: the runtime config's ``memory_mb``."""
+    storage_mb: int | None = Field(None, ge=0, le=MAX_STORAGE_MB)
+    """None: the runtime config's ``storage_mb``."""
+    gpus: int | None = Field(None, ge=0)
     gpu_types: list[str] | None = None
-    allow_internet: bool = True
+    tpu: dict[str, Any] | None = None
+    allow_internet: bool | None = None
+    """Deprecated by Harbor (``network_mode``): ``false`` is ``no-network`` when ``network_mode`` is unset."""
     network_mode: NetworkMode | None = None
-    allowed_hosts: list[str] = []
+    allowed_hosts: list[str] | None = None
     mcp_servers: list[dict[str, Any]] = []
     env: dict[str, str] = {}
     skills_dir: str | None = None
@@ -100,15 +128,26 @@ class EnvironmentSection(_Section):
     storage: str | None = None
     """Deprecated by Harbor (``storage_mb``)."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _os_case(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("os"), str):
+            data = {**data, "os": data["os"].lower()}
+        return data
+
     @model_validator(mode="after")
     def _deprecated_sizes(self) -> EnvironmentSection:
-        if self.memory is not None:
-            self.memory_mb = _megabytes(self.memory, "memory")
-        if self.storage is not None:
-            self.storage_mb = _megabytes(self.storage, "storage")
-        if not 16 <= self.memory_mb <= MAX_MEMORY_MB:
+        for key in ("memory", "storage"):
+            size = getattr(self, key)
+            if size is None:
+                continue
+            megabytes, given = _megabytes(size, key), getattr(self, f"{key}_mb")
+            if given is not None and given != megabytes:
+                raise ValueError(f"{key} = {size!r} ({megabytes} MB) conflicts with {key}_mb = {given}; keep one")
+            setattr(self, f"{key}_mb", megabytes)
+        if self.memory_mb is not None and not 16 <= self.memory_mb <= MAX_MEMORY_MB:
             raise ValueError(f"memory = {self.memory!r}: must be 16 MiB to 1 TiB (bounds.MAX_MEMORY_MB)")
-        if self.storage_mb > MAX_STORAGE_MB:
+        if self.storage_mb is not None and self.storage_mb > MAX_STORAGE_MB:
             raise ValueError(f"storage = {self.storage!r}: must be at most 1 TiB (bounds.MAX_STORAGE_MB)")
         if self.workdir is not None and not self.workdir.startswith("/"):
             raise ValueError(f"workdir = {self.workdir!r}: must be an absolute path in the box, e.g. /app")
@@ -118,7 +157,7 @@ class EnvironmentSection(_Section):
         """``network_mode``, else ``no-network`` when ``allow_internet = false``, else ``public``."""
         if self.network_mode is not None:
             return self.network_mode
-        return "public" if self.allow_internet else "no-network"
+        return "no-network" if self.allow_internet is False else "public"
 
 
 class SolutionSection(_Section):
@@ -130,7 +169,7 @@ class SolutionSection(_Section):
 class TaskToml(_Section):
     """A whole ``task.toml``. ``version`` is read as ``schema_version`` (Harbor renamed it)."""
 
-    schema_version: str = "1.1"
+    schema_version: str = "1.4"
     task: dict[str, Any] | None = None
     """``[task]``: the registry package (``name = "org/name"``, ...); kept, not used."""
     metadata: dict[str, Any] = {}
@@ -139,6 +178,13 @@ class TaskToml(_Section):
     environment: EnvironmentSection = Field(default_factory=EnvironmentSection)
     solution: SolutionSection = Field(default_factory=SolutionSection)
     source: str | None = None
+    steps: list[dict[str, Any]] | None = None
+    """``[[steps]]``: a multi-step task (``steps/<name>/``), refused here."""
+    multi_step_reward_strategy: Literal["mean", "final"] | None = None
+    """How a multi-step task's reward is made; only with ``steps``."""
+    artifacts: list[str | dict[str, Any]] = []
+    """Paths Harbor collects from the box after the tests (for the record, and into a separate verifier's
+    box); here ``/logs/artifacts`` is kept on the trace and a separate verifier gets the agent's workdir."""
 
     @model_validator(mode="before")
     @classmethod
@@ -154,9 +200,11 @@ class TaskToml(_Section):
         return section.network_mode or self.environment.baseline_network()
 
     def phase_hosts(self, phase: Literal["agent", "verifier"]) -> list[str]:
-        """The ``allowed_hosts`` of ``phase`` under ``allowlist``: its own, else the environment's."""
+        """The ``allowed_hosts`` of ``phase`` under ``allowlist``: its own when it sets its own ``network_mode``
+        (none given: none but the model endpoint), else the environment's (Harbor's ``explicit_phase_policy``)."""
         section: AgentSection | VerifierSection = self.agent if phase == "agent" else self.verifier
-        return list(section.allowed_hosts or self.environment.allowed_hosts)
+        hosts = section.allowed_hosts if section.network_mode is not None else self.environment.allowed_hosts
+        return list(hosts or [])
 
     def unknown_keys(self) -> list[str]:
         """Dotted names of the keys this schema does not know (``environment.foo``), sorted."""
@@ -223,28 +271,53 @@ def _key(error: Any) -> str:
     return f"{key} = {repr(value)[:100]}"
 
 
-def refuse_unsupported(toml: TaskToml, where: str) -> None:
-    """Raise ``ConfigError`` naming each key of ``toml`` asking for what this system does not run."""
+def refuse_unsupported(toml: TaskToml, where: str, directory: Path | None = None) -> None:
+    """Raise ``ConfigError`` naming each key of ``toml`` (and each file of the task ``directory``) asking for
+    what this system does not run, and the fix: ``environment/docker-compose.yaml`` (Harbor starts the task's
+    services with Docker Compose when it is there; here it would be ignored) is refused too.
+
+    Raises:
+        ConfigError: ``<where>: task.toml asks for what this system does not run: [section] key = value (why;
+            the fix); ...``.
+    """
     environment = toml.environment
     refused = []
+    if directory is not None and (compose := (directory / "environment" / "docker-compose.yaml")).exists():
+        refused.append(f"{compose.relative_to(directory)} (Docker Compose services are not run here: the box is the "
+                       "image of environment/Dockerfile alone; fold the services into that image and start them "
+                       "in solve.sh or a healthcheck, or run the task in Harbor)")
     if environment.gpus:
-        refused.append(f"[environment] gpus = {environment.gpus} (this system runs no GPU boxes)")
+        refused.append(f"[environment] gpus = {environment.gpus} (this system runs no GPU boxes; run the task in "
+                       "Harbor on a GPU host, or set gpus = 0 if it does not need one)")
+    if environment.tpu is not None:
+        refused.append("[environment] tpu (this system runs no TPU boxes; run the task in Harbor on GKE)")
+    if environment.os != "linux":
+        refused.append(f'[environment] os = "{environment.os}" (only Linux boxes run here)')
     if environment.mcp_servers:
-        refused.append("[environment] mcp_servers (MCP servers are not run for the agent)")
+        refused.append("[environment] mcp_servers (MCP servers are not run for the agent; remove them, or run the "
+                       "task in Harbor)")
     if environment.skills_dir:
-        refused.append("[environment] skills_dir (skills are not copied for the agent)")
-    for section in ("agent", "verifier"):
-        user = getattr(toml, section).user
-        if user not in (None, "root", 0, "0"):
-            refused.append(f"[{section}] user = {user!r} (commands run as the image's user, root)")
+        refused.append("[environment] skills_dir (skills are not copied for the agent; remove it)")
+    if toml.steps:
+        refused.append(f"[[steps]] ({len(toml.steps)} steps: multi-step tasks are not run here; split them into "
+                       "one task per step, or run the task in Harbor)")
+    if toml.verifier.environment is not None:
+        refused.append("[verifier.environment] (a separate verifier image is not run here; drop it to grade in a "
+                       "fresh box of the task's own image with environment_mode = \"separate\")")
+    if toml.verifier.collect:
+        refused.append("[[verifier.collect]] (collect hooks run in Docker Compose services, which are not run here)")
+    if any(isinstance(entry, dict) and entry.get("service") not in (None, "main") for entry in toml.artifacts):
+        refused.append("artifacts from a compose service (Docker Compose is not run here)")
+    if toml.artifacts and toml.verifier.environment_mode == "separate":
+        refused.append("artifacts with environment_mode = \"separate\" (here the fresh box gets the agent's "
+                       "workdir, not a list of artifacts; drop artifacts, or grade with environment_mode = \"shared\")")
     for section, mode in (("environment", environment.network_mode), ("agent", toml.agent.network_mode),
                           ("verifier", toml.verifier.network_mode)):
         hosts = getattr(toml, section).allowed_hosts
-        if hosts and mode != "allowlist" and not (section != "environment" and mode is None and
-                                                  toml.environment.network_mode == "allowlist"):
-            refused.append(f'[{section}] allowed_hosts = {hosts!r} without network_mode = "allowlist" (set it, '
-                           "or drop allowed_hosts)")
-        for host in hosts:
+        if hosts is not None and mode != "allowlist":
+            refused.append(f'[{section}] allowed_hosts = {hosts!r} without network_mode = "allowlist" in '
+                           f"[{section}] (set it there, or drop allowed_hosts)")
+        for host in hosts or []:
             try:
                 parse_rule(host)
             except ValueError as exc:

@@ -11,6 +11,10 @@ from prefect_rollouts.config.agent import RuntimeConfig
 from prefect_rollouts.config.network import NetworkPolicy
 from prefect_rollouts.errors import scrub
 
+IMAGE_USER = ""
+"""``Runtime.exec(user=IMAGE_USER)`` runs the command as the image's ``USER`` (root when the image sets none),
+whatever ``config.user`` says: Docker's own meaning of an empty user."""
+
 SCRUB_SLACK_BYTES = 4096
 """Bytes of a command's output kept beyond ``output_cap_bytes`` so that a secret straddling the
 cap is still whole when it is scrubbed; the text is cut to the cap afterwards."""
@@ -75,7 +79,8 @@ class Runtime(Protocol):
     async def stop(self) -> None:
         """Remove everything the runtime created; idempotent; a ``scoped`` view leaves it alone."""
 
-    async def exec(self, cmd: str, timeout: float | None = None, env: dict[str, str] | None = None) -> ExecResult:
+    async def exec(self, cmd: str, timeout: float | None = None, env: dict[str, str] | None = None,
+                   user: str | None = None) -> ExecResult:
         """Run ``cmd`` with ``bash -c`` in the workspace.
 
         Args:
@@ -83,6 +88,9 @@ class Runtime(Protocol):
             timeout: Seconds before the command is killed; default ``config.exec_timeout_s``.
                 A killed command returns exit code -9 and ``timed_out``.
             env: Extra environment variables over ``config.env``.
+            user: ``docker``: the user to run as (a name or UID known in the image, ``uid:gid`` too) instead
+                of ``config.user``; ``IMAGE_USER``: the image's ``USER``. ``local`` runs every command as
+                this process's user and refuses any other (``ValueError``).
 
         Returns:
             ``ExecResult``; stdout and stderr are decoded as UTF-8 (errors replaced) and cut to

@@ -145,6 +145,9 @@ class DockerRuntime:
         device"); shared with ``scoped`` views, whose commands fill the same filesystems."""
         self._seen: dict[str, int] = {}
         """The cgroup counters ``limits_hit`` read last (shared with ``scoped`` views)."""
+        self._users: set[str] = set()
+        """Users other than the image's that ran a command here (``exec(user=...)``, ``config.user``), for
+        ``kill_all``: under ``cap_drop=ALL`` a user can signal only its own processes. Shared with views."""
         self._egress = egress
         self._net: dict[str, Any] = {"network": network or config.network}
         """Shared with ``scoped`` views: the container's ``network`` policy now, and under rules its
@@ -337,18 +340,20 @@ class DockerRuntime:
 
     async def kill_all(self) -> None:
         """``Runtime.kill_all``: SIGKILL every process but the init (PID 1) and the keep-alive
-        ``sleep infinity``, until none is left (up to 5 rounds; a fork bomb too: ``docker_limits.KILL_ALL``);
-        a lost container is left alone."""
+        ``sleep infinity``, until none is left (up to 5 rounds; a fork bomb too: ``docker_limits.KILL_ALL``),
+        swept as the image's user and as each other user that ran a command (no capability lets one user
+        signal another's processes here); a lost container is left alone."""
         if self.container is None:
             return
 
         def sweep() -> None:
             api = docker_client().api
-            for _ in range(5):
-                exec_id = api.exec_create(self._container_id(), ["sh", "-c", resources.KILL_ALL])["Id"]
-                killed = api.exec_start(exec_id).decode(errors="replace").split()
-                if not killed:
-                    return
+            for user in ["", *sorted(self._users)]:
+                for _ in range(5):
+                    exec_id = api.exec_create(self._container_id(), ["sh", "-c", resources.KILL_ALL], user=user)["Id"]
+                    killed = api.exec_start(exec_id).decode(errors="replace").split()
+                    if not killed:
+                        break
         with contextlib.suppress(Exception):
             await _in_thread(sweep)
 
@@ -412,8 +417,9 @@ class DockerRuntime:
             await _in_thread(net.attach, client, self.container, "none")
         state["network"] = target
 
-    async def exec(self, cmd: str, timeout: float | None = None, env: dict[str, str] | None = None) -> ExecResult:
-        """``Runtime.exec`` in ``config.workdir``.
+    async def exec(self, cmd: str, timeout: float | None = None, env: dict[str, str] | None = None,
+                   user: str | None = None) -> ExecResult:
+        """``Runtime.exec`` in ``config.workdir``, as ``user`` (else ``config.user``, else the image's ``USER``).
 
         The command runs in its own process group, killed when it ends or at its timeout. A
         process that leaves that group (``setsid``, a double fork) is not killed with it: it
@@ -425,9 +431,12 @@ class DockerRuntime:
         limit = timeout or self.config.exec_timeout_s
         proxied = self._net.get("env", {}) if self.network.mode == "rules" else {}
         environment = {**self.config.env, **(env or {}), **proxied}
+        user = (self.config.user or "") if user is None else user
+        if user:
+            self._users.add(user)
         started = time.monotonic()
         code, out, err = await _in_thread(self._exec, ["bash", "-c", _WRAPPER, "bash", cmd, f"{limit:.3f}"],
-                                                 environment)
+                                                 environment, user)
         timed_out = code == 137 and time.monotonic() - started >= limit
         if self._quota and storage.ENOSPC_TEXT in err:
             self._quota["enospc"] = True
@@ -442,12 +451,12 @@ class DockerRuntime:
         return await _in_thread(resources.limits_hit, docker_client().api, self._container_id(), self.config,
                                 self.source, self._seen, self._quota.get("mode") == "tmpfs")
 
-    def _exec(self, argv: list[str], environment: dict[str, str]) -> tuple[int, str, str]:
+    def _exec(self, argv: list[str], environment: dict[str, str], user: str = "") -> tuple[int, str, str]:
         api = docker_client().api
         cap = self.config.output_cap_bytes + SCRUB_SLACK_BYTES
         try:
             exec_id = api.exec_create(self._container_id(), argv, workdir=self.config.workdir,
-                                      environment=environment)["Id"]
+                                      environment=environment, user=user)["Id"]
             out, err = bytearray(), bytearray()
             for chunk_out, chunk_err in api.exec_start(exec_id, stream=True, demux=True):
                 if chunk_out and len(out) < cap:

@@ -124,11 +124,19 @@ class LocalRuntime:
             logger.warning('runtime "local": could not remove workspace %s (a process started by the agent '
                            "may still be writing into it)", workspace)
 
-    async def exec(self, cmd: str, timeout: float | None = None, env: dict[str, str] | None = None) -> ExecResult:
+    async def exec(self, cmd: str, timeout: float | None = None, env: dict[str, str] | None = None,
+                   user: str | None = None) -> ExecResult:
         """``Runtime.exec`` in the workspace directory. Here the timeout kills the command and every
         process it started, within about half a second of the deadline whatever it does (a process
         that escaped to its own session cannot hold the call open); when the call returns, no
-        process the command started is left (see the module docstring for the one exception)."""
+        process the command started is left (see the module docstring for the one exception).
+
+        Raises:
+            ValueError: ``user`` names a user (this runtime runs commands as this process's user only).
+        """
+        if user:
+            raise ValueError(f'runtime "local" cannot run a command as user {user!r}: its commands run as this '
+                             'process\'s user. Use [env.agent.runtime] type = "docker"')
         root = self._root()
         proc_env = {k: os.environ[k] for k in _BASE_ENV_KEYS if k in os.environ}
         proc_env.update(HOME=str(root), **self.config.env, **(env or {}))
