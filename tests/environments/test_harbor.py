@@ -269,6 +269,16 @@ def test_the_shipped_tasks_load_and_cover_the_required_kinds():
     for task in tasks:   # every image builds offline, from the sandbox image
         dockerfile = (SHIPPED / task.id / "environment" / "Dockerfile").read_text()
         assert dockerfile.startswith("FROM prefect-rollouts-sandbox:latest\n")
+    # the kinds issue 34 asks for (oracle 1 and nop 0 through tasks check: tests/prefect/test_harbor_eval.py)
+    def text(name: str, path: str) -> str:
+        return (SHIPPED / name / path).read_text()
+    solve = text("install-logtidy-command", "solution/solve.sh")
+    assert "/usr/local/bin/logtidy" in solve and "/etc/logtidy.conf" in solve
+    assert "pip wheel" in text("pip-install-vendored-wheel", "environment/Dockerfile")
+    assert "pip install --no-index" in text("pip-install-vendored-wheel", "solution/solve.sh")
+    assert "setsid nohup python3 /app/server.py" in text("serve-inventory-api", "solution/solve.sh")
+    assert "http://127.0.0.1:8000" in text("serve-inventory-api", "tests/test.sh")
+    assert text("csv-column-stats", "tests/test.sh").startswith("#!/usr/bin/env python3\n")
 
 
 def test_the_readmes_task_toml_is_valid_and_uses_only_known_keys():
