@@ -284,8 +284,8 @@ def refuse_unsupported(toml: TaskToml, where: str, directory: Path | None = None
     refused = []
     if directory is not None and (compose := (directory / "environment" / "docker-compose.yaml")).exists():
         refused.append(f"{compose.relative_to(directory)} (Docker Compose services are not run here: the box is the "
-                       "image of environment/Dockerfile alone; fold the services into that image and start them "
-                       "in solve.sh or a healthcheck, or run the task in Harbor)")
+                       "image of environment/Dockerfile alone; fold what the services do into that image, or run "
+                       "the task in Harbor)")
     if environment.gpus:
         refused.append(f"[environment] gpus = {environment.gpus} (this system runs no GPU boxes; run the task in "
                        "Harbor on a GPU host, or set gpus = 0 if it does not need one)")
