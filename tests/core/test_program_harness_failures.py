@@ -6,6 +6,7 @@ a stop the endpoint imposed wins over the exit code the program then returns."""
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import textwrap
 
@@ -83,16 +84,22 @@ async def test_a_program_that_crashes_before_its_first_model_call_is_scored_too(
 async def test_a_program_its_own_timeout_killed_is_a_scored_timeout(openai_server, agent_config, tmp_path,
                                                                      skip_on_timeout):
     slow = """
-        import time
+        import os, sys, time
         open("out.txt", "w").write("done")
+        print(os.path.dirname(os.environ["PROMPT_FILE"]), flush=True)   # the launcher's private directory
+        print("still thinking", file=sys.stderr, flush=True)
         time.sleep(600)
     """
     config = agent_config(harness=program(tmp_path, slow, timeout_s=1.5),
                           scoring=vf.ScoringConfig(skip_on_timeout=skip_on_timeout))
     trace = await run(config)
     assert (trace.stop_condition, trace.is_timeout, trace.errors) == ("program_timeout", True, [])
-    assert trace.info["program"][0]["timed_out"] is True
-    assert "ran longer than [env.agent.harness] timeout_s = 1.5" in trace.info["agent_failure"]["message"]
+    [launch] = trace.info["program"]
+    assert (launch["timed_out"], launch["stderr_tail"]) == (True, "still thinking\n")   # kept in the launcher's file
+    assert not await asyncio.to_thread(os.path.exists, launch["stdout_tail"].strip())   # read, then removed
+    assert trace.info["agent_failure"]["message"] == ('harness "program": the program ran longer than '
+                                                      "[env.agent.harness] timeout_s = 1.5 and was killed. "
+                                                      "stderr: still thinking")
     if skip_on_timeout:
         assert (trace.reward, trace.info["scoring_skipped"]) == (0.0, "timeout")
     else:

@@ -27,11 +27,10 @@ Outcome of a launch, in order (the rule: ``agent_exits``, docs/scoring-failed-ag
 - a ``TaskError`` (reward None) when it could not start (the launcher failed, no python3, 126/127
   before any model call) or asked for a route the endpoint does not serve (named: missing here).
 
-Every launch's exit code, tails of stdout and stderr (scrubbed), byte counts and the runtime's limits
-it hit (``Runtime.limits_hit``, e.g. a process killed at ``memory_mb``; read after every launch, exit
-0 too) are in ``trace.info["program"]``; ``codex`` and ``claude-code`` add their transcript there (the
-whole, scrubbed, under ``trace.info["transcripts"]``: ``_keep_transcript``). A later turn relaunches
-the program on the new message; the endpoint carries the conversation (``resume = false`` refuses it).
+Every launch's exit code, output tails (scrubbed), byte counts and limits hit (``Runtime.limits_hit``,
+e.g. a kill at ``memory_mb``, read after exit 0 too) are in ``trace.info["program"]``; ``codex`` and
+``claude-code`` add their transcript (the whole, scrubbed, in ``trace.info["transcripts"]``). A later
+turn relaunches the program on the new message; the endpoint carries the conversation (``resume = false`` refuses it).
 """
 
 from __future__ import annotations
@@ -205,10 +204,8 @@ class ProgramHarness:
         if index > 0 and not self.config.resume:
             raise TaskError(f'[env.agent.harness] resume = false: harness "{self.id}" runs one turn; '
                             "a second turn() is refused. Set resume = true to relaunch it on the conversation")
-        record = ctx.trace.segments[-1]
-        if index not in self._prompts:
-            self._prompts[index] = _turn_prompt(ctx.trace.messages[record.start:])
-        prompt, system_prompt = self._prompts[index]
+        record = ctx.trace.segments[-1]   # a retried segment keeps its first prompt
+        prompt, system_prompt = self._prompts.setdefault(index, _turn_prompt(ctx.trace.messages[record.start:]))
         session = ProgramSession(ctx, prompt, system_prompt, carried=list(ctx.trace.messages[:record.start]))
         env = {**spec.env, **{name: os.environ[name] for name in self.config.forward_env},
                "OPENAI_API_KEY": session.secret, "OPENAI_MODEL": ctx.config.model}
@@ -270,6 +267,8 @@ class ProgramHarness:
             return
         if result is not None and not ctx.stopped:   # a command in the runtime; also after exit 0: a tool
             hit = await runtime.limits_hit()         # command of the program may have been killed for memory
+        if result is not None and result.timed_out:   # timeout_s killed its launcher too: the tails are in its file
+            extra.update(await self._tails_so_far(runtime, state, session))
         self._judge(ctx, session, result, spec, hit, extra)
 
     async def _keep_transcript(self, ctx: SegmentContext, runtime: Runtime, session: ProgramSession) -> dict[str, Any]:
@@ -334,8 +333,9 @@ class ProgramHarness:
         if found:
             stderr = stderr[:found.start()]
             info.update(stdout_bytes=int(found[2]), stderr_bytes=int(found[3]))
-        info.update(exit_code=code, timed_out=result.timed_out, stdout_tail=self._tail(result.stdout, session),
-                    stderr_tail=self._tail(stderr, session))
+        info.update(exit_code=code, timed_out=result.timed_out)   # a timed-out launch's tails: from its file
+        info.setdefault("stdout_tail", self._tail(result.stdout, session))
+        info.setdefault("stderr_tail", self._tail(stderr, session))
         if spec.report is not None:
             info.update(spec.report(info["stdout_tail"], info["stderr_tail"]))
         info = self._record(ctx, session, info, hit)
