@@ -94,13 +94,14 @@ def check_command(
 
 
 def _table(rows: Any) -> tuple[Table, list[str]]:
-    """The per-task table and the broken tasks' ids, from the check's rows."""
+    """The per-task table and the broken tasks' ids, from the check's rows (the error column also names
+    an agent failure, e.g. the oracle's ``solve.sh`` exiting non-zero, which is scored, not an error)."""
     table = Table("task", "oracle", "nop", "build s", "error", title="tasks check")
     broken = []
     for task_id in sorted(set(rows["task_id"])):
         mine = rows[rows["task_id"] == task_id]
         cells: dict[str, Any] = {}
-        errors = []
+        errors, notes = [], []
         build = None
         for environment in ("oracle", "nop"):
             row = mine[mine["environment"] == environment]
@@ -115,6 +116,9 @@ def _table(rows: Any) -> tuple[Table, list[str]]:
                 message = str(first["error_message"]).strip().splitlines() or [""]
                 errors.append(f"{environment}: {first['error_type']}: {message[0][:200]}")
             info = json.loads(first["info"]) if isinstance(first["info"], str) else {}
+            failed = info.get("agent_failure") or {}   # scored, not an error: e.g. solve.sh exited non-zero
+            if failed.get("message"):
+                notes.append(f"{environment}: {failed.get('stop_condition')}: {str(failed['message'])[:200]}")
             seconds = (info.get("harbor") or {}).get("build_s")
             if isinstance(seconds, (int, float)):
                 build = max(build or 0.0, float(seconds))
@@ -122,8 +126,8 @@ def _table(rows: Any) -> tuple[Table, list[str]]:
         if not sound:
             broken.append(task_id)
         table.add_row(task_id, _shown(cells.get("oracle")), _shown(cells.get("nop")),
-                      "—" if build is None else f"{build:.1f}", "; ".join(errors) or ("" if sound else "wrong reward"),
-                      style=None if sound else "red")
+                      "—" if build is None else f"{build:.1f}",
+                      "; ".join(errors + notes) or ("" if sound else "wrong reward"), style=None if sound else "red")
     return table, broken
 
 

@@ -343,7 +343,8 @@ async def score(state: RolloutState) -> None:
     Shared scoring runs in the agent's runtime. Isolated scoring stops the agent's runtime and
     starts a fresh one per call, reusing the collected artifacts; the rewards of a call that
     failed on infrastructure are dropped, so a retry starts clean (other failures keep the
-    grades already given, e.g. a judge's None beside the other judges).
+    grades already given, e.g. a judge's None beside the other judges). An ``AgentFailure`` a scoring
+    function raises (``agent_exits.box_broken``) gives reward 0 as one with ``scored = False`` does.
 
     Raises:
         InfrastructureError: the scoring runtime failed (isolated scoring retries it).
@@ -360,6 +361,9 @@ async def score(state: RolloutState) -> None:
             else:
                 mark_phase(state.runtime, "scoring")
                 await score_shared(state.task, state.trace, state.runtime, state.scoring, state.judge_clients)
+    except AgentFailure as failure:   # the agent broke its box, the tests cannot run: reward 0 (skip_check)
+        state.trace.record_agent_failure(AgentFailure(str(failure), failure.stop_condition, scored=False))
+        skip_check(state)
     except InfrastructureError:   # may be retried: the next attempt starts clean
         state.trace.rewards.clear()
         state.trace.metrics.clear()

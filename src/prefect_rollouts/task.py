@@ -147,7 +147,8 @@ class Task:
         task whose solution works scores full reward after it.
 
         Raises:
-            TaskError: the task has no reference solution (the default), or it failed.
+            TaskError: the task has no reference solution (the default), or it could not start.
+            AgentFailure: it failed on its own (``agent_exits.program_failure``): scored by the task.
         """
         raise TaskError(f"task {self.id!r} ({type(self).__name__}) has no reference solution for the oracle "
                         "harness: define Task.solve, or use another harness")

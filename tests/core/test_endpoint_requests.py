@@ -155,7 +155,8 @@ async def test_a_failed_programs_stderr_is_shown_from_a_line_start_with_its_last
     harness = program(tmp_path, loud, output_tail_chars=2000)
     async with vf.make_agent(agent_config(harness=harness)) as agent:
         trace = await agent.run(Said(vf.TaskData(prompt="go")))
-    shown = trace.errors[0].message.split(". stderr: ", 1)[1]
+    assert (trace.stop_condition, trace.errors) == ("program_failed", [])   # scored: it started, then failed
+    shown = trace.info["agent_failure"]["message"].split(". stderr: ", 1)[1]
     assert shown == "fatal: " + "y" * 900 + " 404", shown[:120]
 
 

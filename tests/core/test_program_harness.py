@@ -130,6 +130,7 @@ async def test_max_turns_refuses_the_next_request_and_the_program_ends(openai_se
         trace = await agent.run(Said(vf.TaskData(prompt="loop")))
     assert len(openai_server.requests) == 2 and trace.stop_condition == "max_turns"
     assert trace.errors == [] and trace.info["program"][0]["exit_code"] == 3   # refused: a clean end
+    assert "agent_failure" not in trace.info   # the endpoint's stop wins over the exit code
     assert "rollout stopped: max_turns" in trace.info["program"][0]["stderr_tail"]
 
 
@@ -368,10 +369,11 @@ async def test_a_malformed_request_is_refused_naming_the_field_and_never_sent_up
     assert openai_server.requests == [] and trace.model_calls == []
 
 
+# one that fails after it started is scored: test_program_harness_failures.py
 @pytest.mark.parametrize(("fields", "expected"), [
-    ({"command": ["/no/such/agent"]}, "exited with code 127"),
+    ({"command": ["/no/such/agent"]}, "could not start (exit code 127"),
     ({"command": ["bash", "-c", "exit 0"]}, "without calling the model"),
-    ({"command": ["bash", "-c", "echo broken >&2; exit 5"]}, "code 5. stderr: broken"),
+    ({"command": ["bash", "-c", "echo broken >&2; exit 126"]}, "code 126, before any model call). stderr: broken"),
     ({"command": ["true"], "setup": ["echo no-such-package >&2; false"]}, "setup command"),
 ])
 async def test_bad_programs_are_errors_on_the_trace_never_reward_zero(openai_server, agent_config, fields, expected):

@@ -98,7 +98,8 @@ class HarnessConfig(ConfigModel):
     """A later ``turn()`` relaunches the program with the conversation carried at the endpoint;
     False: a second turn is refused with an error."""
     timeout_s: float = Field(3600.0, gt=0, le=MAX_DEADLINE_S)
-    """Most seconds one launch of the program may run (the agent deadline, when set, also holds)."""
+    """Most seconds one launch of the program may run (the agent deadline, when set, also holds); past it
+    the program is killed and the run stops as ``program_timeout``, scored by the task (``is_timeout``)."""
     stop_grace_s: float = Field(10.0, ge=0, le=MAX_DEADLINE_S)
     """After the endpoint stopped the rollout (``max_turns``, ``max_turn_tokens``), how long the
     program may take to exit before it is killed, in seconds."""

@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
+from prefect_rollouts.agent_exits import COULD_NOT_START, program_failure
 from prefect_rollouts.bounds import MAX_STORAGE_MB, MAX_TIMEOUT_MULTIPLIER
 from prefect_rollouts.config.agent import AgentConfig, ScoringConfig
 from prefect_rollouts.config.network import NetworkPolicy
@@ -175,7 +176,9 @@ class HarborTask(Task):
         with ``[solution] env`` (within the agent deadline).
 
         Raises:
-            TaskError: there is no ``solution/solve.sh``, or it exited non-zero (its exit code and stderr).
+            AgentFailure: it exited non-zero (``program_failed``) or ran past the deadline (``program_timeout``):
+                the oracle's own failure, scored by the tests as in Harbor (``agent_exits``).
+            TaskError: there is no ``solution/solve.sh``, or it could not start (exit 126 or 127).
         """
         solution = self._inside("solution")
         if not (solution / "solve.sh").is_file():
@@ -188,8 +191,9 @@ class HarborTask(Task):
         trace.info.setdefault("harbor", {})["solution"] = _outcome(result, started)
         if result.exit_code != 0:
             why = f"ran longer than {limit:g} s" if result.timed_out else f"exited with code {result.exit_code}"
-            raise TaskError(f"Harbor task {self.id!r}: solution/solve.sh {why}: "
-                            f"{(result.stderr or result.stdout).strip()[-800:]}")
+            raise program_failure(f"Harbor task {self.id!r}: solution/solve.sh {why}: "
+                                  f"{(result.stderr or result.stdout).strip()[-800:]}", timed_out=result.timed_out,
+                                  started=result.exit_code not in COULD_NOT_START)
 
     async def finalize(self, trace: Trace, runtime: Any) -> None:
         """Keep what the agent left in ``/logs/artifacts`` on the trace (``trace.info["harbor"]["artifacts"]``:

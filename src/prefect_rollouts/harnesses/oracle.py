@@ -39,7 +39,9 @@ class NoModelClient:
 class OracleHarness:
     """Runs ``Task.solve`` once in the runtime, within the agent deadline; a further turn does nothing.
 
-    Raises (from ``run_segment``): ``TaskError`` when the task has no solution or it failed.
+    Raises (from ``run_segment``): ``AgentFailure`` when the solution failed on its own (``program_failed``,
+    ``program_timeout``: scored by the task's tests, as Harbor scores its oracle); ``TaskError`` when the
+    task has no solution or it could not start (``agent_exits``).
     """
 
     id = "oracle"

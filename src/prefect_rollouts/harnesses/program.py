@@ -1,38 +1,36 @@
 """Program harnesses: an agent program run in the runtime, its model calls intercepted into the trace.
 
-``open`` (in setup) copies ``[env.agent.harness] files`` into the runtime and runs ``setup``
-commands, with the network open when the runtime's policy is ``none`` or has rules (trusted: it
-installs the harness), and the policy back after.
-Each segment launches the program through ``programs/launch.py`` (``SCRIPTS`` in the endpoint's
-directory, bound read-only into the runtime and checked before each launch) with a fresh per-launch
-secret in ``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY`` and ``ANTHROPIC_AUTH_TOKEN`` beside ``OPENAI_BASE_URL``
-and ``ANTHROPIC_BASE_URL`` (the launcher's docstring), and waits for it to exit; the interception
-endpoint (``endpoint.py``, ``session.py``) records every model call and enforces the limits.
-Outcome of a launch, in order:
+``open`` (in setup) copies ``[env.agent.harness] files`` into the runtime and runs ``setup`` commands
+with the network open (trusted: it installs the harness), then the runtime's policy back. Each segment
+launches the program through ``programs/launch.py`` (``SCRIPTS`` in the endpoint's directory, bound
+read-only into the runtime and checked before each launch) with a fresh per-launch secret in
+``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY`` and ``ANTHROPIC_AUTH_TOKEN`` beside ``OPENAI_BASE_URL`` and
+``ANTHROPIC_BASE_URL`` (the launcher's docstring), and waits for it to exit; the interception endpoint
+(``endpoint.py``, ``session.py``) records every model call and enforces the limits.
+Outcome of a launch, in order (the rule: ``agent_exits``, docs/scoring-failed-agents.md):
 
-- the rollout stopped at the endpoint (``max_turns``, ``max_turn_tokens``): a clean end whatever the
-  exit code; a program still running ``stop_grace_s`` after the stop is killed (tails as below);
+- the endpoint stopped the rollout (``max_turns``, ``max_turn_tokens``): that stop wins over any exit
+  code; a program still running ``stop_grace_s`` after the stop is killed (tails as below);
 - the agent deadline, a cancellation or a lost runtime: the program's process tree is killed
-  (``Runtime.kill_all``) and its entry records what is known (``killed``, the limits it hit, the tails
-  of its output so far; a lost runtime's error names their last lines). The launcher keeps the tails
-  in a file of its private directory under ``/tmp``, read with a command once the kill is done (not with
-  ``read_file``: docker's archive API does not reach a tmpfs ``/tmp``, and a file in the workspace
-  would be in the program's ``git diff``);
-- exit code 0 after at least one model call: the segment is over, unless its last call failed
-  upstream (that ``ProviderError``: a program that swallows an outage is not scored 0);
-- exit 0 without a model call: an error (``TaskError``), unless the spec needs no model;
-- any other exit: the relayed upstream failure when there was one (a ``ProviderError``, retried by
-  the segment policy: the program is launched again on the same turn), else a ``TaskError`` with
-  the exit code, the first route it asked for that the endpoint does not serve, and the last whole
-  lines of its stderr (of its stdout when stderr is empty; ``last_lines``).
+  (``Runtime.kill_all``), its entry records what is known (``killed``, limits hit, the tails so far; a
+  lost runtime's error names their last lines); the deadline ends the run as ``agent_timeout``, scored
+  (``skip_on_timeout`` applies). The launcher keeps the tails in a file under ``/tmp`` (not the
+  workspace: its ``git diff``), read with a command (docker's archive API misses a tmpfs ``/tmp``);
+- its last model call failed upstream: that ``ProviderError`` whatever the exit code (the segment
+  policy relaunches it on the same turn): a program that swallows an outage is not scored 0;
+- exit 0 after a model call: the segment is over; without one (the spec needs a model) a ``TaskError``:
+  it never reached the endpoint, so it is misconfigured (a wrong base URL, its own key) and scoring
+  it would credit the rollout's model with work it never saw;
+- ``timeout_s`` killed it: ``AgentFailure`` ``program_timeout`` (``is_timeout``); any other exit after
+  it started (it called the model, or it ran and exited outside 126/127): ``program_failed``; both
+  scored by the task, the message naming the exit code and its last lines (``last_lines``);
+- a ``TaskError`` (reward None) when it could not start (the launcher failed, no python3, 126/127
+  before any model call) or asked for a route the endpoint does not serve (named: missing here).
 
-The exit code, the tails of stdout and stderr (scrubbed) and the byte counts of every launch are in
-``trace.info["program"]``, and the runtime's limits it hit (``limits_hit``: ``Runtime.limits_hit``,
-e.g. a process killed for memory at ``memory_mb``, read after every launch: a program that exits 0
-may have had a command killed), named in its error too; ``codex`` and ``claude-code`` add their
-transcript's name, size and tail there and the whole (scrubbed) under ``trace.info["transcripts"]``
-(``_keep_transcript``). A later turn launches the program again on the new message; the endpoint
-carries the conversation so far ahead of the program's requests (``resume = false`` refuses it).
+Every launch's exit code, output tails (scrubbed), byte counts and limits hit (``Runtime.limits_hit``,
+e.g. a kill at ``memory_mb``, read after exit 0 too) are in ``trace.info["program"]``; ``codex`` and
+``claude-code`` add their transcript (the whole, scrubbed, in ``trace.info["transcripts"]``). A later
+turn relaunches the program on the new message; the endpoint carries the conversation (``resume = false`` refuses it).
 """
 
 from __future__ import annotations
@@ -51,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from prefect_rollouts.agent_exits import COULD_NOT_START, program_failure
 from prefect_rollouts.config.agent import HarnessConfig
 from prefect_rollouts.config.network import NetworkPolicy
 from prefect_rollouts.errors import ConfigError, RuntimeUnavailableError, TaskError, register_secret, scrub
@@ -195,7 +194,8 @@ class ProgramHarness:
         """Launch the program on this turn's message and wait for it (see the module docstring).
 
         Raises:
-            TaskError: a second turn with ``resume = false``, or the program failed.
+            AgentFailure: it failed on its own after it started (``program_failed``, ``program_timeout``).
+            TaskError: a second turn with ``resume = false``; it could not start, or never called the model.
             ProviderError: the program failed after an upstream failure was relayed to it.
         """
         runtime, spec = _runtime(ctx), self.spec
@@ -204,10 +204,8 @@ class ProgramHarness:
         if index > 0 and not self.config.resume:
             raise TaskError(f'[env.agent.harness] resume = false: harness "{self.id}" runs one turn; '
                             "a second turn() is refused. Set resume = true to relaunch it on the conversation")
-        record = ctx.trace.segments[-1]
-        if index not in self._prompts:
-            self._prompts[index] = _turn_prompt(ctx.trace.messages[record.start:])
-        prompt, system_prompt = self._prompts[index]
+        record = ctx.trace.segments[-1]   # a retried segment keeps its first prompt
+        prompt, system_prompt = self._prompts.setdefault(index, _turn_prompt(ctx.trace.messages[record.start:]))
         session = ProgramSession(ctx, prompt, system_prompt, carried=list(ctx.trace.messages[:record.start]))
         env = {**spec.env, **{name: os.environ[name] for name in self.config.forward_env},
                "OPENAI_API_KEY": session.secret, "OPENAI_MODEL": ctx.config.model}
@@ -269,6 +267,8 @@ class ProgramHarness:
             return
         if result is not None and not ctx.stopped:   # a command in the runtime; also after exit 0: a tool
             hit = await runtime.limits_hit()         # command of the program may have been killed for memory
+        if result is not None and result.timed_out:   # timeout_s killed its launcher too: the tails are in its file
+            extra.update(await self._tails_so_far(runtime, state, session))
         self._judge(ctx, session, result, spec, hit, extra)
 
     async def _keep_transcript(self, ctx: SegmentContext, runtime: Runtime, session: ProgramSession) -> dict[str, Any]:
@@ -333,34 +333,34 @@ class ProgramHarness:
         if found:
             stderr = stderr[:found.start()]
             info.update(stdout_bytes=int(found[2]), stderr_bytes=int(found[3]))
-        info.update(exit_code=code, timed_out=result.timed_out, stdout_tail=self._tail(result.stdout, session),
-                    stderr_tail=self._tail(stderr, session))
+        info.update(exit_code=code, timed_out=result.timed_out)   # a timed-out launch's tails: from its file
+        info.setdefault("stdout_tail", self._tail(result.stdout, session))
+        info.setdefault("stderr_tail", self._tail(stderr, session))
         if spec.report is not None:
             info.update(spec.report(info["stdout_tail"], info["stderr_tail"]))
         info = self._record(ctx, session, info, hit)
-        if ctx.stopped:
+        if ctx.stopped:   # the endpoint stopped the rollout (max_turns, max_turn_tokens): that stop wins
             return
+        if session.provider_error is not None:   # its last model call failed: an outage, not a result
+            raise session.provider_error
         limits = "".join(f" ({text})" for text in hit.values())
-        if result.timed_out:
-            raise TaskError(f'harness "{self.id}": the program ran longer than [env.agent.harness] timeout_s = '
-                            f"{self.config.timeout_s:g} and was killed{limits}")
-        if code == 0:
-            if session.provider_error is not None:   # its last model call failed: an outage, not a result
-                raise session.provider_error
+        if code == 0 and not result.timed_out:
             if session.calls == 0 and spec.needs_model:
                 raise TaskError(f'harness "{self.id}": the program exited (code 0) without calling the model'
                                 f"{limits}{_unserved(session)}. It must send its requests to OPENAI_BASE_URL "
                                 "(chat completions, Responses) with OPENAI_API_KEY, or to ANTHROPIC_BASE_URL "
                                 "(Messages)")
             return
-        if session.provider_error is not None:
-            raise session.provider_error
         stream, last = self._last_said(info)
-        if code == 127 and "python3" in last and "not found" in last:
+        if code == 127 and not found and "python3" in last and "not found" in last:
             raise TaskError(f'harness "{self.id}": the runtime has no python3, which the program launcher needs. '
                             f"Use an image with python3 (>= 3.8). {stream}: {last}")
-        raise TaskError(f'harness "{self.id}": the program exited with code {code}{limits}{_unserved(session)}. '
-                        f"{stream}: {last}")
+        started = session.calls > 0 or (found is not None and code not in COULD_NOT_START)   # it ran
+        why = (f"ran longer than [env.agent.harness] timeout_s = {self.config.timeout_s:g} and was killed"
+               if result.timed_out else f"exited with code {code}" if started or session.unserved else
+               f"could not start (exit code {code}, before any model call)")
+        raise program_failure(f'harness "{self.id}": the program {why}{limits}{_unserved(session)}. {stream}: {last}',
+                              timed_out=result.timed_out, started=started and not session.unserved)
 
 
 MESSAGE_TAIL_BYTES = 800

@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from prefect_rollouts.errors import InfrastructureError, TaskError
+from prefect_rollouts.errors import AgentFailure, InfrastructureError, TaskError
 from prefect_rollouts.task import Task, call_injected, injected_kwargs, qualname
 from prefect_rollouts.threads import note_in, run_sync
 from prefect_rollouts.trace import Trace
@@ -33,6 +33,7 @@ async def run_scoring_functions(task: Task, trace: Trace, runtime: Any) -> None:
 
     Raises:
         InfrastructureError: a function hit one (e.g. its runtime was lost); raised as it is.
+        AgentFailure: a function found the box broken by the agent (``agent_exits.box_broken``); raised as it is.
         TaskError: a function raised or returned something that is not a finite number; the
             message names it. Values recorded before it stay on the trace.
     """
@@ -49,8 +50,8 @@ async def run_scoring_functions(task: Task, trace: Trace, runtime: Any) -> None:
         results = await _call_group(group, chosen, available, note_in(trace.info))
         failure = None
         for (name, _), result in zip(chosen, results, strict=True):
-            if isinstance(result, InfrastructureError):
-                raise result  # the runtime failed, not the task: placement may retry
+            if isinstance(result, (InfrastructureError, AgentFailure)):
+                raise result  # the runtime failed (placement may retry), or the agent broke its box
             if isinstance(result, BaseException):
                 failure = failure or TaskError(f"{group} {name!r} raised {type(result).__name__}: {result}")
                 continue
