@@ -15,7 +15,8 @@ import pytest
 from docker.models.containers import ContainerCollection
 
 import prefect_rollouts as vf
-from prefect_rollouts.runtimes import docker_limits, docker_storage, make_runtime
+from prefect_rollouts.errors import AgentFailure
+from prefect_rollouts.runtimes import docker_limits, make_runtime
 from prefect_rollouts.runtimes.docker import LABEL
 from tests.fakes.openai_server import reply, tool_call
 
@@ -96,8 +97,7 @@ async def test_a_program_killed_for_memory_says_memory_mb(openai_server, agent_c
     assert [(e.type, e.stage) for e in trace.errors] == [("TaskError", "segment")]
     message = trace.errors[0].message
     assert "out of memory" in message and "memory_mb = 64" in message, message
-    tmpfs = docker_storage.quota_mode(docker_engine.info()) == "tmpfs"
-    assert ("storage_mb = 16" in message) == tmpfs   # the tmpfs quota's files count against memory_mb
+    assert "storage_mb" not in message   # no VOLUME in the image: no tmpfs of the quota counts against memory_mb
     launch = trace.info["program"][0]
     assert (launch["exit_code"], set(launch["limits_hit"])) == (137, {"memory"})
 
@@ -127,8 +127,7 @@ async def test_a_fork_bomb_at_the_agent_deadline_records_the_process_limit_and_i
     assert code == 0 and words[0] == "alive" and int(words[1]) <= 8, trace.info["afterwards"]
 
 
-# A file at /data in the image, and two VOLUME lines: /data (a service's data directory, as postgres's) and
-# /tmp, which the tmpfs quota mounts already
+# A file at /data in the image, and two VOLUME lines: /data (a service's data directory, as postgres's) and /tmp
 _VOLUME_IMAGE = f"""FROM {vf.RuntimeConfig().image}
 USER root
 RUN mkdir -p /data && echo seeded > /data/seed.txt
@@ -157,13 +156,14 @@ async def test_an_image_s_volume_is_a_tmpfs_within_storage_mb_seeded_with_its_fi
                                     "du -k /data/big | cut -f1; df -P -k /data /tmp | tail -2")).stdout.split()
         mounts = {mount["Destination"]: mount for mount in docker_engine.api.inspect_container(runtime.id)["Mounts"]}
         volume = docker_engine.volumes.get(mounts["/data"]["Name"]).attrs
-        with pytest.raises(vf.TaskError, match="storage_mb = 32: the rollout filled its disk quota"):
+        with pytest.raises(AgentFailure, match="storage_mb = 32: the rollout filled its disk quota") as failed:
             await runtime.check_storage()
     finally:
         await runtime.stop()
+    assert (failed.value.stop_condition, failed.value.scored) == ("storage_quota", False)
     assert shown[:2] == ["seeded", "written=1"] and int(shown[2]) <= 32 * 1024     # ENOSPC at the quota
     assert (shown[3], shown[4], shown[8], shown[9], shown[14]) == ("tmpfs", str(32 * 1024), "/data", "tmpfs", "/tmp")
-    assert shown[10] == str(32 * 1024)   # /tmp, a place of the quota already and a VOLUME too: one tmpfs of the quota
+    assert shown[10] == str(32 * 1024)   # /tmp, a VOLUME too: a tmpfs of the quota
     assert volume["Options"] == {"type": "tmpfs", "device": "tmpfs", "o": "size=32m"}   # memory, not the disk
     with pytest.raises(docker.errors.NotFound):   # removed with the container
         docker_engine.volumes.get(mounts["/data"]["Name"])

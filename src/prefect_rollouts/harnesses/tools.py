@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from prefect_rollouts.config.agent import HarnessConfig
-from prefect_rollouts.errors import scrub
+from prefect_rollouts.errors import AgentFailure, scrub
 from prefect_rollouts.harnesses.base import SegmentContext, request_template, sample
 from prefect_rollouts.harnesses.schema import ToolSpec, tool_spec
 from prefect_rollouts.nesting import loads
@@ -134,6 +134,8 @@ class ToolsHarness:
                 result = await run_sync(functools.partial(spec.fn, **arguments), f"tool {name!r}", on_abandon)
                 if inspect.isawaitable(result):
                     result = await result
+        except AgentFailure:   # the agent broke its box (its disk quota): the segment ends, not the tool call
+            raise
         except Exception as exc:
             return f"Error: {name} raised {type(exc).__name__}: {exc}", True
         return (result if isinstance(result, str) else json.dumps(result, default=str)), False
