@@ -35,6 +35,7 @@ def test_the_watch_measures_sooner_near_the_quota_within_its_bounds():
     assert docker_quota.next_check_s(0, quota) == pytest.approx(quota / (docker_quota.WRITE_RATE_MB_S * 1e6))
     assert docker_quota.next_check_s(quota - 1, quota) == docker_quota.MIN_INTERVAL_S
     assert docker_quota.next_check_s(0, 100 * 2**30) == docker_quota.MAX_INTERVAL_S
+    assert docker_quota.next_check_s(quota - 1, quota, took_s=0.05) == 0.05 * docker_quota.COST_FACTOR   # many files
 
 
 @pytest.mark.parametrize("quota_mb", [16, 1024, 10240])
