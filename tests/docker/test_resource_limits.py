@@ -16,7 +16,7 @@ from docker.models.containers import ContainerCollection
 
 import prefect_rollouts as vf
 from prefect_rollouts.errors import AgentFailure
-from prefect_rollouts.runtimes import docker_limits, make_runtime
+from prefect_rollouts.runtimes import docker_limits, docker_storage, make_runtime
 from prefect_rollouts.runtimes.docker import LABEL
 from tests.fakes.openai_server import reply, tool_call
 
@@ -100,6 +100,21 @@ async def test_a_program_killed_for_memory_says_memory_mb(openai_server, agent_c
     assert "storage_mb" not in message   # no VOLUME in the image: no tmpfs of the quota counts against memory_mb
     launch = trace.info["program"][0]
     assert (launch["exit_code"], set(launch["limits_hit"])) == (137, {"memory"})
+
+
+async def test_a_program_writing_past_storage_mb_is_stopped_by_the_watch_and_scored_0(openai_server, agent_config,
+                                                                                     docker_engine):
+    """Issue 34 item 1: the watch ends a program harness's segment too (its launch is killed, exec raises)."""
+    if docker_storage.quota_mode(docker_engine.info()) != "watch":
+        pytest.skip("this engine caps the layer itself (storage_opt size): the write fails with ENOSPC")
+    harness = vf.HarnessConfig(id="program", command=["sh", "-c", "head -c 3G /dev/zero > /usr/big; echo finished"])
+    config = agent_config(harness=harness, runtime=docker_config(storage_mb=64),
+                          retries=vf.StageRetryConfig(segment=0))
+    async with vf.make_agent(config) as agent:
+        trace = await agent.run(vf.Task(vf.TaskData(prompt="go")))
+    assert (trace.stop_condition, trace.reward, trace.errors) == ("storage_quota", 0.0, []), trace.errors
+    assert "storage_mb = 64: the rollout wrote" in trace.info["agent_failure"]["message"]
+    assert "finished" not in trace.info["program"][0].get("stdout_tail", "")
 
 
 class Afterwards(vf.Task):

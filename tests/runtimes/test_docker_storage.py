@@ -70,3 +70,31 @@ def test_an_image_s_volumes_that_no_bind_covers_get_a_tmpfs_volume_of_storage_mb
     assert [mount["Target"] for mount in mounts] == (["/tmp", "/var/lib/postgresql/data"] if storage_mb else [])
     assert all(mount["VolumeOptions"]["DriverConfig"]["Options"] == {"type": "tmpfs", "device": "tmpfs",
                                                                      "o": "size=100m"} for mount in mounts)
+
+
+class FakeEngine:
+    """The low-level client calls the watch makes: no overlay2 upper directory, so ``SizeRw``."""
+
+    def __init__(self, sizes):
+        self.sizes = list(sizes)
+
+    def inspect_container(self, container_id):
+        return {"GraphDriver": {"Name": "vfs", "Data": None}}
+
+    def containers(self, all, size, filters):
+        return [{"Id": filters["id"], "SizeRw": self.sizes.pop(0)}] if self.sizes else []
+
+
+def test_the_watch_stops_the_container_once_at_the_first_measurement_past_the_quota():
+    stopped = []
+    watch = docker_quota.QuotaWatch(FakeEngine([2**20, 2**20 + 1, 5 * 2**20]), "c" * 64, 1, lambda: stopped.append(1))
+    watch._thread.join(30)
+    assert not watch._thread.is_alive()
+    assert (watch.how, watch.breach, stopped) == ("SizeRw", 2**20 + 1, [1])
+
+
+def test_the_watch_of_a_removed_container_ends():
+    stopped = []
+    watch = docker_quota.QuotaWatch(FakeEngine([]), "c" * 64, 1, lambda: stopped.append(1))
+    watch._thread.join(30)
+    assert (watch._thread.is_alive(), watch.breach, stopped) == (False, None, [])

@@ -99,7 +99,7 @@ def layer_bytes(api: Any, container_id: str, upper: str | None) -> int:
     given (and it answers), else the engine's ``SizeRw`` (apparent sizes; see the module docstring).
 
     Raises:
-        docker.errors.APIError: the engine cannot tell (e.g. the container is gone).
+        LookupError: the container is gone. docker.errors.APIError: the engine cannot tell.
     """
     if upper is not None:
         try:
@@ -108,8 +108,10 @@ def layer_bytes(api: Any, container_id: str, upper: str | None) -> int:
             return int(done.stdout.split()[0])   # a file removed during the walk: an error, still a total
         except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
             pass
-    [row] = api.containers(all=True, size=True, filters={"id": container_id})
-    return int(row.get("SizeRw") or 0)
+    rows = api.containers(all=True, size=True, filters={"id": container_id})
+    if not rows:
+        raise LookupError(f"container {container_id[:12]} is gone")
+    return int(rows[0].get("SizeRw") or 0)
 
 
 class QuotaWatch:
@@ -144,7 +146,7 @@ class QuotaWatch:
         """Measure the layer now (``layer_bytes``); past the quota, record the breach (the caller stops).
 
         Raises:
-            docker.errors.APIError: the engine cannot tell.
+            LookupError: the container is gone. docker.errors.APIError: the engine cannot tell.
         """
         self.used = layer_bytes(self.api, self.container_id, self._upper)
         if self.used > self.quota and self.breach is None:
@@ -160,7 +162,9 @@ class QuotaWatch:
             started = time.monotonic()
             try:
                 self.measure()
-            except Exception:   # the container is being removed, or the engine is busy: try again later
+            except LookupError:   # removed (its runtime was never stopped): nothing left to watch
+                return
+            except Exception:   # the engine is busy: try again later
                 delay = MAX_INTERVAL_S
                 continue
             if self.breach is not None:
