@@ -14,7 +14,7 @@ import pytest
 
 import prefect_rollouts as vf
 from prefect_rollouts.errors import AgentFailure
-from prefect_rollouts.runtimes import docker_quota, make_runtime
+from prefect_rollouts.runtimes import docker_quota, docker_storage, make_runtime
 from prefect_rollouts.runtimes.docker import LABEL, docker_client
 from tests.fakes.openai_server import delayed, reply, tool_call
 from tests.support.extras import require_module
@@ -314,6 +314,9 @@ async def test_a_runaway_write_past_storage_mb_is_stopped_within_the_overshoot_a
     failure = trace.info["agent_failure"]
     assert failure["scored"] is False and trace.info["scoring_skipped"] == "storage_quota"
     assert failure["message"].startswith("[env.agent.runtime] storage_mb = 1024: the rollout "), failure
+    if docker_storage.quota_mode(docker_engine.info()) == "watch":   # (else the write failed with ENOSPC)
+        [call] = trace.tool_calls   # the watch killed it: the call's result says so, and the segment ended there
+        assert call.is_error and "storage_mb = 1024" in call.output and "finished=" not in call.output
     # the engine's disk keeps the rest of the 3 GB: the write was stopped within the stated bound
     assert trace.info["layer_bytes"] <= 2**30 + docker_quota.OVERSHOOT_MB * 10**6, trace.info["layer_bytes"]
 
