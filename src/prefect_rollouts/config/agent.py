@@ -205,10 +205,11 @@ class RuntimeConfig(ConfigModel):
     Where the storage driver can cap a container (overlay2 on xfs with ``pquota``, btrfs, zfs,
     devicemapper) a write past it fails with "No space left on device". Elsewhere (overlay2 on ext4)
     a watch measures the container's writable layer every 0.1 to 5 s and, past the quota, kills its
-    processes (a write gets at most ``docker_quota.OVERSHOOT_MB``, 500 MB, further). Each ``VOLUME``
-    path of the image is a tmpfs of this size, counted against ``memory_mb``. A rollout that filled
-    it ends as the agent's failure: stop condition ``storage_quota``, reward 0. ``runtimes/docker_storage.py``,
-    ``docker_quota.py`` and ``docker_volumes.py`` have the details."""
+    processes (a write at 2 GB/s gets up to ``docker_quota.OVERSHOOT_MB``, 500 MB, further in a layer
+    of a few thousand files). Each ``VOLUME`` path of the image is a tmpfs of this size, counted
+    against ``memory_mb``. A rollout that filled it ends as the agent's failure: stop condition
+    ``storage_quota``, reward 0. ``runtimes/docker_storage.py``, ``docker_quota.py`` and
+    ``docker_volumes.py`` have the details."""
     docker_network: str = "bridge"
     """docker: the Docker network joined under ``network = "open"``."""
     writable: list[str] = []
