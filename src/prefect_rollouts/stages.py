@@ -287,17 +287,18 @@ async def finalize(state: RolloutState) -> None:
 
     Raises:
         StageTimeoutError: the deadline expired (recorded on the trace).
-        TaskError: the rollout filled its runtime's disk quota (``Runtime.check_storage``).
-        Exception: whatever ``Task.finalize`` or the artifact collection raised.
+        Exception: whatever ``Task.finalize`` or the artifact collection raised. An ``AgentFailure``
+            (``Runtime.check_storage``: the rollout filled its disk quota; or the hook's command in
+            such a box) is recorded (``Trace.record_agent_failure``), not raised.
     """
     async with _timed(state, "finalize", state.config.timeouts.finalize):
         available = {"trace": state.trace, "runtime": state.runtime, "task": state.task}
-        await call_injected(state.task.finalize, available, "finalize hook", note_in(state.trace.info))
-        if state.runtime is not None:
-            try:
+        try:   # a box the agent filled past its disk quota fails the hook's commands too: scored 0 (skip_check)
+            await call_injected(state.task.finalize, available, "finalize hook", note_in(state.trace.info))
+            if state.runtime is not None:
                 await state.runtime.check_storage()
-            except AgentFailure as failure:   # the agent filled its disk quota: scored 0 (skip_check)
-                state.trace.record_agent_failure(failure)
+        except AgentFailure as failure:
+            state.trace.record_agent_failure(failure)
         if state.scoring.mode == "isolated" and state.runtime is not None:
             state.artifacts, missing = await state.runtime.collect_artifacts(list(state.task.data.artifacts))
             if missing:

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import shutil
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
 import prefect_rollouts as vf
-from prefect_rollouts.runtimes import make_runtime
+from prefect_rollouts.errors import AgentFailure
+from prefect_rollouts.runtimes import docker_quota, docker_storage, make_runtime
 from prefect_rollouts.runtimes.base import IMAGE_USER
-from prefect_rollouts.runtimes.docker import LABEL
+from prefect_rollouts.runtimes.docker import LABEL, docker_client
 from tests.fakes.openai_server import delayed, reply, tool_call
 from tests.support.extras import require_module
 from tests.support.waiting import wait_for
@@ -40,7 +44,8 @@ async def test_a_container_is_locked_down_labelled_and_removed(docker_engine):
         assert (host["Memory"], host["PidsLimit"], host["NanoCpus"]) == (256 * 2**20, 64, 500_000_000)
         assert host["CapDrop"] == ["ALL"] and host["SecurityOpt"] == ["no-new-privileges"]
         labels = container.labels
-        assert (labels[f"{LABEL}.run_id"], labels[f"{LABEL}.rollout_id"], labels[f"{LABEL}.flow_run_id"]) == (run_id, "r1", "f1")
+        assert (labels[f"{LABEL}.run_id"], labels[f"{LABEL}.rollout_id"],
+                labels[f"{LABEL}.flow_run_id"]) == (run_id, "r1", "f1")
         status = await runtime.exec("grep -E '^(CapEff|NoNewPrivs)' /proc/self/status; pwd")
         assert status.stdout.split() == ["CapEff:", "0000000000000000", "NoNewPrivs:", "1", "/workspace"]
         result = await runtime.exec("sleep 30 & echo started")
@@ -145,7 +150,8 @@ def test_network(docker_engine):
 
 async def test_network_none_leaves_loopback_only_and_open_reaches_the_test_server(test_network):
     name, address = test_network
-    probe = f"python3 -c \"import urllib.request; print(urllib.request.urlopen('http://{address}:8080/', timeout=3).status)\""
+    probe = (f"python3 -c \"import urllib.request; "
+             f"print(urllib.request.urlopen('http://{address}:8080/', timeout=3).status)\"")
     seen = {}
     for mode in ("none", "open"):
         runtime = make_runtime(docker_config(network=mode, docker_network=name))
@@ -277,40 +283,80 @@ async def test_humaneval_scores_in_an_isolated_docker_container(openai_server, a
     assert all(t.info["scoring_attempts"] == 1 for t in traces)
 
 
-async def test_a_rollout_cannot_write_past_storage_mb_and_one_that_fills_it_ends_with_an_error(
-        openai_server, agent_config, docker_engine):
-    """issue 19 item 7: one rollout wrote 3 GB, and the engine's whole disk was reachable."""
-    play_solution(openai_server)
-    openai_server.play([
-        tool_call("bash", command="head -c 200m /dev/zero > big; echo written=$?; head -c 200m /dev/zero > /tmp/big; "
-                                  "echo tmp=$?; touch /usr/evil; echo usr=$?"),
-        reply("done")])
-    config = agent_config(runtime=docker_config(storage_mb=64, memory_mb=512), max_turns=3)
-    async with vf.make_agent(config) as agent:
-        trace = await agent.run(solution_task())
-    tool_output = next(m["content"] for m in trace.messages if m["role"] == "tool")
-    assert "No space left on device" in tool_output and "written=1" in tool_output   # the agent sees ENOSPC
-    assert "tmp=1" in tool_output and "usr=1" in tool_output    # no other writable place than the quota's
-    assert trace.reward is None and (trace.errors[0].type, trace.errors[0].stage) == ("TaskError", "finalize")
-    assert trace.errors[0].message.startswith("[env.agent.runtime] storage_mb = 64: the rollout filled its disk quota")
-
-
-async def test_a_workspace_within_storage_mb_keeps_the_image_s_files_and_scores(docker_engine, openai_server,
-                                                                               agent_config):
-    runtime = make_runtime(docker_config(storage_mb=32, workdir="/etc/apt"))   # the image has files there
+async def test_a_box_is_writable_everywhere_under_the_default_quota(tmp_path):
+    """Issue 34 item 1: on overlay2 on ext4 the default quota made the root read-only, and a Terminal-Bench
+    ``solve.sh`` that installs a command into /usr/local/bin and writes /etc failed ("Read-only file system")."""
+    assert vf.RuntimeConfig().storage_mb > 0
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "tree" / "run.sh").write_text("echo ran\n")
+    runtime = make_runtime(docker_config(), labels={"run_id": uuid.uuid4().hex})
     await runtime.start()
     try:
-        assert {"apt.conf.d", "sources.list"} <= set((await runtime.exec("ls")).stdout.split())
+        made = await runtime.exec(
+            "printf '#!/bin/sh\\necho tool\\n' > /usr/local/bin/tool && chmod +x /usr/local/bin/tool && "
+            "echo on > /etc/app.conf && mkdir -p /usr/share/app /var/lib/app && touch /var/lib/app/db && "
+            "python3 -c 'import site; open(site.getsitepackages()[0] + \"/mod_here.py\", \"w\").write(\"X = 1\")' && "
+            "tool && cat /etc/app.conf && python3 -c 'import mod_here; print(mod_here.X)'")
+        assert (made.exit_code, made.stdout.split()) == (0, ["tool", "on", "1"]), made.stderr
+        await runtime.upload(tmp_path / "tree", "/usr/local/tree")   # the archive API, outside the workspace
         await runtime.write_file("notes/a.txt", "hello")
-        shown = (await runtime.exec("cat notes/a.txt; echo; df -P -k . | tail -1")).stdout.split()
-        from prefect_rollouts.runtimes.docker_storage import quota_mode
+        archive, _ = await runtime.collect_artifacts(["notes"])
+        await runtime.exec("rm -r notes")
+        await runtime.restore_artifacts(archive)
+        seen = await runtime.exec("sh /usr/local/tree/run.sh; cat notes/a.txt; echo; test -w / && echo root-writable")
+        assert seen.stdout.split() == ["ran", "hello", "root-writable"]
+        await runtime.check_storage()   # well within the quota
+    finally:
+        await runtime.stop()
 
-        tmpfs = quota_mode(docker_engine.info()) == "tmpfs"     # overlay2 on ext4, as here: a tmpfs workspace
-        assert (shown[0], shown[1] == "tmpfs", shown[2]) == ("hello", tmpfs, str(32 * 1024))
-        with pytest.raises(OSError, match="No space left on device"):
+
+class Layer(Solution):
+    """Records, when the rollout finalizes (before its quota is checked), what its writable layer holds."""
+
+    async def finalize(self, trace, runtime):
+        api = docker_client().api
+        trace.info["layer_bytes"] = docker_quota.layer_bytes(api, runtime.id, docker_quota.upper_dir(api, runtime.id))
+
+
+async def test_a_runaway_write_past_storage_mb_is_stopped_within_the_overshoot_and_scored_0(
+        openai_server, agent_config, docker_engine):
+    """Issue 34 item 1 (issue 19 item 7: one rollout wrote 3 GB, and the engine's whole disk was reachable):
+    3 GB into a 1 GiB quota on a writable root stops within ``OVERSHOOT_MB``; the agent did it: scored 0."""
+    root = Path(docker_engine.info().get("DockerRootDir", ""))
+    if root.is_dir() and shutil.disk_usage(root).free < 6 * 2**30:   # noqa: ASYNC240 (one stat)
+        pytest.skip(f"less than 6 GiB free on {root} for a 3 GB write")
+    openai_server.play([tool_call("bash", command="head -c 3G /dev/zero > /usr/big; echo finished=$?"),
+                        reply("done")])
+    config = agent_config(runtime=docker_config(storage_mb=1024), max_turns=3)
+    async with vf.make_agent(config) as agent:
+        trace = await agent.run(Layer(vf.TaskData(prompt="solve")))
+    assert (trace.stop_condition, trace.reward, trace.errors) == ("storage_quota", 0.0, [])
+    failure = trace.info["agent_failure"]
+    assert failure["scored"] is False and trace.info["scoring_skipped"] == "storage_quota"
+    assert failure["message"].startswith("[env.agent.runtime] storage_mb = 1024: the rollout "), failure
+    if docker_storage.quota_mode(docker_engine.info()) == "watch":   # (else the write failed with ENOSPC)
+        [call] = trace.tool_calls   # the watch killed it: the call's result says so, and the segment ended there
+        assert call.is_error and "storage_mb = 1024" in call.output and "finished=" not in call.output
+    # the engine's disk keeps the rest of the 3 GB: the write was stopped within the stated bound
+    assert trace.info["layer_bytes"] <= 2**30 + docker_quota.OVERSHOOT_MB * 10**6, trace.info["layer_bytes"]
+
+
+async def test_a_write_past_storage_mb_fails_the_quota_and_nothing_more_runs(docker_engine, openai_server,
+                                                                             agent_config):
+    runtime = make_runtime(docker_config(storage_mb=32, workdir="/etc/apt"), labels={"run_id": uuid.uuid4().hex})
+    await runtime.start()
+    try:
+        assert {"apt.conf.d", "sources.list"} <= set((await runtime.exec("ls")).stdout.split())   # the image's files
+        await runtime.write_file("notes/a.txt", "hello")
+        assert await runtime.read_file("notes/a.txt") == b"hello"
+        with contextlib.suppress(OSError):   # ENOSPC where the driver caps the layer; else the watch finds it
             await runtime.write_file("big.bin", b"x" * (40 * 2**20))
-        with pytest.raises(vf.TaskError, match="storage_mb = 32"):
+        with pytest.raises(AgentFailure, match="storage_mb = 32") as failed:
             await runtime.check_storage()
+        assert (failed.value.stop_condition, failed.value.scored) == ("storage_quota", False)
+        if runtime._quota["mode"] == "watch":   # a box past its quota runs nothing more
+            with pytest.raises(AgentFailure, match=r"storage_mb = 32: the rollout wrote 4\d MiB"):
+                await runtime.exec("true")
     finally:
         await runtime.stop()
     play_solution(openai_server)

@@ -204,7 +204,7 @@ sleep 0.3
 @pytest.mark.parametrize(("tamper", "checks"), [
     ("mkdir -p /tmp/fake; echo 1 > /tmp/fake/reward.json; rm -rf /logs/verifier; ln -s /tmp/fake /logs/verifier\n",
      ""),
-    ("printf 'echo 1 > /logs/verifier/reward.txt; exit 0\\n' > /tests/zz-extra.sh\n",
+    ("mkdir -p /tests; printf 'echo 1 > /logs/verifier/reward.txt; exit 0\\n' > /tests/zz-extra.sh\n",
      'for f in /tests/*; do [ "$f" = /tests/test.sh ] || exit 0; done\n'),
     (SPOOF_DAEMON, "sleep 1\n"),
 ], ids=["symlinked-verifier-dir", "extra-file-in-tests", "daemon-rewriting-the-reward"])

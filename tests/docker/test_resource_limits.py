@@ -15,6 +15,7 @@ import pytest
 from docker.models.containers import ContainerCollection
 
 import prefect_rollouts as vf
+from prefect_rollouts.errors import AgentFailure
 from prefect_rollouts.runtimes import docker_limits, docker_storage, make_runtime
 from prefect_rollouts.runtimes.docker import LABEL
 from tests.fakes.openai_server import reply, tool_call
@@ -97,10 +98,24 @@ async def test_a_program_killed_for_memory_says_memory_mb(openai_server, agent_c
     assert (trace.errors, trace.stop_condition) == ([], "program_failed")
     message = trace.info["agent_failure"]["message"]
     assert "out of memory" in message and "memory_mb = 64" in message, message
-    tmpfs = docker_storage.quota_mode(docker_engine.info()) == "tmpfs"
-    assert ("storage_mb = 16" in message) == tmpfs   # the tmpfs quota's files count against memory_mb
+    assert "storage_mb" not in message   # no VOLUME in the image: no tmpfs of the quota counts against memory_mb
     launch = trace.info["program"][0]
     assert (launch["exit_code"], set(launch["limits_hit"])) == (137, {"memory"})
+
+
+async def test_a_program_writing_past_storage_mb_is_stopped_by_the_watch_and_scored_0(openai_server, agent_config,
+                                                                                     docker_engine):
+    """Issue 34 item 1: the watch ends a program harness's segment too (its launch is killed, exec raises)."""
+    if docker_storage.quota_mode(docker_engine.info()) != "watch":
+        pytest.skip("this engine caps the layer itself (storage_opt size): the write fails with ENOSPC")
+    harness = vf.HarnessConfig(id="program", command=["sh", "-c", "head -c 3G /dev/zero > /usr/big; echo finished"])
+    config = agent_config(harness=harness, runtime=docker_config(storage_mb=64),
+                          retries=vf.StageRetryConfig(segment=0))
+    async with vf.make_agent(config) as agent:
+        trace = await agent.run(vf.Task(vf.TaskData(prompt="go")))
+    assert (trace.stop_condition, trace.reward, trace.errors) == ("storage_quota", 0.0, []), trace.errors
+    assert "storage_mb = 64: the rollout wrote" in trace.info["agent_failure"]["message"]
+    assert "finished" not in trace.info["program"][0].get("stdout_tail", "")
 
 
 class Afterwards(vf.Task):
@@ -128,8 +143,7 @@ async def test_a_fork_bomb_at_the_agent_deadline_records_the_process_limit_and_i
     assert code == 0 and words[0] == "alive" and int(words[1]) <= 8, trace.info["afterwards"]
 
 
-# A file at /data in the image, and two VOLUME lines: /data (a service's data directory, as postgres's) and
-# /tmp, which the tmpfs quota mounts already
+# A file at /data in the image, and two VOLUME lines: /data (a service's data directory, as postgres's) and /tmp
 _VOLUME_IMAGE = f"""FROM {vf.RuntimeConfig().image}
 USER root
 RUN mkdir -p /data && echo seeded > /data/seed.txt
@@ -158,13 +172,14 @@ async def test_an_image_s_volume_is_a_tmpfs_within_storage_mb_seeded_with_its_fi
                                     "du -k /data/big | cut -f1; df -P -k /data /tmp | tail -2")).stdout.split()
         mounts = {mount["Destination"]: mount for mount in docker_engine.api.inspect_container(runtime.id)["Mounts"]}
         volume = docker_engine.volumes.get(mounts["/data"]["Name"]).attrs
-        with pytest.raises(vf.TaskError, match="storage_mb = 32: the rollout filled its disk quota"):
+        with pytest.raises(AgentFailure, match="storage_mb = 32: the rollout filled its disk quota") as failed:
             await runtime.check_storage()
     finally:
         await runtime.stop()
+    assert (failed.value.stop_condition, failed.value.scored) == ("storage_quota", False)
     assert shown[:2] == ["seeded", "written=1"] and int(shown[2]) <= 32 * 1024     # ENOSPC at the quota
     assert (shown[3], shown[4], shown[8], shown[9], shown[14]) == ("tmpfs", str(32 * 1024), "/data", "tmpfs", "/tmp")
-    assert shown[10] == str(32 * 1024)   # /tmp, a place of the quota already and a VOLUME too: one tmpfs of the quota
+    assert shown[10] == str(32 * 1024)   # /tmp, a VOLUME too: a tmpfs of the quota
     assert volume["Options"] == {"type": "tmpfs", "device": "tmpfs", "o": "size=32m"}   # memory, not the disk
     with pytest.raises(docker.errors.NotFound):   # removed with the container
         docker_engine.volumes.get(mounts["/data"]["Name"])

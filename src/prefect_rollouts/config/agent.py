@@ -202,24 +202,24 @@ class RuntimeConfig(ConfigModel):
     """docker: most processes the container may hold (at most Linux's 4,194,304: ``bounds.MAX_PIDS``)."""
     storage_mb: int = Field(1024, ge=0, le=MAX_STORAGE_MB)
     """docker: disk quota of the container, in MiB (at most 1 TiB: ``bounds.MAX_STORAGE_MB``); 0 = none (it
-    can fill the Docker engine's disk).
+    can fill the Docker engine's disk). The container's root is writable everywhere either way.
     Where the storage driver can cap a container (overlay2 on xfs with ``pquota``, btrfs, zfs,
-    devicemapper) it caps everything the container writes. Elsewhere (overlay2 on ext4) the root
-    filesystem is read-only and the workspace, ``/tmp``, ``/var/tmp``, ``/run`` and HOME are tmpfs
-    of this size each, held in memory and counted against ``memory_mb`` (keep it below that); so is
-    each ``VOLUME`` path of the image, under either way. ``runtimes/docker_storage.py`` and
-    ``docker_volumes.py`` have the details. A write past it fails with "No space left on
-    device" (a tool error the agent sees), and a rollout that filled it ends with an error."""
+    devicemapper) a write past it fails with "No space left on device". Elsewhere (overlay2 on ext4)
+    a watch measures the container's writable layer every 0.1 to 5 s and, past the quota, kills its
+    processes (a write at 2 GB/s gets up to ``docker_quota.OVERSHOOT_MB``, 500 MB, further in a layer
+    of a few thousand files). Each ``VOLUME`` path of the image is a tmpfs of this size, counted
+    against ``memory_mb``. A rollout that filled it ends as the agent's failure: stop condition
+    ``storage_quota``, reward 0. ``runtimes/docker_storage.py``, ``docker_quota.py`` and
+    ``docker_volumes.py`` have the details."""
     docker_network: str = "bridge"
     """docker: the Docker network joined under ``network = "open"``."""
     user: str | None = None
     """docker: the user the rollout's commands run as (a name or UID known in the image, ``uid:gid`` too);
     None: the image's ``USER`` (root when it sets none). A Harbor task's ``[agent] user`` sets it."""
     writable: list[str] = []
-    """docker: more absolute paths the container may write besides the workspace, ``/tmp``,
-    ``/var/tmp``, ``/run`` and HOME. Under the ``tmpfs`` disk quota (a read-only root filesystem) each
-    is a tmpfs of ``storage_mb``; otherwise the whole filesystem is writable already. A Harbor task
-    adds ``/logs``, ``/tests`` and ``/solution``."""
+    """docker: absolute paths the container must be able to write besides the workspace. The
+    container's root is writable everywhere (``storage_mb``), so this changes nothing today; a Harbor
+    task names ``/logs``, ``/tests`` and ``/solution``."""
 
     @model_validator(mode="after")
     def _absolute_workdir(self) -> RuntimeConfig:

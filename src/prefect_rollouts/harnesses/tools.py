@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from prefect_rollouts.config.agent import HarnessConfig
-from prefect_rollouts.errors import scrub
+from prefect_rollouts.errors import AgentFailure, scrub
 from prefect_rollouts.harnesses.base import SegmentContext, request_template, sample
 from prefect_rollouts.harnesses.schema import ToolSpec, tool_spec
 from prefect_rollouts.nesting import loads
@@ -88,13 +88,15 @@ class ToolsHarness:
         if not call.get("id"):  # the assistant message and its tool result must agree on the id
             call["id"] = f"call_{ctx.segment_index}_{len(ctx.trace.tool_calls)}"
         call_id = str(call["id"])
-        started = time.perf_counter()
+        started, ended = time.perf_counter(), None
         try:
             async with asyncio.timeout(self.config.tool_timeout_s):
                 output, is_error = await self._invoke(name, raw, note_in(ctx.trace.info))
         except TimeoutError:
             output, is_error = (f"Error: {name} did not finish within {self.config.tool_timeout_s:g} s "
                                 "([env.agent.harness] tool_timeout_s)."), True
+        except AgentFailure as failure:   # the agent broke its box (its disk quota): the call's result, then
+            output, is_error, ended = f"Error: {failure}", True, failure   # the segment ends
         output = scrub(output)   # before the cut, which could otherwise leave a prefix of a key
         cap = self.config.tool_output_cap_chars
         if len(output) > cap:
@@ -103,6 +105,8 @@ class ToolsHarness:
             segment=ctx.segment_index, id=call_id, name=name, arguments=raw, output=output,
             is_error=is_error, latency_ms=(time.perf_counter() - started) * 1e3))
         ctx.trace.messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
+        if ended is not None:
+            raise ended
 
     def _is_answer(self, call: dict[str, Any]) -> bool:
         spec = self.tools.get(str((call.get("function") or {}).get("name", "")))
@@ -134,6 +138,8 @@ class ToolsHarness:
                 result = await run_sync(functools.partial(spec.fn, **arguments), f"tool {name!r}", on_abandon)
                 if inspect.isawaitable(result):
                     result = await result
+        except AgentFailure:   # the agent broke its box: not a tool error (``_execute``)
+            raise
         except Exception as exc:
             return f"Error: {name} raised {type(exc).__name__}: {exc}", True
         return (result if isinstance(result, str) else json.dumps(result, default=str)), False

@@ -2,8 +2,8 @@
 
 Contract: ``Runtime`` in ``base.py`` (exec, read_file, write_file, artifacts, start/stop).
 ``make_runtime`` (the registry, here) picks the implementation from ``RuntimeConfig.type``:
-``local.py`` or ``docker.py`` (with ``docker_storage.py``, its disk quota, and ``docker_network.py``,
-its network under each policy). ``egress.py`` is the agent's egress proxy, the one way out under
+``local.py`` or ``docker.py`` (with ``docker_storage.py`` and ``docker_quota.py``, its disk quota, and
+``docker_network.py``, its network under each policy). ``egress.py`` is the agent's egress proxy, the one way out under
 ``{ allow, block }`` rules. Must not import Prefect.
 """
 

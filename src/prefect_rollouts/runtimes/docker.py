@@ -6,15 +6,18 @@ Built on the Python ``docker`` SDK (a local daemon or ``DOCKER_HOST``). The cont
 dropped and ``no-new-privileges``, labelled with the run, rollout and flow run ids, the Prefect
 API and the owning process, so the janitor flow can find leftovers and tell whose owner is
 gone. ``network = "none"`` gives it only a loopback interface; under ``{ allow, block }`` its only
-way out is the agent's egress proxy (``docker_network``, ``egress``). ``storage_mb`` is its disk quota,
-enforced as this engine allows (``docker_storage``, ``docker_volumes``); ``check_storage`` tells whether it was filled.
+way out is the agent's egress proxy (``docker_network``, ``egress``). Its root is writable everywhere;
+``storage_mb`` is its disk quota, enforced as this engine allows (``docker_storage``: a size on the
+writable layer, or the watch of ``docker_quota``; ``docker_volumes``), and a rollout past it ends as
+the agent's failure (``storage_quota``, scored 0): its ``exec`` and ``check_storage`` raise ``AgentFailure``.
 The SDK is blocking, so every call runs in a thread of the runtime's own pool (``_in_thread``):
 an ``exec`` holds its thread for the whole command, and asyncio's default pool (``min(32,
 cores + 4)`` threads, 6 here) would queue concurrent commands behind each other. ``stop``
 removes the container on every path, cancellation included.
 
-Past 400 lines (about 580) because every part works on the one container handle; the archive work
-(upload, artifacts) is the part to move out next.
+Past 400 lines (about 550) because every part works on the one container handle; the archive work
+is in ``docker_archive``, the disk quota's watch in ``docker_quota``; the network changes
+(``scoped``, ``_apply``) are the part to move out next.
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ import errno
 import functools
 import io
 import posixpath
-import secrets
 import shlex
 import tarfile
 import time
@@ -42,9 +44,11 @@ from docker.types import Mount
 from prefect_rollouts import limits
 from prefect_rollouts.config.agent import RuntimeConfig
 from prefect_rollouts.config.network import NetworkPolicy
-from prefect_rollouts.errors import InfrastructureError, RuntimeUnavailableError, TaskError
+from prefect_rollouts.errors import AgentFailure, InfrastructureError, RuntimeUnavailableError, TaskError
+from prefect_rollouts.runtimes import docker_archive as archives
 from prefect_rollouts.runtimes import docker_limits as resources
 from prefect_rollouts.runtimes import docker_network as net
+from prefect_rollouts.runtimes import docker_quota
 from prefect_rollouts.runtimes import docker_storage as storage
 from prefect_rollouts.runtimes import docker_volumes as image_volumes
 from prefect_rollouts.runtimes.base import SCRUB_SLACK_BYTES, ExecResult, output_text
@@ -141,8 +145,9 @@ class DockerRuntime:
         self._owner = True
         self._slot: limits.HeldSlot | None = None
         self._quota: dict[str, Any] = {}
-        """The quota's ``mode``, ``paths`` and ``enospc`` (a command or write saw "No space left on
-        device"); shared with ``scoped`` views, whose commands fill the same filesystems."""
+        """The quota's ``mode``, ``paths`` (filesystems it caps, for ``df``), ``volumes`` (the image's
+        VOLUMEs are tmpfs), ``enospc`` (a command or write saw "No space left on device") and under the
+        ``watch`` mode its ``watch`` (``docker_quota.QuotaWatch``); shared with ``scoped`` views."""
         self._seen: dict[str, int] = {}
         """The cgroup counters ``limits_hit`` read last (shared with ``scoped`` views)."""
         self._users: set[str] = set()
@@ -245,11 +250,11 @@ class DockerRuntime:
                 retryable=False) from None
         labels = {LABEL: "1", f"{LABEL}.started_at": str(int(time.time())), f"{LABEL}.owner": str(current_owner()),
                   **{f"{LABEL}.{key}": value for key, value in self.labels.items()}}
-        mode, home = storage.quota_mode(_engine_info(client)), storage.image_home(image, config)
-        quota = storage.quota_options(config, mode, home)
-        mounts = [*quota.pop("mounts", []), *(Mount(inside, host, type="bind", read_only=host in self._read_only)
-                                                   for host, inside in self.binds.items())]
-        volumes = image_volumes.volume_mounts(config, image, mounts, quota.get("tmpfs", {}))   # the image's VOLUMEs
+        mode = storage.quota_mode(_engine_info(client))
+        quota = storage.quota_options(config, mode)
+        mounts = [Mount(inside, host, type="bind", read_only=host in self._read_only)
+                  for host, inside in self.binds.items()]
+        volumes = image_volumes.volume_mounts(config, image, mounts)   # the image's VOLUMEs: tmpfs of storage_mb
         try:
             container = client.containers.run(
                 config.image, ["sleep", "infinity"], detach=True, init=True, working_dir=config.workdir,
@@ -259,8 +264,8 @@ class DockerRuntime:
                 **quota)
         except docker.errors.APIError as exc:
             if mode == "size" and storage.refuse_size(exc):
-                return self._create()   # overlay2 on xfs without pquota: the tmpfs quota instead
-            if quota and any(word in str(exc).lower() for word in ("tmpfs", "mount", "volume", "storage")):
+                return self._create()   # overlay2 on xfs without pquota: the watch instead
+            if (quota or volumes) and any(word in str(exc).lower() for word in ("tmpfs", "mount", "volume", "storage")):
                 raise RuntimeUnavailableError(
                     f"{self.source} storage_mb = {config.storage_mb}: the Docker engine (storage driver "
                     f"{_engine_info(client).get('Driver')}) cannot enforce the disk quota: {exc.explanation or exc}. "
@@ -268,12 +273,14 @@ class DockerRuntime:
                     "storage_mb = 0 for no quota", retryable=False) from exc
             raise RuntimeUnavailableError(f'runtime "docker": cannot start a container from {config.image} '
                                           f"({exc.explanation or exc})") from exc
-        if quota:
-            self._quota.update(mode=mode, enospc=False, paths=[*storage.quota_paths(config, mode, home),
-                                                               *(volume["Target"] for volume in volumes)])
+        if config.storage_mb:
+            self._quota.update(mode=mode, enospc=False, volumes=bool(volumes),
+                               paths=[*([config.workdir] if mode == "size" else []), *(v["Target"] for v in volumes)])
         try:
-            workspace = [config.workdir] if quota and mode == "tmpfs" else []   # a tmpfs hides the image's files
-            image_volumes.seed(client, container.id, image.id, [*workspace, *(volume["Target"] for volume in volumes)])
+            image_volumes.seed(client, container.id, image.id, [volume["Target"] for volume in volumes])
+            if config.storage_mb and mode == "watch":
+                self._quota["watch"] = docker_quota.QuotaWatch(client.api, container.id, config.storage_mb,
+                                                               functools.partial(_kill_all, container.id, self._users))
         except BaseException:
             _remove(container)
             raise
@@ -283,97 +290,90 @@ class DockerRuntime:
         """``Runtime.upload``: a tar of ``source`` unpacked at ``target`` (absolute, or relative to the
         workdir), its parent created first.
 
-        The archive API writes through the container's root filesystem, which the ``tmpfs`` quota
-        makes read-only, and cannot reach a tmpfs mount: under that quota a target outside the
-        workspace and the ``writable`` places (tmpfs volumes it reaches; ``docker_storage.archive_roots``),
-        such as ``/tmp/my-agent`` or HOME, is unpacked into a staging directory of the workspace and
-        copied into place with ``cp -a`` (counted against ``storage_mb`` of the workspace while it is
-        there; removed on every path). A directory uploaded onto one of those places itself
-        (``/tests``) is unpacked into it with no command at all.
+        A directory uploaded onto the workdir itself is unpacked into it.
 
         Raises:
-            FileNotFoundError: ``source`` does not exist. OSError: the place is not writable (under
-                the ``tmpfs`` quota, a target outside the workspace and its tmpfs places: see
-                ``docker_storage``).
+            FileNotFoundError: ``source`` does not exist. OSError: the place is not writable.
         """
         destination = posixpath.normpath(posixpath.join(self.config.workdir, target))   # an absolute target wins
         parent, name = posixpath.split(destination)
-        roots = [root.rstrip("/") or "/" for root in storage.archive_roots(self.config, self._quota.get("mode"))]
+        workdir = posixpath.normpath(self.config.workdir)
 
         def pack() -> tuple[bytes, bool]:
             if not source.exists():
                 raise FileNotFoundError(f"{source}: no such file or directory")
-            onto = destination in roots and source.is_dir()
+            onto = destination == workdir and source.is_dir()
             buffer = io.BytesIO()
             with tarfile.open(fileobj=buffer, mode="w") as tar:
                 tar.add(source, arcname="." if onto else name)
             return buffer.getvalue(), onto
-        archive, onto_root = await asyncio.to_thread(pack)
-        workdir = self.config.workdir.rstrip("/") or "/"
-        inside = any(parent == root or parent.startswith(root.rstrip("/") + "/") for root in roots)
-        staging = None if onto_root or inside or self._quota.get("mode") != "tmpfs" else \
-            posixpath.join(workdir, f".prefect-rollouts-upload-{secrets.token_hex(6)}")
-        if staging or (not onto_root and parent not in roots):
-            made = await self.exec(f"mkdir -p {shlex.quote(parent)}" + (f" {shlex.quote(staging)}" if staging else ""),
-                                   timeout=30)
+        archive, onto_workdir = await asyncio.to_thread(pack)
+        if not onto_workdir and parent != workdir:
+            made = await self.exec(f"mkdir -p {shlex.quote(parent)}", timeout=30)
             if made.exit_code != 0:
                 raise OSError(f"cannot create {parent} in the container: {made.stderr.strip()}")
 
         def put() -> None:
             try:
-                docker_client().api.put_archive(self._container_id(), destination if onto_root else staging or parent,
-                                                archive)
+                docker_client().api.put_archive(self._container_id(), destination if onto_workdir else parent, archive)
             except docker.errors.APIError as exc:
                 raise OSError(f"cannot write {destination} in the container ({exc.explanation or exc})") from None
-        if staging is None:
-            await _in_thread(put)
-            return
-        try:
-            await _in_thread(put)
-            moved = await self.exec(f"cp -a {shlex.quote(posixpath.join(staging, name))} {shlex.quote(parent)}/",
-                                    timeout=120)
-            if moved.exit_code != 0:
-                raise OSError(f"cannot write {destination} in the container: {moved.stderr.strip()}")
-        finally:
-            with contextlib.suppress(Exception):   # a lost container: the first error is the one to see
-                await asyncio.shield(self.exec(f"rm -rf {shlex.quote(staging)}", timeout=60))
+        await _in_thread(put)
 
     async def kill_all(self) -> None:
         """``Runtime.kill_all``: SIGKILL every process but the init (PID 1) and the keep-alive
         ``sleep infinity``, until none is left (up to 5 rounds; a fork bomb too: ``docker_limits.KILL_ALL``),
         swept as the image's user and as each other user that ran a command (no capability lets one user
         signal another's processes here); a lost container is left alone."""
-        if self.container is None:
-            return
-
-        def sweep() -> None:
-            api = docker_client().api
-            for user in ["", *sorted(self._users)]:
-                for _ in range(5):
-                    exec_id = api.exec_create(self._container_id(), ["sh", "-c", resources.KILL_ALL], user=user)["Id"]
-                    killed = api.exec_start(exec_id).decode(errors="replace").split()
-                    if not killed:
-                        break
-        with contextlib.suppress(Exception):
-            await _in_thread(sweep)
+        if self.container is not None:
+            await _in_thread(_kill_all, self._container_id(), self._users)
 
     async def check_storage(self) -> None:
-        """``Runtime.check_storage``: a command or write of the rollout met "No space left on device",
-        or a filesystem under the quota has less than 1 MiB free (``df``)."""
+        """``Runtime.check_storage``: the layer is past ``storage_mb`` (the watch found it, or its last
+        measurement, taken now, does), a command or write of the rollout met "No space left on
+        device", or a filesystem the quota caps has less than 1 MiB free (``df``).
+
+        Raises:
+            AgentFailure: ``storage_quota``, ``scored=False`` (``TaskError`` in a scoring container).
+        """
         if not self._quota or self.container is None:
             return
-        paths = self._quota["paths"]
-        usage = await self.exec("df -P -k " + " ".join(shlex.quote(path) for path in paths), timeout=30)
-        full = storage.full_places(usage.stdout)
+        watch = self._quota.get("watch")
+        if watch is not None and watch.breach is None:
+            with contextlib.suppress(Exception):   # what was written since its last measurement
+                await _in_thread(watch.measure)
+        if (failure := self._past_quota()) is not None:
+            raise failure
+        full = []
+        if paths := self._quota["paths"]:
+            usage = await self.exec("df -P -k " + " ".join(shlex.quote(path) for path in paths), timeout=30)
+            full = storage.full_places(usage.stdout)
         if full or self._quota["enospc"]:
             where = f"{', '.join(full)} full" if full else 'a command or write met "No space left on device"'
-            raise TaskError(f"{self.source} storage_mb = {self.config.storage_mb}: the rollout filled its disk "
-                            f"quota ({where}). Raise storage_mb, or have the task write less")
+            raise self._quota_failure(f"{self.source} storage_mb = {self.config.storage_mb}: the rollout filled its "
+                                      f"disk quota ({where}). Raise storage_mb, or have the task write less")
+
+    def _past_quota(self) -> Exception | None:
+        """The failure to raise once the watch found the layer past ``storage_mb`` (None before)."""
+        watch = self._quota.get("watch")
+        if watch is None or watch.breach is None:
+            return None
+        return self._quota_failure(
+            f"{self.source} storage_mb = {self.config.storage_mb}: the rollout wrote {watch.breach / 2**20:.0f} MiB to "
+            f"the container's disk (its writable layer, measured by {watch.how}), past the quota; its processes "
+            "were killed. Raise storage_mb, or have the task write less")
+
+    def _quota_failure(self, message: str) -> Exception:
+        if self.labels.get("role") == "scoring":   # the task's own tests filled it: not the agent's result
+            return TaskError(message)
+        return AgentFailure(message, "storage_quota", scored=False)
 
     async def stop(self) -> None:
         """Remove the container (force) and close its egress route. Idempotent; a ``scoped`` view leaves it alone."""
         container, self.container = self.container, None
         if container is not None and self._owner:
+            if (watch := self._quota.get("watch")) is not None:
+                watch.close()
             try:
                 await run_to_end(_in_thread(_remove, container))
             finally:
@@ -419,7 +419,9 @@ class DockerRuntime:
 
     async def exec(self, cmd: str, timeout: float | None = None, env: dict[str, str] | None = None,
                    user: str | None = None) -> ExecResult:
-        """``Runtime.exec`` in ``config.workdir``, as ``user`` (else ``config.user``, else the image's ``USER``).
+        """``Runtime.exec`` in ``config.workdir``, as ``user`` (else ``config.user``, else the image's ``USER``);
+        raises ``AgentFailure`` (``storage_quota``) when the disk quota's watch killed the command or had
+        found the layer past ``storage_mb`` before.
 
         The command runs in its own process group, killed when it ends or at its timeout. A
         process that leaves that group (``setsid``, a double fork) is not killed with it: it
@@ -428,6 +430,8 @@ class DockerRuntime:
         the container at a timeout would also kill the commands of parallel tool calls.)
         Raises ``RuntimeUnavailableError`` (retryable) when the container is gone or the engine failed.
         """
+        if (failure := self._past_quota()) is not None:   # nothing more runs in a box past its quota
+            raise failure
         limit = timeout or self.config.exec_timeout_s
         proxied = self._net.get("env", {}) if self.network.mode == "rules" else {}
         environment = {**self.config.env, **(env or {}), **proxied}
@@ -440,6 +444,8 @@ class DockerRuntime:
         timed_out = code == 137 and time.monotonic() - started >= limit
         if self._quota and storage.ENOSPC_TEXT in err:
             self._quota["enospc"] = True
+        if (failure := self._past_quota()) is not None:   # the watch killed this command
+            raise failure
         if code in (137, -1) and not timed_out:  # SIGKILL: of the command, or of the whole container?
             await _in_thread(resources.check_alive, self.container)
         return ExecResult(-9 if timed_out else code, out, err, timed_out)
@@ -449,7 +455,7 @@ class DockerRuntime:
         if self.container is None:
             return {}
         return await _in_thread(resources.limits_hit, docker_client().api, self._container_id(), self.config,
-                                self.source, self._seen, self._quota.get("mode") == "tmpfs")
+                                self.source, self._seen, self._quota.get("volumes", False))
 
     def _exec(self, argv: list[str], environment: dict[str, str], user: str = "") -> tuple[int, str, str]:
         api = docker_client().api
@@ -477,40 +483,13 @@ class DockerRuntime:
             FileNotFoundError: it does not exist. ValueError: not a regular file, or the path leaves the workdir.
         """
         target = self._path(path)
-
-        def read() -> bytes:
-            try:
-                stream, _ = docker_client().api.get_archive(self._container_id(), target)
-            except docker.errors.NotFound:
-                raise FileNotFoundError(path) from None
-            with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
-                member = tar.next()
-                if member is None or not member.isfile():
-                    raise ValueError(f"path {path!r} is not a regular file")
-                handle = tar.extractfile(member)
-                assert handle is not None
-                return handle.read()
-        return await _in_thread(read)
+        return await _in_thread(archives.read_file, docker_client().api, self._container_id(), target, path)
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         """Create or replace a file in the workdir (parent directories are created)."""
-        target = self._path(path)
-        payload = data.encode() if isinstance(data, str) else data
-        relative = posixpath.relpath(target, self.config.workdir)
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as tar:
-            parts = relative.split("/")
-            for depth in range(1, len(parts)):
-                directory = tarfile.TarInfo("/".join(parts[:depth]))
-                directory.type, directory.mode = tarfile.DIRTYPE, 0o755
-                tar.addfile(directory)
-            info = tarfile.TarInfo(relative)
-            info.size, info.mode, info.mtime = len(payload), 0o644, int(time.time())
-            tar.addfile(info, io.BytesIO(payload))
-
-        def put() -> None:
-            self._put_archive(buffer.getvalue(), path)
-        await _in_thread(put)
+        relative = posixpath.relpath(self._path(path), self.config.workdir)
+        archive = archives.file_tar(relative, data.encode() if isinstance(data, str) else data)
+        await _in_thread(self._put_archive, archive, path)
 
     async def collect_artifacts(self, paths: list[str]) -> tuple[bytes, list[str]]:
         """Pack the declared workdir paths into a tar (names relative to the workdir).
@@ -521,43 +500,13 @@ class DockerRuntime:
         Raises:
             TaskError: more than ``config.artifact_max_bytes`` (counted while streaming).
         """
-        def collect() -> tuple[bytes, list[str]]:
-            api, cap = docker_client().api, self.config.artifact_max_bytes
-            buffer, missing, total = io.BytesIO(), [], 0
-            with tarfile.open(fileobj=buffer, mode="w") as out:
-                for rel in paths:
-                    target = self._path(rel)
-                    try:
-                        stream, _ = api.get_archive(self._container_id(), target)
-                    except docker.errors.NotFound:
-                        missing.append(rel)
-                        continue
-                    raw = bytearray()
-                    for chunk in stream:
-                        raw += chunk
-                        if len(raw) > cap + 1024 * 1024:  # tar headers and padding on top of the content
-                            raise TaskError(f"artifacts {paths!r}: more than artifact_max_bytes = {cap} bytes. "
-                                            "Declare fewer paths or raise [env.agent.runtime] artifact_max_bytes")
-                    with tarfile.open(fileobj=io.BytesIO(bytes(raw)), mode="r|") as source:
-                        base = posixpath.relpath(target, self.config.workdir)
-                        for member in source:
-                            if not (member.isfile() or member.isdir() or member.issym()):
-                                continue
-                            total += member.size
-                            if total > cap:
-                                raise TaskError(f"artifacts {paths!r}: more than artifact_max_bytes = {cap} bytes. "
-                                                "Declare fewer paths or raise [env.agent.runtime] artifact_max_bytes")
-                            tail = member.name.split("/", 1)[1] if "/" in member.name else ""
-                            member.name = posixpath.join(base, tail) if tail else base
-                            out.addfile(member, source.extractfile(member) if member.isfile() else None)
-            return buffer.getvalue(), missing
-        return await _in_thread(collect)
+        targets = {rel: self._path(rel) for rel in paths}
+        return await _in_thread(archives.collect, docker_client().api, self._container_id(), self.config.workdir,
+                                targets, self.config.artifact_max_bytes)
 
     async def restore_artifacts(self, archive: bytes) -> None:
         """Unpack a ``collect_artifacts`` archive into the workdir."""
-        def put() -> None:
-            self._put_archive(archive, "the artifacts")
-        await _in_thread(put)
+        await _in_thread(self._put_archive, archive, "the artifacts")
 
     def _put_archive(self, archive: bytes, what: str) -> None:
         """Unpack ``archive`` into the workdir; a full quota is ``OSError(ENOSPC)`` naming ``what``."""
@@ -568,8 +517,8 @@ class DockerRuntime:
                 raise
             if self._quota:
                 self._quota["enospc"] = True
-            raise OSError(errno.ENOSPC, f"No space left on device: writing {what} (the workspace is full; "
-                                        f"storage_mb = {self.config.storage_mb})") from None
+            raise OSError(errno.ENOSPC, f"No space left on device: writing {what} "
+                                        f"(storage_mb = {self.config.storage_mb})") from None
 
     def _container_id(self) -> str:
         if self.container is None:
@@ -591,7 +540,7 @@ kill", "removal already in progress") and take it the next time."""
 def _remove(container: Any) -> None:
     for attempt in range(1, REMOVE_TRIES + 1):
         try:
-            container.remove(force=True, v=True)   # v: the anonymous tmpfs volume of the workspace too
+            container.remove(force=True, v=True)   # v: the anonymous tmpfs volumes of the image's VOLUMEs too
             return
         except docker.errors.NotFound:
             return
@@ -599,3 +548,10 @@ def _remove(container: Any) -> None:
             if attempt == REMOVE_TRIES:
                 raise
             time.sleep(1.0)
+
+
+def _kill_all(container_id: str, users: set[str]) -> None:
+    """``docker_limits.kill_all`` in the container as the image's user and ``users``; a lost container or a
+    busy engine is left alone."""
+    with contextlib.suppress(Exception):
+        resources.kill_all(docker_client().api, container_id, list(users))

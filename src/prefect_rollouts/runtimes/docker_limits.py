@@ -26,6 +26,7 @@ Must not import Prefect. The functions that call the engine block (call them in 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from docker.types import LogConfig
@@ -45,7 +46,7 @@ per container, and at least the last 1 MiB is kept."""
 
 LOG_CONFIG = LogConfig(type="json-file", config={"max-size": LOG_MAX_SIZE, "max-file": LOG_MAX_FILES})
 """``log_config`` of every container this project starts: ``json-file`` (Docker's default driver), capped.
-(``docker_storage.image_workdir``'s container is created, never started: it writes no log.)"""
+(``docker_volumes.image_files``'s container is created, never started: it writes no log.)"""
 
 # The container's cgroup counters as "oom_kill N" and "pids_max N" lines, cgroup v2 or v1. Builtins
 # only (no fork): it must run while a fork bomb holds every process slot.
@@ -115,22 +116,37 @@ def counters(api: Any, container_id: str) -> dict[str, int]:
     return found
 
 
+def kill_all(api: Any, container_id: str, users: Iterable[str] = (), rounds: int = 5) -> None:
+    """Run ``KILL_ALL`` in the container until it kills nothing, at most ``rounds`` times (the runtime's
+    ``kill_all``, and the disk quota's watch at a breach), as the image's user and then as each of
+    ``users`` (no capability lets one user signal another's processes in a box without capabilities).
+
+    Raises:
+        docker.errors.APIError: the engine refused the ``exec`` (e.g. the container is gone).
+    """
+    for user in ["", *sorted(set(users))]:
+        for _ in range(rounds):
+            exec_id = api.exec_create(container_id, ["sh", "-c", KILL_ALL], user=user)["Id"]
+            if not api.exec_start(exec_id).decode(errors="replace").split():
+                break
+
+
 def limits_hit(api: Any, container_id: str, config: RuntimeConfig, source: str, seen: dict[str, int],
-               tmpfs_quota: bool) -> dict[str, str]:
+               tmpfs_volumes: bool) -> dict[str, str]:
     """The limits that ended or refused a process since the last call (``seen`` holds the counters
     read then, and is updated; a fresh container's start at 0).
 
     Returns:
         ``"memory"`` and/or ``"pids"`` -> a sentence naming the config key and the fix; empty: none.
-        ``tmpfs_quota``: the disk quota is tmpfs (``docker_storage``), memory the container's files
-        use too, so the memory sentence names ``storage_mb``.
+        ``tmpfs_volumes``: the image's ``VOLUME`` paths are tmpfs of ``storage_mb`` (``docker_volumes``),
+        memory the container's files there use too, so the memory sentence names ``storage_mb``.
     """
     now = counters(api, container_id)
     hit: dict[str, str] = {}
     killed = now.get("oom_kill", 0) - seen.get("oom_kill", 0)
     if killed > 0:
-        files = (f"; its files under the tmpfs disk quota (storage_mb = {config.storage_mb} per writable place) "
-                 "are memory too and count against it") if tmpfs_quota else ""
+        files = (f"; its files in the image's VOLUME paths (tmpfs of storage_mb = {config.storage_mb} each) "
+                 "are memory too and count against it") if tmpfs_volumes else ""
         hit["memory"] = (f"out of memory: the kernel's OOM killer ended {killed} process(es) of the container at "
                          f"{source} memory_mb = {config.memory_mb}{files}. Raise memory_mb, or have the program "
                          "use less")

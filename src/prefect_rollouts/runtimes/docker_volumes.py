@@ -1,20 +1,19 @@
 """The image's ``VOLUME`` paths under the docker runtime's disk quota (``storage_mb``).
 
 For each ``VOLUME`` line of an image (postgres, mysql, mongo and many other service images have
-one) Docker makes an anonymous volume on the engine's disk, outside both quotas of
-``docker_storage``: the ``tmpfs`` quota's places do not cover it, and ``storage_opt size`` caps only
-the writable layer (with ``storage_mb = 64``, ``dd`` wrote 300 MiB to an image's ``/data`` on the host
-disk). So under either quota each such path that no other mount covers gets a tmpfs volume of its
-own instead, like the workspace: ``storage_mb`` each, removed with the container, and seeded with the
-image's files there as Docker seeds an anonymous volume (``seed``: Docker copies nothing into a tmpfs
-one). The directory itself is the tmpfs's (mode 1777, root's), not the image's: an entrypoint that
-needs its owner or mode sets them, as postgres's and mysql's do.
+one) Docker makes an anonymous volume on the engine's disk, outside the quota of ``docker_storage``:
+``storage_opt size`` and the watch (``docker_quota``) both cover only the writable layer (with
+``storage_mb = 64``, ``dd`` wrote 300 MiB to an image's ``/data`` on the host disk). So under a quota
+each such path that no other mount covers gets a tmpfs volume of its own instead: ``storage_mb``
+each, removed with the container, and seeded with the image's files there as Docker seeds an
+anonymous volume (``seed``: Docker copies nothing into a tmpfs one). The directory itself is the
+tmpfs's (mode 1777, root's), not the image's: an entrypoint that needs its owner or mode sets them,
+as postgres's and mysql's do.
 
-How volumes count: as the ``tmpfs`` quota's places do, each is capped at ``storage_mb`` and held in
-memory, its pages counted against ``memory_mb``; so all the box writes to them, to its other tmpfs
-places and (under ``size``) to its writable layer stays within ``memory_mb`` plus ``storage_mb`` and
-nothing lands on the engine's disk past ``storage_mb``. A write past ``storage_mb`` in one volume fails
-with ENOSPC (and ``check_storage`` reports the filled quota); past ``memory_mb`` the OOM killer ends a
+How volumes count: each is capped at ``storage_mb`` and held in memory, its pages counted against
+``memory_mb``; so all the box writes stays within ``storage_mb`` on the engine's disk (plus the
+watch's overshoot) and ``memory_mb`` in memory. A write past ``storage_mb`` in one volume fails with
+ENOSPC (and ``check_storage`` reports the filled quota); past ``memory_mb`` the OOM killer ends a
 process. A service whose data outgrows that needs ``storage_mb = 0`` (no quota: then Docker's own
 anonymous volumes on disk, as without this runtime).
 
@@ -23,14 +22,18 @@ Must not import Prefect.
 
 from __future__ import annotations
 
+import functools
+import io
 import posixpath
+import tarfile
 from collections.abc import Iterable
 from typing import Any
 
+import docker
+import docker.errors
 from docker.types import DriverConfig, Mount
 
 from prefect_rollouts.config.agent import RuntimeConfig
-from prefect_rollouts.runtimes.docker_storage import image_workdir
 
 
 def image_volumes(image: Any) -> list[str]:
@@ -40,36 +43,60 @@ def image_volumes(image: Any) -> list[str]:
     return sorted({posixpath.normpath(path) for path in volumes if path.startswith("/")} - {"/"})
 
 
-def volume_mounts(config: RuntimeConfig, image: Any, mounts: Iterable[Mount], tmpfs: Iterable[str]) -> list[Mount]:
+def volume_mounts(config: RuntimeConfig, image: Any, mounts: Iterable[Mount]) -> list[Mount]:
     """A tmpfs volume of ``config.storage_mb`` for each of the image's ``VOLUME`` paths (``image_volumes``)
-    that the container's other ``mounts`` and ``tmpfs`` places do not mount already (a mount at the
-    same path replaces the image's volume); none without a quota.
+    that the container's other ``mounts`` do not mount already (a mount at the same path replaces the
+    image's volume); none without a quota.
 
     Args:
         config: The runtime config (``storage_mb``).
         image: The container's image (``docker.models.images.Image``).
-        mounts: The quota's and the binds' ``Mount`` objects.
-        tmpfs: The container paths of the quota's tmpfs mounts (``quota_options``' ``tmpfs``).
+        mounts: The binds' ``Mount`` objects.
 
     Returns:
         ``Mount`` objects for ``containers.run(mounts=...)``, one per uncovered volume path.
     """
     if config.storage_mb == 0:
         return []
-    covered = {posixpath.normpath(path) for path in (*(mount["Target"] for mount in mounts), *tmpfs)}
+    covered = {posixpath.normpath(mount["Target"]) for mount in mounts}
     options = {"type": "tmpfs", "device": "tmpfs", "o": f"size={config.storage_mb}m"}
     return [Mount(path, None, type="volume", driver_config=DriverConfig("local", options))   # anonymous: removed
             for path in image_volumes(image) if path not in covered]                        # with the container
 
 
 def seed(client: Any, container_id: str, image_id: str, paths: Iterable[str]) -> None:
-    """Copy the image's own files at each of ``paths`` (tmpfs places that hide them: the workspace and
-    ``volume_mounts``) into the container ``container_id`` before its commands run; read once per image
-    and path (``docker_storage.image_workdir``).
+    """Copy the image's own files at each of ``paths`` (the tmpfs volumes of ``volume_mounts``, which
+    hide them) into the container ``container_id`` before its commands run; read once per image and
+    path (``image_files``).
 
     Raises:
         docker.errors.APIError: the engine refused an archive (the caller removes the container).
     """
     for path in paths:
-        if files := image_workdir(client, image_id, path):
+        if files := image_files(client, image_id, path):
             client.api.put_archive(container_id, path, files)
+
+
+@functools.lru_cache(maxsize=16)
+def image_files(client: docker.DockerClient, image_id: str, path: str) -> bytes | None:
+    """The image's own files under ``path`` as a tar with names relative to it (None: none), to seed
+    a tmpfs volume that hides them. Read once per image from a created, never started container."""
+    container = client.api.create_container(image_id, command=["true"])["Id"]
+    try:
+        try:
+            stream, _ = client.api.get_archive(container, path)
+        except docker.errors.NotFound:
+            return None
+        source = tarfile.open(fileobj=io.BytesIO(b"".join(stream)), mode="r")
+        buffer, kept = io.BytesIO(), 0
+        with source, tarfile.open(fileobj=buffer, mode="w") as out:
+            for member in source:
+                tail = member.name.split("/", 1)[1] if "/" in member.name else ""
+                if not tail:
+                    continue
+                member.name = tail
+                out.addfile(member, source.extractfile(member) if member.isfile() else None)
+                kept += 1
+        return buffer.getvalue() if kept else None
+    finally:
+        client.api.remove_container(container, force=True)
