@@ -2,7 +2,8 @@
 (issue 34, items 2 and 4), on a real Docker engine: a Python ``test.sh`` behind a shebang and a
 ``solve.sh`` without one (run by bash), their outputs kept; a server the oracle or the bash program left
 answering the tests and gone after them; a leftover daemon that rewrites the reward, the tests and every
-process's ``/proc/<pid>/root`` changing nothing; an image without ``nsenter`` named in a clear error."""
+process's ``/proc/<pid>/root`` changing nothing; no tool of the box run with more than Docker's default
+capabilities."""
 
 from __future__ import annotations
 
@@ -128,11 +129,27 @@ async def test_a_daemon_the_agent_left_cannot_write_the_reward_or_the_tests(tmp_
     assert (trace.errors, trace.reward, trace.metrics.get("daemon_alive")) == ([], 0.0, 1.0)
 
 
-async def test_an_image_without_nsenter_is_a_scoring_error_naming_it(tmp_path, agent_config):
-    directory = task_dir(tmp_path, "no-nsenter")
-    (directory / "environment" / "Dockerfile").write_text(
-        "FROM prefect-rollouts-sandbox:latest\nWORKDIR /app\nRUN rm /usr/bin/nsenter\n")
-    trace = (await run_all(harbor_config(agent_config, "oracle"), tmp_path))["no-nsenter"]
-    assert trace.reward is None
-    message = " ".join(error.message for error in trace.errors)
-    assert "the box's image lacks nsenter" in message and "Install it in the image" in message
+# The agent replaces the box's tools that making a private view could use (util-linux, coreutils, python3): none
+# of them may run with a capability; the tests' bash runs with Docker's default ones (CapEff a80425fb).
+REPLACE_TOOLS = """for tool in /usr/bin/unshare /usr/bin/nsenter /usr/bin/setpriv /usr/bin/mount /usr/bin/chroot \\
+    /usr/bin/timeout /usr/bin/tail /usr/bin/python3.11; do
+  printf '#!/bin/sh\\ngrep CapEff /proc/self/status >> /tmp/replaced-tool-ran\\n' > "$tool"
+done
+echo hello > /app/out.txt
+"""
+CAPABILITIES = """caps=$(grep CapEff /proc/self/status | cut -f2)
+# a replaced tool the box itself ran (the oracle's command runs tail) has no capabilities: that is fine
+if ! grep -qv 0000000000000000 /tmp/replaced-tool-ran 2>/dev/null && [ "$caps" = 00000000a80425fb ] && \\
+    grep -qx hello /app/out.txt; then
+  echo 1 > /logs/verifier/reward.txt
+else
+  echo "caps=$caps ran=$(cat /tmp/replaced-tool-ran 2>/dev/null)"; echo 0 > /logs/verifier/reward.txt
+fi
+"""
+
+
+async def test_no_tool_of_the_box_runs_with_more_than_dockers_default_capabilities(tmp_path, agent_config):
+    task_dir(tmp_path, "tools", solve_sh=REPLACE_TOOLS, test_sh=CAPABILITIES)
+    # storage_mb = 0: a writable root, so that the agent can replace files under /usr
+    trace = (await run_all(harbor_config(agent_config, "oracle"), tmp_path, storage_mb=0))["tools"]
+    assert (trace.errors, trace.reward) == ([], 1.0), trace.info["harbor"]["verifier"]["output_tail"]

@@ -77,11 +77,12 @@ def test_a_log_tail_that_starts_inside_a_secret_drops_its_start_before_scrubbing
 def test_the_private_views_files_are_read_back_with_their_sizes():
     archive = io.BytesIO()
     with tarfile.open(fileobj=archive, mode="w") as tar:
-        for name, data in {"out/exit": b"0\n", "out/files/reward.txt": b"1\n", "out/sizes/reward.txt": b"2\n",
-                           "out/files/test-stdout.txt": b"end\n", "out/sizes/test-stdout.txt": b"70000\n"}.items():
+        for name, data in {"out/result": b"0 0 0.512", "out/files/reward.txt": b"1\n",
+                           "out/files/test-stdout.txt": b"end\n",
+                           "out/sizes": b"reward.txt\x002\x00test-stdout.txt\x0070000\x00"}.items():
             entry = tarfile.TarInfo(name)
             entry.size = len(data)
             tar.addfile(entry, io.BytesIO(data))
-    code, timed_out, _, files = docker_private._read_out(archive.getvalue(), seconds=0.5, timeout_s=30)
-    assert (code, timed_out) == (0, False)
+    code, timed_out, seconds, files = docker_private._read_out(archive.getvalue())
+    assert (code, timed_out, seconds) == (0, False, 0.512)
     assert files == {"reward.txt": (2, b"1\n"), "test-stdout.txt": (70000, b"end\n")}

@@ -109,7 +109,7 @@ async def tests(task: HarborTask, runtime: Any, trace: Trace, source: Path) -> f
 
     Raises:
         TaskError: the tests ran past ``[verifier] timeout_sec``, wrote no usable reward, or could not be run
-            apart from the agent's processes (the box's image lacks a tool: ``docker_private``).
+            apart from the agent's processes (``docker_private``).
     """
     verifier = task.toml.verifier
     env = resolved(verifier.env, f"Harbor task {task.id!r}: [verifier] env")

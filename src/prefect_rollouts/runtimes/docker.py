@@ -451,7 +451,7 @@ class DockerRuntime:
         proxied = self._net.get("env", {}) if self.network.mode == "rules" else {}
         job = functools.partial(
             private_view.run_private, docker_client(), self._container_id(), resources.create_options(self.config),
-            image=self.config.image, command=cmd, environment={**self.config.env, **(env or {}), **proxied},
+            command=cmd, environment={**self.config.env, **(env or {}), **proxied},
             workdir=self.config.workdir, inputs=inputs, private=private, collect=collect, keep_bytes=keep_bytes,
             size_mb=self.config.storage_mb or 1024, timeout_s=timeout,
             labels={**(self.container.labels if self.container is not None else {}), f"{LABEL}.role": "private"})
