@@ -20,8 +20,14 @@ from tests.fakes.openai_server import reply, tool_call
 pytestmark = [pytest.mark.system, pytest.mark.usefixtures("docker_engine"), pytest.mark.timeout(300)]
 
 PYTHON_TEST = """#!/usr/bin/env python3
-import pathlib, sys
-print("checked by python", flush=True)
+import ctypes, os, pathlib, sys
+libc = ctypes.CDLL(None, use_errno=True)   # as in a box of Docker's defaults: no user namespace, no perf events
+attr = ctypes.create_string_buffer(64)     # a software task clock of this process, user space only
+for offset, value, size in ((0, 1, 4), (4, 64, 4), (8, 1, 8), (40, (1 << 5) | (1 << 6), 8)):
+    attr[offset:offset + size] = value.to_bytes(size, "little")
+perf = libc.syscall({"x86_64": 298, "aarch64": 241}[os.uname().machine], attr, 0, -1, -1, 0)
+print("checked by python; perf_event_open:", os.strerror(ctypes.get_errno()) if perf < 0 else "opened",
+      "; a user namespace:", os.strerror(ctypes.get_errno()) if libc.unshare(0x10000000) else "made", flush=True)
 print("to stderr", file=sys.stderr, flush=True)
 ok = pathlib.Path("/app/out.txt").read_text().strip() == "hello"
 pathlib.Path("/logs/verifier/reward.txt").write_text("1" if ok else "0")
@@ -53,7 +59,8 @@ async def test_a_python_test_behind_a_shebang_and_a_solve_without_one_run_as_har
     harbor = trace.info["harbor"]
     assert (harbor["solution"]["exit_code"], harbor["solution"]["output_tail"]) == (0, "solved by bash\n")
     assert harbor["logs"]["agent/oracle.txt"] == "solved by bash\n"
-    output = "checked by python\nto stderr\n"   # stdout and stderr into /logs/verifier/test-stdout.txt
+    output = ("checked by python; perf_event_open: Operation not permitted ; a user namespace: Operation not "
+              "permitted\nto stderr\n")   # stdout and stderr, into one file
     assert harbor["verifier"]["exit_code"] == 0
     assert (harbor["verifier"]["output_tail"], harbor["verifier"]["output_bytes"]) == (output, len(output))
     assert harbor["logs"]["verifier/test-stdout.txt"] == output

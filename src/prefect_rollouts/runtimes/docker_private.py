@@ -21,7 +21,9 @@ to apply caps"). So ``run_private``:
    never gets it. A box process that rewrites ``/logs/verifier/reward.txt`` in a loop, writes into
    ``/tests``, or moves ``/logs`` or ``/tests`` aside changes only the box's own files, never these;
 3. the command (the box's ``bash -c``) runs ``chroot``-ed there in the workdir with Docker's default
-   capabilities (``CAP_SYS_ADMIN`` dropped from its bounding set), as Harbor's box has them: it sees the
+   capabilities (``CAP_SYS_ADMIN`` dropped from its bounding set) and a seccomp filter that refuses what
+   Docker's default profile refuses a box without ``CAP_SYS_ADMIN`` (namespaces, ``perf_event_open``,
+   ``bpf``), as Harbor's box has them: it sees the
    box's files and processes and reaches its services on loopback. A box process (no capabilities)
    cannot reach the command's files through ``/proc/<pid>/root`` or ``/proc/<pid>/fd``: the kernel's
    ptrace access check refuses a caller whose permitted capabilities lack the target's. It can still
@@ -71,6 +73,7 @@ limit, workdir, command, collect, keep, size_mb = sys.argv[1:7]
 private, limit, keep = sys.argv[7:], float(limit), int(keep)
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
+libc.prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong)
 MS_BIND, MS_REC, MS_PRIVATE, CLONE_NEWNS, PR_CAPBSET_DROP, CAP_SYS_ADMIN = 4096, 16384, 1 << 18, 0x20000, 24, 21
 
 def check(result, what):
@@ -120,6 +123,31 @@ def copy(source_fd, target):   # the inputs, from the helper's filesystem
         if not stat.S_ISLNK(info.st_mode):
             os.chmod(place, stat.S_IMODE(info.st_mode))
 
+# The helper's seccomp profile is Docker's default with CAP_SYS_ADMIN, which lets anyone in it make namespaces
+# (a user namespace needs no capability); the command gets the default profile's refusals back: unshare, setns,
+# a clone with namespace flags, perf_event_open and bpf fail with EPERM, clone3 with ENOSYS (glibc falls back).
+ARCHES = {0xC000003E: (272, 308, 56, 435, 298, 321), 0xC00000B7: (97, 268, 220, 435, 241, 280)}   # x86_64, arm64
+
+def refuse_as_docker_does():
+    class Filter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+    load, equal, test, ret, allow = 0x20, 0x15, 0x45, 0x06, 0x7FFF0000
+    refuse, missing = 0x00050000 | 1, 0x00050000 | 38
+    code = [(load, 0, 0, 4)]
+    for arch, (unshare, setns, clone, clone3, perf, bpf) in ARCHES.items():
+        block = [(load, 0, 0, 0)]
+        for number, action in ((unshare, refuse), (setns, refuse), (clone3, missing), (perf, refuse), (bpf, refuse)):
+            block += [(equal, 0, 1, number), (ret, 0, 0, action)]
+        block += [(equal, 0, 3, clone), (load, 0, 0, 16), (test, 0, 1, 0x7E020000), (ret, 0, 0, refuse),
+                  (ret, 0, 0, allow)]
+        code += [(equal, 0, len(block), arch), *block]
+    code.append((ret, 0, 0, allow))
+    table = (Filter * len(code))(*[Filter(*line) for line in code])
+    program = Program(len(code), table)
+    check(libc.prctl(22, 2, ctypes.byref(program), 0, 0), "install the seccomp filter")   # SECCOMP_MODE_FILTER
+
 def write(directory, name, data):
     handle = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600, dir_fd=directory)
     os.write(handle, data)
@@ -164,6 +192,7 @@ if pid == 0:
         except OSError:
             os.chdir("/")
         check(libc.prctl(PR_CAPBSET_DROP, CAP_SYS_ADMIN, 0, 0, 0), "drop CAP_SYS_ADMIN")
+        refuse_as_docker_does()
         os.execvp("bash", ["bash", "-c", command])
     finally:
         os._exit(127)
