@@ -8,11 +8,11 @@ directory, bound read-only into the runtime and checked before each launch) with
 secret in ``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY`` and ``ANTHROPIC_AUTH_TOKEN`` beside ``OPENAI_BASE_URL``
 and ``ANTHROPIC_BASE_URL`` (the launcher's docstring), and waits for it to exit; the interception
 endpoint (``endpoint.py``, ``session.py``) records every model call and enforces the limits.
-Outcome of a launch, in order:
-
 For a task that keeps the agent's processes (``Task.keeps_agent_processes``: Harbor's), the program runs in a
 session of its own (``setsid``) and what it leaves running is not killed after a launch that ended by itself:
 it serves the task's tests. Otherwise, and after every other end, ``Runtime.kill_all`` ends it all.
+
+Outcome of a launch, in order:
 
 - the rollout stopped at the endpoint (``max_turns``, ``max_turn_tokens``): a clean end whatever the
   exit code; a program still running ``stop_grace_s`` after the stop is killed (tails as below);

@@ -442,7 +442,7 @@ class DockerRuntime:
         """``cmd`` (``bash -c``, its output discarded: write it to a file in ``collect``) in a private view of
         this container that its other processes cannot touch (``docker_private.run_private``: the arguments
         and what it raises), with this runtime's environment and network; the private tmpfs holds
-        ``storage_mb`` (1 GiB without a quota).
+        ``storage_mb`` (1 GiB without a quota). An engine error is a ``RuntimeUnavailableError`` (retryable).
 
         Returns:
             The command's ``ExecResult`` (no output; exit code -9 when its deadline killed it) and the files
@@ -455,7 +455,11 @@ class DockerRuntime:
             workdir=self.config.workdir, inputs=inputs, private=private, collect=collect, keep_bytes=keep_bytes,
             size_mb=self.config.storage_mb or 1024, timeout_s=timeout,
             labels={**(self.container.labels if self.container is not None else {}), f"{LABEL}.role": "private"})
-        code, timed_out, _, files = await _in_thread(job)
+        try:
+            code, timed_out, _, files = await _in_thread(job)
+        except docker.errors.APIError as exc:
+            raise RuntimeUnavailableError(f'runtime "docker": a private view of container {self.id[:12]} failed '
+                                          f"({exc.explanation or exc})") from exc
         return ExecResult(-9 if timed_out else code, "", "", timed_out), files
 
     async def limits_hit(self) -> dict[str, str]:
