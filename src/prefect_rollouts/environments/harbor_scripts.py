@@ -36,16 +36,13 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prefect_rollouts.environments.harbor_reward import REWARD_MAX_BYTES, read_reward
 from prefect_rollouts.errors import TaskError, register_secret, scrub
 from prefect_rollouts.runtimes.base import SCRUB_SLACK_BYTES
 from prefect_rollouts.scoring.env import resolve_env, template_variables
 from prefect_rollouts.trace import Trace
-
-if TYPE_CHECKING:
-    from prefect_rollouts.environments.harbor import HarborTask
 
 LOG_DIRS = ("/logs/agent", "/logs/verifier", "/logs/artifacts")
 """Harbor's log directories in the box."""
@@ -77,8 +74,9 @@ _CLEAR = ("for d in /logs /tests; do if [ -L $d ]; then rm -f $d; fi; done; rm -
           "mkdir -p " + " ".join(LOG_DIRS) + " /tests && find /tests -mindepth 1 -delete")
 
 
-async def solve(task: HarborTask, runtime: Any, trace: Trace, solution: Path) -> None:
-    """Copy ``solution`` to ``/solution`` and run ``SOLVE`` within the agent deadline (see the module docstring).
+async def solve(task: Any, runtime: Any, trace: Trace, solution: Path) -> None:
+    """Copy ``solution`` to ``/solution`` and run ``SOLVE`` within the agent deadline (see the module docstring);
+    ``task`` is the ``harbor.HarborTask`` (its ``toml``, ``id``, ``timeout_multiplier``).
 
     Raises:
         TaskError: ``solve.sh`` exited non-zero or ran past the deadline (its exit code and the tail of
@@ -103,7 +101,7 @@ async def solve(task: HarborTask, runtime: Any, trace: Trace, solution: Path) ->
         raise TaskError(f"Harbor task {task.id!r}: solution/solve.sh {why}: {said or '(it printed nothing)'}")
 
 
-async def tests(task: HarborTask, runtime: Any, trace: Trace, source: Path) -> float:
+async def tests(task: Any, runtime: Any, trace: Trace, source: Path) -> float:
     """Run ``tests/`` (``source``) as the module docstring says and return the reward; the other keys of an
     object in ``reward.json`` become metrics of ``trace``.
 
