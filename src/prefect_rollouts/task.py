@@ -112,6 +112,11 @@ class Task:
     """True when scoring acts on the world (writes, sends, charges): an eval then makes each rollout
     durable as it finishes, so ``--resume`` after a kill does not score a finished rollout again."""
 
+    keeps_agent_processes: ClassVar[bool] = False
+    """True when what the agent leaves running (a server it started) must stay up until scoring ends, as in
+    Harbor (its tests query the agent's services). False: the harness kills every process the agent
+    started when its segment ends (``Runtime.kill_all``)."""
+
     def __init__(self, data: TaskData) -> None:
         if not isinstance(data, TaskData):
             raise TypeError(f"Task(data=...) needs a TaskData, got {type(data).__name__}")

@@ -234,7 +234,8 @@ async def test_verifier_env_templates_resolve_here_and_their_values_stay_off_the
              'echo 1 > /logs/verifier/reward.txt\n')
     trace = (await run_all(harbor_config(agent_config, "oracle"), tmp_path))["env"]
     assert (trace.errors, trace.reward) == ([], 1.0)
-    assert trace.info["harbor"]["verifier"]["stdout_tail"] == "key=*** mode=strict\n"
+    assert trace.info["harbor"]["verifier"]["output_tail"] == "key=*** mode=strict\n"
+    assert trace.info["harbor"]["logs"]["verifier/test-stdout.txt"] == "key=*** mode=strict\n"
 
 
 async def test_a_silent_build_past_its_timeout_is_an_error_naming_the_key(tmp_path, agent_config):

@@ -18,16 +18,18 @@ A rollout of a task (the ``docker`` runtime only):
    A failed build is an ``InfrastructureError`` of the task's rollouts (reward None), never reward 0.
 2. ``setup``: ``/logs/agent``, ``/logs/verifier`` and ``/logs/artifacts`` made by root, writable by every
    user (as Harbor makes them); the healthcheck run as the image's user.
-3. The agent (any harness; ``oracle`` runs ``solve``: ``solution/`` copied to ``/solution``, ``bash
-   /solution/solve.sh``).
+3. The agent (any harness; ``oracle`` runs ``solve``: ``solution/`` copied to ``/solution``, ``solve.sh``
+   executed as Harbor's oracle does: ``harbor_scripts``). What the agent leaves running is not killed: it
+   runs until the tests end (``keeps_agent_processes``).
 4. ``finalize``: what the agent left in ``/logs/artifacts`` is listed (small text files kept) in
    ``trace.info["harbor"]["artifacts"]``.
 5. Scoring (``tests``), in the agent's box (``[verifier] environment_mode = "shared"``) or in a fresh
    box of the same image with the agent's workdir restored (``"separate"``: isolated scoring), under
-   the verifier phase's network: clear ``/logs/verifier``, copy ``tests/`` to ``/tests``, run ``bash
-   /tests/test.sh`` with ``[verifier] env`` for at most ``[verifier] timeout_sec``, then read
-   ``/logs/verifier/reward.json`` or else ``reward.txt`` (``read_reward``). No reward file, an empty or
-   non-finite one, or a test run past its deadline is a scoring error (reward None), not 0.
+   the verifier phase's network: ``tests/test.sh`` executed as Harbor does, with ``[verifier] env`` for
+   at most ``[verifier] timeout_sec``, in a private view of the box whose ``/tests`` and
+   ``/logs/verifier`` nothing the agent left can write; then every process of the box is killed and
+   ``reward.json`` or else ``reward.txt`` read (``harbor_scripts``, ``read_reward``). No reward file, an
+   empty or non-finite one, or a test run past its deadline is a scoring error (reward None), not 0.
 
 Deadlines scale by the taskset option ``timeout_multiplier``. Network modes: ``public`` is ``open``,
 ``no-network`` is ``none``, ``allowlist`` is ``{ allow = allowed_hosts }`` (README "Network
@@ -40,34 +42,26 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
-import os
 import shlex
 import time
 from pathlib import Path
 from typing import Any, Literal
 
-from prefect_rollouts.agent_exits import COULD_NOT_START, program_failure
 from prefect_rollouts.bounds import MAX_STORAGE_MB, MAX_TIMEOUT_MULTIPLIER
 from prefect_rollouts.config.agent import AgentConfig, ScoringConfig
 from prefect_rollouts.config.network import NetworkPolicy
+from prefect_rollouts.environments import harbor_scripts
 from prefect_rollouts.environments.harbor_config import TaskToml, read_task_toml, refuse_unsupported
 from prefect_rollouts.environments.harbor_files import check_task_directory, inside
-from prefect_rollouts.environments.harbor_reward import READ_REWARD, REWARD_MAX_BYTES, read_reward
-from prefect_rollouts.errors import ConfigError, TaskError, register_secret
+from prefect_rollouts.environments.harbor_scripts import LOG_DIRS, ROOT
+from prefect_rollouts.errors import ConfigError, TaskError
 from prefect_rollouts.runtimes.base import IMAGE_USER
-from prefect_rollouts.scoring.env import resolve_env, template_variables
 from prefect_rollouts.task import Task, TaskData, reward
 from prefect_rollouts.threads import run_sync
 from prefect_rollouts.trace import Trace
 
-LOG_DIRS = ("/logs/agent", "/logs/verifier", "/logs/artifacts")
-"""Harbor's log directories in the box."""
 WRITABLE = ("/logs", "/tests", "/solution")
 """Places besides the workdir a Harbor box must be able to write (``RuntimeConfig.writable``)."""
-ROOT = "0"
-"""The user (root by UID, which every image has) of the commands that make and clear the log directories."""
-TAIL_CHARS = 4000
-"""Characters of the end of the tests' (and the oracle's) stdout and stderr kept on the trace."""
 ARTIFACT_FILE_BYTES = 16 * 1024
 """Files in ``/logs/artifacts`` up to this size are kept on the trace as text; larger ones are listed."""
 ARTIFACT_FILES = 50
@@ -82,6 +76,9 @@ class HarborTask(Task):
         timeout_multiplier: Scales the agent, verifier and build deadlines.
         storage_mb: Overrides ``[environment] storage_mb`` (the taskset option), when not None.
     """
+
+    keeps_agent_processes = True
+    """What the agent started stays up until the tests end, as in Harbor (``harbor_scripts``)."""
 
     def __init__(self, data: TaskData, directory: Path, toml: TaskToml, *, timeout_multiplier: float = 1.0,
                  storage_mb: int | None = None) -> None:
@@ -172,8 +169,9 @@ class HarborTask(Task):
             await asyncio.sleep(check.start_interval_sec if starting else check.interval_sec)
 
     async def solve(self, runtime: Any, trace: Trace) -> None:
-        """The oracle: copy ``solution/`` to ``/solution`` and run ``bash /solution/solve.sh`` in the workdir
-        with ``[solution] env`` (within the agent deadline).
+        """The oracle: copy ``solution/`` to ``/solution`` and run ``solve.sh`` as Harbor's oracle does
+        (``harbor_scripts.solve``: executed directly, its output in ``/logs/agent/oracle.txt``, what it starts
+        in the background left running), within the agent deadline.
 
         Raises:
             AgentFailure: it exited non-zero (``program_failed``) or ran past the deadline (``program_timeout``):
@@ -183,17 +181,7 @@ class HarborTask(Task):
         solution = self._inside("solution")
         if not (solution / "solve.sh").is_file():
             raise TaskError(f"Harbor task {self.id!r}: no solution/solve.sh for the oracle harness")
-        await runtime.upload(solution, "/solution")
-        limit = (self.toml.agent.timeout_sec or 3600.0) * self.timeout_multiplier
-        started = time.monotonic()
-        env = _resolved(self.toml.solution.env, f"Harbor task {self.id!r}: [solution] env")
-        result = await runtime.exec("bash /solution/solve.sh", timeout=limit, env=env)
-        trace.info.setdefault("harbor", {})["solution"] = _outcome(result, started)
-        if result.exit_code != 0:
-            why = f"ran longer than {limit:g} s" if result.timed_out else f"exited with code {result.exit_code}"
-            raise program_failure(f"Harbor task {self.id!r}: solution/solve.sh {why}: "
-                                  f"{(result.stderr or result.stdout).strip()[-800:]}", timed_out=result.timed_out,
-                                  started=result.exit_code not in COULD_NOT_START)
+        await harbor_scripts.solve(self, runtime, trace, solution)
 
     async def finalize(self, trace: Trace, runtime: Any) -> None:
         """Keep what the agent left in ``/logs/artifacts`` on the trace (``trace.info["harbor"]["artifacts"]``:
@@ -221,75 +209,18 @@ class HarborTask(Task):
 
     @reward
     async def tests(self, trace: Trace, runtime: Any) -> float:
-        """The reward ``tests/test.sh`` writes (see the module docstring and ``read_reward``); the other keys
-        of an object in ``reward.json`` become metrics. How the tests ran (exit code, output tails) is in
-        ``trace.info["harbor"]["verifier"]``.
+        """The reward ``tests/test.sh`` writes, run as Harbor runs it while the agent's services still run,
+        apart from them (``harbor_scripts.tests``); the other keys of an object in ``reward.json`` become
+        metrics. How the tests ran (exit code, output tail) is in ``trace.info["harbor"]["verifier"]``.
 
         Raises:
-            TaskError: the tests ran past ``[verifier] timeout_sec``, or wrote no usable reward.
+            TaskError: the tests ran past ``[verifier] timeout_sec``, wrote no usable reward, or could not run.
         """
-        verifier = self.toml.verifier
-        env = _resolved(verifier.env, f"Harbor task {self.id!r}: [verifier] env")
-        await runtime.kill_all()   # nothing the agent left running may touch the tests or their reward
-        cleared = await runtime.exec(_CLEAR, timeout=60, user=ROOT)
-        if cleared.exit_code != 0:
-            raise TaskError(f"Harbor task {self.id!r}: cannot clear /logs/verifier and /tests: "
-                            f"{cleared.stderr.strip()[-500:] or f'exit code {cleared.exit_code}'}")
-        await runtime.upload(self._inside("tests"), "/tests")
-        limit = verifier.timeout_sec * self.timeout_multiplier
-        started = time.monotonic()
-        result = await runtime.exec("bash /tests/test.sh", timeout=limit, env=env,
-                                    user=IMAGE_USER if verifier.user is None else str(verifier.user))
-        trace.info.setdefault("harbor", {})["verifier"] = _outcome(result, started)
-        if result.timed_out:
-            raise TaskError(f"Harbor task {self.id!r}: tests/test.sh ran longer than [verifier] timeout_sec = "
-                            f"{limit:g} s and was killed")
-        found = await runtime.exec(READ_REWARD, timeout=30)
-        head, _, text = found.stdout.partition("\n")
-        kind, _, size = head.strip().partition(" ")
-        if kind not in ("json", "txt"):
-            if result.exit_code != 0:
-                raise TaskError(f"Harbor task {self.id!r}: tests/test.sh exited with code {result.exit_code} before "
-                                "writing a reward: "
-                                f"{(result.stderr or result.stdout).strip()[-800:] or '(it printed nothing)'}")
-            raise TaskError(f"Harbor task {self.id!r}: tests/test.sh wrote no reward (/logs/verifier/reward.json "
-                            "or reward.txt); a missing reward is an error, not 0")
-        if size.isdigit() and int(size) > REWARD_MAX_BYTES:
-            raise TaskError(f"Harbor task {self.id!r}: /logs/verifier/reward.{kind} holds {int(size):,} bytes, more "
-                            f"than a reward ({REWARD_MAX_BYTES:,} at most)")
-        value, metrics = read_reward(kind, text, self.id)
-        trace.metrics.update(metrics)
-        return value
+        return await harbor_scripts.tests(self, runtime, trace, self._inside("tests"))
 
-
-# /logs/verifier is made anew (a symlink the agent left there is removed, not followed) and /tests
-# emptied, so no file of the agent's can pose as the tests or their reward.
-_CLEAR = ("for d in /logs /tests; do if [ -L $d ]; then rm -f $d; fi; done; rm -rf /logs/verifier; "
-          "mkdir -p " + " ".join(LOG_DIRS) + " /tests && chmod 777 " + " ".join(LOG_DIRS) +
-          " && find /tests -mindepth 1 -delete")
 
 _LIST_ARTIFACTS = ("cd /logs/artifacts 2>/dev/null && find . -type f -printf '%s %P\\n' 2>/dev/null | sort -k2 | "
                    f"head -n {ARTIFACT_FILES}")
-
-
-def _resolved(env: dict[str, str], table: str) -> dict[str, str]:
-    """``env`` with its ``${VAR}`` templates filled in from this process's environment (as Harbor does);
-    a value taken from the environment counts as a secret: scrubbed from what the trace records.
-
-    Raises:
-        ScoringEnvError: a ``${VAR}`` without default is unset here.
-    """
-    resolved = resolve_env(env, table=table, place="where the rollout runs")
-    for template in env.values():
-        for name in template_variables(template):
-            register_secret(os.environ.get(name))   # the host's value, not a default
-    return resolved
-
-
-def _outcome(result: Any, started: float) -> dict[str, Any]:
-    return {"exit_code": result.exit_code, "timed_out": result.timed_out,
-            "seconds": round(time.monotonic() - started, 3),
-            "stdout_tail": result.stdout[-TAIL_CHARS:], "stderr_tail": result.stderr[-TAIL_CHARS:]}
 
 
 def load(path: str = "examples/harbor-tasks", tasks: list[str] | None = None, timeout_multiplier: float = 1.0,

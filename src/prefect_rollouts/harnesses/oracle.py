@@ -56,15 +56,20 @@ class OracleHarness:
         """Nothing to open."""
 
     async def run_segment(self, ctx: SegmentContext) -> None:
-        """Apply the reference solution (first segment only), then kill what it left running."""
+        """Apply the reference solution (first segment only), then kill what it left running, unless the task
+        keeps the agent's processes for its tests (``Task.keeps_agent_processes``: Harbor's); a solution that
+        failed or ran out of time is killed all the same."""
         if self._solved:
             return
         self._solved = True
         try:
             await ctx.task.solve(ctx.runtime, ctx.trace)
-        finally:
+        except BaseException:
             if ctx.runtime is not None:
-                await asyncio.shield(ctx.runtime.kill_all())   # as after a program: nothing outlives the agent
+                await asyncio.shield(ctx.runtime.kill_all())
+            raise
+        if ctx.runtime is not None and not ctx.task.keeps_agent_processes:
+            await asyncio.shield(ctx.runtime.kill_all())   # as after a program: nothing outlives the agent
 
 
 class NopHarness:

@@ -7,6 +7,10 @@ read-only into the runtime and checked before each launch) with a fresh per-laun
 ``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY`` and ``ANTHROPIC_AUTH_TOKEN`` beside ``OPENAI_BASE_URL`` and
 ``ANTHROPIC_BASE_URL`` (the launcher's docstring), and waits for it to exit; the interception endpoint
 (``endpoint.py``, ``session.py``) records every model call and enforces the limits.
+For a task that keeps the agent's processes (``Task.keeps_agent_processes``: Harbor's), the program runs
+in a session of its own (``setsid``) and what it leaves running is not killed after a launch that ended
+by itself: it serves the task's tests. Otherwise, and after every other end, ``Runtime.kill_all`` ends it all.
+
 Outcome of a launch, in order (the rule: ``agent_exits``, docs/scoring-failed-agents.md):
 
 - the endpoint stopped the rollout (``max_turns``, ``max_turn_tokens``): that stop wins over any exit
@@ -221,6 +225,9 @@ class ProgramHarness:
                           [python, "-I", f"{scripts}/launch.py", f"{runtime.binds[str(self.door)]}/{SOCKET_NAME}",
                            str(self.config.output_tail_chars), *([] if local else ["--sweep"]),
                            "--state", state, "--", *argv])
+        keeps = ctx.task.keeps_agent_processes   # Harbor: what the program starts serves the tests
+        if keeps:   # its own session: the exec's end does not kill the program's background processes
+            launch = f"if command -v setsid >/dev/null 2>&1; then exec setsid -w {launch}; else exec {launch}; fi"
         await asyncio.to_thread(self.endpoint.verify)   # the local runtime's programs can write the scripts
         self.endpoint.open_session(session, self.door)
         job = asyncio.ensure_future(runtime.exec(launch, timeout=self.config.timeout_s, env=env))
@@ -250,7 +257,8 @@ class ProgramHarness:
                 job.cancel()
                 with contextlib.suppress(BaseException):
                     await job
-            await asyncio.shield(runtime.kill_all())   # nothing the program started outlives its launch
+            if ended_by or killed or not keeps:   # nothing the program started outlives its launch
+                await asyncio.shield(runtime.kill_all())
             if ended_by or killed:   # its launcher was killed too: its tails so far are in its file
                 so_far = await asyncio.shield(self._tails_so_far(runtime, state, session))
             if ended_by:   # what is known of the program (a fork bomb ends here, at the deadline)

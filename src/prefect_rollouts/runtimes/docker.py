@@ -48,6 +48,7 @@ from prefect_rollouts.errors import AgentFailure, InfrastructureError, RuntimeUn
 from prefect_rollouts.runtimes import docker_archive as archives
 from prefect_rollouts.runtimes import docker_limits as resources
 from prefect_rollouts.runtimes import docker_network as net
+from prefect_rollouts.runtimes import docker_private as private_view
 from prefect_rollouts.runtimes import docker_quota
 from prefect_rollouts.runtimes import docker_storage as storage
 from prefect_rollouts.runtimes import docker_volumes as image_volumes
@@ -449,6 +450,37 @@ class DockerRuntime:
         if code in (137, -1) and not timed_out:  # SIGKILL: of the command, or of the whole container?
             await _in_thread(resources.check_alive, self.container)
         return ExecResult(-9 if timed_out else code, out, err, timed_out)
+
+    async def exec_private(self, cmd: str, *, inputs: dict[str, Path], private: list[str], collect: str,
+                           keep_bytes: int, timeout: float, env: dict[str, str] | None = None,
+                           user: str | None = None) -> tuple[ExecResult, dict[str, tuple[int, bytes]]]:
+        """``cmd`` (``bash -c``, its output discarded: write it to a file in ``collect``) in a private view of
+        this container that its other processes cannot touch (``docker_private.run_private``: the arguments
+        and what it raises), with this runtime's environment and network; the private tmpfs holds
+        ``storage_mb`` (1 GiB without a quota), as ``user`` (else ``config.user``, else the image's ``USER``).
+        An engine error is a ``RuntimeUnavailableError`` (retryable).
+
+        Returns:
+            The command's ``ExecResult`` (no output; exit code -9 when its deadline killed it) and the files
+            it left in ``collect``: name -> (size in bytes, last ``keep_bytes``).
+        """
+        proxied = self._net.get("env", {}) if self.network.mode == "rules" else {}
+        user = (self.config.user or "") if user is None else user
+        if not user and self.container is not None:   # the image's USER, as a plain exec runs
+            user = (self.container.attrs.get("Config") or {}).get("User") or ""
+        job = functools.partial(
+            private_view.run_private, docker_client(), self._container_id(), resources.create_options(self.config),
+            command=cmd, environment={**self.config.env, **(env or {}), **proxied},
+            workdir=self.config.workdir, inputs=inputs, private=private, collect=collect, keep_bytes=keep_bytes,
+            size_mb=self.config.storage_mb or 1024, timeout_s=timeout,
+            labels={**(self.container.labels if self.container is not None else {}), f"{LABEL}.role": "private"},
+            user=user)
+        try:
+            code, timed_out, _, files = await _in_thread(job)
+        except docker.errors.APIError as exc:
+            raise RuntimeUnavailableError(f'runtime "docker": a private view of container {self.id[:12]} failed '
+                                          f"({exc.explanation or exc})") from exc
+        return ExecResult(-9 if timed_out else code, "", "", timed_out), files
 
     async def limits_hit(self) -> dict[str, str]:
         """``Runtime.limits_hit``: the container's cgroup counters, read inside it (``docker_limits``)."""

@@ -1,0 +1,358 @@
+"""A command in a private view of a running container, out of reach of the container's other processes.
+
+A Harbor task's tests run in the agent's box while the services the agent started still run (Harbor's
+shared verifier mode), yet nothing the agent left may write the reward or change the tests. The box runs
+with every capability dropped and ``no-new-privileges``, so nothing run in it can make a mount
+namespace, and a privileged ``docker exec`` is no way out either: it asks for every capability of the
+engine, and an engine without one refuses it (this machine's dockerd lacks ``CAP_SYS_RESOURCE``: "unable
+to apply caps"). So ``run_private``:
+
+1. starts a **helper container** of the sandbox image (``runtimes/sandbox.py``) in the box's PID and
+   network namespaces, as root with Docker's default capabilities plus ``CAP_SYS_ADMIN``,
+   ``no-new-privileges`` and the box's cpu, memory and pids limits; the inputs (the tests) are put
+   into the helper's own filesystem, which the box cannot see;
+2. in it, one Python program (``_PROGRAM``, the sandbox's python3) opens what it needs of the helper,
+   enters the box's mount namespace, makes a private copy of it, and mounts a fresh tmpfs over
+   ``/dev/shm`` (a mount point of the box, which no box process can rename) as a new root: every
+   top-level entry of the box bound into it (links copied as links), ``/dev/shm`` a fresh tmpfs again,
+   each private path a plain directory of that tmpfs (``/tests`` with the inputs copied in,
+   ``/logs/verifier`` empty; ``/logs``' other entries bound from the box). It runs no program and
+   imports no module of the box's while it holds ``CAP_SYS_ADMIN``: a box binary the agent replaced
+   never gets it. A box process that rewrites ``/logs/verifier/reward.txt`` in a loop, writes into
+   ``/tests``, or moves ``/logs`` or ``/tests`` aside changes only the box's own files, never these;
+3. the command (the box's ``bash -c``) runs ``chroot``-ed there in the workdir with Docker's default
+   capabilities (``CAP_SYS_ADMIN`` dropped from its bounding set) and a seccomp filter that refuses what
+   Docker's default profile refuses a box without ``CAP_SYS_ADMIN`` (namespaces, ``perf_event_open``,
+   ``bpf``), as Harbor's box has them: it sees the
+   box's files and processes and reaches its services on loopback. A box process (no capabilities)
+   cannot reach the command's files through ``/proc/<pid>/root`` or ``/proc/<pid>/fd``: the kernel's
+   ptrace access check refuses a caller whose permitted capabilities lack the target's. It can still
+   signal the command (both are uid 0): a killed test writes no reward, an error, never a score;
+4. at the deadline the command's session is killed; then the regular files (not links) it left in the
+   collected directory, at most ``MAX_FILES``, each its last ``keep_bytes`` and its size, are written
+   to the helper's filesystem and read from there; the helper is removed (also when this fails).
+
+The box needs only ``bash`` (as in Harbor) and ``/dev/shm``. Measured here (2026-12-05, 15 runs of a
+trivial test): median 0.32 s against 0.11 s for a plain ``exec`` and a read of the reward, so 0.21 s more
+per scored rollout (``benchmarks/harbor_private_tests.py``). Must not import Prefect; the functions block
+(call them in a thread).
+"""
+
+from __future__ import annotations
+
+import io
+import posixpath
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+
+from prefect_rollouts.errors import RuntimeUnavailableError, TaskError
+from prefect_rollouts.runtimes.sandbox import DEFAULT_IMAGE as SANDBOX_IMAGE
+
+DEFAULT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FSETID", "FOWNER", "MKNOD", "NET_RAW", "SETGID", "SETUID",
+                        "SETFCAP", "SETPCAP", "NET_BIND_SERVICE", "SYS_CHROOT", "KILL", "AUDIT_WRITE")
+"""Docker's default capability set (moby ``oci/caps/defaults.go``): what a command run by ``run_private`` has."""
+HOME = "/prefect-rollouts-private"
+"""The helper's directory of inputs (``in/``) and collected files (``out/``), in its own filesystem."""
+MAX_FILES = 50
+"""At most this many files of the collected directory are read back."""
+SLACK_S = 60.0
+"""Seconds past the command's deadline allowed for setting up and collecting before the helper is killed."""
+
+# Run by the sandbox image's python3 in the helper: argv = deadline seconds, workdir, command, collected path,
+# bytes kept per file, size of the private root in MiB, the user ("": root), then the private paths. Everything
+# it needs is imported and every helper file it uses opened before it enters the box's mount namespace: from
+# then on it runs no program and imports no module of the box's while it holds CAP_SYS_ADMIN (a box binary
+# replaced by the agent would get it; the user is looked up by reading the box's files as text, not through
+# NSS, which would load the box's libraries); the command's bash is the first, after the capability is gone.
+_PROGRAM = r"""
+import ctypes, os, signal, stat, sys, time
+limit, workdir, command, collect, keep, size_mb, user = sys.argv[1:8]
+private, limit, keep = sys.argv[8:], float(limit), int(keep)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
+libc.prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong)
+MS_BIND, MS_REC, MS_PRIVATE, CLONE_NEWNS, PR_CAPBSET_DROP, CAP_SYS_ADMIN = 4096, 16384, 1 << 18, 0x20000, 24, 21
+
+def check(result, what):
+    if result != 0:
+        number = ctypes.get_errno()
+        raise OSError(number, what + ": " + os.strerror(number))
+
+def mount(source, target, kind, flags, data=None):
+    check(libc.mount(source and source.encode(), target.encode(), kind and kind.encode(), flags,
+                     data and data.encode()), "mount " + target)
+
+def mirror(source, target, skip):   # bind every entry of source into target but those in skip (links as links)
+    for name in os.listdir(source):
+        if name in skip:
+            continue
+        path, place = source.rstrip("/") + "/" + name, target + "/" + name
+        try:   # an entry the box's processes change meanwhile may fail: none of them is the command's
+            mode = os.lstat(path).st_mode
+            if stat.S_ISLNK(mode):
+                os.symlink(os.readlink(path), place)
+            elif stat.S_ISDIR(mode):
+                os.mkdir(place)
+                mount(path, place, None, MS_BIND | MS_REC)
+            else:
+                os.close(os.open(place, os.O_CREAT | os.O_WRONLY, 0o600))
+                mount(path, place, None, MS_BIND)
+        except OSError:
+            pass
+
+def copy(source_fd, target):   # the inputs, from the helper's filesystem
+    for entry in os.scandir(source_fd):
+        place, info = target + "/" + entry.name, entry.stat(follow_symlinks=False)
+        if stat.S_ISLNK(info.st_mode):
+            os.symlink(os.readlink(entry.name, dir_fd=source_fd), place)
+        elif stat.S_ISDIR(info.st_mode):
+            os.makedirs(place, exist_ok=True)   # a private path made already, or a directory of the inputs
+            inner = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=source_fd)
+            copy(inner, place)
+            os.close(inner)
+        elif stat.S_ISREG(info.st_mode):
+            reading = os.open(entry.name, os.O_RDONLY, dir_fd=source_fd)
+            writing = os.open(place, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            while chunk := os.read(reading, 1 << 20):
+                os.write(writing, chunk)
+            os.close(reading)
+            os.close(writing)
+        if not stat.S_ISLNK(info.st_mode):
+            os.chmod(place, stat.S_IMODE(info.st_mode))
+
+# The helper's seccomp profile is Docker's default with CAP_SYS_ADMIN, which lets anyone in it make namespaces
+# (a user namespace needs no capability); the command gets the default profile's refusals back: unshare, setns,
+# a clone with namespace flags, perf_event_open and bpf fail with EPERM, clone3 with ENOSYS (glibc falls back).
+ARCHES = {0xC000003E: (272, 308, 56, 435, 298, 321), 0xC00000B7: (97, 268, 220, 435, 241, 280)}   # x86_64, arm64
+
+def refuse_as_docker_does():
+    class Filter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+    load, equal, test, ret, allow = 0x20, 0x15, 0x45, 0x06, 0x7FFF0000
+    refuse, missing = 0x00050000 | 1, 0x00050000 | 38
+    code = [(load, 0, 0, 4)]
+    for arch, (unshare, setns, clone, clone3, perf, bpf) in ARCHES.items():
+        block = [(load, 0, 0, 0)]
+        for number, action in ((unshare, refuse), (setns, refuse), (clone3, missing), (perf, refuse), (bpf, refuse)):
+            block += [(equal, 0, 1, number), (ret, 0, 0, action)]
+        block += [(equal, 0, 3, clone), (load, 0, 0, 16), (test, 0, 1, 0x7E020000), (ret, 0, 0, refuse),
+                  (ret, 0, 0, allow)]
+        code += [(equal, 0, len(block), arch), *block]
+    code.append((ret, 0, 0, allow))
+    table = (Filter * len(code))(*[Filter(*line) for line in code])
+    program = Program(len(code), table)
+    check(libc.prctl(22, 2, ctypes.byref(program), 0, 0), "install the seccomp filter")   # SECCOMP_MODE_FILTER
+
+def entry_of(path, key):   # the line of the box's /etc/passwd or /etc/group for a name or number (read as text: no NSS)
+    try:
+        with open(path, errors="replace") as lines:
+            for line in lines:
+                fields = line.rstrip("\n").split(":")
+                if len(fields) >= 4 and key in (fields[0], fields[2]):
+                    return fields
+    except OSError:
+        pass
+    return None
+
+def become(user):   # Docker's --user: name or uid, then :group or :gid; a number missing from the files is fine
+    name, _, group = user.partition(":")
+    found = entry_of("/etc/passwd", name)
+    if found is None and not name.isdigit():
+        raise OSError("no user %r in the box's /etc/passwd" % name)
+    uid = int(found[2]) if found else int(name)
+    gid = int(found[3]) if found else uid
+    if group:
+        grouped = entry_of("/etc/group", group)
+        if grouped is None and not group.isdigit():
+            raise OSError("no group %r in the box's /etc/group" % group)
+        gid = int(grouped[2]) if grouped else int(group)
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    if found:
+        os.environ["HOME"], os.environ["USER"] = found[5] if len(found) > 5 else "/", found[0]
+
+def write(directory, name, data):
+    handle = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600, dir_fd=directory)
+    os.write(handle, data)
+    os.close(handle)
+
+try:
+    home = os.open("/prefect-rollouts-private", os.O_RDONLY | os.O_DIRECTORY)
+    inputs = os.open("in", os.O_RDONLY | os.O_DIRECTORY, dir_fd=home)
+    outputs = os.open("out", os.O_RDONLY | os.O_DIRECTORY, dir_fd=home)
+    null = os.open("/dev/null", os.O_RDWR)
+    check(libc.setns(os.open("/proc/1/ns/mnt", os.O_RDONLY), CLONE_NEWNS), "enter the box's mount namespace")
+    check(libc.unshare(CLONE_NEWNS), "unshare the mount namespace")
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    root = "/dev/shm"   # a mount point of the box: no process of it can rename it, or /dev
+    mount("prefect-rollouts-private", root, "tmpfs", 0, "mode=0755,size=" + size_mb + "m")
+    tops = {path.strip("/").split("/")[0] for path in private}
+    mirror("/", root, tops)
+    if os.path.isdir(root + "/dev/shm"):
+        mount("shm", root + "/dev/shm", "tmpfs", 0, "mode=1777,size=64m")
+    for top in sorted(tops):
+        os.mkdir(root + "/" + top)
+        inner = {path.strip("/").split("/")[1] for path in private if path.strip("/").split("/")[0] == top
+                 and "/" in path.strip("/")}
+        if inner and os.path.isdir("/" + top):
+            mirror("/" + top, root + "/" + top, inner)
+    for path in private:
+        os.makedirs(root + path, exist_ok=True)
+    copy(inputs, root)
+except OSError as exc:
+    os.write(2, ("cannot make the private view: " + str(exc)).encode())
+    os._exit(3)
+started = time.monotonic()
+pid = os.fork()
+if pid == 0:
+    try:
+        os.setsid()
+        for number in (0, 1, 2):
+            os.dup2(null, number)
+        os.chroot(root)
+        try:
+            os.chdir(workdir)
+        except OSError:
+            os.chdir("/")
+        check(libc.prctl(PR_CAPBSET_DROP, CAP_SYS_ADMIN, 0, 0, 0), "drop CAP_SYS_ADMIN")
+        refuse_as_docker_does()
+        if user:
+            become(user)
+        os.execvp("bash", ["bash", "-c", command])
+    finally:
+        os._exit(127)
+timed_out = False
+while True:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        code = os.waitstatus_to_exitcode(status)
+        break
+    if time.monotonic() - started >= limit:
+        timed_out = True
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        os.waitpid(pid, 0)
+        code = -9
+        break
+    time.sleep(0.02)
+seconds = time.monotonic() - started
+write(outputs, "result", ("%d %d %.3f" % (code, timed_out, seconds)).encode())
+os.mkdir("files", dir_fd=outputs)
+kept = os.open("files", os.O_RDONLY | os.O_DIRECTORY, dir_fd=outputs)
+sizes = []
+try:
+    collected = os.open(root + collect, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    names = sorted(os.listdir(collected))
+except OSError:
+    names = []
+for name in names:
+    if len(sizes) >= MAX_FILES:
+        break
+    try:
+        handle = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=collected)
+    except OSError:   # a symlink, or gone
+        continue
+    info = os.fstat(handle)
+    if stat.S_ISREG(info.st_mode):
+        os.lseek(handle, max(0, info.st_size - keep), os.SEEK_SET)
+        write(kept, name, os.read(handle, keep))
+        sizes.append(name.encode(errors="surrogateescape") + b"\0" + str(info.st_size).encode() + b"\0")
+    os.close(handle)
+write(outputs, "sizes", b"".join(sizes))
+""".replace("MAX_FILES", str(MAX_FILES))
+
+
+def run_private(client: Any, container_id: str, create_options: dict[str, Any], *, command: str,
+                environment: dict[str, str], workdir: str, inputs: dict[str, Path], private: list[str],
+                collect: str, keep_bytes: int, size_mb: int, timeout_s: float, labels: dict[str, str],
+                user: str = "") -> tuple[int, bool, float, dict[str, tuple[int, bytes]]]:
+    """Run ``command`` (``bash -c``) in a private view of container ``container_id`` (see the module docstring).
+
+    Args:
+        client: A ``docker.DockerClient``.
+        container_id: The running box.
+        create_options: Its resource options (``docker_limits.create_options``), given to the helper.
+        command: A ``bash -c`` command.
+        environment: The command's environment.
+        workdir: Where it starts (``/`` when the workdir is missing).
+        inputs: Private path (absolute, e.g. ``/tests``) -> host directory copied into it.
+        private: The private paths (``/tests``, ``/logs/verifier``): absolute, at most two levels deep.
+        collect: The private path whose top-level regular files are read back after the command.
+        keep_bytes: Bytes kept of each such file: its end.
+        size_mb: Size of the private tmpfs, in MiB (inputs and what the command writes there; memory,
+            counted against the helper's ``memory_mb``).
+        timeout_s: The command's deadline (it is killed, ``SIGKILL``, at it).
+        labels: The helper's labels (the box's, so the janitor finds a leftover).
+        user: Who runs the command, as Docker's ``--user`` takes it (``name``, ``uid``, ``name:group``,
+            ``uid:gid``; names from the box's ``/etc/passwd`` and ``/etc/group``, read as text); ``""``: root.
+            A user other than root runs it without capabilities (a box process of the same user could
+            then reach the command's files through ``/proc``: the user the task asked for).
+
+    Returns:
+        ``(exit_code, timed_out, seconds, files)``: ``files`` maps a file's name to ``(size in bytes,
+        its last keep_bytes)``.
+
+    Raises:
+        TaskError: the view could not be made (the program's stderr; e.g. the box lacks ``/dev/shm``).
+        RuntimeUnavailableError: the sandbox image is missing (not retryable); the engine failed.
+    """
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        for directory in ("", "/in", "/out"):
+            entry = tarfile.TarInfo(HOME.lstrip("/") + directory)
+            entry.type, entry.mode = tarfile.DIRTYPE, 0o700
+            tar.addfile(entry)
+        for inside, source in inputs.items():
+            tar.add(str(source), arcname=posixpath.join(HOME.lstrip("/"), "in", inside.lstrip("/")))
+    try:   # created, then started inside the try below: a failed start removes it too
+        helper = client.containers.create(
+            SANDBOX_IMAGE, ["infinity"], entrypoint=["sleep"], user="0:0", labels=labels,
+            pid_mode=f"container:{container_id}", network_mode=f"container:{container_id}",
+            cap_drop=["ALL"], cap_add=[*DEFAULT_CAPABILITIES, "SYS_ADMIN"], security_opt=["no-new-privileges"],
+            **create_options)
+    except docker.errors.ImageNotFound:
+        raise RuntimeUnavailableError(f"running the tests apart from the agent's processes needs the sandbox image "
+                                      f"{SANDBOX_IMAGE}. Build it with `prefect-rollouts sandbox build`",
+                                      retryable=False) from None
+    try:
+        helper.start()
+        api = client.api
+        api.put_archive(helper.id, "/", archive.getvalue())
+        argv = ["timeout", "-s", "KILL", f"{timeout_s + SLACK_S:.3f}", "python3", "-I", "-c", _PROGRAM,
+                f"{timeout_s:.3f}", workdir, command, collect, str(keep_bytes), str(size_mb), user, *private]
+        exec_id = api.exec_create(helper.id, argv, user="0:0", workdir="/", environment=environment)["Id"]
+        stderr = api.exec_start(exec_id, demux=True)[1] or b""
+        code = api.exec_inspect(exec_id)["ExitCode"]
+        if code != 0:
+            text = stderr.decode(errors="replace").strip()
+            raise TaskError(f"cannot run the tests apart from the agent's processes (exit {code}): "
+                            f"{text[-500:] or '(no output)'}")
+        stream, _ = api.get_archive(helper.id, f"{HOME}/out")
+        return _read_out(b"".join(stream))
+    finally:
+        helper.remove(force=True)
+
+
+def _read_out(data: bytes) -> tuple[int, bool, float, dict[str, tuple[int, bytes]]]:
+    """``run_private``'s result from the archive of the helper's ``out/`` directory."""
+    members: dict[str, bytes] = {}
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for member in tar:
+            handle = tar.extractfile(member) if member.isfile() else None
+            if handle is not None:
+                members[member.name] = handle.read()
+    code, timed_out, seconds = members["out/result"].split()
+    found = members.get("out/sizes", b"").split(b"\0")[:-1]   # name \0 size \0, each
+    sizes = {name.decode(errors="surrogateescape"): int(size)
+             for name, size in zip(found[0::2], found[1::2], strict=True)}
+    files = {name: (size, members.get(f"out/files/{name}", b"")) for name, size in sizes.items()}
+    return int(code), timed_out == b"1", float(seconds), files
