@@ -17,16 +17,17 @@ pytestmark = pytest.mark.unit
 
 
 class Box:
-    """Answers ``solve.sh`` with ``result`` and any other command with exit 0."""
+    """Answers the oracle's command (``harbor_scripts.SOLVE``) with ``result`` and any other command with exit 0."""
 
     def __init__(self, result: ExecResult) -> None:
         self.result = result
+        self.config = vf.RuntimeConfig()
 
     async def upload(self, source: Path, target: str) -> None:
         """Nothing to copy."""
 
     async def exec(self, cmd: str, timeout: float | None = None, env: dict[str, str] | None = None) -> ExecResult:
-        return self.result if "solve.sh" in cmd and not cmd.startswith("chmod") else ExecResult(0, "", "")
+        return self.result if "/logs/agent/oracle.txt" in cmd else ExecResult(0, "", "")
 
 
 FILES = {"task.toml": 'version = "1.0"\n[agent]\ntimeout_sec = 60.0\n', "instruction.md": "Do it.",
