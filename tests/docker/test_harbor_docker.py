@@ -261,4 +261,19 @@ async def test_the_agent_and_the_tests_run_as_the_users_task_toml_names(tmp_path
         "mkdir /app && chown agent /app\nWORKDIR /app\n")
     trace = (await run_all(harbor_config(agent_config, "oracle"), tmp_path))["users"]
     assert (trace.errors, trace.reward) == ([], 1.0), trace.info["harbor"].get("verifier")
-    assert trace.info["harbor"]["verifier"]["stdout_tail"] == "agent=agent owner=agent tests=grader\n"
+    assert trace.info["harbor"]["verifier"]["output_tail"] == "agent=agent owner=agent tests=grader\n"
+
+
+async def test_a_harbor_box_has_dockers_default_capabilities_but_mknod(tmp_path, agent_config):
+    """Issue 34: Harbor's box is Docker's default one, where root can chown, drop to another user and
+    ``setgroups`` (``apt-get`` does: with every capability dropped it failed "Failed to setgroups"). MKNOD
+    stays out so the tests, which run with the whole default set, keep a capability the agent lacks."""
+    solve = ("cd /app && touch owned && chown nobody:nogroup owned && stat -c %U owned > report.txt && "
+             "setpriv --reuid=nobody --regid=nogroup --clear-groups id -un >> report.txt && "
+             "(mknod node c 1 3 2>/dev/null && echo mknod >> report.txt || echo no-mknod >> report.txt)\n")
+    task_dir(tmp_path, "caps", solve_sh=solve,
+             test_sh='[ "$(cat /app/report.txt | tr "\\n" " ")" = "nobody nobody no-mknod " ] && '
+                     "echo 1 > /logs/verifier/reward.txt || { cat /app/report.txt; "
+                     "echo 0 > /logs/verifier/reward.txt; }\n")
+    trace = (await run_all(harbor_config(agent_config, "oracle"), tmp_path))["caps"]
+    assert (trace.errors, trace.reward) == ([], 1.0), trace.info["harbor"]

@@ -145,8 +145,10 @@ done
 echo hello > /app/out.txt
 """
 CAPABILITIES = """caps=$(grep CapEff /proc/self/status | cut -f2)
-# a replaced tool the box itself ran (the oracle's command runs tail) has no capabilities: that is fine
-if ! grep -qv 0000000000000000 /tmp/replaced-tool-ran 2>/dev/null && [ "$caps" = 00000000a80425fb ] && \\
+# a replaced tool the box itself ran (the oracle's command runs tail) has the box's capabilities (Docker's
+# default less MKNOD, a00425fb) or none: that is fine; more (the private view's) is not
+if ! grep -qvx -e 'CapEff:.0000000000000000' -e 'CapEff:.00000000a00425fb' /tmp/replaced-tool-ran 2>/dev/null && \\
+    [ "$caps" = 00000000a80425fb ] && \\
     grep -qx hello /app/out.txt; then
   echo 1 > /logs/verifier/reward.txt
 else

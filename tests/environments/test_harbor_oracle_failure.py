@@ -26,7 +26,8 @@ class Box:
     async def upload(self, source: Path, target: str) -> None:
         """Nothing to copy."""
 
-    async def exec(self, cmd: str, timeout: float | None = None, env: dict[str, str] | None = None) -> ExecResult:
+    async def exec(self, cmd: str, timeout: float | None = None, env: dict[str, str] | None = None,
+                   user: str | None = None) -> ExecResult:
         return self.result if "/logs/agent/oracle.txt" in cmd else ExecResult(0, "", "")
 
 

@@ -216,6 +216,12 @@ class RuntimeConfig(ConfigModel):
     user: str | None = None
     """docker: the user the rollout's commands run as (a name or UID known in the image, ``uid:gid`` too);
     None: the image's ``USER`` (root when it sets none). A Harbor task's ``[agent] user`` sets it."""
+    capabilities: Literal["none", "docker-default"] = "none"
+    """docker: the Linux capabilities of the container's processes. ``none``: every one dropped (root can
+    neither ``chown`` another's file nor ``setgroups``, so ``apt-get`` as root fails). ``docker-default``:
+    Docker's default set, as a Harbor box has it (a Harbor task sets it), but ``MKNOD``: the tests of a
+    Harbor task run with the whole default set, which the kernel's ptrace check then keeps out of the
+    agent's reach (``runtimes/docker_private.py``). ``no-new-privileges`` either way."""
     writable: list[str] = []
     """docker: absolute paths the container must be able to write besides the workspace. The
     container's root is writable everywhere (``storage_mb``), so this changes nothing today; a Harbor

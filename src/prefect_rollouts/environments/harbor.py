@@ -130,7 +130,7 @@ class HarborTask(Task):
             "image": ready.tag, "workdir": environment.workdir or ready.workdir,
             "cpus": float(environment.cpus or config.runtime.cpus),
             "memory_mb": environment.memory_mb or config.runtime.memory_mb, "storage_mb": storage_mb,
-            "user": config.runtime.user if user is None else str(user),
+            "user": config.runtime.user if user is None else str(user), "capabilities": "docker-default",
             "env": {**config.runtime.env, **environment.env},
             "writable": sorted({*config.runtime.writable, *WRITABLE})})
         timeouts = config.timeouts

@@ -6,7 +6,8 @@ as ``bash -c``: a shebang counts (a ``#!/usr/bin/env python3`` ``test.sh`` runs 
 script without one is run by bash itself (bash's answer when the kernel refuses the file, ENOEXEC).
 So here:
 
-- ``solve.sh`` (the oracle): ``chmod +x /solution/solve.sh``, then ``/solution/solve.sh >
+- ``solve.sh`` (the oracle): ``chmod +x /solution/solve.sh`` (as root: the upload is root's), then, as
+  the agent's user, ``/solution/solve.sh >
   /logs/agent/oracle.txt 2>&1`` in the workdir with ``DEBIAN_FRONTEND=noninteractive`` and ``[solution]
   env``, in a session of its own (``setsid``, util-linux; without it in the image, what the script
   leaves in the background ends with it): what it starts in the background (a server) keeps running,
@@ -58,8 +59,7 @@ oracle's: at most the runtime's ``output_cap_bytes``)."""
 KEEP_BYTES = max(LOG_BYTES + SCRUB_SLACK_BYTES, REWARD_MAX_BYTES)
 """Bytes read of the end of each file the tests leave: a whole reward file, a log with room to scrub."""
 
-SOLVE = """chmod +x /solution/solve.sh || exit
-mkdir -p /logs/agent
+SOLVE = """mkdir -p /logs/agent
 if command -v setsid >/dev/null 2>&1; then set -- setsid -w; else set --; fi
 "$@" bash -c /solution/solve.sh > /logs/agent/oracle.txt 2>&1 </dev/null
 code=$?
@@ -89,6 +89,10 @@ async def solve(task: Any, runtime: Any, trace: Trace, solution: Path) -> None:
         TaskError: it could not start (exit 126 or 127).
     """
     await runtime.upload(solution, "/solution")
+    made = await runtime.exec("chmod +x /solution/solve.sh", timeout=60, user=ROOT)
+    if made.exit_code != 0:
+        raise TaskError(f"Harbor task {task.id!r}: cannot make solution/solve.sh executable: "
+                        f"{made.stderr.strip()[-500:] or f'exit code {made.exit_code}'}")
     limit = (task.toml.agent.timeout_sec or 3600.0) * task.timeout_multiplier
     started = time.monotonic()
     env = {"DEBIAN_FRONTEND": "noninteractive",

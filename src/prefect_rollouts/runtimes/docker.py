@@ -261,6 +261,7 @@ class DockerRuntime:
                 config.image, ["sleep", "infinity"], detach=True, init=True, working_dir=config.workdir,
                 labels=labels, **net.create_options(self.network.mode, config.docker_network),
                 **resources.create_options(config), cap_drop=["ALL"], security_opt=["no-new-privileges"],
+                cap_add=list(private_view.BOX_CAPABILITIES) if config.capabilities == "docker-default" else None,
                 environment=dict(config.env), mounts=[*mounts, *volumes],
                 **quota)
         except docker.errors.APIError as exc:

@@ -23,8 +23,8 @@ to apply caps"). So ``run_private``:
 3. the command (the box's ``bash -c``) runs ``chroot``-ed there in the workdir with Docker's default
    capabilities (``CAP_SYS_ADMIN`` dropped from its bounding set) and a seccomp filter that refuses what
    Docker's default profile refuses a box without ``CAP_SYS_ADMIN`` (namespaces, ``perf_event_open``,
-   ``bpf``), as Harbor's box has them: it sees the
-   box's files and processes and reaches its services on loopback. A box process (no capabilities)
+   ``bpf``), as Harbor's box has them: it sees the box's files and processes and reaches its services on
+   loopback. A box process (no capabilities, or ``BOX_CAPABILITIES``: the default set less ``MKNOD``)
    cannot reach the command's files through ``/proc/<pid>/root`` or ``/proc/<pid>/fd``: the kernel's
    ptrace access check refuses a caller whose permitted capabilities lack the target's. It can still
    signal the command (both are uid 0): a killed test writes no reward, an error, never a score;
@@ -55,6 +55,9 @@ from prefect_rollouts.runtimes.sandbox import DEFAULT_IMAGE as SANDBOX_IMAGE
 DEFAULT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FSETID", "FOWNER", "MKNOD", "NET_RAW", "SETGID", "SETUID",
                         "SETFCAP", "SETPCAP", "NET_BIND_SERVICE", "SYS_CHROOT", "KILL", "AUDIT_WRITE")
 """Docker's default capability set (moby ``oci/caps/defaults.go``): what a command run by ``run_private`` has."""
+BOX_CAPABILITIES = tuple(name for name in DEFAULT_CAPABILITIES if name != "MKNOD")
+"""A box's capabilities under ``capabilities = "docker-default"``: the default set but one, so that a box
+process never holds every capability of the private command (the ptrace check of step 3 needs one missing)."""
 HOME = "/prefect-rollouts-private"
 """The helper's directory of inputs (``in/``) and collected files (``out/``), in its own filesystem."""
 MAX_FILES = 50
@@ -172,6 +175,10 @@ def become(user):   # Docker's --user: name or uid, then :group or :gid; a numbe
         if grouped is None and not group.isdigit():
             raise OSError("no group %r in the box's /etc/group" % group)
         gid = int(grouped[2]) if grouped else int(group)
+    for path in private:   # the command's own directories (the tests, their logs) become the user's
+        for top, directories, files in os.walk(path):
+            for name in [top, *(os.path.join(top, entry) for entry in directories + files)]:
+                os.lchown(name, uid, gid)
     os.setgroups([])
     os.setgid(gid)
     os.setuid(uid)
@@ -294,6 +301,7 @@ def run_private(client: Any, container_id: str, create_options: dict[str, Any], 
         labels: The helper's labels (the box's, so the janitor finds a leftover).
         user: Who runs the command, as Docker's ``--user`` takes it (``name``, ``uid``, ``name:group``,
             ``uid:gid``; names from the box's ``/etc/passwd`` and ``/etc/group``, read as text); ``""``: root.
+            The private paths (and what was copied into them) are that user's.
             A user other than root runs it without capabilities (a box process of the same user could
             then reach the command's files through ``/proc``: the user the task asked for).
 
