@@ -14,6 +14,7 @@ import pytest
 
 from tests.fakes.openai_server import echo_header, reply, secret_fragments, status, tool_call, tool_calls
 from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.unit
 
@@ -180,3 +181,16 @@ def test_the_api_key_never_reaches_output_or_commands(openai_server, tmp_path):
     [tool] = tool_messages(openai_server.requests[1])
     assert tool["content"].startswith("exit_code: 0\nstdout:\nkey=[]\n")
     assert secret_fragments(tool["content"], KEY) == []
+
+
+def test_a_job_left_in_the_background_can_still_write_its_output_after_the_command(openai_server, tmp_path):
+    """Issue 34 (a new user's pass): ``python3 server.py &`` started by the bash tool stopped answering once the
+    tool call returned, because its stdout, a pipe of the tool, was closed under it (a broken pipe at its next
+    log line), while the oracle's, written to a file, kept going: the pipes a job still holds are drained on."""
+    openai_server.play([tool_call("bash", command="(sleep 1; echo late; echo late >&2; touch wrote) & echo started"),
+                        reply("done")])
+    done = run_agent(openai_server.base_url, tmp_path)
+    assert (done.returncode, done.stdout) == (0, "done\n")
+    [tool] = tool_messages(openai_server.requests[1])
+    assert tool["content"].startswith("exit_code: 0\nstdout:\nstarted\n")
+    assert wait_until(lambda: (tmp_path / "work" / "wrote").exists(), timeout_s=10)   # its writes did not fail

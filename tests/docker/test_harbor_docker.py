@@ -277,3 +277,16 @@ async def test_a_harbor_box_has_dockers_default_capabilities_but_mknod(tmp_path,
                      "echo 0 > /logs/verifier/reward.txt; }\n")
     trace = (await run_all(harbor_config(agent_config, "oracle"), tmp_path))["caps"]
     assert (trace.errors, trace.reward) == ([], 1.0), trace.info["harbor"]
+
+
+@pytest.mark.parametrize(("toml", "key"), [('[agent]\nuser = "nosuch"\n', "[agent] user = 'nosuch'"),
+                                           ('[verifier]\nuser = "grader:nogroup2"\n', "[verifier] user = 'grader:nogroup2'")])
+async def test_a_user_the_image_does_not_have_is_a_setup_error_naming_the_key(tmp_path, agent_config, toml, key):
+    """A new user's pass: an unknown [agent] user failed as "cannot create / in the container: " and an unknown
+    [verifier] user as "tests/test.sh exited with code 127 before writing a reward"."""
+    directory = task_dir(tmp_path, "who", toml='version = "1.0"\n' + toml)
+    (directory / "environment" / "Dockerfile").write_text(
+        "FROM prefect-rollouts-sandbox:latest\nRUN useradd -m grader && mkdir /app\nWORKDIR /app\n")
+    trace = (await run_all(harbor_config(agent_config, "oracle"), tmp_path))["who"]
+    assert trace.reward is None and [(e.type, e.stage) for e in trace.errors] == [("TaskError", "setup")]
+    assert trace.errors[0].message.startswith(f"Harbor task 'who': {key}: the image has no such user or group")

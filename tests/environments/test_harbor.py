@@ -288,3 +288,13 @@ def test_the_readmes_task_toml_is_valid_and_uses_only_known_keys():
     toml = TaskToml.model_validate(tomllib.loads(sample[:sample.index("```")]))
     assert toml.unknown_keys() == [] and toml.verifier.env == {"PYTHONDONTWRITEBYTECODE": "1"}
     assert (toml.environment.network_mode, toml.agent.timeout_sec) == ("public", 600.0)
+
+
+@pytest.mark.parametrize("script", ["tests/test.sh", "solution/solve.sh"])
+def test_a_script_with_windows_line_endings_is_refused_with_the_fix(tmp_path, script):
+    """A new user's pass: a CRLF solve.sh failed at run time as "cannot execute: required file not found"."""
+    directory = make_task(tmp_path, "crlf")
+    (directory / script).parent.mkdir(exist_ok=True)
+    (directory / script).write_bytes(b"#!/bin/bash\r\necho 1 > /logs/verifier/reward.txt\r\n")
+    with pytest.raises(ConfigError, match=rf"{script} has Windows line endings \(CRLF\).*Convert it: sed -i"):
+        load_taskset("harbor", {"path": str(directory)})

@@ -142,7 +142,8 @@ class HarborTask(Task):
         """Make the log directories; run ``[environment.healthcheck]`` until it passes.
 
         Raises:
-            TaskError: the directories cannot be made, or the healthcheck failed ``retries`` times.
+            TaskError: the directories cannot be made, ``[agent]`` or ``[verifier] user`` names a user the image
+                does not have, or the healthcheck failed ``retries`` times.
         """
         info = trace.info.setdefault("harbor", {}) if trace is not None else {}
         info.update(image=runtime.config.image, workdir=runtime.config.workdir,
@@ -153,6 +154,7 @@ class HarborTask(Task):
         if made.exit_code != 0:
             raise TaskError(f"Harbor task {self.id!r}: cannot make {', '.join(LOG_DIRS)} in the box: "
                             f"{made.stderr.strip()[-500:]}")
+        await self._check_users(runtime)
         check = self.toml.environment.healthcheck
         if check is None:
             return
@@ -167,6 +169,22 @@ class HarborTask(Task):
                 raise TaskError(f"Harbor task {self.id!r}: [environment.healthcheck] {check.command!r} failed "
                                 f"{failures} times (exit {result.exit_code}): {result.stderr.strip()[-500:]}")
             await asyncio.sleep(check.start_interval_sec if starting else check.interval_sec)
+
+    async def _check_users(self, runtime: Any) -> None:
+        """Raise ``TaskError`` naming the key when ``[agent] user`` or ``[verifier] user`` names a user (or a
+        group after ``:``) the image does not have; a number needs no entry (Docker takes any UID)."""
+        for table, user in (("agent", self.toml.agent.user), ("verifier", self.toml.verifier.user)):
+            name, _, group = str(user or "").partition(":")
+            lookups = [f"id -u -- {shlex.quote(name)}"] if name and not name.isdigit() else []
+            lookups += [f"getent group -- {shlex.quote(group)}"] if group and not group.isdigit() else []
+            if not lookups:
+                continue
+            found = await runtime.exec(" && ".join(f"{lookup} >/dev/null" for lookup in lookups), timeout=30, user=ROOT)
+            if found.exit_code != 0:
+                said = found.stderr.strip()[-200:] or f"exit code {found.exit_code}"
+                raise TaskError(f"Harbor task {self.id!r}: [{table}] user = {str(user)!r}: the image has no such user "
+                                f"or group ({said}). Create it in environment/Dockerfile (useradd), or name one the "
+                                "image has")
 
     async def solve(self, runtime: Any, trace: Trace) -> None:
         """The oracle: copy ``solution/`` to ``/solution`` and run ``solve.sh`` as Harbor's oracle does
@@ -309,6 +327,11 @@ def _task(name: str, directory: Path, timeout_multiplier: float, storage_mb: int
         raise ConfigError(f"{where}: instruction.md is missing; it holds the prompt")
     if not (directory / "tests" / "test.sh").is_file():
         raise ConfigError(f"{where}: tests/test.sh is missing; it runs the tests and writes the reward")
+    for script in ("tests/test.sh", "solution/solve.sh"):
+        if (directory / script).is_file() and (directory / script).read_bytes()[:4096].split(b"\n")[0].endswith(b"\r"):
+            raise ConfigError(f"{where}: {script} has Windows line endings (CRLF): executed directly, its first line "
+                              f"asks for an interpreter named with a carriage return. Convert it: sed -i 's/\\r$//' "
+                              f"{script}")
     if not toml.environment.docker_image and not (directory / "environment" / "Dockerfile").is_file():
         raise ConfigError(f"{where}: environment/Dockerfile is missing and [environment] docker_image is not set; "
                           "give one of them")

@@ -128,14 +128,31 @@ def run_bash(command, timeout_s, keep_bytes, env, before=None):
                 selector.unregister(ready.fd)
             buffer = kept[ready.fd]
             buffer += data[:max(keep_bytes - len(buffer), 0)]
+    held = [key.fd for key in selector.get_map().values()]
     selector.close()
     out, err = (kept[stream.fileno()].decode("utf-8", "replace") for stream in streams)
+    if held:
+        keep_draining(held)
     for stream in streams:
         stream.close()
     code = proc.wait()
     if before is not None and counters().get("max", 0) > before.get("max", 0):
         kill_group(proc.pid)
     return -9 if timed_out else code, out, err, timed_out
+
+
+def keep_draining(fds):
+    """Hand the read ends of pipes a background job still holds (a server the command started with ``&``) to
+    a ``cat`` of their own, in a session of its own, that reads them until the job closes them: closing them
+    here instead would make the job's next write fail (SIGPIPE, or EPIPE: a server that logs each request
+    stops answering), where a terminal, and ``nohup``, let it run on. The ``cat`` ends with the job, or with
+    the box's other leftovers."""
+    for fd in fds:
+        try:
+            subprocess.Popen(["cat"], stdin=fd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+        except OSError:
+            pass
 
 
 def kill_group(pgid):
