@@ -162,3 +162,78 @@ async def test_no_tool_of_the_box_runs_with_more_than_dockers_default_capabiliti
     # storage_mb = 0: a writable root, so that the agent can replace files under /usr
     trace = (await run_all(harbor_config(agent_config, "oracle"), tmp_path, storage_mb=0))["tools"]
     assert (trace.errors, trace.reward) == ([], 1.0), trace.info["harbor"]["verifier"]["output_tail"]
+
+
+# Adversarial pass of issue 34: a root agent becomes [verifier] user (CAP_SETUID) and writes the reward through
+# every /proc/<pid>/root; the tests of a non-root user kept no capability, so the ptrace check let it in.
+BECOME_THE_VERIFIER = r"""cat > /tmp/writer.py <<'EOS'
+import os, time
+os.setgroups([]); os.setgid(1000); os.setuid(1000)
+while True:
+    for pid in os.listdir('/proc'):
+        if pid.isdigit() and int(pid) != os.getpid():
+            try:
+                open('/proc/%s/root/logs/verifier/reward.txt' % pid, 'w').write('1')
+            except OSError:
+                pass
+    time.sleep(0.01)
+EOS
+setsid python3 /tmp/writer.py </dev/null >/dev/null 2>&1 &
+"""
+FAIL_SLOWLY = "sleep 2\necho 0 > /logs/verifier/reward.txt\nsleep 1\n"
+
+
+async def test_a_root_agent_that_becomes_the_verifier_user_cannot_write_the_reward(tmp_path, agent_config):
+    directory = task_dir(tmp_path, "becomes", toml='version = "1.0"\n[verifier]\nuser = "tester"\n',
+                         solve_sh=BECOME_THE_VERIFIER, test_sh=FAIL_SLOWLY)
+    (directory / "environment" / "Dockerfile").write_text(
+        "FROM prefect-rollouts-sandbox:latest\nRUN useradd -u 1000 -m tester && mkdir /app\nWORKDIR /app\n")
+    trace = (await run_all(harbor_config(agent_config, "oracle"), tmp_path))["becomes"]
+    assert (trace.errors, trace.reward) == ([], 0.0)
+
+
+async def test_an_image_whose_user_is_not_root_is_scored(tmp_path, agent_config):
+    """Adversarial pass: a Dockerfile ending in USER tester made every rollout an error ("cannot make the
+    private view: Permission denied: '/proc/1/ns/mnt'": the helper could not enter another user's namespace)."""
+    directory = task_dir(tmp_path, "nonroot", test_sh='[ "$(id -un)" = tester ] && echo 1 > /logs/verifier/reward.txt\n')
+    (directory / "environment" / "Dockerfile").write_text(
+        "FROM prefect-rollouts-sandbox:latest\nRUN useradd -u 1000 -m tester && mkdir /app && chown tester /app\n"
+        "USER tester\nWORKDIR /app\n")
+    oracle = (await run_all(harbor_config(agent_config, "oracle"), tmp_path))["nonroot"]
+    assert (oracle.errors, oracle.reward) == ([], 1.0), oracle.info["harbor"].get("verifier")
+
+
+STOP_THE_TESTS = r"""cat > /tmp/stopper.py <<'EOS'
+import os, signal, time
+while True:
+    for pid in os.listdir('/proc'):
+        try:
+            line = open('/proc/%s/cmdline' % pid, 'rb').read()
+        except OSError:
+            continue
+        if b'test.sh' in line or b'prefect-rollouts-private' in line or line.startswith(b'timeout'):
+            try:
+                os.kill(int(pid), signal.SIGSTOP)
+            except OSError:
+                pass
+    time.sleep(0.05)
+EOS
+setsid python3 /tmp/stopper.py </dev/null >/dev/null 2>&1 &
+"""
+
+
+async def test_tests_a_leftover_stops_with_sigstop_end_as_an_error_and_leave_no_helper(tmp_path, agent_config,
+                                                                                      monkeypatch, docker_engine):
+    """Adversarial pass: a leftover that SIGSTOPs the private view's processes (they live in the box's PID
+    namespace) hung the eval for good and leaked the helper; the helper is now killed from this side."""
+    from prefect_rollouts.runtimes import docker_private
+
+    monkeypatch.setattr(docker_private, "SLACK_S", 2.0)
+    task_dir(tmp_path, "stopped", toml='version = "1.0"\n[verifier]\ntimeout_sec = 3\n', solve_sh=STOP_THE_TESTS,
+             test_sh=FAIL_SLOWLY)
+    trace = (await run_all(harbor_config(agent_config, "oracle"), tmp_path))["stopped"]
+    assert trace.reward is None and trace.stop_condition == "scoring_error"
+    assert "a process of the box stopped or held them" in trace.errors[0].message
+    helpers = docker_engine.containers.list(all=True, filters={"label": "org.prefect-rollouts.role=private",
+                                                              "ancestor": "prefect-rollouts-sandbox:latest"})
+    assert [c for c in helpers if c.labels.get("org.prefect-rollouts.task_id") == "stopped"] == []

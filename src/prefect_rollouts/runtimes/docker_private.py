@@ -43,6 +43,7 @@ from __future__ import annotations
 import io
 import posixpath
 import tarfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,8 @@ HOME = "/prefect-rollouts-private"
 """The helper's directory of inputs (``in/``) and collected files (``out/``), in its own filesystem."""
 MAX_FILES = 50
 """At most this many files of the collected directory are read back."""
+POLL_S = 0.1
+"""How often the command's end is asked for (``exec_inspect``), seconds."""
 SLACK_S = 60.0
 """Seconds past the command's deadline allowed for setting up and collecting before the helper is killed."""
 
@@ -79,6 +82,19 @@ libc = ctypes.CDLL(None, use_errno=True)
 libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
 libc.prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong)
 MS_BIND, MS_REC, MS_PRIVATE, CLONE_NEWNS, PR_CAPBSET_DROP, CAP_SYS_ADMIN = 4096, 16384, 1 << 18, 0x20000, 24, 21
+CAP_SYS_PTRACE, CAP_MKNOD, PR_SET_KEEPCAPS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE = 19, 27, 8, 47, 2
+
+class CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+class CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+def keep_mknod():   # after setuid: MKNOD in the permitted, inheritable and ambient sets, so it survives exec
+    data = (CapData * 2)()
+    data[0].effective = data[0].permitted = data[0].inheritable = 1 << CAP_MKNOD
+    check(libc.capset(ctypes.byref(CapHeader(0x20080522, 0)), data), "keep CAP_MKNOD")
+    check(libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_MKNOD, 0, 0), "keep CAP_MKNOD across exec")
 
 def check(result, what):
     if result != 0:
@@ -181,7 +197,10 @@ def become(user):   # Docker's --user: name or uid, then :group or :gid; a numbe
                 os.lchown(name, uid, gid)
     os.setgroups([])
     os.setgid(gid)
+    check(libc.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0), "keep capabilities through setuid")
     os.setuid(uid)
+    if uid != 0:   # a capability no box process has (BOX_CAPABILITIES): the ptrace check keeps them out
+        keep_mknod()
     if found:
         os.environ["HOME"], os.environ["USER"] = found[5] if len(found) > 5 else "/", found[0]
 
@@ -229,6 +248,7 @@ if pid == 0:
         except OSError:
             os.chdir("/")
         check(libc.prctl(PR_CAPBSET_DROP, CAP_SYS_ADMIN, 0, 0, 0), "drop CAP_SYS_ADMIN")
+        check(libc.prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE, 0, 0, 0), "drop CAP_SYS_PTRACE")
         refuse_as_docker_does()
         if user:
             become(user)
@@ -302,15 +322,18 @@ def run_private(client: Any, container_id: str, create_options: dict[str, Any], 
         user: Who runs the command, as Docker's ``--user`` takes it (``name``, ``uid``, ``name:group``,
             ``uid:gid``; names from the box's ``/etc/passwd`` and ``/etc/group``, read as text); ``""``: root.
             The private paths (and what was copied into them) are that user's.
-            A user other than root runs it without capabilities (a box process of the same user could
-            then reach the command's files through ``/proc``: the user the task asked for).
+            A user other than root runs it with ``CAP_MKNOD`` alone (ambient, so its children keep it): no box
+            process has it (``BOX_CAPABILITIES``), so the ptrace check keeps them out of the command's files
+            even after one becomes that user (a root agent has ``CAP_SETUID``).
 
     Returns:
         ``(exit_code, timed_out, seconds, files)``: ``files`` maps a file's name to ``(size in bytes,
         its last keep_bytes)``.
 
     Raises:
-        TaskError: the view could not be made (the program's stderr; e.g. the box lacks ``/dev/shm``).
+        TaskError: the view could not be made (the program's stderr; e.g. the box lacks ``/dev/shm``), or it
+            was still running ``2 * SLACK_S`` past ``timeout_s`` (a box process stopped it: the helper is removed
+            from this side, since everything in it can be signalled by the box's root).
         RuntimeUnavailableError: the sandbox image is missing (not retryable); the engine failed.
     """
     archive = io.BytesIO()
@@ -325,7 +348,8 @@ def run_private(client: Any, container_id: str, create_options: dict[str, Any], 
         helper = client.containers.create(
             SANDBOX_IMAGE, ["infinity"], entrypoint=["sleep"], user="0:0", labels=labels,
             pid_mode=f"container:{container_id}", network_mode=f"container:{container_id}",
-            cap_drop=["ALL"], cap_add=[*DEFAULT_CAPABILITIES, "SYS_ADMIN"], security_opt=["no-new-privileges"],
+            cap_drop=["ALL"], cap_add=[*DEFAULT_CAPABILITIES, "SYS_ADMIN", "SYS_PTRACE"],
+            security_opt=["no-new-privileges"],
             **create_options)
     except docker.errors.ImageNotFound:
         raise RuntimeUnavailableError(f"running the tests apart from the agent's processes needs the sandbox image "
@@ -335,19 +359,37 @@ def run_private(client: Any, container_id: str, create_options: dict[str, Any], 
         helper.start()
         api = client.api
         api.put_archive(helper.id, "/", archive.getvalue())
-        argv = ["timeout", "-s", "KILL", f"{timeout_s + SLACK_S:.3f}", "python3", "-I", "-c", _PROGRAM,
-                f"{timeout_s:.3f}", workdir, command, collect, str(keep_bytes), str(size_mb), user, *private]
+        program = ["timeout", "-s", "KILL", f"{timeout_s + SLACK_S:.3f}", "python3", "-I", "-c", _PROGRAM,
+                   f"{timeout_s:.3f}", workdir, command, collect, str(keep_bytes), str(size_mb), user, *private]
+        argv = ["sh", "-c", f'exec "$@" 2> {HOME}/stderr', "sh", *program]
         exec_id = api.exec_create(helper.id, argv, user="0:0", workdir="/", environment=environment)["Id"]
-        stderr = api.exec_start(exec_id, demux=True)[1] or b""
-        code = api.exec_inspect(exec_id)["ExitCode"]
+        # Waited for from here: the helper's processes live in the box's PID namespace, where the box's root can
+        # stop them (SIGSTOP), and a stopped exec's output stream never ends; the finally removes the helper.
+        api.exec_start(exec_id, detach=True)
+        deadline = time.monotonic() + timeout_s + 2 * SLACK_S
+        while (state := api.exec_inspect(exec_id))["Running"]:
+            if time.monotonic() > deadline:
+                raise TaskError(f"the tests ran {timeout_s + 2 * SLACK_S:g} s, past their deadline and its slack: a "
+                                "process of the box stopped or held them (e.g. SIGSTOP); the helper was removed")
+            time.sleep(POLL_S)
+        code = state["ExitCode"]
         if code != 0:
-            text = stderr.decode(errors="replace").strip()
+            stream, _ = api.get_archive(helper.id, f"{HOME}/stderr")
+            text = _read_member(b"".join(stream)).decode(errors="replace").strip()
             raise TaskError(f"cannot run the tests apart from the agent's processes (exit {code}): "
                             f"{text[-500:] or '(no output)'}")
         stream, _ = api.get_archive(helper.id, f"{HOME}/out")
         return _read_out(b"".join(stream))
     finally:
         helper.remove(force=True)
+
+
+def _read_member(data: bytes) -> bytes:
+    """The one file of an archive ``get_archive`` returned for a file."""
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        member = tar.next()
+        handle = tar.extractfile(member) if member is not None and member.isfile() else None
+        return handle.read() if handle is not None else b""
 
 
 def _read_out(data: bytes) -> tuple[int, bool, float, dict[str, tuple[int, bytes]]]:
