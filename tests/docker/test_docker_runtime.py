@@ -367,3 +367,17 @@ async def test_a_write_past_storage_mb_fails_the_quota_and_nothing_more_runs(doc
     async with vf.make_agent(agent_config(runtime=docker_config(storage_mb=64))) as agent:   # within it: no error
         trace = await agent.run(solution_task())
     assert (trace.reward, trace.errors) == (1.0, [])
+
+
+async def test_the_files_the_engine_mounts_count_against_storage_mb(docker_engine):
+    """Adversarial pass of issue 34: /etc/hosts, /etc/resolv.conf and /etc/hostname are the engine's files bind-
+    mounted into the box, outside its layer: 1.5 GB appended to /etc/hosts passed a 256 MiB quota unseen."""
+    if docker_storage.quota_mode(docker_engine.info()) != "watch":
+        pytest.skip("the storage driver caps the layer; the engine's files are outside it on any driver")
+    runtime = make_runtime(docker_config(storage_mb=64), labels={"run_id": uuid.uuid4().hex})
+    await runtime.start()
+    try:
+        with pytest.raises(AgentFailure, match="storage_mb = 64: the rollout wrote"):
+            await runtime.exec("head -c 200M /dev/zero >> /etc/hosts; sleep 30", timeout=60)
+    finally:
+        await runtime.stop()

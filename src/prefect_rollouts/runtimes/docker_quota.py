@@ -94,18 +94,30 @@ def upper_dir(api: Any, container_id: str) -> str | None:
     return None
 
 
-def layer_bytes(api: Any, container_id: str, upper: str | None) -> int:
-    """What the container's writable layer holds, in bytes: the blocks of ``upper`` by ``du`` when
-    given (and it answers), else the engine's ``SizeRw`` (apparent sizes; see the module docstring).
+def engine_files(api: Any, container_id: str) -> list[str]:
+    """The files the engine bind-mounts into the container from its own directory, writable by the
+    container's root and outside its layer (``/etc/hosts``, ``/etc/resolv.conf``, ``/etc/hostname``: an
+    adversarial pass appended 1.5 GB to ``/etc/hosts`` past a 256 MiB quota), when this process can read
+    them (a local engine); else none."""
+    attrs = api.inspect_container(container_id)
+    paths = [attrs.get(key) for key in ("HostsPath", "ResolvConfPath", "HostnamePath")]
+    return [path for path in paths if path and os.access(path, os.R_OK)]
+
+
+def layer_bytes(api: Any, container_id: str, upper: str | None, files: list[str] | None = None) -> int:
+    """What the container's writable layer holds, in bytes: the blocks of ``upper`` and of ``files``
+    (``engine_files``) by ``du`` when given (and it answers), else the engine's ``SizeRw`` (apparent sizes,
+    the layer alone; see the module docstring).
 
     Raises:
         LookupError: the container is gone. docker.errors.APIError: the engine cannot tell.
     """
     if upper is not None:
         try:
-            done = subprocess.run(["du", "-s", "-B1", "-x", upper], capture_output=True, text=True,
-                                  timeout=DU_TIMEOUT_S)
-            return int(done.stdout.split()[0])   # a file removed during the walk: an error, still a total
+            done = subprocess.run(["du", "-s", "-c", "-B1", "-x", upper, *(files or [])], capture_output=True,
+                                  text=True, timeout=DU_TIMEOUT_S)
+            return int(done.stdout.splitlines()[-1].split()[0])   # the total (a file removed during the walk:
+            # an error, still a total)
         except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
             pass
     rows = api.containers(all=True, size=True, filters={"id": container_id})
@@ -134,6 +146,7 @@ class QuotaWatch:
         self.breach: int | None = None
         self._closed = threading.Event()
         self._upper = upper_dir(api, container_id)
+        self._files = engine_files(api, container_id) if self._upper is not None else []
         self._thread = threading.Thread(target=self._run, name=f"quota-watch-{container_id[:12]}", daemon=True)
         self._thread.start()
 
@@ -148,7 +161,7 @@ class QuotaWatch:
         Raises:
             LookupError: the container is gone. docker.errors.APIError: the engine cannot tell.
         """
-        self.used = layer_bytes(self.api, self.container_id, self._upper)
+        self.used = layer_bytes(self.api, self.container_id, self._upper, self._files)
         if self.used > self.quota and self.breach is None:
             self.breach = self.used
         return self.used
