@@ -207,7 +207,8 @@ sleep 0.3
     ("mkdir -p /tests; printf 'echo 1 > /logs/verifier/reward.txt; exit 0\\n' > /tests/zz-extra.sh\n",
      'for f in /tests/*; do [ "$f" = /tests/test.sh ] || exit 0; done\n'),
     (SPOOF_DAEMON, "sleep 1\n"),
-], ids=["symlinked-verifier-dir", "extra-file-in-tests", "daemon-rewriting-the-reward"])
+    ("rm -rf /logs && echo no > /logs\n", ""),   # adversarial pass: the rollout became an error, not 0
+], ids=["symlinked-verifier-dir", "extra-file-in-tests", "daemon-rewriting-the-reward", "a-file-for-logs"])
 async def test_an_agent_cannot_fake_its_reward(tmp_path, agent_config, tamper, checks):
     task_dir(tmp_path, "tamper", solve_sh=tamper, test_sh=checks + "echo 0 > /logs/verifier/reward.txt\n")
     trace = (await run_all(harbor_config(agent_config, "oracle"), tmp_path))["tamper"]

@@ -72,9 +72,10 @@ of ``oracle.txt`` on a line, then its last ``KEEP`` bytes, and exits with the sc
 TEST = "chmod +x /tests/test.sh && (/tests/test.sh) > /logs/verifier/test-stdout.txt 2>&1"
 """The verifier's command, as Harbor's ``build_execution_command`` makes it for a ``.sh`` script."""
 
-# /logs/verifier is made anew (a symlink the agent left there is removed, not followed) and /tests
-# emptied, so no file of the agent's poses as the tests or their output in the visible box.
-_CLEAR = ("for d in /logs /tests; do if [ -L $d ]; then rm -f $d; fi; done; rm -rf /logs/verifier; "
+# /logs/verifier is made anew (a symlink or a file the agent left at /logs or /tests is removed, not followed)
+# and /tests emptied, so no file of the agent's poses as the tests or their output in the visible box.
+_CLEAR = ("for d in /logs /tests; do if [ -L $d ] || { [ -e $d ] && [ ! -d $d ]; }; then rm -f $d; fi; done; "
+          "rm -rf /logs/verifier; "
           "mkdir -p " + " ".join(LOG_DIRS) + " /tests && chmod 777 " + " ".join(LOG_DIRS) +
           " && find /tests -mindepth 1 -delete")
 
