@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 import textwrap
 
 import pytest
 
 import prefect_rollouts as vf
+from tests.core.test_program_harness import program
 from tests.fakes.openai_server import reply
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
@@ -32,15 +32,6 @@ class Wrote(vf.Task):
 @pytest.fixture(autouse=True)
 def _provider_key(monkeypatch):
     monkeypatch.setenv("TEST_OPENAI_KEY", "sk-provider-failures-test")
-
-
-def program(tmp_path, source: str, **fields) -> vf.HarnessConfig:
-    """A ``program`` harness running ``source`` (Python) copied into the workspace as agent.py."""
-    agent_dir = tmp_path / "my-agent"
-    agent_dir.mkdir(exist_ok=True)
-    (agent_dir / "agent.py").write_text(textwrap.dedent(source))
-    return vf.HarnessConfig(id="program", command=[sys.executable, ".agent/agent.py"],
-                            files={".agent": agent_dir}, **fields)
 
 
 # asks the model once, writes its answer to out.txt, then exits with EXIT (after printing to stderr)
