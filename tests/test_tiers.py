@@ -69,3 +69,34 @@ def test_each_test_gets_its_tiers_timeout_unless_it_sets_its_own(pytester: pytes
 def test_the_tiers_are_the_markers_pyproject_registers(pytestconfig: pytest.Config):
     registered = {line.split(":")[0] for line in pytestconfig.getini("markers")}
     assert set(TIMEOUT_S) <= registered
+
+
+def test_tests_sharing_a_module_fixture_and_the_model_tests_are_each_one_xdist_group(pytester: pytest.Pytester):
+    pytester.makeini(MARKERS + "    smollm2: m\n    serial: s\n")
+    pytester.makepyfile(test_groups="""
+        import pytest
+
+        pytestmark = pytest.mark.system
+
+        @pytest.fixture(scope="module")
+        def server():
+            return "shared"
+
+        @pytest.fixture(scope="session")
+        def engine():
+            return "per session"
+
+        def groups(request):
+            return [mark.args for mark in request.node.iter_markers("xdist_group")]
+
+        def test_uses_the_module_fixture(request, server):
+            assert groups(request) == [("test_groups.py",)]
+
+        def test_uses_a_session_fixture_only(request, engine):
+            assert groups(request) == []
+
+        @pytest.mark.smollm2
+        def test_runs_the_model(request, server):
+            assert groups(request) == [("smollm2",)]
+        """)
+    pytester.runpytest_inprocess("-p", "tests.support.tiers").assert_outcomes(passed=3)

@@ -101,6 +101,7 @@ async def prompt_tokens(url: str, messages: list, **body) -> int:
 
 
 @pytest.mark.system
+@pytest.mark.smollm2
 async def test_the_model_sees_tools_tool_results_and_unescaped_text(smollm2):
     bare = await prompt_tokens(smollm2, ASKED)
     assert await prompt_tokens(smollm2, ASKED, tools=TOOLS) > bare + 100        # the schema is in the prompt
@@ -113,6 +114,7 @@ async def test_the_model_sees_tools_tool_results_and_unescaped_text(smollm2):
 
 
 @pytest.mark.system
+@pytest.mark.smollm2
 async def test_a_tool_call_without_tool_choice_stops_at_max_tokens_on_the_real_model(smollm2):
     """Before: max_tokens = 10 gave 33 completion tokens here, and the arguments could run to the end
     of the context (7,600 tokens, 384 s)."""
@@ -130,6 +132,7 @@ async def test_a_tool_call_without_tool_choice_stops_at_max_tokens_on_the_real_m
 
 
 @pytest.mark.system
+@pytest.mark.smollm2
 async def test_the_model_can_answer_in_words_beside_tools_without_tool_choice(smollm2):
     """Before: the message was generated under the tool-name grammar and came back empty."""
     async with httpx.AsyncClient(timeout=120) as client:

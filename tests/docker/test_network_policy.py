@@ -303,6 +303,7 @@ _HOLD = textwrap.dedent("""\
 """)
 
 
+@pytest.mark.serial   # the janitor sweeps every container and workspace of this machine
 @pytest.mark.usefixtures("prefect_harness")
 async def test_a_killed_owner_leaves_nothing_the_janitor_does_not_remove():
     from prefect_rollouts.flows.janitor import janitor_flow

@@ -219,6 +219,7 @@ CONTEXT_EXCEEDED = "maximum context length is 8192 tokens"
 context, as our client records it on the model call and the rollout's error."""
 
 
+@pytest.mark.smollm2
 @pytest.mark.timeout(1500)
 @pytest.mark.parametrize("harness", ["codex", "claude-code"])
 async def test_the_agent_runs_on_smollm2_and_its_calls_are_on_the_trace(docker_engine, harness):

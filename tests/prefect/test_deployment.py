@@ -27,6 +27,7 @@ def pg_server() -> Iterator[str]:
 
 
 @pytest.mark.system
+@pytest.mark.smollm2
 @pytest.mark.timeout(600)
 def test_the_nightly_deployment_deploys_from_prefect_yaml_and_its_defaults_run_as_they_are(tmp_path, pg_server):
     if not REAL_MODEL:   # its defaults are the embedded model, which the README's Install sets up

@@ -39,6 +39,7 @@ def harbor_toml(traces: Path, path: Path, harness: str, *, granularity: str = "t
     return "\n".join(lines) + "\n"
 
 
+@pytest.mark.serial   # "no container left" is read off all the containers of the engine
 def test_tasks_check_passes_every_shipped_task_and_leaves_no_container():
     before = labelled_containers()
     result = CliRunner().invoke(app, ["tasks", "check", str(SHIPPED)])

@@ -48,6 +48,7 @@ async def api_url() -> str:
 
 
 @pytest.mark.system
+@pytest.mark.serial   # the janitor sweeps every container and workspace of this machine
 @pytest.mark.usefixtures("prefect_harness")
 async def test_containers_go_on_a_dead_owner_a_final_run_on_this_api_or_age_only(docker_engine):
     image = vf.RuntimeConfig().image
@@ -118,6 +119,7 @@ async def test_running_flow_runs_of_a_dead_process_are_marked_crashed():
 
 
 @pytest.mark.system
+@pytest.mark.serial   # the janitor sweeps every container and workspace of this machine
 @pytest.mark.usefixtures("prefect_harness")
 async def test_after_kill_9_of_an_eval_the_janitor_reaps_its_containers_and_crashes_its_flow_runs(
         tmp_path, openai_server, docker_engine):
@@ -174,6 +176,7 @@ async def test_a_rollout_flow_run_names_its_owner_and_its_task_runs_carry_no_tag
 
 
 @pytest.mark.system
+@pytest.mark.serial   # the janitor sweeps every container and workspace of this machine
 @pytest.mark.usefixtures("prefect_harness")
 async def test_after_kill_9_of_an_eval_of_a_program_no_program_runs_on_and_the_janitor_leaves_nothing(
         tmp_path, openai_server, docker_engine):

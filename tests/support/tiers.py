@@ -13,6 +13,16 @@ under its tier's timeout unless it sets its own with ``@pytest.mark.timeout`` (o
 ``--timeout``); a test's timeout covers its fixtures' setup and teardown, and a module-scoped fixture
 is torn down in the module's last test, so a mixed module gives its servers function scope.
 scripts/test runs the tiers in this order, each as its own pytest run.
+
+Within a tier, tests run at once in pytest-xdist workers (scripts/test). Two rules keep that sound:
+
+- the tests of a module that share a module-scoped fixture (a server, a browser, a built image) run
+  in one worker, in order (an ``xdist_group`` named after the module, for ``--dist loadgroup``), so
+  the fixture is set up once, as without xdist;
+- a test marked ``smollm2`` runs the real model, whose llama.cpp server takes every core: those
+  tests run in one worker, one after another (the group ``smollm2``, which wins over the module's);
+- a test marked ``serial`` acts on what every test shares (the whole Docker engine's containers, the
+  machine's load or disk): scripts/test runs those after the others, one at a time.
 """
 
 from __future__ import annotations
@@ -30,12 +40,26 @@ def tiers_of(item: pytest.Item) -> list[str]:
     return sorted({mark.name for mark in item.iter_markers() if mark.name in TIMEOUT_S})
 
 
+def shares_a_module_fixture(item: pytest.Item) -> bool:
+    """Whether ``item`` uses a fixture set up once per module, class or package (not per session)."""
+    definitions = getattr(item, "_fixtureinfo", None)
+    if definitions is None:
+        return False
+    return any(defs and defs[-1].scope in ("module", "class", "package")
+               for defs in definitions.name2fixturedefs.values())
+
+
 @pytest.hookimpl(tryfirst=True)   # before ``-m`` deselects: every collected test is checked, whichever tier runs
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     wrong = [f"{item.nodeid}: {', '.join(tiers) or 'no tier'}" for item in items if len(tiers := tiers_of(item)) != 1]
     if wrong:
         raise pytest.UsageError("each test needs exactly one tier marker, unit, prefect or system "
                                 "(tests/support/tiers.py):\n  " + "\n  ".join(wrong))
+    for item in items:
+        if item.get_closest_marker("smollm2") is not None:
+            item.add_marker(pytest.mark.xdist_group("smollm2"))
+        elif shares_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     if config.getvalue("timeout") is not None or os.environ.get("PYTEST_TIMEOUT"):
         return   # the run's own timeout wins over the tiers'
     for item in items:
