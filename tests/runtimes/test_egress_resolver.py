@@ -105,3 +105,29 @@ async def test_a_hosts_resolver_answers_its_names_and_asks_the_fallback_for_othe
     with pytest.raises(OSError, match=r"other\.test: unknown"):
         await names("other.test", 80)
     assert await hosts_resolver({})("10.1.2.3", 80) == "10.1.2.3"   # by default this machine's: a literal is itself
+
+
+async def test_a_resolver_answering_no_ipv4_address_or_nothing_in_time_gets_the_request_a_502(monkeypatch):
+    import prefect_rollouts.runtimes.egress as egress_module
+
+    async def wrong(host: str, port: int) -> str:
+        return "::1" if host == "six.test" else "localhost"
+
+    async def hanging(host: str, port: int) -> str:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+    monkeypatch.setattr(egress_module, "CONNECT_TIMEOUT_S", 0.2)
+    answers = []
+    for resolver, host in ((wrong, "six.test"), (wrong, "name.test"), (hanging, "slow.test")):
+        egress = EgressProxy(resolver=resolver)
+        port = await egress.listen("127.0.0.1")
+        try:
+            answers.append(await get(egress, port, {"allow": [f"{host}:80"]}, f"http://{host}/"))
+        finally:
+            await egress.stop()
+    (six, six_record), (name, _), (slow, slow_record) = answers
+    assert six.status_code == 502 and six_record.error == (
+        "cannot reach six.test:80: the egress proxy's resolver answered '::1' for it, not an IPv4 address")
+    assert name.status_code == 502 and "answered 'localhost' for it" in name.text
+    assert slow.status_code == 502 and slow_record.error == "cannot reach slow.test:80: TimeoutError"
+    assert not six_record.allowed and not slow_record.allowed

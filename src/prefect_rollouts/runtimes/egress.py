@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 from prefect_rollouts.config.network import NetworkPolicy
 from prefect_rollouts.errors import scrub
-from prefect_rollouts.runtimes.egress_address import Resolver, process_resolver, refusal
+from prefect_rollouts.runtimes.egress_address import Resolver, refusal, resolve_with
 from prefect_rollouts.runtimes.egress_wire import MAX_HELLO_BYTES, client_hello, parse_head
 from prefect_rollouts.trace import NetworkRecord, Trace
 
@@ -326,7 +326,8 @@ class _Client(asyncio.Protocol):
                         f"(this rollout's network policy, {route.phase} phase)")
             return
         try:
-            address = await (self.proxy.resolver or process_resolver())(request.host, request.port)
+            address = await asyncio.wait_for(resolve_with(self.proxy.resolver, request.host, request.port),
+                                             CONNECT_TIMEOUT_S)
             if refused := refusal(request.host[:255], address, request.port, rule, self.proxy.ports):
                 record.reason = refused
                 self.refuse(403, "Forbidden", f"{request.host[:255]}:{request.port} denied: {refused}")

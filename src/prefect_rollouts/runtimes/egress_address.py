@@ -171,6 +171,20 @@ def use_resolver(resolver: Resolver) -> Iterator[None]:
         _process_resolver = previous
 
 
+async def resolve_with(resolver: Resolver | None, host: str, port: int) -> str:
+    """The address of ``host`` by ``resolver`` (None: ``process_resolver()``), as IPv4 text.
+
+    Raises:
+        OSError: ``host`` has no address, or the resolver's answer is not an IPv4 address.
+    """
+    address = await (resolver or process_resolver())(host, port)
+    try:
+        return str(ipaddress.IPv4Address(address))
+    except ValueError:
+        raise OSError(f"the egress proxy's resolver answered {str(address)[:100]!r} for it, not an IPv4 address"
+                      ) from None
+
+
 def hosts_resolver(names: Mapping[str, str], fallback: Resolver = resolve) -> Resolver:
     """A ``Resolver`` reading ``names`` (host name -> IPv4 address, as lines of ``/etc/hosts``
     would; exact, case-insensitive) first, and ``fallback`` for every other host."""
