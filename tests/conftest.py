@@ -3,7 +3,10 @@ engine, moto's S3 server. The test tiers, the Prefect harness and the servers ar
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from typing import Any
 
 import pytest
@@ -16,6 +19,11 @@ pytest_plugins = ["pytester", "tests.support.tiers", "tests.support.harness", "t
 
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+if "PREFECT_HOME" not in os.environ:
+    # Prefect's files of this session (a failed flow run's pickled exception in storage/, its memo store)
+    # go to a directory of its own, not ~/.prefect; the processes it starts (workers, CLI evals) inherit it.
+    os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="prefect-rollouts-tests-home-")
+    atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -1,12 +1,13 @@
 """Issue 23 on a real Docker engine: ``{ allow, block }`` enforced by the egress proxy and the guard.
 
-The "allowed" and "blocked" servers are containers on a Docker network the test makes; their names
-resolve on this machine through lines the test adds to /etc/hosts (the proxy resolves names as any
-program here does). No traffic leaves the machine.
+The "allowed" and "blocked" servers are containers on a Docker network the test makes; the egress proxies
+of this process resolve their names through the resolver the module sets (``egress_address.use_resolver``),
+not through /etc/hosts, which no test edits. No traffic leaves the machine.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -16,12 +17,14 @@ import textwrap
 import uuid
 from pathlib import Path
 
+import httpx
 import pytest
 
 import prefect_rollouts as vf
 from prefect_rollouts.runtimes import make_runtime
 from prefect_rollouts.runtimes.docker import LABEL, docker_client
 from prefect_rollouts.runtimes.egress import EgressProxy
+from prefect_rollouts.runtimes.egress_address import hosts_resolver, use_resolver
 from prefect_rollouts.traces import TraceWriter, read_network
 from tests.fakes.openai_server import reply, tool_call
 from tests.support.waiting import wait_until
@@ -29,7 +32,6 @@ from tests.support.waiting import wait_until
 pytestmark = [pytest.mark.system, pytest.mark.usefixtures("docker_engine"), pytest.mark.timeout(180)]
 
 REPO = Path(__file__).resolve().parents[2]
-HOSTS = Path("/etc/hosts")
 
 # An HTTP server on 8080 and an HTTPS one (a self-signed certificate for its name) on 8443, each
 # answering "<name> <path>".
@@ -81,13 +83,12 @@ def docker_config(**fields) -> vf.RuntimeConfig:
 @pytest.fixture(scope="module")
 def servers():
     """``{"allowed.test": address, "blocked.test": address, "network": its name}``: two server
-    containers on a network of the test's own, their names in this machine's /etc/hosts while the
-    module runs."""
+    containers on a network of the test's own, their names resolved by every egress proxy of this
+    process while the module runs (``use_resolver``)."""
     client = docker_client()
     tag = uuid.uuid4().hex[:8]
     network = client.networks.create(f"pr-net-{tag}", driver="bridge", labels={f"{LABEL}.test": "1"})
     made, addresses = [], {}
-    original = HOSTS.read_text()
     try:
         for name in ("allowed.test", "blocked.test"):
             made.append(server := client.containers.run(
@@ -95,21 +96,23 @@ def servers():
                 labels={f"{LABEL}.test": "1"}, name=f"pr-{name.split('.')[0]}-{tag}"))
             server.reload()
             addresses[name] = server.attrs["NetworkSettings"]["Networks"][network.name]["IPAddress"]
-        # first: a line for the same name further down (another run's, a user's) must not win
-        HOSTS.write_text("".join(f"{address} {name}  # pr-test-{tag}\n" for name, address in addresses.items())
-                         + original)
-        probe = [sys.executable, "-c", _GET]
-        for name in addresses:   # each answers from this machine before a test relies on it
-            assert wait_until(lambda name=name: "200" in subprocess.run(
-                [*probe, f"http://{name}:8080/ready"], capture_output=True, text=True, env={}).stdout,
-                timeout_s=60, interval_s=0.5), f"{name} did not start"
-        addresses["network"] = network.name
-        yield addresses
+        for name, address in addresses.items():   # each answers from this machine before a test relies on it
+            assert wait_until(lambda name=name, address=address: answers(address, name),
+                              timeout_s=60, interval_s=0.5), f"{name} did not start"
+        with use_resolver(hosts_resolver(addresses)):
+            yield {**addresses, "network": network.name}
     finally:
-        HOSTS.write_text(original)
         for server in made:
             server.remove(force=True)
         network.remove()
+
+
+def answers(address: str, name: str) -> bool:
+    """True when the server at ``address`` answers ``GET /ready`` as ``name`` (straight, no proxy)."""
+    try:
+        return httpx.get(f"http://{address}:8080/ready", timeout=5, trust_env=False).text == f"{name} /ready"
+    except httpx.HTTPError:
+        return False
 
 
 def python(script: str, *args: str) -> str:
@@ -309,11 +312,11 @@ async def test_a_killed_owner_leaves_nothing_the_janitor_does_not_remove():
     from prefect_rollouts.flows.janitor import janitor_flow
 
     run_id = f"net-{uuid.uuid4().hex[:8]}"
-    owner = subprocess.Popen([sys.executable, "-c", _HOLD, run_id], stdout=subprocess.PIPE, text=True,
-                             env={**os.environ, "PYTHONPATH": str(REPO / "src")})
-    assert owner.stdout is not None and owner.stdout.readline().strip() == "started"
+    owner = await asyncio.create_subprocess_exec(sys.executable, "-c", _HOLD, run_id, stdout=subprocess.PIPE,
+                                                 env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert owner.stdout is not None and (await asyncio.wait_for(owner.stdout.readline(), 120)).strip() == b"started"
     os.kill(owner.pid, signal.SIGKILL)   # with its container guarded and its proxy listening
-    owner.wait()
+    await owner.wait()
     client = docker_client()
 
     def left() -> list:
@@ -333,9 +336,9 @@ async def test_a_harbor_allowlist_holds_per_phase(servers, agent_config, tmp_pat
     check = ('grep -q "^200 allowed.test /solve" /app/allowed.txt && grep -q "^403" /app/blocked.txt && '
              f'! {python(get, "http://allowed.test:8080/verifier")} | grep -q "^200" && '
              'echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n')
-    task_dir(tmp_path, "listed", toml='version = "1.0"\n[environment]\nnetwork_mode = "allowlist"\n'
-                                      'allowed_hosts = ["allowed.test:8080"]\n[verifier]\nnetwork_mode = "no-network"\n',
-             solve_sh=fetch, test_sh=check)
+    toml = ('version = "1.0"\n[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["allowed.test:8080"]\n'
+            '[verifier]\nnetwork_mode = "no-network"\n')
+    task_dir(tmp_path, "listed", toml=toml, solve_sh=fetch, test_sh=check)
     trace = (await run_all(harbor_config(agent_config, "oracle"), tmp_path))["listed"]
     assert (trace.errors, trace.reward) == ([], 1.0)
     assert trace.info["harbor"]["network"] == {"agent": {"allow": ["allowed.test:8080"], "block": []},

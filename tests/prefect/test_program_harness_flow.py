@@ -15,6 +15,8 @@ from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import reply, tool_call
 from tests.prefect.test_rollout_flow import task_runs_of
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
 pytestmark = pytest.mark.timeout(240)
 
 
@@ -61,16 +63,10 @@ async def test_an_eval_of_the_bash_program_writes_the_rows_of_the_tools_loop(tmp
 async def test_the_program_examples_run_in_docker_without_network(tmp_path, openai_server, docker_engine,
                                                                   monkeypatch, example):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-example-0123456789abcdef")
-    examples = Path(__file__).resolve().parents[2] / "examples"
-    text = (examples / example).read_text().replace("http://127.0.0.1:8000/v1", openai_server.base_url)
-    text = text.replace('path = "./traces"', f'path = "{tmp_path}"').replace("num_tasks = 20", "num_tasks = 2")
-    config = examples / f".test-{example}"   # beside the original: its files paths are relative to it
-    config.write_text(text)
+    config = load_eval_config(EXAMPLES / example, [   # as the example's header runs it, with --set
+        f'env.agent.client.base_url="{openai_server.base_url}"', f'traces.path="{tmp_path}"', "num_tasks=2"])
     openai_server.default = reply("42")
-    try:
-        summary = await eval_flow(load_eval_config(config), run_id="example")
-    finally:
-        config.unlink()
+    summary = await eval_flow(config, run_id="example")
     env = summary.environments[0]
     assert (env.rollouts, env.scored, env.errored) == (2, 2, 0)
     assert len(read_model_calls(tmp_path, run_id="example")) == 2

@@ -16,7 +16,7 @@ import pytest
 from prefect_rollouts import NetworkPolicy
 from prefect_rollouts.errors import scrub
 from prefect_rollouts.runtimes.egress import EgressProxy, Route
-from prefect_rollouts.runtimes.egress_address import is_host_address
+from prefect_rollouts.runtimes.egress_address import is_host_address, resolve, use_resolver
 from prefect_rollouts.runtimes.egress_wire import server_name
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
@@ -310,35 +310,31 @@ def test_the_kernel_says_which_addresses_are_this_machines():
     assert not is_host_address("198.51.100.1") and not is_host_address("203.0.113.9")
 
 
-async def test_star_and_globs_never_reach_this_machines_own_addresses_but_an_exact_rule_does(proxy, host_server,
-                                                                                             monkeypatch):
-    import prefect_rollouts.runtimes.egress as egress_module
-
+async def test_star_and_globs_never_reach_this_machines_own_addresses_but_an_exact_rule_does(proxy, host_server):
     egress, port = proxy
     address, target = host_server
-    real_resolve = egress_module.resolve
 
     async def rebinding(host: str, port: int) -> str:   # a DNS server answering with this machine's address
-        return address if host.endswith(".rebind.test") else await real_resolve(host, port)
-    monkeypatch.setattr(egress_module, "resolve", rebinding)
-    everything = egress.open_route(NetworkPolicy.model_validate({"allow": ["*"]}))
-    glob = egress.open_route(NetworkPolicy.model_validate({"allow": [f"*.rebind.test:{target}"]}))
-    for route, host in ((everything, address), (everything, "0.0.0.0"), (glob, "api.rebind.test")):
-        reader, writer, head = await connect(port, f"{host}:{target}", route)
-        body = await reader.read()
+        return address if host.endswith(".rebind.test") else await resolve(host, port)
+    with use_resolver(rebinding):
+        everything = egress.open_route(NetworkPolicy.model_validate({"allow": ["*"]}))
+        glob = egress.open_route(NetworkPolicy.model_validate({"allow": [f"*.rebind.test:{target}"]}))
+        for route, host in ((everything, address), (everything, "0.0.0.0"), (glob, "api.rebind.test")):
+            reader, writer, head = await connect(port, f"{host}:{target}", route)
+            body = await reader.read()
+            writer.close()
+            assert head.startswith(b"HTTP/1.1 403"), (host, head)
+            assert f"{host} resolves to".encode() in body and b"only a rule naming the host exactly" in body
+        assert b"an address of this machine" in body
+        assert [record.allowed for record in everything.records + glob.records] == [False] * 3
+        assert "an address of this machine" in everything.records[0].reason
+        exact = egress.open_route(NetworkPolicy.model_validate({"allow": [f"{address}:{target}"]}))
+        reader, writer, head = await connect(port, f"{address}:{target}", exact)
+        assert head.startswith(b"HTTP/1.1 200")
+        writer.write(b"ping\n")
+        assert await reader.readexactly(5) == b"ping\n"
         writer.close()
-        assert head.startswith(b"HTTP/1.1 403"), (host, head)
-        assert f"{host} resolves to".encode() in body and b"only a rule naming the host exactly" in body
-    assert b"an address of this machine" in body
-    assert [record.allowed for record in everything.records + glob.records] == [False] * 3
-    assert "an address of this machine" in everything.records[0].reason
-    exact = egress.open_route(NetworkPolicy.model_validate({"allow": [f"{address}:{target}"]}))
-    reader, writer, head = await connect(port, f"{address}:{target}", exact)
-    assert head.startswith(b"HTTP/1.1 200")
-    writer.write(b"ping\n")
-    assert await reader.readexactly(5) == b"ping\n"
-    writer.close()
-    assert (exact.records[0].allowed, exact.records[0].address) == (True, address)
+        assert (exact.records[0].allowed, exact.records[0].address) == (True, address)
 
 
 async def test_the_proxys_own_port_is_refused_even_under_an_exact_rule(proxy):

@@ -29,7 +29,6 @@ PROPERTY = "ancestor::div[contains(concat(' ', normalize-space(@class), ' '), ' 
 def deployed(pg_server):
     """deployments/prefect.yaml deployed as the README says; returns (env for prefect commands, nightly-eval)."""
     env = {**os.environ, "PREFECT_API_URL": pg_server, "PREFECT_ROLLOUTS_HOME": str(REPO)}
-    env.pop("PREFECT_HOME", None)
     prefect("work-pool", "create", "local", "--type", "process", env=env)
     prefect("--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml", "--all", env=env)
     deployment = httpx.get(f"{pg_server}/deployments/name/launch/nightly-eval", timeout=30).json()

@@ -14,7 +14,8 @@ What is checked (``NetworkPolicy.decide``; no TLS interception):
   same rules, so a tunnel to an allowed host cannot carry a handshake for a blocked one;
 - a plain request ``GET http://host[:port]/path``: the request line's host and the ``Host`` header.
   It is sent upstream in origin form with ``Connection: close``, one request per connection.
-- the address the host resolves to (IPv4 only), the one connected to: a loopback, link-local or
+- the address the host resolves to (IPv4 only; the proxy's ``resolver``, by default this machine's),
+  the one connected to: a loopback, link-local or
   unspecified one, any address of this machine (an interface's, a Docker gateway's) or of a
   container on its bridges, only when the allowing rule names the host exactly, and the proxy's own
   ports never (``egress_address.py``): ``*`` and globs never reach the machine's own services, its
@@ -43,7 +44,7 @@ from dataclasses import dataclass, field
 
 from prefect_rollouts.config.network import NetworkPolicy
 from prefect_rollouts.errors import scrub
-from prefect_rollouts.runtimes.egress_address import refusal, resolve
+from prefect_rollouts.runtimes.egress_address import Resolver, refusal, resolve_with
 from prefect_rollouts.runtimes.egress_wire import MAX_HELLO_BYTES, client_hello, parse_head
 from prefect_rollouts.trace import NetworkRecord, Trace
 
@@ -99,9 +100,16 @@ class Route:
 
 class EgressProxy:
     """The agent's egress proxy (module docstring): ``await listen(gateway)`` per Docker network,
-    ``open_route`` / ``close_route`` per rollout, ``await stop()`` when the agent closes."""
+    ``open_route`` / ``close_route`` per rollout, ``await stop()`` when the agent closes.
 
-    def __init__(self) -> None:
+    Args:
+        resolver: Resolves each allowed request's host (``egress_address.Resolver``); None (an agent's
+            proxy) uses the process's at each request: ``egress_address.use_resolver``'s, else this
+            machine's. The address checks run on the address it returns.
+    """
+
+    def __init__(self, resolver: Resolver | None = None) -> None:
+        self.resolver = resolver
         self._routes: dict[str, Route] = {}
         self._servers: dict[str, tuple[asyncio.Server, int]] = {}
         self.pending = 0
@@ -318,7 +326,8 @@ class _Client(asyncio.Protocol):
                         f"(this rollout's network policy, {route.phase} phase)")
             return
         try:
-            address = await resolve(request.host, request.port)
+            address = await asyncio.wait_for(resolve_with(self.proxy.resolver, request.host, request.port),
+                                             CONNECT_TIMEOUT_S)
             if refused := refusal(request.host[:255], address, request.port, rule, self.proxy.ports):
                 record.reason = refused
                 self.refuse(403, "Forbidden", f"{request.host[:255]}:{request.port} denied: {refused}")

@@ -20,6 +20,10 @@ A rule naming the host exactly (``allow = ["172.17.0.1:8000"]``, or a name writt
 those. The proxy's own ports on any address of this machine are refused whatever the rules say: a
 request through the proxy to the proxy itself is never a rollout's business.
 
+Names are resolved by a ``Resolver``: ``resolve`` (this machine's resolver) unless the proxy was given
+its own, or the process one (``use_resolver``: a test's servers under names it owns, without editing
+``/etc/hosts``). The checks above run on whatever address it returns.
+
 Must not import Prefect.
 """
 
@@ -30,7 +34,7 @@ import contextlib
 import ipaddress
 import socket
 import sys
-from collections.abc import Collection
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 
 from prefect_rollouts.config.network import Rule, is_special_address
 
@@ -134,3 +138,59 @@ async def resolve(host: str, port: int) -> str:
     if not infos:
         raise OSError(f"{host}: no IPv4 address")
     return str(infos[0][4][0])
+
+
+Resolver = Callable[[str, int], Awaitable[str]]
+"""``await resolver(host, port)``: the IPv4 address (dotted text) the proxy checks and connects to for
+``host`` (a name or an address, as the request wrote it); ``OSError`` when there is none (the request
+gets 502). ``resolve`` is the default."""
+
+_process_resolver: Resolver | None = None
+
+
+def process_resolver() -> Resolver:
+    """The resolver of every ``EgressProxy`` made without one, looked up at each request: the one
+    ``use_resolver`` set, else ``resolve``."""
+    return _process_resolver or resolve
+
+
+@contextlib.contextmanager
+def use_resolver(resolver: Resolver) -> Iterator[None]:
+    """While the block runs, ``resolver`` resolves for every ``EgressProxy`` of this process made
+    without its own (an agent's included, made or not yet made); then the previous one is back.
+
+    For a process that must resolve names this machine does not know, such as a test's servers:
+    ``with use_resolver(hosts_resolver({"allowed.test": "172.18.0.2"})):`` instead of lines in
+    ``/etc/hosts``. The address checks (``refusal``) still run on what it returns.
+    """
+    global _process_resolver
+    previous, _process_resolver = _process_resolver, resolver
+    try:
+        yield
+    finally:
+        _process_resolver = previous
+
+
+async def resolve_with(resolver: Resolver | None, host: str, port: int) -> str:
+    """The address of ``host`` by ``resolver`` (None: ``process_resolver()``), as IPv4 text.
+
+    Raises:
+        OSError: ``host`` has no address, or the resolver's answer is not an IPv4 address.
+    """
+    address = await (resolver or process_resolver())(host, port)
+    try:
+        return str(ipaddress.IPv4Address(address))
+    except ValueError:
+        raise OSError(f"the egress proxy's resolver answered {str(address)[:100]!r} for it, not an IPv4 address"
+                      ) from None
+
+
+def hosts_resolver(names: Mapping[str, str], fallback: Resolver = resolve) -> Resolver:
+    """A ``Resolver`` reading ``names`` (host name -> IPv4 address, as lines of ``/etc/hosts``
+    would; exact, case-insensitive) first, and ``fallback`` for every other host."""
+    table = {name.lower(): address for name, address in names.items()}
+
+    async def resolver(host: str, port: int) -> str:
+        address = table.get(host.lower())
+        return address if address is not None else await fallback(host, port)
+    return resolver
