@@ -7,6 +7,7 @@ import atexit
 import os
 import shutil
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,10 +20,13 @@ pytest_plugins = ["pytester", "tests.support.tiers", "tests.support.harness", "t
 
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-if "PREFECT_HOME" not in os.environ:
-    # Prefect's files of this session (a failed flow run's pickled exception in storage/, its memo store)
-    # go to a directory of its own, not ~/.prefect; the processes it starts (workers, CLI evals) inherit it.
-    os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="prefect-rollouts-tests-home-")
+HOME_PREFIX = "prefect-rollouts-tests-home-"
+if "PREFECT_HOME" not in os.environ or Path(os.environ["PREFECT_HOME"]).name.startswith(HOME_PREFIX):
+    # Prefect's files of this session (a failed flow run's pickled exception in storage/, its memo store,
+    # the temporary servers' SQLite database) go to a directory of its own, not ~/.prefect: one per test
+    # process (each xdist worker makes its own instead of sharing the controller's); the processes it
+    # starts (workers, CLI evals) inherit it.
+    os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix=HOME_PREFIX)
     atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], ignore_errors=True)
 
 
