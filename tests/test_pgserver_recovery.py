@@ -8,23 +8,24 @@ import socket
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from prefect_rollouts import pgserver
 from prefect_rollouts.errors import RuntimeUnavailableError
 from tests.support.ports import free_port
+from tests.support.processes import alive, descendants
 from tests.support.servers import server_home
 from tests.support.waiting import wait_until
-from tests.support.workers import descendants, is_running
 
 
 def kill_postgres(home: Path) -> None:
     """``kill -9`` the postmaster (its postmaster.pid stays) and wait until it and its children, which
     leave on their own, are gone: a PostgreSQL started meanwhile finds the old shared memory in use."""
     postmaster = int((home / "pgdata" / "postmaster.pid").read_text().splitlines()[0])
-    processes = [postmaster, *descendants(postmaster)]
+    processes = [psutil.Process(postmaster), *descendants(postmaster)]
     os.kill(postmaster, signal.SIGKILL)
-    assert wait_until(lambda: not any(map(is_running, processes)), timeout_s=30), "PostgreSQL outlived kill -9"
+    assert wait_until(lambda: not alive(processes), timeout_s=30), "PostgreSQL outlived kill -9"
 
 
 @pytest.mark.system

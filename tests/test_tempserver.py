@@ -9,11 +9,14 @@ import sys
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
+import psutil
 import pytest
 
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply
+from tests.support.cli import eval_env, start_eval
+from tests.support.datasets import durable_rows
+from tests.support.processes import alive, descendants, kill
 
 pytestmark = pytest.mark.prefect
 
@@ -25,57 +28,22 @@ def eval_config(tmp_path: Path, base_url: str, count: int) -> Path:
     return config
 
 
-def start_cli(tmp_path: Path, config: Path) -> subprocess.Popen[bytes]:
-    env = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}
-    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), DO_NOT_TRACK="1", PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PREFECT_LOGGING_LEVEL="WARNING")
-    return subprocess.Popen([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(config)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-
-def descendants(pid: int) -> set[tuple[int, str]]:
-    """``(pid, start time)`` of every live process below ``pid`` (start time guards against pid reuse)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (stat := _stat(int(entry))):
-            children.setdefault(int(stat[3]), []).append(int(entry))
-    found, todo = set(), list(children.get(pid, []))
-    while todo:
-        child = todo.pop()
-        if (stat := _stat(child)) and stat[2] != "Z":
-            found.add((child, stat[21]))
-        todo.extend(children.get(child, []))
-    return found
-
-
-def alive(processes: set[tuple[int, str]]) -> set[tuple[int, str]]:
-    return {(pid, start) for pid, start in processes if (stat := _stat(pid)) and stat[21] == start and stat[2] != "Z"}
-
-
-def _stat(pid: int) -> list[str] | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    head, tail = text.rsplit(")", 1)
-    return [str(pid), head, *tail.split()]   # fields from the third on, numbered as in proc(5) minus one
-
-
-def durable_rows(root: Path) -> int:
-    return sum(pq.read_metadata(p).num_rows for p in root.rglob("part-*.parquet")) if root.exists() else 0
+def start_cli(tmp_path: Path, config: Path) -> subprocess.Popen[str]:
+    env = eval_env(None, PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_LOGGING_LEVEL="WARNING")
+    return start_eval(config, env=env)
 
 
 def test_kill_9_of_the_eval_ends_its_temporary_prefect_server(tmp_path, openai_server):
     openai_server.default = delayed(0.5, reply("0"))
     process = start_cli(tmp_path, eval_config(tmp_path, openai_server.base_url, count=400))
-    server: set[tuple[int, str]] = set()
+    server: set[psutil.Process] = set()
     try:
         deadline = time.monotonic() + 180
-        while durable_rows(tmp_path / "traces" / "rollouts") < 2:   # the server is up and rollouts run
-            assert process.poll() is None, process.stdout.read().decode()
+        while durable_rows(tmp_path / "traces") < 2:   # the server is up and rollouts run
+            assert process.poll() is None, process.stdout.read()
             assert time.monotonic() < deadline, "the eval made no progress"
             time.sleep(0.2)
-        server = descendants(process.pid)
+        server = set(descendants(process.pid))
         assert server, "the eval has no child process: where is its Prefect server?"
         os.kill(process.pid, signal.SIGKILL)
         process.wait()
@@ -87,32 +55,31 @@ def test_kill_9_of_the_eval_ends_its_temporary_prefect_server(tmp_path, openai_s
 def test_a_finished_eval_stops_its_temporary_prefect_server(tmp_path, openai_server):
     openai_server.default = reply("0")
     process = start_cli(tmp_path, eval_config(tmp_path, openai_server.base_url, count=3))
-    server: set[tuple[int, str]] = set()
+    server: set[psutil.Process] = set()
     try:
         deadline = time.monotonic() + 180
         while process.poll() is None:   # every process the eval starts, until it exits
             assert time.monotonic() < deadline
-            server |= descendants(process.pid)
+            server |= set(descendants(process.pid))
             time.sleep(0.1)
-        output = process.stdout.read().decode()
+        output = process.stdout.read()
         assert process.returncode == 0, output
-        assert "starting a temporary Prefect server" in output and durable_rows(tmp_path / "traces" / "rollouts") == 3
+        assert "starting a temporary Prefect server" in output and durable_rows(tmp_path / "traces") == 3
         assert server, "the eval started no process: where was its Prefect server?"
         assert_gone_within(server, 5)
     finally:
         kill_all(process, server)
 
 
-def assert_gone_within(server: set[tuple[int, str]], seconds: float) -> None:
+def assert_gone_within(server: set[psutil.Process], seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while alive(server) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not alive(server), f"processes of the temporary server outlived the eval: {sorted(alive(server))}"
+    assert not alive(server), f"processes of the temporary server outlived the eval: {alive(server)}"
 
 
-def kill_all(process: subprocess.Popen[bytes], server: set[tuple[int, str]]) -> None:
-    for pid, _ in alive(server):
-        os.kill(pid, signal.SIGKILL)
+def kill_all(process: subprocess.Popen[str], server: set[psutil.Process]) -> None:
+    kill(alive(server))
     if process.poll() is None:
         process.kill()
         process.wait()

@@ -10,6 +10,7 @@ import secrets
 import sys
 import textwrap
 
+import psutil
 import pytest
 
 import prefect_rollouts as vf
@@ -167,7 +168,7 @@ async def test_the_agent_deadline_kills_a_program_that_sleeps_forever(openai_ser
         trace = await asyncio.wait_for(agent.run(Said(vf.TaskData(prompt="go"))), 30)
     assert trace.stop_condition == "agent_timeout" and trace.is_timeout   # scored as any timeout (skip_on_timeout)
     for pid in marker.read_text().split():   # the program and its setsid child: gone
-        assert b"sleep" not in _cmdline(pid) and b"agent.py" not in _cmdline(pid)
+        assert "sleep" not in _cmdline(pid) and "agent.py" not in _cmdline(pid)
 
 
 async def test_the_agent_deadline_records_the_tails_the_program_printed_so_far(openai_server, agent_config,
@@ -246,12 +247,11 @@ async def test_a_tails_file_the_program_rewrote_breaks_nothing(openai_server, ag
     assert kept == ({"stderr_tail": "x" * 50} if planted.startswith("{\"") else {})
 
 
-def _cmdline(pid: str) -> bytes:
+def _cmdline(pid: str) -> str:
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return handle.read()
-    except OSError:
-        return b""
+        return " ".join(psutil.Process(int(pid)).cmdline())
+    except psutil.Error:   # gone, or a zombie
+        return ""
 
 
 async def test_a_steer_lands_in_the_next_request_and_stays_in_every_later_one(openai_server, agent_config):

@@ -14,8 +14,8 @@ import prefect_rollouts as vf
 from prefect_rollouts.harnesses.endpoint import InterceptionEndpoint
 from tests.core.test_program_harness import KEY, Said, program
 from tests.fakes.openai_server import reply, status
+from tests.support.processes import descendants
 from tests.support.waiting import wait_for
-from tests.support.workers import descendants
 
 pytestmark = pytest.mark.unit
 

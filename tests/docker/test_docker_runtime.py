@@ -18,14 +18,11 @@ from prefect_rollouts.runtimes import docker_quota, docker_storage, make_runtime
 from prefect_rollouts.runtimes.base import IMAGE_USER
 from prefect_rollouts.runtimes.docker import LABEL, docker_client
 from tests.fakes.openai_server import delayed, reply, tool_call
+from tests.support.docker import docker_config
 from tests.support.extras import require_module
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.system, pytest.mark.usefixtures("docker_engine")]
-
-
-def docker_config(**fields) -> vf.RuntimeConfig:
-    return vf.RuntimeConfig(type="docker", exec_timeout_s=20, **fields)
 
 
 def containers_of(client, run_id: str) -> list:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import uuid
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -27,6 +28,7 @@ from prefect_rollouts.runtimes.egress import EgressProxy
 from prefect_rollouts.runtimes.egress_address import hosts_resolver, use_resolver
 from prefect_rollouts.traces import TraceWriter, read_network
 from tests.fakes.openai_server import reply, tool_call
+from tests.support.docker import docker_config as runtime_config
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.system, pytest.mark.usefixtures("docker_engine"), pytest.mark.timeout(180)]
@@ -76,8 +78,7 @@ _DIRECT = textwrap.dedent("""\
 """)
 
 
-def docker_config(**fields) -> vf.RuntimeConfig:
-    return vf.RuntimeConfig(type="docker", exec_timeout_s=30, **fields)
+docker_config = partial(runtime_config, exec_timeout_s=30)
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ import pytest
 import prefect_rollouts as vf
 from prefect_rollouts.runtimes.docker import LABEL, docker_client
 from tests.fakes.openai_server import reply, tool_call
+from tests.support.docker import docker_config
 
 pytestmark = [pytest.mark.system, pytest.mark.usefixtures("docker_engine"), pytest.mark.timeout(120)]
 
@@ -26,10 +27,6 @@ KEY_HEAD, KEY_TAIL = KEY[:16], KEY[16:]   # a command names the key in two piece
 @pytest.fixture(autouse=True)
 def _provider_key(monkeypatch):
     monkeypatch.setenv("TEST_OPENAI_KEY", KEY)
-
-
-def docker_config(**fields) -> vf.RuntimeConfig:
-    return vf.RuntimeConfig(type="docker", exec_timeout_s=20, **fields)
 
 
 def containers_of(run_id: str) -> list:

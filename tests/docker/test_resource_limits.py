@@ -19,6 +19,7 @@ from prefect_rollouts.errors import AgentFailure
 from prefect_rollouts.runtimes import docker_limits, docker_storage, make_runtime
 from prefect_rollouts.runtimes.docker import LABEL
 from tests.fakes.openai_server import reply, tool_call
+from tests.support.docker import docker_config
 
 pytestmark = [pytest.mark.system, pytest.mark.usefixtures("docker_engine"), pytest.mark.timeout(120)]
 
@@ -28,10 +29,6 @@ CAP = {"Type": "json-file", "Config": {"max-size": docker_limits.LOG_MAX_SIZE, "
 @pytest.fixture(autouse=True)
 def _provider_key(monkeypatch):
     monkeypatch.setenv("TEST_OPENAI_KEY", "sk-test-resource-limits")
-
-
-def docker_config(**fields) -> vf.RuntimeConfig:
-    return vf.RuntimeConfig(type="docker", exec_timeout_s=20, **fields)
 
 
 class Scored(vf.Task):

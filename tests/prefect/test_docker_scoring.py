@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 import prefect_rollouts as vf
-from tests.docker.test_docker_runtime import KilledOnce, docker_config, play_solution
+from tests.docker.test_docker_runtime import KilledOnce, play_solution
 from tests.prefect.test_rollout_flow import task_runs_of
+from tests.support.docker import docker_config
 
 pytestmark = [pytest.mark.system, pytest.mark.usefixtures("docker_engine", "prefect_harness")]
 

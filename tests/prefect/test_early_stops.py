@@ -5,17 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import os
 import re
 import signal
-import subprocess
-import sys
 import uuid
 from collections import Counter
 
 import pytest
 from prefect.client.schemas.filters import FlowRunFilterName
-from prefect.settings import PREFECT_API_URL
 from typer.testing import CliRunner
 
 from prefect_rollouts.cli import app
@@ -24,6 +20,8 @@ from prefect_rollouts.traces import read_rollouts, store
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply
 from tests.prefect.test_failure_states import final_flow_runs
+from tests.support.cli import eval_env, finish, start_eval
+from tests.support.datasets import durable_rows
 from tests.support.waiting import wait_until
 
 
@@ -75,15 +73,12 @@ def test_sigterm_ends_an_eval_as_ctrl_c_does(tmp_path, openai_server, signal_num
     run_id = f"stopped-by-{signal_number.name.lower()}"
     config = tmp_path / "eval.toml"
     config.write_text(eval_toml(tmp_path / "traces", openai_server.base_url, max_concurrent=1, flush_each_rollout=True))
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_LOGGING_LEVEL": "WARNING"}
-    process = subprocess.Popen([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(config), "--run-id", run_id],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    rows = tmp_path / "traces" / "rollouts"
+    process = start_eval(config, "--run-id", run_id, env=eval_env(PREFECT_LOGGING_LEVEL="WARNING"))
     def two_durable_or_ended() -> bool:   # (an eval that ended: the asserts below say how)
-        return process.poll() is not None or len(list(rows.rglob("part-*.parquet")) if rows.exists() else []) >= 2
+        return process.poll() is not None or durable_rows(tmp_path / "traces") >= 2
     wait_until(two_durable_or_ended, timeout_s=120, interval_s=0.05)
     process.send_signal(signal_number)
-    output = " ".join(process.communicate(timeout=120)[0].split())
+    output = " ".join(finish(process, 120).split())
 
     rows = read_rollouts(tmp_path / "traces", run_id=run_id)
     durable = len(rows)
@@ -104,9 +99,7 @@ def test_sigterm_removes_the_containers_of_the_rollouts_in_flight(tmp_path, open
     config = tmp_path / "eval.toml"
     config.write_text(eval_toml(tmp_path / "traces", openai_server.base_url, max_concurrent=3,
                                 rollout_granularity="flow") + '[env.agent.runtime]\ntype = "docker"\n')
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_LOGGING_LEVEL": "WARNING"}
-    process = subprocess.Popen([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(config), "--run-id", run_id],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = start_eval(config, "--run-id", run_id, env=eval_env(PREFECT_LOGGING_LEVEL="WARNING"))
 
     def of_run() -> list:
         return docker_engine.containers.list(all=True, sparse=True, filters={"label": f"{LABEL}.run_id={run_id}"})
@@ -118,7 +111,7 @@ def test_sigterm_removes_the_containers_of_the_rollouts_in_flight(tmp_path, open
         assert wait_until(started, timeout_s=90), "the eval started no containers"
     finally:
         process.send_signal(signal.SIGTERM)
-    output = " ".join(process.communicate(timeout=120)[0].split())
+    output = " ".join(finish(process, 120).split())
     assert process.returncode == 143, output
     assert "0 of 10 rollouts durable; resume with:" in output and "Traceback" not in output, output
     assert of_run() == []                                  # torn down by the eval, not left for the janitor

@@ -4,16 +4,12 @@ run with the reason, the CLI's exit status and top errors; scored 0 stays Comple
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import signal
-import subprocess
-import sys
 
 import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterName
-from prefect.settings import PREFECT_API_URL
 from typer.testing import CliRunner
 
 import prefect_rollouts as vf
@@ -24,6 +20,8 @@ from prefect_rollouts.traces import read_model_calls, read_rollouts
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply, status
 from tests.prefect.tasksets import Numbered
+from tests.support.cli import eval_env, finish, start_eval
+from tests.support.datasets import durable_rows
 from tests.support.ports import free_port
 from tests.support.waiting import wait_for, wait_until
 
@@ -157,15 +155,12 @@ def test_ctrl_c_prints_how_many_rollouts_are_durable_and_the_resume_command(tmp_
     openai_server.default = delayed(0.3, reply("0"))
     config = tmp_path / "eval.toml"
     config.write_text(eval_toml(tmp_path / "traces", openai_server.base_url, max_concurrent=1, flush_each_rollout=True))
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_LOGGING_LEVEL": "WARNING"}
-    process = subprocess.Popen([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(config), "--run-id", "ctrl-c"],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    rows = tmp_path / "traces" / "rollouts"
+    process = start_eval(config, "--run-id", "ctrl-c", env=eval_env(PREFECT_LOGGING_LEVEL="WARNING"))
     def two_durable_or_ended() -> bool:   # (an eval that ended: the asserts below say how)
-        return process.poll() is not None or len(list(rows.rglob("part-*.parquet")) if rows.exists() else []) >= 2
+        return process.poll() is not None or durable_rows(tmp_path / "traces") >= 2
     wait_until(two_durable_or_ended, timeout_s=120, interval_s=0.05)
     process.send_signal(signal.SIGINT)
-    output = " ".join(process.communicate(timeout=120)[0].split())
+    output = " ".join(finish(process, 120).split())
     durable = len(read_rollouts(tmp_path / "traces", run_id="ctrl-c"))
     assert process.returncode == 130, output
     assert "eval stopped: interrupted (Ctrl-C)" in output and "Traceback" not in output

@@ -10,17 +10,16 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from prefect.settings import PREFECT_API_URL
 
 import prefect_rollouts as vf
 from prefect_rollouts.traces import read_rollouts
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply
-from tests.prefect.test_resume_kill import durable_rows
+from tests.support.cli import eval_env, finish, start_eval
+from tests.support.datasets import durable_rows
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.prefect
@@ -50,11 +49,8 @@ def side_effect_tasks(log: str, count: int = 6, declared: bool = True) -> list[v
     return [cls(vf.TaskData(id=f"t{i}", prompt=f"task {i}", info={"log": log})) for i in range(count)]
 
 
-def run_cli(config: Path, *args: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "DO_NOT_TRACK": "1",
-           "PREFECT_LOGGING_LEVEL": "WARNING"}
-    return subprocess.Popen([sys.executable, "-c", LONG_FLUSH, "eval", str(config), *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+def run_cli(config: Path, *args: str) -> subprocess.Popen[str]:
+    return start_eval(config, *args, env=eval_env(PREFECT_LOGGING_LEVEL="WARNING"), entry=("-c", LONG_FLUSH))
 
 
 @pytest.mark.parametrize(("declared", "rollouts_per_task"), [(True, 1), (False, 2)],
@@ -73,7 +69,7 @@ def test_kill_9_after_scoring_does_not_score_a_finished_rollout_again(tmp_path, 
     process = run_cli(config, "--run-id", "charged")
     try:
         def three_scored() -> bool:
-            assert process.poll() is None, process.stdout.read().decode()[-3000:]
+            assert process.poll() is None, process.stdout.read()[-3000:]
             return len(log.read_text().split()) >= 3
         assert wait_until(three_scored, timeout_s=120, interval_s=0.05), "no rollout finished"
         # a row takes milliseconds to write; a batch waits 30 s (the test then finds the rows missing)
@@ -86,7 +82,7 @@ def test_kill_9_after_scoring_does_not_score_a_finished_rollout_again(tmp_path, 
             process.wait()
     openai_server.default = reply("0")
     resumed = run_cli(config, "--resume", "charged")
-    output = resumed.communicate(timeout=180)[0].decode()
+    output = finish(resumed, 180)
     assert resumed.returncode == 0, output[-3000:]
     assert len(read_rollouts(tmp_path / "traces", run_id="charged")) == total
     charges = log.read_text().split()

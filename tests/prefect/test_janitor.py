@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 
@@ -14,7 +13,6 @@ import pytest
 from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
-from prefect.settings import PREFECT_API_URL
 from prefect.states import Running
 
 import prefect_rollouts as vf
@@ -24,6 +22,7 @@ from prefect_rollouts.runtimes.docker import LABEL
 from prefect_rollouts.runtimes.owner import Owner, boot_id, current_owner, process_start
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply
+from tests.support.cli import eval_env, start_eval
 from tests.support.waiting import wait_for
 
 
@@ -128,11 +127,8 @@ async def test_after_kill_9_of_an_eval_the_janitor_reaps_its_containers_and_cras
     config.write_text(eval_toml(tmp_path / "traces", openai_server.base_url, max_concurrent=3,
                                 rollout_granularity="flow", run_name="killed")
                       + '[env.agent.runtime]\ntype = "docker"\n')
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "DO_NOT_TRACK": "1",
-           "PREFECT_LOGGING_LEVEL": "WARNING"}
-    process = subprocess.Popen([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(config), "--run-id",
-                                f"killed-{uuid.uuid4().hex[:6]}"], env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+    process = start_eval(config, "--run-id", f"killed-{uuid.uuid4().hex[:6]}",
+                         env=eval_env(PREFECT_LOGGING_LEVEL="WARNING"), stdout=subprocess.DEVNULL)
     owner_label = f"{LABEL}.owner"
 
     def of_process() -> list:
@@ -190,11 +186,8 @@ async def test_after_kill_9_of_an_eval_of_a_program_no_program_runs_on_and_the_j
     config.write_text(eval_toml(tmp_path / "traces", openai_server.base_url, max_concurrent=2, run_name="killed-bash")
                       .replace('harness = "chat"', 'harness = "bash"')
                       + '[env.agent.runtime]\ntype = "docker"\nnetwork = "none"\n')
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "DO_NOT_TRACK": "1",
-           "PREFECT_LOGGING_LEVEL": "WARNING"}
-    process = subprocess.Popen([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(config), "--run-id",
-                                f"killed-{uuid.uuid4().hex[:6]}"], env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+    process = start_eval(config, "--run-id", f"killed-{uuid.uuid4().hex[:6]}",
+                         env=eval_env(PREFECT_LOGGING_LEVEL="WARNING"), stdout=subprocess.DEVNULL)
     owner_label = f"{LABEL}.owner"
 
     def of_process() -> list:

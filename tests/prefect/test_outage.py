@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import httpx
-import pyarrow.parquet as pq
 import pytest
 from prefect.client.orchestration import PrefectClient
 from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterId, FlowRunFilterName
@@ -22,6 +21,8 @@ from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFi
 from prefect_rollouts import pgserver
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply
+from tests.support.cli import eval_env, finish, start_eval
+from tests.support.datasets import durable_rows
 from tests.support.ports import free_port
 from tests.support.servers import server_home
 from tests.support.waiting import wait_for
@@ -71,22 +72,15 @@ def write_config(tmp_path: Path, base_url: str, granularity: str) -> Path:
     return config
 
 
-def start_eval(config: Path, api_url: str, *args: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PREFECT_API_URL": api_url, "PREFECT_CLIENT_MAX_RETRIES": "1", "DO_NOT_TRACK": "1",
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "WARNING"}
-    return subprocess.Popen([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(config), *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+def client_env(api_url: str) -> dict[str, str]:
+    """An eval's environment on ``api_url`` whose Prefect client gives up after one retry (about 2 s)."""
+    return eval_env(api_url, PREFECT_CLIENT_MAX_RETRIES="1", PREFECT_LOGGING_LEVEL="WARNING")
 
 
-def durable_rows(root: Path) -> int:
-    rollouts = root / "rollouts"
-    return sum(pq.read_metadata(p).num_rows for p in rollouts.rglob("part-*.parquet")) if rollouts.exists() else 0
-
-
-async def wait_for_rows(process: subprocess.Popen[bytes], root: Path, rows: int, timeout_s: float = 120) -> None:
+async def wait_for_rows(process: subprocess.Popen[str], root: Path, rows: int, timeout_s: float = 120) -> None:
     """Wait until ``rows`` rollouts of the running eval are durable (it must not exit meanwhile)."""
     async def written() -> bool:
-        assert process.poll() is None, process.stdout.read().decode()[-3000:]
+        assert process.poll() is None, process.stdout.read()[-3000:]
         return durable_rows(root) >= rows
     assert await wait_for(written, timeout_s=timeout_s, interval_s=0.1), "the eval made no progress"
 
@@ -108,16 +102,17 @@ async def test_rollouts_go_on_through_an_api_outage_and_prefect_states_are_recon
         tmp_path, openai_server, api, granularity):
     openai_server.default = delayed(0.4, reply("0"))
     run_id = f"outage-{granularity}"
-    process = start_eval(write_config(tmp_path, openai_server.base_url, granularity), api.api_url, "--run-id", run_id)
+    process = start_eval(write_config(tmp_path, openai_server.base_url, granularity), "--run-id", run_id,
+                         env=client_env(api.api_url))
     try:
         await wait_for_rows(process, tmp_path / "traces", 4)
         api.kill_api()
         at_outage = durable_rows(tmp_path / "traces")
         await wait_for_rows(process, tmp_path / "traces", ROLLOUTS)   # all of them, well past the client's ~2 s
         during = durable_rows(tmp_path / "traces") - at_outage
-        assert process.poll() is None, process.stdout.read().decode()[-3000:]   # it waits for the API to reconcile
+        assert process.poll() is None, process.stdout.read()[-3000:]   # it waits for the API to reconcile
         api.start()
-        output = process.communicate(timeout=180)[0].decode()
+        output = finish(process, 180)
     finally:
         if process.poll() is None:
             process.kill()
@@ -145,11 +140,11 @@ async def test_rollouts_go_on_through_an_api_outage_and_prefect_states_are_recon
 async def test_an_outage_past_the_limit_stops_the_eval_with_the_resume_command(tmp_path, openai_server, api):
     openai_server.default = delayed(1.0, reply("0"))
     config = write_config(tmp_path, openai_server.base_url, "task")
-    process = start_eval(config, api.api_url, "--run-id", "too-long", "--set", "api_outage_limit_s=4")
+    process = start_eval(config, "--run-id", "too-long", "--set", "api_outage_limit_s=4", env=client_env(api.api_url))
     try:
         await wait_for_rows(process, tmp_path / "traces", 2)
         api.kill_api()
-        output = process.communicate(timeout=120)[0].decode()
+        output = finish(process, 120)
     finally:
         if process.poll() is None:
             process.kill()
@@ -161,8 +156,8 @@ async def test_an_outage_past_the_limit_stops_the_eval_with_the_resume_command(t
             f"prefect-rollouts eval {config} --set=api_outage_limit_s=4 --resume too-long") in output
     assert 0 < durable < ROLLOUTS   # it stopped at the limit, not after the rollouts (12 s of replies, 2 at once)
     api.start()
-    resumed = start_eval(config, api.api_url, "--resume", "too-long")
-    output = resumed.communicate(timeout=180)[0].decode()
+    resumed = start_eval(config, "--resume", "too-long", env=client_env(api.api_url))
+    output = finish(resumed, 180)
     assert resumed.returncode == 0, output[-3000:]
     assert durable_rows(tmp_path / "traces") == ROLLOUTS   # each rollout once
 
@@ -173,11 +168,11 @@ async def test_an_outage_at_the_end_prints_the_summary_exits_1_and_names_the_com
     openai_server.default = delayed(0.2, reply("0"))
     run_id = f"done-offline-{lost}"
     config = write_config(tmp_path, openai_server.base_url, granularity)
-    process = start_eval(config, api.api_url, "--run-id", run_id, "--set", "api_outage_limit_s=4")
+    process = start_eval(config, "--run-id", run_id, "--set", "api_outage_limit_s=4", env=client_env(api.api_url))
     try:
         await wait_for_rows(process, tmp_path / "traces", 1)
         api.kill_api() if lost == "api" else api.stop_postgres()   # the rollouts go on; the end needs the API
-        output = process.communicate(timeout=120)[0].decode()
+        output = finish(process, 120)
     finally:
         if process.poll() is None:
             process.kill()
@@ -213,7 +208,8 @@ async def test_losing_postgresql_under_a_live_api_is_an_outage_and_every_state_i
         tmp_path, openai_server, api):
     openai_server.default = delayed(0.4, reply("0"))
     run_id = "database-lost"
-    process = start_eval(write_config(tmp_path, openai_server.base_url, "flow"), api.api_url, "--run-id", run_id)
+    process = start_eval(write_config(tmp_path, openai_server.base_url, "flow"), "--run-id", run_id,
+                         env=client_env(api.api_url))
     try:
         await wait_for_rows(process, tmp_path / "traces", 4)
         api.stop_postgres()
@@ -221,9 +217,9 @@ async def test_losing_postgresql_under_a_live_api_is_an_outage_and_every_state_i
         at_outage = durable_rows(tmp_path / "traces")
         await wait_for_rows(process, tmp_path / "traces", ROLLOUTS)   # all of them, well past the client's ~2 s
         during = durable_rows(tmp_path / "traces") - at_outage
-        assert process.poll() is None, process.stdout.read().decode()[-3000:]
+        assert process.poll() is None, process.stdout.read()[-3000:]
         api.start()   # brings PostgreSQL back under the running API
-        output = process.communicate(timeout=180)[0].decode()
+        output = finish(process, 180)
     finally:
         if process.poll() is None:
             process.kill()

@@ -4,32 +4,20 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pyarrow.parquet as pq
 import pytest
-from prefect.settings import PREFECT_API_URL
 
 from prefect_rollouts.traces import read_rollouts
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply
+from tests.support.cli import eval_env, finish, start_eval
+from tests.support.datasets import durable_rows
 
 pytestmark = pytest.mark.prefect
 
 ROLLOUTS = 24
-
-
-def run_cli(config_path, *args, api_url):
-    env = {**os.environ, "PREFECT_API_URL": api_url, "DO_NOT_TRACK": "1", "PREFECT_LOGGING_LEVEL": "WARNING"}
-    return subprocess.Popen([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(config_path), *args],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-
-def durable_rows(root) -> int:
-    return sum(pq.read_metadata(p).num_rows for p in (root / "rollouts").rglob("part-*.parquet")) \
-        if (root / "rollouts").exists() else 0
 
 
 def test_kill_9_then_resume_gives_every_rollout_exactly_once(tmp_path, openai_server):
@@ -37,9 +25,9 @@ def test_kill_9_then_resume_gives_every_rollout_exactly_once(tmp_path, openai_se
     config = tmp_path / "eval.toml"
     config.write_text(eval_toml(tmp_path / "traces", openai_server.base_url, rollouts_per_task=3, max_concurrent=3,
                                 rollout_granularity="task").replace("count = 10", "count = 8"))
-    api_url = PREFECT_API_URL.value()
+    env = eval_env(PREFECT_LOGGING_LEVEL="WARNING")
     for kill_at in (("seconds", 3.0), ("rows", 6), ("rows", 15)):   # during start-up, then mid-run twice
-        process = run_cli(config, "--resume", "killed-run", api_url=api_url)
+        process = start_eval(config, "--resume", "killed-run", env=env)
         started = time.monotonic()
         while process.poll() is None:
             assert time.monotonic() - started < 120, "the eval made no progress"
@@ -51,8 +39,8 @@ def test_kill_9_then_resume_gives_every_rollout_exactly_once(tmp_path, openai_se
         if process.poll() is None:
             os.kill(process.pid, signal.SIGKILL)
         process.wait()
-    finished = run_cli(config, "--resume", "killed-run", api_url=api_url)
-    output = finished.communicate(timeout=300)[0].decode()
+    finished = start_eval(config, "--resume", "killed-run", env=env)
+    output = finish(finished, 300)
     assert finished.returncode == 0, output
     rows = read_rollouts(tmp_path / "traces", run_id="killed-run")
     assert len(rows) == ROLLOUTS

@@ -8,32 +8,23 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterTags
-from prefect.settings import PREFECT_API_URL
 
 from prefect_rollouts.flows.run_lock import lock_name
 from prefect_rollouts.traces import read_rollouts
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply
+from tests.support.cli import finish, start_eval
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.prefect, pytest.mark.timeout(600)]
 
-REPO = Path(__file__).resolve().parents[2]
 ROLLOUTS = 16
-
-
-def start_cli(config: Path, *args: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "DO_NOT_TRACK": "1",
-           "PYTHONPATH": f"{REPO / 'src'}:{REPO}"}
-    return subprocess.Popen([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(config), *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
 def eval_runs(run_id: str) -> list:
@@ -73,15 +64,15 @@ def test_a_second_eval_of_a_live_run_is_refused_and_names_the_live_one(tmp_path,
         return reply("0")
     openai_server.default = answer
     config = config_file(tmp_path, openai_server.base_url)
-    first = start_cli(config, "--run-id", "held")
+    first = start_eval(config, "--run-id", "held", new_session=True)
     try:
         holder = wait_running("held", first, openai_server)
-        second = start_cli(config, "--resume", "held")
-        output = second.communicate(timeout=300)[0]
+        second = start_eval(config, "--resume", "held", new_session=True)
+        output = finish(second, 300)
         still_running = first.poll() is None
     finally:
         go_on.set()
-    first_output = first.communicate(timeout=300)[0]
+    first_output = finish(first, 300)
 
     assert second.returncode == 2, output
     assert still_running, "the refusal came while the first eval ran"
@@ -100,12 +91,12 @@ def test_a_resume_right_after_the_eval_was_killed_takes_the_run_over(tmp_path, o
     gone, so the resume does not wait for its lease to lapse; the dead eval flow run ends Crashed."""
     openai_server.default = delayed(0.5, reply("0"))
     config = config_file(tmp_path, openai_server.base_url)
-    first = start_cli(config, "--run-id", "taken-over")
+    first = start_eval(config, "--run-id", "taken-over", new_session=True)
     dead = wait_running("taken-over", first, openai_server)
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
-    resumed = start_cli(config, "--resume", "taken-over")
-    output = resumed.communicate(timeout=300)[0]
+    resumed = start_eval(config, "--resume", "taken-over", new_session=True)
+    output = finish(resumed, 300)
     assert resumed.returncode == 0, output
     # at once, not after the dead eval's lease lapsed (LEASE_DURATION_S)
     assert "whose process is gone; taking it over" in " ".join(output.split()), output

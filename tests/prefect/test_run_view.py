@@ -13,7 +13,6 @@ import re
 import select
 import struct
 import subprocess
-import sys
 import termios
 
 import pyte
@@ -27,13 +26,13 @@ from prefect.client.schemas.filters import (
     LogFilter,
     LogFilterFlowRunId,
 )
-from prefect.settings import PREFECT_API_URL
 
 from prefect_rollouts.config.eval import load_eval_config
 from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.traces import error_text, read_rollouts
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply, status
+from tests.support.cli import eval_command, eval_env, run_eval
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.prefect
@@ -109,8 +108,7 @@ async def test_rollout_runs_are_named_and_end_with_their_outcome_and_the_summary
 
 
 def cli_env() -> dict[str, str]:
-    return {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "DO_NOT_TRACK": "1",
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "COLUMNS": "", "LINES": ""}
+    return eval_env(COLUMNS="", LINES="")
 
 
 def test_the_cli_prints_no_prefect_info_lines_by_default_and_ends_with_the_summary_and_the_run_url(
@@ -119,8 +117,7 @@ def test_the_cli_prints_no_prefect_info_lines_by_default_and_ends_with_the_summa
     config = tmp_path / "eval.toml"
     config.write_text(eval_toml(tmp_path / "traces", openai_server.base_url, num_tasks=3, rollout_granularity="flow",
                                 max_error_fraction=0.5) + JUDGE)
-    result = subprocess.run([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(config), "--run-id", "quiet"],
-                            env=cli_env(), capture_output=True, text=True, timeout=240)
+    result = run_eval(config, "--run-id", "quiet", env=cli_env(), timeout_s=240)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     assert " | INFO " not in output and "Finished in state Completed" not in output, output
@@ -178,8 +175,7 @@ def test_verbose_brings_prefect_info_lines_back_and_each_prints_above_the_progre
     config = tmp_path / "eval.toml"
     config.write_text(eval_toml(tmp_path / "traces", openai_server.base_url, num_tasks=8, max_concurrent=2,
                                 rollout_granularity="flow"))
-    lines = run_in_terminal([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(config), "--run-id", "loud",
-                             "--verbose"])
+    lines = run_in_terminal(eval_command(config, "--run-id", "loud", "--verbose"))
     screen = "\n".join(lines)
     assert sum(line.endswith("- reward 1 (correct 1) · stop agent_completed") for line in lines) == 8, screen
     assert sum(bool(LOG.match(line)) for line in lines) > 50, screen     # the INFO lines of every run are back

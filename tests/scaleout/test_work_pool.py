@@ -18,8 +18,10 @@ from prefect_rollouts.traces import read_rollouts
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply
 from tests.scaleout.conftest import raw_keys
+from tests.support.cli import run_eval, start_eval
+from tests.support.processes import descendants
 from tests.support.waiting import wait_until
-from tests.support.workers import PREFECT, Worker, descendants, prefect_env
+from tests.support.workers import PREFECT, Worker, prefect_env
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(600)]
 
@@ -113,7 +115,7 @@ def test_a_killed_worker_s_shard_is_crashed_and_run_again_on_the_other(work_pool
     # until it wrote a row or two, so only some of its rollouts run again
     assert wait_until(lambda: shard_rows(traces, "killed-worker", shard.id) >= 2, timeout_s=120), "it wrote no row"
     pid = int(str(shard.infrastructure_pid).rsplit(":", 1)[-1])   # "PID" or "HOST:PID"
-    victim = next(w for w in workers if pid in descendants(w.process.pid))
+    victim = next(w for w in workers if pid in [p.pid for p in descendants(w.process.pid)])
     victim.kill()
     thread.join(timeout=480)
     workers[workers.index(victim)] = Worker(*victim_args(victim, pool))   # the next test gets two workers again
@@ -150,8 +152,6 @@ def victim_args(worker: Worker, pool: str) -> tuple[str, str, str, int, Path]:
 
 def test_cli_dispatches_to_the_pool_and_prints_the_eval_flow_run_url(work_pool, pg_api, openai_server, tmp_path):
     import json
-    import subprocess
-    import sys
     import urllib.request
 
 
@@ -160,9 +160,7 @@ def test_cli_dispatches_to_the_pool_and_prints_the_eval_flow_run_url(work_pool, 
     toml = tmp_path / "eval.toml"
     toml.write_text(eval_toml(tmp_path / "traces", openai_server.base_url,
                               taskset={"id": "tests.prefect.tasksets:numbered", "count": 6}))
-    done = subprocess.run([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(toml), "--work-pool", pool,
-                           "--shard-size", "3", "--run-id", "from-cli"], env=prefect_env(pg_api),
-                          capture_output=True, text=True, timeout=300)
+    done = run_eval(toml, "--work-pool", pool, "--shard-size", "3", "--run-id", "from-cli", env=prefect_env(pg_api))
     assert done.returncode == 0, done.stdout + done.stderr
     url = re.search(r"eval flow run: (http\S+/runs/flow-run/([0-9a-f-]{36}))", done.stdout)
     assert url, done.stdout
@@ -171,8 +169,7 @@ def test_cli_dispatches_to_the_pool_and_prints_the_eval_flow_run_url(work_pool, 
     rows = read_rollouts(tmp_path / "traces", run_id="from-cli")
     assert len(rows) == 6 and rows["shard_flow_run_id"].nunique() == 2
 
-    bad = subprocess.run([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(toml), "--work-pool", "nope"],
-                         env=prefect_env(pg_api), capture_output=True, text=True, timeout=300)
+    bad = run_eval(toml, "--work-pool", "nope", env=prefect_env(pg_api))
     assert bad.returncode == 2 and "work-pool create nope" in bad.stdout + bad.stderr
 
 
@@ -183,7 +180,6 @@ def test_a_resume_after_the_eval_died_cancels_its_live_shards_first(work_pool, p
     import os
     import signal
     import subprocess
-    import sys
 
 
     pool, _ = work_pool
@@ -192,9 +188,8 @@ def test_a_resume_after_the_eval_died_cancels_its_live_shards_first(work_pool, p
     toml.write_text(eval_toml(tmp_path / "traces", openai_server.base_url, max_concurrent=1,
                               taskset={"id": "tests.prefect.tasksets:numbered", "count": 40})
                     + f'[dispatch]\nwork_pool = "{pool}"\nshard_size = 10\nmax_shards_in_flight = 2\n')
-    command = [sys.executable, "-m", "prefect_rollouts.cli", "eval"]
-    eval_process = subprocess.Popen([*command, str(toml), "--run-id", "died"], env=prefect_env(pg_api),
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    eval_process = start_eval(toml, "--run-id", "died", env=prefect_env(pg_api), stdout=subprocess.DEVNULL,
+                              new_session=True)
 
     def shards_running() -> bool:
         runs = asyncio.run(flow_runs("shard"))
@@ -204,8 +199,7 @@ def test_a_resume_after_the_eval_died_cancels_its_live_shards_first(work_pool, p
     os.killpg(eval_process.pid, signal.SIGKILL)
     eval_process.wait()
 
-    resumed = subprocess.run([*command, str(toml), "--resume", "died"], env=prefect_env(pg_api), capture_output=True,
-                             text=True, timeout=400)
+    resumed = run_eval(toml, "--resume", "died", env=prefect_env(pg_api), timeout_s=400)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     rows = read_rollouts(tmp_path / "traces", run_id="died")
     assert len(rows) == 40 and not rows.duplicated(["task_id", "rollout_index"]).any()

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.support.processes import descendants, kill
 
 REPO = Path(__file__).resolve().parents[2]
 PREFECT = str(Path(sys.executable).with_name("prefect"))
@@ -51,11 +52,8 @@ class Worker:
 
     def kill(self) -> None:
         """``kill -9`` the worker and every process it started (a lost machine)."""
-        for pid in [*descendants(self.process.pid), self.process.pid]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill(descendants(self.process.pid))
+        self.process.kill()
         self.process.wait(timeout=10)
 
     def ran(self, flow_run_ids: set[str]) -> set[str]:
@@ -69,32 +67,6 @@ class Worker:
     def stop(self) -> None:
         if self.process.poll() is None:
             self.kill()
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid``, from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    found, stack = [], [pid]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            found.append(child)
-            stack.append(child)
-    return found
-
-
-def is_running(pid: int) -> bool:
-    """Whether ``pid`` is a live process (not gone, not a zombie waiting for its parent)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def worker_names(api_url: str, pool: str, status: str | None = "ONLINE", headers: dict[str, str] | None = None,
