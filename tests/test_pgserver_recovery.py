@@ -24,7 +24,8 @@ def kill_postgres(home: Path) -> None:
     postmaster = int((home / "pgdata" / "postmaster.pid").read_text().splitlines()[0])
     processes = [postmaster, *descendants(postmaster)]
     os.kill(postmaster, signal.SIGKILL)
-    assert wait_until(lambda: not any(map(is_running, processes)), timeout_s=30), "PostgreSQL outlived kill -9"
+    assert wait_until(lambda: not any(map(is_running, processes)), timeout_s=30,
+                      what="PostgreSQL's processes to exit after kill -9")
 
 
 @pytest.mark.system

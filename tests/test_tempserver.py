@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -14,6 +13,7 @@ import pytest
 
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.prefect
 
@@ -70,15 +70,14 @@ def test_kill_9_of_the_eval_ends_its_temporary_prefect_server(tmp_path, openai_s
     process = start_cli(tmp_path, eval_config(tmp_path, openai_server.base_url, count=400))
     server: set[tuple[int, str]] = set()
     try:
-        deadline = time.monotonic() + 180
-        while durable_rows(tmp_path / "traces" / "rollouts") < 2:   # the server is up and rollouts run
+        def two_rows() -> bool:   # the server is up and rollouts run
             assert process.poll() is None, process.stdout.read().decode()
-            assert time.monotonic() < deadline, "the eval made no progress"
-            time.sleep(0.2)
+            return durable_rows(tmp_path / "traces" / "rollouts") >= 2
+        wait_until(two_rows, timeout_s=180, what="two durable rows")
         server = descendants(process.pid)
         assert server, "the eval has no child process: where is its Prefect server?"
         os.kill(process.pid, signal.SIGKILL)
-        process.wait()
+        process.wait(timeout=10)
         assert_gone_within(server, 30)
     finally:
         kill_all(process, server)
@@ -89,11 +88,10 @@ def test_a_finished_eval_stops_its_temporary_prefect_server(tmp_path, openai_ser
     process = start_cli(tmp_path, eval_config(tmp_path, openai_server.base_url, count=3))
     server: set[tuple[int, str]] = set()
     try:
-        deadline = time.monotonic() + 180
-        while process.poll() is None:   # every process the eval starts, until it exits
-            assert time.monotonic() < deadline
-            server |= descendants(process.pid)
-            time.sleep(0.1)
+        def ended() -> bool:   # every process the eval starts, until it exits
+            server.update(descendants(process.pid))
+            return process.poll() is not None
+        wait_until(ended, timeout_s=180, interval_s=0.1, what="the eval to finish")
         output = process.stdout.read().decode()
         assert process.returncode == 0, output
         assert "starting a temporary Prefect server" in output and durable_rows(tmp_path / "traces" / "rollouts") == 3
@@ -104,10 +102,8 @@ def test_a_finished_eval_stops_its_temporary_prefect_server(tmp_path, openai_ser
 
 
 def assert_gone_within(server: set[tuple[int, str]], seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while alive(server) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not alive(server), f"processes of the temporary server outlived the eval: {sorted(alive(server))}"
+    wait_until(lambda: not alive(server), timeout_s=seconds, interval_s=0.1, what=lambda: (
+        f"the temporary server's processes to exit with the eval (alive: {sorted(alive(server))})"))
 
 
 def kill_all(process: subprocess.Popen[bytes], server: set[tuple[int, str]]) -> None:
@@ -115,7 +111,7 @@ def kill_all(process: subprocess.Popen[bytes], server: set[tuple[int, str]]) -> 
         os.kill(pid, signal.SIGKILL)
     if process.poll() is None:
         process.kill()
-        process.wait()
+        process.wait(timeout=10)
 
 
 def test_the_temporary_server_takes_the_port_its_variable_names_and_refuses_a_taken_one(tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ import pytest
 import prefect_rollouts as vf
 from prefect_rollouts.runtimes import make_runtime
 from tests.fakes.openai_server import reply, tool_call
-from tests.support.waiting import wait_until
+from tests.support.waiting import next_line, wait_until
 
 pytestmark = pytest.mark.unit
 
@@ -223,14 +223,15 @@ asyncio.run(main())
     import sys
     owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE)
     try:
-        assert owner.stdout.readline() == b"started\n"
+        assert next_line(owner, 5, "the owner to start its runtime") == b"started\n"
 
         def sleeps() -> int:
             return sum(cmd.startswith("sleep ") for cmd in _processes_with(f"sleep {marker}"))
-        wait_until(lambda: sleeps() >= 2, timeout_s=5, interval_s=0.05)
+        wait_until(lambda: sleeps() >= 2, timeout_s=5, interval_s=0.05, what="both sleeps to start")
         assert sleeps() == 2
     finally:
         owner.kill()                                   # kill -9: no teardown runs
-        owner.wait()
-    wait_until(lambda: not _processes_with(f"sleep {marker}"), timeout_s=5, interval_s=0.05)
+        owner.wait(timeout=5)
+    wait_until(lambda: not _processes_with(f"sleep {marker}"), timeout_s=5, interval_s=0.05,
+               what="the sleeps to die with their owner")
     assert _processes_with(f"sleep {marker}") == []

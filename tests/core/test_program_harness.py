@@ -16,6 +16,7 @@ import prefect_rollouts as vf
 from prefect_rollouts.errors import RuntimeUnavailableError
 from prefect_rollouts.runtimes.local import LocalRuntime
 from tests.fakes.openai_server import reply, status, tool_call
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.unit
 
@@ -259,8 +260,7 @@ async def test_a_steer_lands_in_the_next_request_and_stays_in_every_later_one(op
     async with vf.make_agent(agent_config(harness="bash")) as agent:
         async with agent.interaction(Said(vf.TaskData(prompt="start"))) as interaction:
             turn = asyncio.create_task(interaction.turn())
-            while not openai_server.requests:
-                await asyncio.sleep(0.02)
+            await wait_for(lambda: openai_server.requests, 5, 0.02, what="the program's first model request")
             receipt = await interaction.send("use the fast path", mode="steer", message_id="s1")
             segment = await turn
     assert receipt.accepted

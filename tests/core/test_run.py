@@ -9,6 +9,7 @@ import pytest
 
 import prefect_rollouts as vf
 from tests.fakes.openai_server import delayed, reply, status, tool_call, tool_calls
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.unit
 
@@ -296,8 +297,7 @@ async def test_a_steer_delivered_before_a_retried_call_is_not_lost(openai_server
     async with vf.make_agent(agent_config()) as agent:
         async with agent.interaction(add_task()) as it:
             turn = asyncio.create_task(it.turn())
-            while len(openai_server.requests) < 1:
-                await asyncio.sleep(0.01)
+            await wait_for(lambda: openai_server.requests, 5, 0.01, what="the turn's first model request")
             await it.send("answer with a number", mode="steer")
             await turn
         trace = it.trace
@@ -359,8 +359,7 @@ async def test_cancellation_still_tears_down_the_workspace(openai_server, agent_
     openai_server.play([delayed(2.0, reply("x"))])
     async with vf.make_agent(agent_config()) as agent:
         job = asyncio.create_task(agent.run(Watch(vf.TaskData(prompt="x"))))
-        while not openai_server.requests:
-            await asyncio.sleep(0.01)
+        await wait_for(lambda: openai_server.requests, 5, 0.01, what="the rollout's model request")
         job.cancel()
         with pytest.raises(asyncio.CancelledError):
             await job

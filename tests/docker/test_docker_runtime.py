@@ -166,7 +166,7 @@ async def test_network_none_leaves_loopback_only_and_open_reaches_the_test_serve
             async def reached(runtime=runtime, mode=mode):   # the server container may still be starting:
                 result = await runtime.exec(probe)               # "open" tries until it answers
                 return result if mode == "none" or result.stdout.strip() == "200" else None
-            reach = await wait_for(reached, timeout_s=20, interval_s=0.5) or await runtime.exec(probe)
+            reach = await wait_for(reached, timeout_s=20, interval_s=0.5, what=f"the probe's answer on network {mode}")
             seen[mode] = (links.stdout.split(), reach.stdout.strip())
         finally:
             await runtime.stop()

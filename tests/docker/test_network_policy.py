@@ -24,7 +24,7 @@ from prefect_rollouts.runtimes.docker import LABEL, docker_client
 from prefect_rollouts.runtimes.egress import EgressProxy
 from prefect_rollouts.traces import TraceWriter, read_network
 from tests.fakes.openai_server import reply, tool_call
-from tests.support.waiting import wait_until
+from tests.support.waiting import next_line, wait_until
 
 pytestmark = [pytest.mark.system, pytest.mark.usefixtures("docker_engine"), pytest.mark.timeout(180)]
 
@@ -101,8 +101,8 @@ def servers():
         probe = [sys.executable, "-c", _GET]
         for name in addresses:   # each answers from this machine before a test relies on it
             assert wait_until(lambda name=name: "200" in subprocess.run(
-                [*probe, f"http://{name}:8080/ready"], capture_output=True, text=True, env={}).stdout,
-                timeout_s=60, interval_s=0.5), f"{name} did not start"
+                [*probe, f"http://{name}:8080/ready"], capture_output=True, text=True, env={}, timeout=30).stdout,
+                timeout_s=60, interval_s=0.5, what=f"{name} to answer")
         addresses["network"] = network.name
         yield addresses
     finally:
@@ -308,11 +308,12 @@ async def test_a_killed_owner_leaves_nothing_the_janitor_does_not_remove():
     from prefect_rollouts.flows.janitor import janitor_flow
 
     run_id = f"net-{uuid.uuid4().hex[:8]}"
-    owner = subprocess.Popen([sys.executable, "-c", _HOLD, run_id], stdout=subprocess.PIPE, text=True,
-                             env={**os.environ, "PYTHONPATH": str(REPO / "src")})
-    assert owner.stdout is not None and owner.stdout.readline().strip() == "started"
+    owner = subprocess.Popen(  # noqa: ASYNC220 (returns at once)
+        [sys.executable, "-c", _HOLD, run_id], stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert next_line(owner, 120, "the owner to start its runtime").strip() == "started"
     os.kill(owner.pid, signal.SIGKILL)   # with its container guarded and its proxy listening
-    owner.wait()
+    owner.wait(timeout=10)
     client = docker_client()
 
     def left() -> list:

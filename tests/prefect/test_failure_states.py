@@ -25,7 +25,7 @@ from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply, status
 from tests.prefect.tasksets import Numbered
 from tests.support.ports import free_port
-from tests.support.waiting import wait_for, wait_until
+from tests.support.waiting import poll_until, wait_for
 
 pytestmark = pytest.mark.prefect
 
@@ -41,7 +41,7 @@ async def final_flow_runs(**filters) -> list:
         async with get_client() as client:
             runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(**filters))
         return runs if runs and all(r.state and r.state.is_final() for r in runs) else None
-    return await wait_for(read) or []
+    return await wait_for(read, what=f"the flow runs of {filters} to end")
 
 
 async def final_task_runs(flow_run_id, expected: int) -> list:
@@ -50,7 +50,7 @@ async def final_task_runs(flow_run_id, expected: int) -> list:
             runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
         final = [r for r in runs if r.state and r.state.is_final()]
         return final if len(final) >= expected else None
-    return await wait_for(read) or []
+    return await wait_for(read, what=f"{expected} task runs of flow run {flow_run_id} to end")
 
 
 def eval_run(run_id: str):
@@ -158,12 +158,13 @@ def test_ctrl_c_prints_how_many_rollouts_are_durable_and_the_resume_command(tmp_
     config = tmp_path / "eval.toml"
     config.write_text(eval_toml(tmp_path / "traces", openai_server.base_url, max_concurrent=1, flush_each_rollout=True))
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_LOGGING_LEVEL": "WARNING"}
-    process = subprocess.Popen([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(config), "--run-id", "ctrl-c"],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(config),
+                                "--run-id", "ctrl-c"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
     rows = tmp_path / "traces" / "rollouts"
     def two_durable_or_ended() -> bool:   # (an eval that ended: the asserts below say how)
         return process.poll() is not None or len(list(rows.rglob("part-*.parquet")) if rows.exists() else []) >= 2
-    wait_until(two_durable_or_ended, timeout_s=120, interval_s=0.05)
+    poll_until(two_durable_or_ended, timeout_s=120, interval_s=0.05)
     process.send_signal(signal.SIGINT)
     output = " ".join(process.communicate(timeout=120)[0].split())
     durable = len(read_rollouts(tmp_path / "traces", run_id="ctrl-c"))

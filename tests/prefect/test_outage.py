@@ -88,7 +88,7 @@ async def wait_for_rows(process: subprocess.Popen[bytes], root: Path, rows: int,
     async def written() -> bool:
         assert process.poll() is None, process.stdout.read().decode()[-3000:]
         return durable_rows(root) >= rows
-    assert await wait_for(written, timeout_s=timeout_s, interval_s=0.1), "the eval made no progress"
+    assert await wait_for(written, timeout_s=timeout_s, interval_s=0.1, what=f"{rows} durable rows")
 
 
 async def final_states(api_url: str, run_id: str, granularity: str) -> list[str]:
@@ -121,7 +121,7 @@ async def test_rollouts_go_on_through_an_api_outage_and_prefect_states_are_recon
     finally:
         if process.poll() is None:
             process.kill()
-            process.wait()
+            process.wait(timeout=10)
     assert process.returncode == 0, output[-3000:]
     assert "Traceback" not in output
     assert during >= 4, f"only {during} rollouts became durable during the outage"
@@ -138,8 +138,8 @@ async def test_rollouts_go_on_through_an_api_outage_and_prefect_states_are_recon
         allowed = {"Crashed"} if granularity == "flow" else set()
         return states.count("Completed") == ROLLOUTS and set(others) <= allowed
     # the server records runs from events; the events client reconnects with backoff
-    assert await wait_for(reconciled, timeout_s=150, interval_s=1), \
-        f"{len(states)} runs on the server: {sorted(set(states))}"
+    assert await wait_for(reconciled, timeout_s=150, interval_s=1, what=lambda: (
+        f"each rollout's run reconciled ({len(states)} runs on the server: {sorted(set(states))})"))
 
 
 async def test_an_outage_past_the_limit_stops_the_eval_with_the_resume_command(tmp_path, openai_server, api):
@@ -153,7 +153,7 @@ async def test_an_outage_past_the_limit_stops_the_eval_with_the_resume_command(t
     finally:
         if process.poll() is None:
             process.kill()
-            process.wait()
+            process.wait(timeout=10)
     durable = durable_rows(tmp_path / "traces")
     assert process.returncode == 1 and "Traceback" not in output, output[-3000:]
     assert "unreachable for" in output and "api_outage_limit_s" in output
@@ -181,7 +181,7 @@ async def test_an_outage_at_the_end_prints_the_summary_exits_1_and_names_the_com
     finally:
         if process.poll() is None:
             process.kill()
-            process.wait()
+            process.wait(timeout=10)
         api.start()
     assert durable_rows(tmp_path / "traces") == ROLLOUTS
     assert process.returncode == 1 and "Traceback" not in output, output[-3000:]
@@ -227,7 +227,7 @@ async def test_losing_postgresql_under_a_live_api_is_an_outage_and_every_state_i
     finally:
         if process.poll() is None:
             process.kill()
-            process.wait()
+            process.wait(timeout=10)
     assert process.returncode == 0, output[-3000:]
     assert "database" in output and "Traceback" not in output, output[-3000:]
     assert during >= 4, f"only {during} rollouts became durable while the database was away"

@@ -108,10 +108,10 @@ def test_a_killed_worker_s_shard_is_crashed_and_run_again_on_the_other(work_pool
         runs = asyncio.run(flow_runs("shard"))
         return next((r for r in runs if r.name.startswith("killed-worker") and r.state_type.value == "RUNNING"
                      and r.infrastructure_pid), None)
-    shard = wait_until(running_shard, timeout_s=120)
-    assert shard is not None, "no shard started"
+    shard = wait_until(running_shard, timeout_s=120, what="a shard of killed-worker to run")
     # until it wrote a row or two, so only some of its rollouts run again
-    assert wait_until(lambda: shard_rows(traces, "killed-worker", shard.id) >= 2, timeout_s=120), "it wrote no row"
+    assert wait_until(lambda: shard_rows(traces, "killed-worker", shard.id) >= 2, timeout_s=120,
+                      what="the shard's first 2 rows")
     pid = int(str(shard.infrastructure_pid).rsplit(":", 1)[-1])   # "PID" or "HOST:PID"
     victim = next(w for w in workers if pid in descendants(w.process.pid))
     victim.kill()
@@ -200,9 +200,9 @@ def test_a_resume_after_the_eval_died_cancels_its_live_shards_first(work_pool, p
         runs = asyncio.run(flow_runs("shard"))
         return sum(r.name.startswith("died") and r.state_type.value == "RUNNING" for r in runs) >= 2
     # 2 shards in flight leave 2 of the workers' 4 slots free: the resumed eval's shards could run beside them
-    assert wait_until(shards_running, timeout_s=120)
+    assert wait_until(shards_running, timeout_s=120, what="2 shards of the eval to run")
     os.killpg(eval_process.pid, signal.SIGKILL)
-    eval_process.wait()
+    eval_process.wait(timeout=10)
 
     resumed = subprocess.run([*command, str(toml), "--resume", "died"], env=prefect_env(pg_api), capture_output=True,
                              text=True, timeout=400)
@@ -256,7 +256,8 @@ def test_shards_waiting_on_a_pool_no_worker_polls_are_reported(pg_api, openai_se
         summary=asyncio.run(eval_flow(load_eval_config(text), run_id="idle-pool"))), daemon=True)
     try:
         thread.start()
-        assert wait_until(lambda: any("no worker is polling it" in w for w in warnings), timeout_s=120), warnings
+        assert wait_until(lambda: any("no worker is polling it" in w for w in warnings), timeout_s=120,
+                          what=lambda: f"the warning that no worker polls the pool (warnings: {warnings})")
         assert any(".venv/bin/prefect worker start --pool idle" in w for w in warnings)
         worker = Worker(pg_api, "idle", "late-worker", 1, tmp_path / "late-worker.log")
         thread.join(timeout=240)
