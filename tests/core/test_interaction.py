@@ -95,7 +95,8 @@ async def test_two_queued_sends_are_delivered_together_in_order_at_the_next_turn
     assert first.accepted and second.accepted and first.mode == "queue"
     assert [m["content"] for m in openai_server.requests[1].messages[-2:]] == ["one", "two"]
     assert [m["role"] for m in openai_server.requests[1].messages] == ["user", "assistant", "user", "user"]
-    assert [(s.message_id, s.status, s.delivered_segment) for s in trace.sends] == [("q1", "delivered", 1), ("q2", "delivered", 1)]
+    assert [(s.message_id, s.status, s.delivered_segment) for s in trace.sends] == [("q1", "delivered", 1),
+                                                                                  ("q2", "delivered", 1)]
     assert len(trace.segments) == 2 and trace.last_reply == "got both"
 
 

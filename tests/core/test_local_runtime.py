@@ -164,7 +164,8 @@ class Flaky(Solution):
 async def test_isolated_scoring_retries_with_a_fresh_runtime_and_reuses_the_submission(openai_server, agent_config):
     Flaky.failures = 2
     play_solution(openai_server)
-    config = agent_config(scoring=vf.ScoringConfig(mode="isolated", retries=vf.RetryConfig(max_retries=2, backoff_s=0.01)))
+    config = agent_config(scoring=vf.ScoringConfig(mode="isolated",
+                                                   retries=vf.RetryConfig(max_retries=2, backoff_s=0.01)))
     async with vf.make_agent(config) as agent:
         trace = await agent.run(Flaky(vf.TaskData(prompt="solve", artifacts=["solution.txt"])))
     assert (trace.reward, trace.info["scoring_attempts"], trace.errors) == (1.0, 3, [])
@@ -174,7 +175,8 @@ async def test_isolated_scoring_retries_with_a_fresh_runtime_and_reuses_the_subm
 async def test_exhausted_isolated_retries_leave_an_error_and_no_reward(openai_server, agent_config):
     Flaky.failures = 5
     play_solution(openai_server)
-    config = agent_config(scoring=vf.ScoringConfig(mode="isolated", retries=vf.RetryConfig(max_retries=1, backoff_s=0.01)))
+    config = agent_config(scoring=vf.ScoringConfig(mode="isolated",
+                                                   retries=vf.RetryConfig(max_retries=1, backoff_s=0.01)))
     async with vf.make_agent(config) as agent:
         trace = await agent.run(Flaky(vf.TaskData(prompt="solve", artifacts=["solution.txt"])))
     assert trace.reward is None and trace.info["scoring_attempts"] == 2

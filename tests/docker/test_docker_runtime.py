@@ -73,7 +73,8 @@ async def test_commands_run_as_the_configured_user_and_kill_all_reaches_that_use
         assert [result.stdout.strip() for result in ids] == ["65534", "1234", "0"]
         # a daemon of nobody's; waited for until it runs sleep (so setsid is done: the exec's end kills its group)
         started = await runtime.exec("setsid -f sleep 300 </dev/null >/dev/null 2>&1; for i in $(seq 100); do for p in "
-                                     "/proc/[0-9]*; do [ \"$(tr -d '\\0' < $p/cmdline 2>/dev/null)\" = sleep300 ] && exit 0; "
+                                     "/proc/[0-9]*; do "
+                                     "[ \"$(tr -d '\\0' < $p/cmdline 2>/dev/null)\" = sleep300 ] && exit 0; "
                                      "done; sleep 0.05; done; exit 1")
         assert started.exit_code == 0, started
         count = "grep -l '^Uid:[[:space:]]*65534[[:space:]]' /proc/[0-9]*/status 2>/dev/null | wc -l"

@@ -334,7 +334,8 @@ async def test_a_harbor_allowlist_holds_per_phase(servers, agent_config, tmp_pat
              f'! {python(get, "http://allowed.test:8080/verifier")} | grep -q "^200" && '
              'echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n')
     task_dir(tmp_path, "listed", toml='version = "1.0"\n[environment]\nnetwork_mode = "allowlist"\n'
-                                      'allowed_hosts = ["allowed.test:8080"]\n[verifier]\nnetwork_mode = "no-network"\n',
+                                      'allowed_hosts = ["allowed.test:8080"]\n'
+                                      '[verifier]\nnetwork_mode = "no-network"\n',
              solve_sh=fetch, test_sh=check)
     trace = (await run_all(harbor_config(agent_config, "oracle"), tmp_path))["listed"]
     assert (trace.errors, trace.reward) == ([], 1.0)

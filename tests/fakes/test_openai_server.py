@@ -45,7 +45,7 @@ def chat(client: httpx.Client, messages=MESSAGES, **extra) -> httpx.Response:
 def test_base_url_and_not_started():
     srv = ScriptedOpenAIServer()
     with pytest.raises(RuntimeError):
-        srv.base_url
+        _ = srv.base_url
     with srv:
         assert srv.base_url.startswith("http://127.0.0.1:") and srv.base_url.endswith("/v1")
     srv.stop()  # idempotent

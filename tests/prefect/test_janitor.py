@@ -128,9 +128,9 @@ async def test_after_kill_9_of_an_eval_the_janitor_reaps_its_containers_and_cras
                       + '[env.agent.runtime]\ntype = "docker"\n')
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "DO_NOT_TRACK": "1",
            "PREFECT_LOGGING_LEVEL": "WARNING"}
-    process = subprocess.Popen([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(config), "--run-id",
-                                f"killed-{uuid.uuid4().hex[:6]}"], env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(  # noqa: ASYNC220 (returns at once; the test polls it)
+        [sys.executable, "-m", "prefect_rollouts.cli", "eval", str(config), "--run-id",
+         f"killed-{uuid.uuid4().hex[:6]}"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     owner_label = f"{LABEL}.owner"
 
     def of_process() -> list:
@@ -189,9 +189,9 @@ async def test_after_kill_9_of_an_eval_of_a_program_no_program_runs_on_and_the_j
                       + '[env.agent.runtime]\ntype = "docker"\nnetwork = "none"\n')
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "DO_NOT_TRACK": "1",
            "PREFECT_LOGGING_LEVEL": "WARNING"}
-    process = subprocess.Popen([sys.executable, "-m", "prefect_rollouts.cli", "eval", str(config), "--run-id",
-                                f"killed-{uuid.uuid4().hex[:6]}"], env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(  # noqa: ASYNC220 (returns at once; the test polls it)
+        [sys.executable, "-m", "prefect_rollouts.cli", "eval", str(config), "--run-id",
+         f"killed-{uuid.uuid4().hex[:6]}"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     owner_label = f"{LABEL}.owner"
 
     def of_process() -> list:

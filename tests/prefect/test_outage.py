@@ -7,6 +7,7 @@ client give up after about 2 s, so a short outage shows what a long one does wit
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -99,7 +100,8 @@ async def final_states(api_url: str, run_id: str, granularity: str) -> list[str]
                                                limit=200)
             return [r.state_name for r in runs if r.parameters.get("rollout", {}).get("run_id") == run_id]
         [eval_run] = await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[run_id])))
-        runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[eval_run.id])), limit=200)
+        runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[eval_run.id])),
+                                           limit=200)
         return [r.state_name for r in runs if r.name.startswith("add-")]
 
 
@@ -189,8 +191,9 @@ async def test_an_outage_at_the_end_prints_the_summary_exits_1_and_names_the_com
     command = f"prefect-rollouts traces reconcile {tmp_path / 'traces'} {run_id}"
     assert command in " ".join(output.split()), output[-3000:]
     assert await eval_state(api.api_url, run_id) == ["Running"]      # what the outage left
-    mended = subprocess.run([sys.executable, "-m", "prefect_rollouts.cli", *command.split()[1:]], capture_output=True,
-                            text=True, timeout=120, env={**os.environ, "PREFECT_API_URL": api.api_url})
+    mended = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "prefect_rollouts.cli", *command.split()[1:]], capture_output=True,
+        text=True, timeout=120, env={**os.environ, "PREFECT_API_URL": api.api_url})
     assert mended.returncode == 0, mended.stdout + mended.stderr
     assert f"eval flow runs set: 1: {run_id} (Completed)" in mended.stdout
     assert await eval_state(api.api_url, run_id) == ["Completed"]
@@ -198,8 +201,9 @@ async def test_an_outage_at_the_end_prints_the_summary_exits_1_and_names_the_com
         states = await final_states(api.api_url, run_id, "flow")
         others = [state for state in states if state != "Completed"]
         assert states.count("Completed") == ROLLOUTS and set(others) <= {"Crashed"}, sorted(states)
-    again = subprocess.run([sys.executable, "-m", "prefect_rollouts.cli", *command.split()[1:]], capture_output=True,
-                           text=True, timeout=120, env={**os.environ, "PREFECT_API_URL": api.api_url})
+    again = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "prefect_rollouts.cli", *command.split()[1:]], capture_output=True,
+        text=True, timeout=120, env={**os.environ, "PREFECT_API_URL": api.api_url})
     assert "eval flow runs set: 0" in again.stdout and "rollout flow runs created: 0" in again.stdout
 
 async def eval_state(api_url: str, run_id: str) -> list[str]:
@@ -217,7 +221,8 @@ async def test_losing_postgresql_under_a_live_api_is_an_outage_and_every_state_i
     try:
         await wait_for_rows(process, tmp_path / "traces", 4)
         api.stop_postgres()
-        assert httpx.get(f"{api.api_url}/health", timeout=5).status_code == 200   # the API itself lives
+        async with httpx.AsyncClient(timeout=5) as client:   # the API itself lives
+            assert (await client.get(f"{api.api_url}/health")).status_code == 200
         at_outage = durable_rows(tmp_path / "traces")
         await wait_for_rows(process, tmp_path / "traces", ROLLOUTS)   # all of them, well past the client's ~2 s
         during = durable_rows(tmp_path / "traces") - at_outage

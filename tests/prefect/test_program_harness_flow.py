@@ -61,7 +61,7 @@ async def test_an_eval_of_the_bash_program_writes_the_rows_of_the_tools_loop(tmp
 async def test_the_program_examples_run_in_docker_without_network(tmp_path, openai_server, docker_engine,
                                                                   monkeypatch, example):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-example-0123456789abcdef")
-    examples = Path(__file__).resolve().parents[2] / "examples"
+    examples = Path(__file__).resolve().parents[2] / "examples"   # noqa: ASYNC240 (one read)
     text = (examples / example).read_text().replace("http://127.0.0.1:8000/v1", openai_server.base_url)
     text = text.replace('path = "./traces"', f'path = "{tmp_path}"').replace("num_tasks = 20", "num_tasks = 2")
     config = examples / f".test-{example}"   # beside the original: its files paths are relative to it

@@ -45,7 +45,7 @@ def webhook():
     received: list[dict[str, Any]] = []
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:   # noqa: N802 - http.server's name
+        def do_POST(self) -> None:   # http.server's name
             received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
             self.send_response(200)
             self.end_headers()
