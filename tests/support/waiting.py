@@ -7,9 +7,9 @@ expectation) saying what it waited for, for how long, and what the last check re
     wait_until(lambda: durable_rows(root) >= 2, timeout_s=120, what="two durable rows")
     -> WaitTimeout: waited 120 s for two durable rows; the last check returned False
 
-``what`` defaults to the predicate's source line. ``assert wait_until(...)`` still reads as the
-expectation (the value returned is the predicate's, always truthy). A wait whose time-out is an
-outcome the test goes on to judge uses ``poll_until``, which returns the last value instead.
+``what`` defaults to a lambda's source line, else the predicate's name. ``assert wait_until(...)``
+reads as the expectation (the value returned is the predicate's, always truthy). A wait whose
+time-out is an outcome the test goes on to judge uses ``poll_until``, which returns the last value.
 """
 
 from __future__ import annotations
