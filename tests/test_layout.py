@@ -54,7 +54,8 @@ def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
             subs = [f"{base}.{alias.name}" for alias in node.names]
             targets = [s for s in subs if s in known] + ([base] if any(s not in known for s in subs) else [])
         else:
@@ -74,12 +75,12 @@ def test_there_are_no_import_cycles():
 
     def walk(node: str, trail: list[str]) -> None:
         if node in trail:
-            cycles.append(trail[trail.index(node):] + [node])
+            cycles.append([*trail[trail.index(node):], node])
             return
         if node in seen:
             return
         for target in sorted(graph[node]):
-            walk(target, trail + [node])
+            walk(target, [*trail, node])
         seen.add(node)
     for name in sorted(graph):
         walk(name, [])
@@ -122,7 +123,8 @@ def test_the_prefect_layer_does_not_import_the_cli():
 
 
 def test_the_stage_runner_does_not_import_the_flows():
-    """``tasks/`` translates a stage policy into a task run (its package docstring); flows compose it, not the reverse."""
+    """``tasks/`` translates a stage policy into a task run (its package docstring); flows compose it, not the
+    reverse."""
     offenders = sorted(f"{name} -> {target}" for name, targets in _imports_from("prefect_rollouts.tasks").items()
                        for target in targets if target.startswith("prefect_rollouts.flows"))
     assert offenders == []

@@ -25,7 +25,7 @@ def kill_postgres(home: Path) -> None:
     postmaster = int((home / "pgdata" / "postmaster.pid").read_text().splitlines()[0])
     processes = [psutil.Process(postmaster), *descendants(postmaster)]
     os.kill(postmaster, signal.SIGKILL)
-    assert wait_until(lambda: not alive(processes), timeout_s=30), "PostgreSQL outlived kill -9"
+    assert wait_until(lambda: not alive(processes), timeout_s=30, what="PostgreSQL's processes to exit after kill -9")
 
 
 @pytest.mark.system

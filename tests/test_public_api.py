@@ -31,7 +31,7 @@ def test_the_seed_names_are_exported():
 def test_importing_the_core_does_not_load_prefect():
     code = ("import sys, prefect_rollouts; "
             "assert not [m for m in sys.modules if m.split('.')[0] == 'prefect'], 'prefect was imported'")
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=8)
 
 
 def test_config_fields_named_by_the_api_exist():

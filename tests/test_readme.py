@@ -131,7 +131,8 @@ def test_no_inline_command_calls_a_bare_prefect():
 
 
 def test_nothing_in_the_repository_names_one_machines_paths():
-    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True,
+                             timeout=8).stdout.split()
     found = []
     for name in tracked:
         try:

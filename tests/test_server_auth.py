@@ -15,7 +15,7 @@ from prefect_rollouts import pgserver
 from prefect_rollouts.cli import app
 from tests.support.ports import free_port
 from tests.support.servers import server_home
-from tests.support.waiting import wait_until
+from tests.support.waiting import poll_until
 from tests.support.workers import Worker, run_prefect, worker_names
 
 SECRET = "s3cret-auth-string-for-the-test-7f2c"
@@ -84,7 +84,7 @@ def test_only_requests_with_the_auth_string_are_served_and_postgres_stays_on_loo
 
     worker = Worker(api, "rollouts", "auth-test-worker", None, tmp_path / "worker.log", env=env)
     try:
-        workers = wait_until(lambda: worker_names(api, "rollouts", status=None, headers=good), timeout_s=90)
+        workers = poll_until(lambda: worker_names(api, "rollouts", status=None, headers=good), timeout_s=90)
     finally:
         worker.stop()
     output = worker.output()

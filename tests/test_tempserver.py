@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -17,6 +16,7 @@ from tests.fakes.openai_server import delayed, reply
 from tests.support.cli import eval_env, start_eval
 from tests.support.datasets import durable_rows
 from tests.support.processes import alive, descendants, kill
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.prefect
 
@@ -38,15 +38,14 @@ def test_kill_9_of_the_eval_ends_its_temporary_prefect_server(tmp_path, openai_s
     process = start_cli(tmp_path, eval_config(tmp_path, openai_server.base_url, count=400))
     server: set[psutil.Process] = set()
     try:
-        deadline = time.monotonic() + 180
-        while durable_rows(tmp_path / "traces") < 2:   # the server is up and rollouts run
+        def two_rows() -> bool:   # the server is up and rollouts run
             assert process.poll() is None, process.stdout.read()
-            assert time.monotonic() < deadline, "the eval made no progress"
-            time.sleep(0.2)
+            return durable_rows(tmp_path / "traces") >= 2
+        wait_until(two_rows, timeout_s=180, what="two durable rows")
         server = set(descendants(process.pid))
         assert server, "the eval has no child process: where is its Prefect server?"
         os.kill(process.pid, signal.SIGKILL)
-        process.wait()
+        process.wait(timeout=10)
         assert_gone_within(server, 30)
     finally:
         kill_all(process, server)
@@ -57,11 +56,10 @@ def test_a_finished_eval_stops_its_temporary_prefect_server(tmp_path, openai_ser
     process = start_cli(tmp_path, eval_config(tmp_path, openai_server.base_url, count=3))
     server: set[psutil.Process] = set()
     try:
-        deadline = time.monotonic() + 180
-        while process.poll() is None:   # every process the eval starts, until it exits
-            assert time.monotonic() < deadline
-            server |= set(descendants(process.pid))
-            time.sleep(0.1)
+        def ended() -> bool:   # every process the eval starts, until it exits
+            server.update(descendants(process.pid))
+            return process.poll() is not None
+        wait_until(ended, timeout_s=180, interval_s=0.1, what="the eval to finish")
         output = process.stdout.read()
         assert process.returncode == 0, output
         assert "starting a temporary Prefect server" in output and durable_rows(tmp_path / "traces") == 3
@@ -72,17 +70,15 @@ def test_a_finished_eval_stops_its_temporary_prefect_server(tmp_path, openai_ser
 
 
 def assert_gone_within(server: set[psutil.Process], seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while alive(server) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not alive(server), f"processes of the temporary server outlived the eval: {alive(server)}"
+    wait_until(lambda: not alive(server), timeout_s=seconds, interval_s=0.1, what=lambda: (
+        f"the temporary server's processes to exit with the eval (alive: {alive(server)})"))
 
 
 def kill_all(process: subprocess.Popen[str], server: set[psutil.Process]) -> None:
     kill(alive(server))
     if process.poll() is None:
         process.kill()
-        process.wait()
+        process.wait(timeout=10)
 
 
 def test_the_temporary_server_takes_the_port_its_variable_names_and_refuses_a_taken_one(tmp_path, monkeypatch):

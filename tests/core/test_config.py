@@ -63,9 +63,12 @@ max_retries = 4
 
 @pytest.mark.parametrize(("toml", "message"), [
     ('[env.agent]\nmodel = "m"\nmax_turn = 3', r"\[env.agent\] max_turn: unknown key"),
-    ('[env.agent]\nmodel = "m"\n[env.agent.scoring]\nskip_on_truncatd = true', r"\[env.agent.scoring\] skip_on_truncatd: unknown key"),
-    ('[env.agent]\nmodel = "m"\n[env.agent.scoring.retries]\nmax_retry = 1', r"\[env.agent.scoring.retries\] max_retry: unknown key"),
-    ('[env.agent]\nmodel = "m"\nmax_turns = 0', r"\[env.agent\] max_turns = 0: Input should be greater than or equal to 1"),
+    ('[env.agent]\nmodel = "m"\n[env.agent.scoring]\nskip_on_truncatd = true',
+     r"\[env.agent.scoring\] skip_on_truncatd: unknown key"),
+    ('[env.agent]\nmodel = "m"\n[env.agent.scoring.retries]\nmax_retry = 1',
+     r"\[env.agent.scoring.retries\] max_retry: unknown key"),
+    ('[env.agent]\nmodel = "m"\nmax_turns = 0',
+     r"\[env.agent\] max_turns = 0: Input should be greater than or equal to 1"),
     ('[env.agent]\nmodel = "m"\n[env.agent.harness]\nid = "bashful"', r"\[env.agent.harness\] id = 'bashful'"),
     ('[env]\nx = 1', r"\[env.agent\]: table not found"),
     ('[env.agent\nmodel = "m"', "not valid TOML"),
@@ -127,7 +130,8 @@ def test_env_templates_resolve_from_the_host_environment():
     host = {"TOKEN": "abc", "EMPTY": ""}
     env = {"A": "${TOKEN}", "B": "pre-${TOKEN}-post", "C": "${MISSING:-fallback}", "D": "${EMPTY:-used}",
            "E": "${MISSING:-}", "F": "plain"}
-    assert resolve_env(env, host) == {"A": "abc", "B": "pre-abc-post", "C": "fallback", "D": "used", "E": "", "F": "plain"}
+    assert resolve_env(env, host) == {"A": "abc", "B": "pre-abc-post", "C": "fallback", "D": "used", "E": "",
+                                      "F": "plain"}
 
 
 def test_an_unset_variable_without_default_is_an_error_naming_it():

@@ -161,7 +161,8 @@ async def test_tool_calls_without_ids_get_matching_ids(openai_server, agent_conf
     assert sent[1]["tool_calls"][0]["id"] == sent[2]["tool_call_id"] != ""
 
 
-async def test_a_slow_tool_times_out_with_an_error_for_the_model_and_does_not_block_the_loop(openai_server, agent_config):
+async def test_a_slow_tool_times_out_with_an_error_for_the_model_and_does_not_block_the_loop(openai_server,
+                                                                                           agent_config):
     class Slow(vf.Task):
         def tools(self):
             def nap() -> str:

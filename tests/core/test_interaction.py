@@ -8,6 +8,7 @@ import pytest
 
 import prefect_rollouts as vf
 from tests.fakes.openai_server import delayed, reply, tool_call
+from tests.support.waiting import wait_for, within
 
 pytestmark = pytest.mark.unit
 
@@ -49,7 +50,7 @@ async def test_seed_loop_with_prompt_none_ends_at_max_turns(openai_server, agent
         async with agent.interaction(Echo(vf.TaskData(prompt=None))) as interaction:
             segment = await interaction.turn("hello")
             replies = [segment.last_reply]
-            while not segment.terminated:
+            while not segment.terminated and len(replies) < 10:   # bounded: the assert below names a runaway
                 segment = await interaction.turn(f"you said: {segment.last_reply}")
                 replies.append(segment.last_reply)
     trace = interaction.trace
@@ -84,8 +85,7 @@ async def test_two_queued_sends_are_delivered_together_in_order_at_the_next_turn
     async with vf.make_agent(agent_config(harness=vf.HarnessConfig(id="chat"))) as agent:
         async with agent.interaction(Echo(vf.TaskData(prompt="start"))) as interaction:
             opening = asyncio.create_task(interaction.turn())
-            while not openai_server.requests:
-                await asyncio.sleep(0.01)
+            await wait_for(lambda: openai_server.requests, 5, 0.01, what="the opening turn's model request")
             first = await interaction.send("one", mode="queue", message_id="q1")
             second = await interaction.send("two", mode="queue", message_id="q2")
             assert len(openai_server.requests) == 1          # nothing interrupted the running turn
@@ -95,7 +95,8 @@ async def test_two_queued_sends_are_delivered_together_in_order_at_the_next_turn
     assert first.accepted and second.accepted and first.mode == "queue"
     assert [m["content"] for m in openai_server.requests[1].messages[-2:]] == ["one", "two"]
     assert [m["role"] for m in openai_server.requests[1].messages] == ["user", "assistant", "user", "user"]
-    assert [(s.message_id, s.status, s.delivered_segment) for s in trace.sends] == [("q1", "delivered", 1), ("q2", "delivered", 1)]
+    assert [(s.message_id, s.status, s.delivered_segment) for s in trace.sends] == [("q1", "delivered", 1),
+                                                                                  ("q2", "delivered", 1)]
     assert len(trace.segments) == 2 and trace.last_reply == "got both"
 
 
@@ -115,7 +116,7 @@ async def test_steer_lands_between_a_tool_call_and_the_next_model_call(openai_se
     async with vf.make_agent(agent_config(harness=vf.HarnessConfig(runtime_tools=[]))) as agent:
         async with agent.interaction(Slow(vf.TaskData(prompt="do it"))) as interaction:
             opening = asyncio.create_task(interaction.turn())
-            await started.wait()
+            await within(started.wait(), 5, "the tool to start")
             receipt = await interaction.send("use the fast path", mode="steer", message_id="s1")
             steered.set()
             segment = await opening
@@ -176,8 +177,7 @@ async def test_leaving_the_block_cancels_outstanding_deliveries_then_scores(open
         async with agent.interaction(Echo(vf.TaskData(prompt="p"))) as interaction:
             await interaction.turn()
             await interaction.send("late", mode="queue", message_id="late")
-            while len(openai_server.requests) < 2:
-                await asyncio.sleep(0.01)
+            await wait_for(lambda: len(openai_server.requests) >= 2, 5, 0.01, what="the queued send's model request")
     trace = interaction.trace
     assert trace.sends[0].status == "delivered"   # its turn had started; the turn was cancelled
     assert trace.last_reply == "first" and trace.stop_condition == "user_closed" and trace.reward == 0.0
@@ -188,8 +188,7 @@ async def test_leaving_waits_for_a_running_turn_and_cancels_queued_sends(openai_
     async with vf.make_agent(agent_config()) as agent:
         async with agent.interaction(Echo(vf.TaskData(prompt="p"))) as interaction:
             opening = asyncio.create_task(interaction.turn())
-            while not openai_server.requests:
-                await asyncio.sleep(0.01)
+            await wait_for(lambda: openai_server.requests, 5, 0.01, what="the opening turn's model request")
             receipt = await interaction.send("later", mode="queue")
     assert receipt.accepted and opening.done() and opening.result().last_reply == "slow"
     assert [s.status for s in interaction.trace.sends] == ["cancelled"]

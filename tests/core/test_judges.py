@@ -204,7 +204,8 @@ async def test_a_plugin_judge_by_import_path(openai_server, judged):
     async with vf.make_agent(judged({"id": "tests.core.test_judges:LengthJudge", "name": "rating",
                                      "options": {"max": 10}})) as agent:
         trace = await agent.run(capital())
-    assert trace.rewards["rating"] == 0.7 and judge_requests(openai_server)[0].messages[0]["content"] == "Rate Paris from 0 to 10."
+    assert trace.rewards["rating"] == 0.7
+    assert judge_requests(openai_server)[0].messages[0]["content"] == "Rate Paris from 0 to 10."
 
 
 async def test_a_bad_plugin_fails_when_the_agent_opens_before_any_rollout(openai_server, judged):
@@ -337,7 +338,8 @@ def test_a_rubric_file_is_relative_to_its_config_read_once_and_dumped_as_criteri
 def test_a_bad_rubric_file_names_the_file_and_the_problem(tmp_path):
     (tmp_path / "rubric.toml").write_text('[[criteria]]\nname = "a"\ntext = "t"\nwieght = 2\n')
     with pytest.raises(ValueError, match=r"rubric.toml': criteria\[0\] is invalid \(wieght: unknown key"):
-        vf.ScoringConfig.model_validate({"judges": [{"id": "rubric", "model": "j", "rubric": str(tmp_path / "rubric.toml")}]})
+        vf.ScoringConfig.model_validate(
+            {"judges": [{"id": "rubric", "model": "j", "rubric": str(tmp_path / "rubric.toml")}]})
 
 
 async def test_judge_clients_are_shared_across_rollouts_and_closed_with_the_agent(openai_server, judged):

@@ -11,7 +11,7 @@ import pytest
 import prefect_rollouts as vf
 from prefect_rollouts.runtimes import make_runtime
 from tests.fakes.openai_server import reply, tool_call
-from tests.support.waiting import wait_until
+from tests.support.waiting import next_line, wait_until
 
 pytestmark = pytest.mark.unit
 
@@ -164,7 +164,8 @@ class Flaky(Solution):
 async def test_isolated_scoring_retries_with_a_fresh_runtime_and_reuses_the_submission(openai_server, agent_config):
     Flaky.failures = 2
     play_solution(openai_server)
-    config = agent_config(scoring=vf.ScoringConfig(mode="isolated", retries=vf.RetryConfig(max_retries=2, backoff_s=0.01)))
+    config = agent_config(scoring=vf.ScoringConfig(mode="isolated",
+                                                   retries=vf.RetryConfig(max_retries=2, backoff_s=0.01)))
     async with vf.make_agent(config) as agent:
         trace = await agent.run(Flaky(vf.TaskData(prompt="solve", artifacts=["solution.txt"])))
     assert (trace.reward, trace.info["scoring_attempts"], trace.errors) == (1.0, 3, [])
@@ -174,7 +175,8 @@ async def test_isolated_scoring_retries_with_a_fresh_runtime_and_reuses_the_subm
 async def test_exhausted_isolated_retries_leave_an_error_and_no_reward(openai_server, agent_config):
     Flaky.failures = 5
     play_solution(openai_server)
-    config = agent_config(scoring=vf.ScoringConfig(mode="isolated", retries=vf.RetryConfig(max_retries=1, backoff_s=0.01)))
+    config = agent_config(scoring=vf.ScoringConfig(mode="isolated",
+                                                   retries=vf.RetryConfig(max_retries=1, backoff_s=0.01)))
     async with vf.make_agent(config) as agent:
         trace = await agent.run(Flaky(vf.TaskData(prompt="solve", artifacts=["solution.txt"])))
     assert trace.reward is None and trace.info["scoring_attempts"] == 2
@@ -223,14 +225,15 @@ asyncio.run(main())
     import sys
     owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE)
     try:
-        assert owner.stdout.readline() == b"started\n"
+        assert next_line(owner, 5, "the owner to start its runtime") == b"started\n"
 
         def sleeps() -> int:
             return sum(cmd.startswith("sleep ") for cmd in _processes_with(f"sleep {marker}"))
-        wait_until(lambda: sleeps() >= 2, timeout_s=5, interval_s=0.05)
+        wait_until(lambda: sleeps() >= 2, timeout_s=5, interval_s=0.05, what="both sleeps to start")
         assert sleeps() == 2
     finally:
         owner.kill()                                   # kill -9: no teardown runs
-        owner.wait()
-    wait_until(lambda: not _processes_with(f"sleep {marker}"), timeout_s=5, interval_s=0.05)
+        owner.wait(timeout=5)
+    wait_until(lambda: not _processes_with(f"sleep {marker}"), timeout_s=5, interval_s=0.05,
+               what="the sleeps to die with their owner")
     assert _processes_with(f"sleep {marker}") == []

@@ -169,7 +169,7 @@ async def test_a_server_that_exited_on_its_own_keeps_its_log_and_names_it(tmpdir
     server = LocalModelServer("local/smollm2")
     await server.start()
     server.process.kill()
-    server.process.wait()
+    server.process.wait(timeout=10)
     await server.stop()
     assert server.log_path.is_file() and server.log_path.stat().st_size > 0
     assert f"exited with code -9 before it was stopped; see {server.log_path}" in caplog.text

@@ -19,7 +19,8 @@ ECHOED_KEY = "sk-Qz8vKx3Lw7Rj2Tn5"
 
 def client_for(base_url, **retry):
     policy = {"max_retries": 2, "backoff_s": 0.01, "max_backoff_s": 0.05} | retry
-    return ModelClient(vf.ClientConfig(base_url=base_url, api_key_env=None, timeout=2, retries=vf.RetryConfig(**policy)))
+    return ModelClient(vf.ClientConfig(base_url=base_url, api_key_env=None, timeout=2,
+                                       retries=vf.RetryConfig(**policy)))
 
 
 async def test_completion_parses_message_usage_and_finish_reason(openai_server):

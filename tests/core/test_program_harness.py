@@ -17,6 +17,7 @@ import prefect_rollouts as vf
 from prefect_rollouts.errors import RuntimeUnavailableError
 from prefect_rollouts.runtimes.local import LocalRuntime
 from tests.fakes.openai_server import reply, status, tool_call
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.unit
 
@@ -259,8 +260,7 @@ async def test_a_steer_lands_in_the_next_request_and_stays_in_every_later_one(op
     async with vf.make_agent(agent_config(harness="bash")) as agent:
         async with agent.interaction(Said(vf.TaskData(prompt="start"))) as interaction:
             turn = asyncio.create_task(interaction.turn())
-            while not openai_server.requests:
-                await asyncio.sleep(0.02)
+            await wait_for(lambda: openai_server.requests, 5, 0.02, what="the program's first model request")
             receipt = await interaction.send("use the fast path", mode="steer", message_id="s1")
             segment = await turn
     assert receipt.accepted
@@ -340,11 +340,14 @@ async def test_a_request_without_messages_is_a_400_naming_it(openai_server, agen
 
 
 @pytest.mark.parametrize(("body", "expected"), [
-    ('{"messages": [{"role": "user", "content": "x"}], "max_tokens": "100"}', "400 max_tokens: Input should be a valid integer"),
+    ('{"messages": [{"role": "user", "content": "x"}], "max_tokens": "100"}',
+     "400 max_tokens: Input should be a valid integer"),
     ('{"messages": {"role": "user", "content": "x"}}', "400 messages: Input should be a valid list"),
-    ('{"messages": [{"role": "user", "content": {"text": "x"}}]}', "400 messages.0.content.str: Input should be a valid string"),
+    ('{"messages": [{"role": "user", "content": {"text": "x"}}]}',
+     "400 messages.0.content.str: Input should be a valid string"),
     ('{"messages": [{"role": "robot", "content": "x"}]}', "400 messages.0.role: Input should be"),
-    ('{"messages": [{"role": "user", "content": "x"}], "stream": "yes"}', "400 stream: Input should be a valid boolean"),
+    ('{"messages": [{"role": "user", "content": "x"}], "stream": "yes"}',
+     "400 stream: Input should be a valid boolean"),
     ('{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}', "400 max_tokens: Input should be greater"),
     ("[1, 2]", "400 the request body must be a JSON object"),
     ("not json", "400 the request body is not JSON"),
@@ -430,7 +433,8 @@ async def test_secrets_in_tool_call_arguments_the_program_sends_back_are_scrubbe
         import json, os, urllib.request
         call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": json.dumps(
             {"token": os.environ["MY_TOOL_TOKEN"], "key": os.environ["OPENAI_API_KEY"]})}}
-        body = {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+        body = {"messages": [{"role": "user", "content": "x"},
+                             {"role": "assistant", "content": "", "tool_calls": [call]},
                              {"role": "tool", "tool_call_id": "c1", "content": "ok"}]}
         request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", json.dumps(body).encode(),
                                          {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})

@@ -122,7 +122,7 @@ async def test_the_launcher_kills_the_program_when_its_endpoint_dies():
         sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)",
         env={**os.environ, "OPENAI_API_KEY": session.secret}, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, start_new_session=True)
-    assert await wait_for(lambda: descendants(proc.pid), timeout_s=5), "the launcher started no program"
+    assert await wait_for(lambda: descendants(proc.pid), timeout_s=5, what="the launcher to start its program")
     server = endpoint._server
     assert server is not None
     server.should_exit = True   # stop listening but leave the directory, as a killed process does

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from prefect_rollouts.harnesses.endpoint import InterceptionEndpoint
+from tests.support.waiting import within
 
 pytestmark = pytest.mark.unit
 
@@ -22,7 +23,7 @@ async def test_a_launch_with_an_unknown_secret_exits_naming_the_refusal():
             sys.executable, str(endpoint.directory / "launch.py"), str(endpoint.socket_path), "100", "--", "true",
             env={**os.environ, "OPENAI_API_KEY": "sk-rollout-unknown"},
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        out, err = await proc.communicate()
+        out, err = await within(proc.communicate(), 5, "the refused launcher to exit")
     finally:
         await endpoint.stop()
     assert proc.returncode == 1

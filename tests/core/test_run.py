@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import pytest
 
 import prefect_rollouts as vf
 from tests.fakes.openai_server import delayed, reply, status, tool_call, tool_calls
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.unit
 
@@ -32,7 +34,8 @@ async def test_run_happy_path_scores_and_records_everything(openai_server, agent
     async with vf.make_agent(agent_config()) as agent:
         trace = await agent.run(add_task(system_prompt="Be brief."))
     assert (trace.reward, trace.rewards, trace.metrics) == (1.0, {"correct": 1.0}, {"reply_length": 1.0})
-    assert (trace.stop_condition, trace.is_truncated, trace.is_timeout, trace.errors) == ("agent_completed", False, False, [])
+    assert (trace.stop_condition, trace.is_truncated, trace.is_timeout, trace.errors) == ("agent_completed", False,
+                                                                                          False, [])
     assert (trace.usage.prompt_tokens, trace.usage.completion_tokens, trace.usage.total_tokens) == (12, 1, 13)
     assert [m["role"] for m in trace.messages] == ["system", "user", "assistant"]
     assert len(trace.model_calls) == 1 and trace.model_calls[0].finish_reason == "stop"
@@ -167,7 +170,7 @@ async def test_bash_tool_runs_in_the_rollout_workspace(openai_server, agent_conf
     assert output.startswith("exit_code: 0\nstdout:\n/") and "rollout-" in output
     workspace = output.split("\n")[2]
     import os
-    assert not os.path.exists(workspace)   # teardown removed the workspace
+    assert not os.path.exists(workspace)   # noqa: ASYNC240 (one stat) teardown removed the workspace
 
 
 async def test_max_turns_stops_the_tools_loop_and_truncates(openai_server, agent_config):
@@ -272,7 +275,8 @@ async def test_persistent_500_is_a_provider_error_on_the_trace_and_no_reward(ope
         trace = await agent.run(add_task())
     assert len(openai_server.requests) == 6          # (1 + client max_retries=2) x (1 + segment retries=1)
     assert trace.reward is None and trace.rewards == {}
-    assert (trace.stop_condition, trace.errors[0].type, trace.errors[0].status_code) == ("provider_error", "ProviderError", 500)
+    assert (trace.stop_condition, trace.errors[0].type, trace.errors[0].status_code) == ("provider_error",
+                                                                                         "ProviderError", 500)
     assert trace.model_calls[0].status_code == 500 and trace.model_calls[0].retries == 2
 
 
@@ -296,14 +300,14 @@ async def test_a_steer_delivered_before_a_retried_call_is_not_lost(openai_server
     async with vf.make_agent(agent_config()) as agent:
         async with agent.interaction(add_task()) as it:
             turn = asyncio.create_task(it.turn())
-            while len(openai_server.requests) < 1:
-                await asyncio.sleep(0.01)
+            await wait_for(lambda: openai_server.requests, 5, 0.01, what="the turn's first model request")
             await it.send("answer with a number", mode="steer")
             await turn
         trace = it.trace
     (sent,) = trace.sends
     assert sent.status == "delivered" and any(m.get("content") == "answer with a number" for m in trace.messages)
-    assert any(m.get("content") == "answer with a number" for m in openai_server.requests[1].messages)  # the failed call
+    # the failed call
+    assert any(m.get("content") == "answer with a number" for m in openai_server.requests[1].messages)
     assert any(m.get("content") == "answer with a number" for m in openai_server.requests[-1].messages)  # its retry
 
 
@@ -339,7 +343,7 @@ async def test_trace_round_trips_through_json(openai_server, agent_config):
 
 async def test_run_without_a_prompt_is_a_config_error(agent_config):
     async with vf.make_agent(agent_config()) as agent:
-        with pytest.raises(vf.ConfigError, match="TaskData.prompt = None"):
+        with pytest.raises(vf.ConfigError, match=re.escape("TaskData.prompt = None")):
             await agent.run(vf.Task(vf.TaskData(prompt=None)))
 
 
@@ -359,8 +363,7 @@ async def test_cancellation_still_tears_down_the_workspace(openai_server, agent_
     openai_server.play([delayed(2.0, reply("x"))])
     async with vf.make_agent(agent_config()) as agent:
         job = asyncio.create_task(agent.run(Watch(vf.TaskData(prompt="x"))))
-        while not openai_server.requests:
-            await asyncio.sleep(0.01)
+        await wait_for(lambda: openai_server.requests, 5, 0.01, what="the rollout's model request")
         job.cancel()
         with pytest.raises(asyncio.CancelledError):
             await job
@@ -424,7 +427,8 @@ async def test_max_turns_reached_before_a_user_turn_sends_no_more_turns(openai_s
     openai_server.play([reply("one"), reply("two")])
     async with vf.make_agent(agent_config(max_turns=2)) as agent:
         trace = await agent.run(Counter(vf.TaskData(prompt="a", user_turns=["b", "c"])))
-    assert trace.stop_condition == "max_turns" and [m["content"] for m in trace.messages if m["role"] == "user"] == ["a", "b"]
+    assert trace.stop_condition == "max_turns"
+    assert [m["content"] for m in trace.messages if m["role"] == "user"] == ["a", "b"]
     assert len(trace.segments) == 2 and trace.segments[-1].terminated
 
 

@@ -52,13 +52,15 @@ async def test_no_piece_of_a_key_reaches_the_trace_or_parquet_at_any_cut_offset(
     retries = vf.RetryConfig(max_retries=0)
     client = vf.ClientConfig(base_url=openai_server.base_url, api_key_env="AGENT_KEY_VAR", retries=retries,
                              headers={"X-Api-Key": HEADER_KEY})
-    judge = {"id": "reference", "model": "judge", "client": {"base_url": openai_server.base_url,
-                                                             "api_key_env": "JUDGE_KEY_VAR", "retries": {"max_retries": 0}}}
+    judge = {"id": "reference", "model": "judge",
+             "client": {"base_url": openai_server.base_url, "api_key_env": "JUDGE_KEY_VAR",
+                        "retries": {"max_retries": 0}}}
     scoring = vf.ScoringConfig.model_validate({"judges": [judge]})
     echoed = len(f"Bearer {AGENT_KEY}")
     offsets = range(300 - echoed - 1, 302)      # the model client cuts an error body at 300 characters
     shown = len(f"model endpoint: POST {openai_server.base_url}/chat/completions returned 401: ")
-    judge_offsets = [*range(300 - shown - echoed - 1, 300 - shown + 2), *offsets]   # a judge also cuts its message at 300
+    # a judge also cuts its message at 300
+    judge_offsets = [*range(300 - shown - echoed - 1, 300 - shown + 2), *offsets]
     tool_offsets = range(TOOL_CAP - len(f"KEY={AGENT_KEY}") - 1, TOOL_CAP + 1)
     traces = []
     async with vf.make_agent(agent_config(client=client, harness=vf.HarnessConfig(

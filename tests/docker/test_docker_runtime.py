@@ -70,7 +70,8 @@ async def test_commands_run_as_the_configured_user_and_kill_all_reaches_that_use
         assert [result.stdout.strip() for result in ids] == ["65534", "1234", "0"]
         # a daemon of nobody's; waited for until it runs sleep (so setsid is done: the exec's end kills its group)
         started = await runtime.exec("setsid -f sleep 300 </dev/null >/dev/null 2>&1; for i in $(seq 100); do for p in "
-                                     "/proc/[0-9]*; do [ \"$(tr -d '\\0' < $p/cmdline 2>/dev/null)\" = sleep300 ] && exit 0; "
+                                     "/proc/[0-9]*; do "
+                                     "[ \"$(tr -d '\\0' < $p/cmdline 2>/dev/null)\" = sleep300 ] && exit 0; "
                                      "done; sleep 0.05; done; exit 1")
         assert started.exit_code == 0, started
         count = "grep -l '^Uid:[[:space:]]*65534[[:space:]]' /proc/[0-9]*/status 2>/dev/null | wc -l"
@@ -163,7 +164,7 @@ async def test_network_none_leaves_loopback_only_and_open_reaches_the_test_serve
             async def reached(runtime=runtime, mode=mode):   # the server container may still be starting:
                 result = await runtime.exec(probe)               # "open" tries until it answers
                 return result if mode == "none" or result.stdout.strip() == "200" else None
-            reach = await wait_for(reached, timeout_s=20, interval_s=0.5) or await runtime.exec(probe)
+            reach = await wait_for(reached, timeout_s=20, interval_s=0.5, what=f"the probe's answer on network {mode}")
             seen[mode] = (links.stdout.split(), reach.stdout.strip())
         finally:
             await runtime.stop()

@@ -280,8 +280,9 @@ async def test_a_harbor_box_has_dockers_default_capabilities_but_mknod(tmp_path,
     assert (trace.errors, trace.reward) == ([], 1.0), trace.info["harbor"]
 
 
-@pytest.mark.parametrize(("toml", "key"), [('[agent]\nuser = "nosuch"\n', "[agent] user = 'nosuch'"),
-                                           ('[verifier]\nuser = "grader:nogroup2"\n', "[verifier] user = 'grader:nogroup2'")])
+@pytest.mark.parametrize(("toml", "key"), [
+    ('[agent]\nuser = "nosuch"\n', "[agent] user = 'nosuch'"),
+    ('[verifier]\nuser = "grader:nogroup2"\n', "[verifier] user = 'grader:nogroup2'")])
 async def test_a_user_the_image_does_not_have_is_a_setup_error_naming_the_key(tmp_path, agent_config, toml, key):
     """A new user's pass: an unknown [agent] user failed as "cannot create / in the container: " and an unknown
     [verifier] user as "tests/test.sh exited with code 127 before writing a reward"."""

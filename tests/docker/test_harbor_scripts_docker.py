@@ -195,7 +195,8 @@ async def test_a_root_agent_that_becomes_the_verifier_user_cannot_write_the_rewa
 async def test_an_image_whose_user_is_not_root_is_scored(tmp_path, agent_config):
     """Adversarial pass: a Dockerfile ending in USER tester made every rollout an error ("cannot make the
     private view: Permission denied: '/proc/1/ns/mnt'": the helper could not enter another user's namespace)."""
-    directory = task_dir(tmp_path, "nonroot", test_sh='[ "$(id -un)" = tester ] && echo 1 > /logs/verifier/reward.txt\n')
+    directory = task_dir(tmp_path, "nonroot",
+                         test_sh='[ "$(id -un)" = tester ] && echo 1 > /logs/verifier/reward.txt\n')
     (directory / "environment" / "Dockerfile").write_text(
         "FROM prefect-rollouts-sandbox:latest\nRUN useradd -u 1000 -m tester && mkdir /app && chown tester /app\n"
         "USER tester\nWORKDIR /app\n")

@@ -41,7 +41,7 @@ def _installed():
     """Install once up front (a test's deadline then measures the rollout, not pip)."""
     import platform
     import sys
-    mini_swe_agent.install("%d.%d" % sys.version_info[:2], platform.machine())
+    mini_swe_agent.install(f"{sys.version_info.major}.{sys.version_info.minor}", platform.machine())
 
 
 @pytest.mark.parametrize("runtime", ["local", "docker-none", "docker-open"])
@@ -49,7 +49,8 @@ async def test_mini_swe_agent_runs_a_command_then_submits(request, openai_server
     if runtime.startswith("docker"):
         request.getfixturevalue("docker_engine")
     config = docker(runtime.removeprefix("docker-")) if runtime.startswith("docker") else vf.RuntimeConfig()
-    openai_server.play([tool_call("bash", command="echo $((2 + 3)) > answer.txt && ls"), tool_call("bash", command=SUBMIT)])
+    openai_server.play([tool_call("bash", command="echo $((2 + 3)) > answer.txt && ls"),
+                        tool_call("bash", command=SUBMIT)])
     async with vf.make_agent(agent_config(harness="mini-swe-agent", runtime=config, max_turn_tokens=256)) as agent:
         trace = await agent.run(task())
     assert (trace.errors, trace.stop_condition, trace.reward) == ([], "agent_completed", 1.0)
@@ -97,7 +98,8 @@ async def test_an_agent_that_ends_on_its_format_errors_is_scored_not_failed(open
 
 
 async def test_the_host_install_is_mounted_read_only(openai_server, agent_config, docker_engine):
-    openai_server.play([tool_call("bash", command="touch /usr/local/prefect-rollouts/mini-swe-agent/x; echo $? > answer.txt"),
+    openai_server.play([tool_call("bash",
+                                  command="touch /usr/local/prefect-rollouts/mini-swe-agent/x; echo $? > answer.txt"),
                         tool_call("bash", command=SUBMIT)])
     async with vf.make_agent(agent_config(harness="mini-swe-agent", runtime=docker())) as agent:
         trace = await agent.run(task())

@@ -99,7 +99,7 @@ def servers():
             addresses[name] = server.attrs["NetworkSettings"]["Networks"][network.name]["IPAddress"]
         for name, address in addresses.items():   # each answers from this machine before a test relies on it
             assert wait_until(lambda name=name, address=address: answers(address, name),
-                              timeout_s=60, interval_s=0.5), f"{name} did not start"
+                              timeout_s=60, interval_s=0.5, what=f"{name} to answer")
         with use_resolver(hosts_resolver(addresses)):
             yield {**addresses, "network": network.name}
     finally:

@@ -111,9 +111,9 @@ def test_tasks_offer_sanitised_answer_tools_and_force_the_single_function():
     assert tool.name == "math_factorial" and tool.fn is None
     assert tool.schema["function"]["parameters"]["type"] == "object"
     assert task.data.tool_choice == {"type": "function", "function": {"name": "math_factorial"}}
-    assert wire_schema({"type": "dict", "properties": {"x": {"type": "float"}, "t": {"type": "tuple", "items": {
-        "type": "any"}}}}) == {"type": "object", "properties": {"x": {"type": "number"}, "t": {"type": "array",
-                                                                                            "items": {"type": "string"}}}}
+    schema = {"type": "dict", "properties": {"x": {"type": "float"}, "t": {"type": "tuple", "items": {"type": "any"}}}}
+    assert wire_schema(schema) == {"type": "object", "properties": {
+        "x": {"type": "number"}, "t": {"type": "array", "items": {"type": "string"}}}}
     assert tool_name("a.b-c d") == "a_b-c_d"
 
 

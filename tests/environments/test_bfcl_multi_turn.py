@@ -177,8 +177,10 @@ def test_the_executor_refuses_private_denied_excluded_and_malformed_calls(tasks)
     before = vars(backend.instances["GorillaFileSystem"]).copy()
     assert backend.call("kill") == "Error during execution: Function call kill is not allowed."
     assert backend.call("_load_scenario", ({},)) == "Error during execution: name '_load_scenario' is not defined"
-    assert backend.call("cp", (), {"source": "a", "destination": "b"}) == "Error during execution: name 'cp' is not defined"
-    assert backend.call_json("cd", "[1]").startswith("Error during execution: the arguments of cd are not a JSON object")
+    assert backend.call("cp", (), {"source": "a", "destination": "b"}) == \
+        "Error during execution: name 'cp' is not defined"
+    assert backend.call_json("cd", "[1]").startswith(
+        "Error during execution: the arguments of cd are not a JSON object")
     assert backend.call_json("cd", "[" * 100_000 + "]" * 100_000) == (   # a model's, never a RecursionError
         "Error during execution: the arguments of cd are not a JSON object "
         "(the text nests deeper than 128 levels (MAX_JSON_DEPTH))")

@@ -4,8 +4,8 @@ quota" once a rollout runs; the bounds themselves load."""
 
 from __future__ import annotations
 
+import asyncio
 import re
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -81,9 +81,9 @@ def test_extreme_taskset_options_are_refused_naming_them(tmp_path, option, value
         load_taskset("harbor", {"path": str(tmp_path), option: value})
 
 
-async def test_healthcheck_retries_0_still_waits_out_the_start_period(tmp_path):
+async def test_healthcheck_retries_0_still_waits_out_the_start_period(tmp_path, monkeypatch):
     make_task(tmp_path, "slow-start", 'version = "1.0"\n[environment.healthcheck]\ncommand = "ready"\n'
-              "retries = 0\nstart_period_sec = 30.0\nstart_interval_sec = 0.0\n")
+              "retries = 0\nstart_period_sec = 30.0\nstart_interval_sec = 0.0\ninterval_sec = 3600.0\n")
     (task,) = load_taskset("harbor", {"path": str(tmp_path)})
     answers = iter([1, 1, 0])   # mkdir, then the healthcheck fails twice while starting, then passes
     calls = []
@@ -93,8 +93,15 @@ async def test_healthcheck_retries_0_still_waits_out_the_start_period(tmp_path):
         code = 0 if command.startswith("mkdir") else next(answers)
         return SimpleNamespace(exit_code=code, stderr="", stdout="", timed_out=False)
 
-    started = time.monotonic()
+    slept: list[float] = []
+    sleep = asyncio.sleep
+
+    async def recorded_sleep(seconds: float) -> None:
+        slept.append(seconds)
+        await sleep(0)
+    monkeypatch.setattr(asyncio, "sleep", recorded_sleep)
     runtime = SimpleNamespace(exec=exec, config=SimpleNamespace(image="i", workdir="/app"),
                               network=task.network("agent"))
     await task.setup(runtime, None)
-    assert calls[1:] == ["ready"] * 3 and time.monotonic() - started < 30
+    assert calls[1:] == ["ready"] * 3
+    assert slept == [0.0, 0.0]   # start_interval_sec twice, inside the start period (interval_sec is 3600)

@@ -44,7 +44,8 @@ def test_a_whole_function_keeps_the_prompts_imports_and_helpers(tasks):
 
 
 def test_a_wrong_function_fails(tasks):
-    assert not passes(tasks["HumanEval-0"], "```python\ndef has_close_elements(numbers, threshold):\n    return False\n```")
+    assert not passes(tasks["HumanEval-0"],
+                      "```python\ndef has_close_elements(numbers, threshold):\n    return False\n```")
 
 
 WRONG = "```python\ndef has_close_elements(numbers, threshold):\n    return False\n```"

@@ -45,7 +45,7 @@ def chat(client: httpx.Client, messages=MESSAGES, **extra) -> httpx.Response:
 def test_base_url_and_not_started():
     srv = ScriptedOpenAIServer()
     with pytest.raises(RuntimeError):
-        srv.base_url
+        _ = srv.base_url
     with srv:
         assert srv.base_url.startswith("http://127.0.0.1:") and srv.base_url.endswith("/v1")
     srv.stop()  # idempotent
@@ -114,7 +114,7 @@ def test_delayed_actually_delays(server, client):
     r = chat(client)
     elapsed = time.perf_counter() - start
     assert r.json()["choices"][0]["message"]["content"] == "late"
-    assert 0.3 <= elapsed < 5
+    assert elapsed >= 0.3   # how much later: benchmarks/scripted_server.py
 
 
 def test_malformed_body(server, client):
@@ -191,7 +191,7 @@ def test_reset(server, client):
     assert chat(client).status_code == 500
 
 
-def test_keep_alive_reuses_connection_and_is_fast(server, client):
+def test_keep_alive_reuses_the_connection(server, client):
     server.default = reply("ok")
     ports = set()
     for _ in range(2):
@@ -199,10 +199,7 @@ def test_keep_alive_reuses_connection_and_is_fast(server, client):
             ports.add(r.extensions["network_stream"].get_extra_info("client_addr")[1])
             r.read()
     assert len(ports) == 1  # same local port -> same TCP connection
-    start = time.perf_counter()
-    for _ in range(50):
-        assert chat(client).status_code == 200
-    assert time.perf_counter() - start < 1.5  # would be ~2 s with the delayed-ACK stall
+    # its speed (the delayed-ACK stall TCP_NODELAY avoids): benchmarks/scripted_server.py
 
 
 def test_concurrent_requests_get_distinct_steps(server):
@@ -211,13 +208,12 @@ def test_concurrent_requests_get_distinct_steps(server):
 
     limits = httpx.Limits(max_connections=n)  # one connection per thread, shared client
     with httpx.Client(base_url=server.base_url, timeout=10, limits=limits) as c:
-        start = time.perf_counter()
         with ThreadPoolExecutor(n) as pool:
             answers = list(pool.map(lambda _: chat(c).json()["choices"][0]["message"]["content"],
                                     range(n)))
     assert sorted(answers) == sorted(f"step {i}" for i in range(n))
     assert len(server.requests) == n
-    assert time.perf_counter() - start < 0.05 * n  # handled in parallel, not serially
+    assert server.max_in_flight > 1   # handled in parallel, not serially (the wall: benchmarks/scripted_server.py)
 
 
 def test_stop_closes_keep_alive_connections():

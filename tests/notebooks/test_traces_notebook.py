@@ -70,7 +70,8 @@ def run_notebook(traces: Path, tmp: Path, run_id: str | None = None, **variables
     Returns it with outputs."""
     nb = nbformat.read(NOTEBOOK, as_version=4)
     setup = [cell.id for cell in nb.cells].index("setup")
-    record, report = nbformat.v4.new_code_cell(RECORD_FIGURES), nbformat.v4.new_code_cell('print("FIGURES", _json.dumps(FIGURES))')
+    record = nbformat.v4.new_code_cell(RECORD_FIGURES)
+    report = nbformat.v4.new_code_cell('print("FIGURES", _json.dumps(FIGURES))')
     record.id, report.id = "record-figures", "report-figures"
     nb.cells[setup + 1:setup + 1] = [record]
     nb.cells.append(report)
@@ -387,7 +388,8 @@ def test_compare_section_plots_each_environment_and_category_difference_with_its
     assert [float(v) for v in simple[:8]] == [4, 4, 1.0, 0.25, -0.75, -1.0, -0.25, 0.25]   # McNemar: 2 * 1/8
     assert simple[-1] == "mcnemar_exact"
     arith = compared_line(cell, "arith")
-    assert [float(v) for v in arith[:5]] == [2, 2, 0.5, 0.5, 0.0] and [float(v) for v in arith[8:14]] == [0, 0, 0, 1, 0, 0]
+    assert [float(v) for v in arith[:5]] == [2, 2, 0.5, 0.5, 0.0]
+    assert [float(v) for v in arith[8:14]] == [0, 0, 0, 1, 0, 0]
     assert [float(v) for v in compared_line(cell, "bfcl")[:5]] == pytest.approx([6, 6, 5 / 6, 0.5, -1 / 3], abs=1e-4)
     assert "bfcl: pass -> fail ['s0', 's1', 's2'], fail -> pass ['m1']" in text(cell)
     figure = figures(cells)["Reward difference B − A with its 95% interval (A = night-1, B = night-2)"]

@@ -22,7 +22,7 @@ from tests.fakes.openai_server import delayed, reply
 from tests.prefect.test_failure_states import final_flow_runs
 from tests.support.cli import eval_env, finish, start_eval
 from tests.support.datasets import durable_rows
-from tests.support.waiting import wait_until
+from tests.support.waiting import poll_until, wait_until
 
 
 def disk_full_after(rollout_files: int, monkeypatch) -> None:
@@ -76,7 +76,7 @@ def test_sigterm_ends_an_eval_as_ctrl_c_does(tmp_path, openai_server, signal_num
     process = start_eval(config, "--run-id", run_id, env=eval_env(PREFECT_LOGGING_LEVEL="WARNING"))
     def two_durable_or_ended() -> bool:   # (an eval that ended: the asserts below say how)
         return process.poll() is not None or durable_rows(tmp_path / "traces") >= 2
-    wait_until(two_durable_or_ended, timeout_s=120, interval_s=0.05)
+    poll_until(two_durable_or_ended, timeout_s=120, interval_s=0.05)
     process.send_signal(signal_number)
     output = " ".join(finish(process, 120).split())
 
@@ -108,7 +108,7 @@ def test_sigterm_removes_the_containers_of_the_rollouts_in_flight(tmp_path, open
         assert process.poll() is None, "the eval exited before it started its containers"
         return len(of_run()) >= 3
     try:
-        assert wait_until(started, timeout_s=90), "the eval started no containers"
+        assert wait_until(started, timeout_s=90, what="the eval to start its 3 containers")
     finally:
         process.send_signal(signal.SIGTERM)
     output = " ".join(finish(process, 120).split())

@@ -23,7 +23,7 @@ from tests.prefect.tasksets import Numbered
 from tests.support.cli import eval_env, finish, start_eval
 from tests.support.datasets import durable_rows
 from tests.support.ports import free_port
-from tests.support.waiting import wait_for, wait_until
+from tests.support.waiting import poll_until, wait_for
 
 pytestmark = pytest.mark.prefect
 
@@ -39,7 +39,7 @@ async def final_flow_runs(**filters) -> list:
         async with get_client() as client:
             runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(**filters))
         return runs if runs and all(r.state and r.state.is_final() for r in runs) else None
-    return await wait_for(read) or []
+    return await wait_for(read, what=f"the flow runs of {filters} to end")
 
 
 async def final_task_runs(flow_run_id, expected: int) -> list:
@@ -48,7 +48,7 @@ async def final_task_runs(flow_run_id, expected: int) -> list:
             runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
         final = [r for r in runs if r.state and r.state.is_final()]
         return final if len(final) >= expected else None
-    return await wait_for(read) or []
+    return await wait_for(read, what=f"{expected} task runs of flow run {flow_run_id} to end")
 
 
 def eval_run(run_id: str):
@@ -158,7 +158,7 @@ def test_ctrl_c_prints_how_many_rollouts_are_durable_and_the_resume_command(tmp_
     process = start_eval(config, "--run-id", "ctrl-c", env=eval_env(PREFECT_LOGGING_LEVEL="WARNING"))
     def two_durable_or_ended() -> bool:   # (an eval that ended: the asserts below say how)
         return process.poll() is not None or durable_rows(tmp_path / "traces") >= 2
-    wait_until(two_durable_or_ended, timeout_s=120, interval_s=0.05)
+    poll_until(two_durable_or_ended, timeout_s=120, interval_s=0.05)
     process.send_signal(signal.SIGINT)
     output = " ".join(finish(process, 120).split())
     durable = len(read_rollouts(tmp_path / "traces", run_id="ctrl-c"))

@@ -20,7 +20,7 @@ from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply
 from tests.support.cli import eval_env, finish, start_eval
 from tests.support.datasets import durable_rows
-from tests.support.waiting import wait_until
+from tests.support.waiting import poll_until, wait_until
 
 pytestmark = pytest.mark.prefect
 
@@ -71,15 +71,15 @@ def test_kill_9_after_scoring_does_not_score_a_finished_rollout_again(tmp_path, 
         def three_scored() -> bool:
             assert process.poll() is None, process.stdout.read()[-3000:]
             return len(log.read_text().split()) >= 3
-        assert wait_until(three_scored, timeout_s=120, interval_s=0.05), "no rollout finished"
+        assert wait_until(three_scored, timeout_s=120, interval_s=0.05, what="three rollouts scored")
         # a row takes milliseconds to write; a batch waits 30 s (the test then finds the rows missing)
-        wait_until(lambda: durable_rows(tmp_path / "traces") >= 3, timeout_s=3, interval_s=0.05)
+        poll_until(lambda: durable_rows(tmp_path / "traces") >= 3, timeout_s=3, interval_s=0.05)
         os.kill(process.pid, signal.SIGKILL)
-        process.wait()
+        process.wait(timeout=10)
     finally:
         if process.poll() is None:
             process.kill()
-            process.wait()
+            process.wait(timeout=10)
     openai_server.default = reply("0")
     resumed = run_cli(config, "--resume", "charged")
     output = finish(resumed, 180)

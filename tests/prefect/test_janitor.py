@@ -37,7 +37,7 @@ def dead_owner() -> Owner:
     process = subprocess.Popen(["sleep", "60"])
     start = process_start(process.pid)
     process.kill()
-    process.wait()
+    process.wait(timeout=10)
     return Owner(current_owner().host, boot_id(), process.pid, start)
 
 
@@ -139,10 +139,10 @@ async def test_after_kill_9_of_an_eval_the_janitor_reaps_its_containers_and_cras
         assert process.poll() is None, "the eval exited before it started its containers"
         return len(of_process()) >= 3
     try:
-        assert await wait_for(started, timeout_s=90), "the eval started no containers"
+        assert await wait_for(started, timeout_s=90, what="the eval to start its 3 containers")
     finally:
         os.kill(process.pid, signal.SIGKILL)
-        process.wait()
+        process.wait(timeout=10)
     containers = of_process()
     assert len(containers) == 3                                    # killed: nothing removed them
     owner_tag = OWNER_TAG + containers[0].attrs["Labels"][owner_label]
@@ -203,16 +203,16 @@ async def test_after_kill_9_of_an_eval_of_a_program_no_program_runs_on_and_the_j
         assert process.poll() is None, "the eval exited before it launched its programs"
         return len(of_process()) >= 2 and all(running(c) == 2 for c in of_process())
     try:
-        assert await wait_for(launched, timeout_s=90, interval_s=0.3), "the eval launched no programs"
+        assert await wait_for(launched, timeout_s=90, interval_s=0.3, what="the eval to launch its 2 programs")
     finally:
         os.kill(process.pid, signal.SIGKILL)
-        process.wait()
+        process.wait(timeout=10)
     containers = of_process()
     owner = containers[0].attrs["Labels"][owner_label]
     endpoints = glob.glob(os.path.join(tempfile.gettempdir(), f"rollout-{owner}-*.endpoint"))
     assert len(containers) == 2 and len(endpoints) == 1   # left behind by the kill
     # the launchers see their endpoint gone and kill the programs (two misses, 2 s apart)
-    assert await wait_for(lambda: not any(running(c) for c in containers), timeout_s=20, interval_s=0.5), \
-        "a program outlived its killed agent"
+    assert await wait_for(lambda: not any(running(c) for c in containers), timeout_s=20, interval_s=0.5,
+                          what="the programs to end with their killed agent")
     await janitor_flow(max_age_minutes=180)
-    assert of_process() == [] and not any(os.path.exists(path) for path in endpoints)
+    assert of_process() == [] and not any(os.path.exists(path) for path in endpoints)   # noqa: ASYNC240 (stats)

@@ -11,8 +11,8 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 
-from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.config.eval import load_eval_config
+from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.limits import endpoint_limit_name
 from prefect_rollouts.runtimes.docker import LABEL

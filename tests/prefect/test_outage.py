@@ -7,6 +7,7 @@ client give up after about 2 s, so a short outage shows what a long one does wit
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -82,7 +83,7 @@ async def wait_for_rows(process: subprocess.Popen[str], root: Path, rows: int, t
     async def written() -> bool:
         assert process.poll() is None, process.stdout.read()[-3000:]
         return durable_rows(root) >= rows
-    assert await wait_for(written, timeout_s=timeout_s, interval_s=0.1), "the eval made no progress"
+    assert await wait_for(written, timeout_s=timeout_s, interval_s=0.1, what=f"{rows} durable rows")
 
 
 async def final_states(api_url: str, run_id: str, granularity: str) -> list[str]:
@@ -93,7 +94,8 @@ async def final_states(api_url: str, run_id: str, granularity: str) -> list[str]
                                                limit=200)
             return [r.state_name for r in runs if r.parameters.get("rollout", {}).get("run_id") == run_id]
         [eval_run] = await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[run_id])))
-        runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[eval_run.id])), limit=200)
+        runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[eval_run.id])),
+                                           limit=200)
         return [r.state_name for r in runs if r.name.startswith("add-")]
 
 
@@ -116,7 +118,7 @@ async def test_rollouts_go_on_through_an_api_outage_and_prefect_states_are_recon
     finally:
         if process.poll() is None:
             process.kill()
-            process.wait()
+            process.wait(timeout=10)
     assert process.returncode == 0, output[-3000:]
     assert "Traceback" not in output
     assert during >= 4, f"only {during} rollouts became durable during the outage"
@@ -133,8 +135,8 @@ async def test_rollouts_go_on_through_an_api_outage_and_prefect_states_are_recon
         allowed = {"Crashed"} if granularity == "flow" else set()
         return states.count("Completed") == ROLLOUTS and set(others) <= allowed
     # the server records runs from events; the events client reconnects with backoff
-    assert await wait_for(reconciled, timeout_s=150, interval_s=1), \
-        f"{len(states)} runs on the server: {sorted(set(states))}"
+    assert await wait_for(reconciled, timeout_s=150, interval_s=1, what=lambda: (
+        f"each rollout's run reconciled ({len(states)} runs on the server: {sorted(set(states))})"))
 
 
 async def test_an_outage_past_the_limit_stops_the_eval_with_the_resume_command(tmp_path, openai_server, api):
@@ -148,7 +150,7 @@ async def test_an_outage_past_the_limit_stops_the_eval_with_the_resume_command(t
     finally:
         if process.poll() is None:
             process.kill()
-            process.wait()
+            process.wait(timeout=10)
     durable = durable_rows(tmp_path / "traces")
     assert process.returncode == 1 and "Traceback" not in output, output[-3000:]
     assert "unreachable for" in output and "api_outage_limit_s" in output
@@ -176,7 +178,7 @@ async def test_an_outage_at_the_end_prints_the_summary_exits_1_and_names_the_com
     finally:
         if process.poll() is None:
             process.kill()
-            process.wait()
+            process.wait(timeout=10)
         api.start()
     assert durable_rows(tmp_path / "traces") == ROLLOUTS
     assert process.returncode == 1 and "Traceback" not in output, output[-3000:]
@@ -184,8 +186,9 @@ async def test_an_outage_at_the_end_prints_the_summary_exits_1_and_names_the_com
     command = f"prefect-rollouts traces reconcile {tmp_path / 'traces'} {run_id}"
     assert command in " ".join(output.split()), output[-3000:]
     assert await eval_state(api.api_url, run_id) == ["Running"]      # what the outage left
-    mended = subprocess.run([sys.executable, "-m", "prefect_rollouts.cli", *command.split()[1:]], capture_output=True,
-                            text=True, timeout=120, env={**os.environ, "PREFECT_API_URL": api.api_url})
+    mended = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "prefect_rollouts.cli", *command.split()[1:]], capture_output=True,
+        text=True, timeout=120, env={**os.environ, "PREFECT_API_URL": api.api_url})
     assert mended.returncode == 0, mended.stdout + mended.stderr
     assert f"eval flow runs set: 1: {run_id} (Completed)" in mended.stdout
     assert await eval_state(api.api_url, run_id) == ["Completed"]
@@ -193,8 +196,9 @@ async def test_an_outage_at_the_end_prints_the_summary_exits_1_and_names_the_com
         states = await final_states(api.api_url, run_id, "flow")
         others = [state for state in states if state != "Completed"]
         assert states.count("Completed") == ROLLOUTS and set(others) <= {"Crashed"}, sorted(states)
-    again = subprocess.run([sys.executable, "-m", "prefect_rollouts.cli", *command.split()[1:]], capture_output=True,
-                           text=True, timeout=120, env={**os.environ, "PREFECT_API_URL": api.api_url})
+    again = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "prefect_rollouts.cli", *command.split()[1:]], capture_output=True,
+        text=True, timeout=120, env={**os.environ, "PREFECT_API_URL": api.api_url})
     assert "eval flow runs set: 0" in again.stdout and "rollout flow runs created: 0" in again.stdout
 
 async def eval_state(api_url: str, run_id: str) -> list[str]:
@@ -213,7 +217,8 @@ async def test_losing_postgresql_under_a_live_api_is_an_outage_and_every_state_i
     try:
         await wait_for_rows(process, tmp_path / "traces", 4)
         api.stop_postgres()
-        assert httpx.get(f"{api.api_url}/health", timeout=5).status_code == 200   # the API itself lives
+        async with httpx.AsyncClient(timeout=5) as client:   # the API itself lives
+            assert (await client.get(f"{api.api_url}/health")).status_code == 200
         at_outage = durable_rows(tmp_path / "traces")
         await wait_for_rows(process, tmp_path / "traces", ROLLOUTS)   # all of them, well past the client's ~2 s
         during = durable_rows(tmp_path / "traces") - at_outage
@@ -223,7 +228,7 @@ async def test_losing_postgresql_under_a_live_api_is_an_outage_and_every_state_i
     finally:
         if process.poll() is None:
             process.kill()
-            process.wait()
+            process.wait(timeout=10)
     assert process.returncode == 0, output[-3000:]
     assert "database" in output and "Traceback" not in output, output[-3000:]
     assert during >= 4, f"only {during} rollouts became durable while the database was away"

@@ -42,7 +42,8 @@ async def test_a_failed_flow_run_creation_while_the_api_answers_is_tried_again(t
     rows = read_rollouts(tmp_path, run_id="passing-error")
     assert len(rows) == 3 and rows["flow_run_id"].notna().all(), "every rollout ran as a flow run"
     async with get_client() as client:
-        runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(rows["flow_run_id"]))))
+        runs = await client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(rows["flow_run_id"]))))
     assert sorted(run.state_type.value for run in runs) == ["COMPLETED"] * 3
     messages = [record.getMessage() for record in caplog.records]
     assert any("failed (ReadError: connection reset by peer) while the API answers; trying once more" in m

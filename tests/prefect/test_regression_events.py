@@ -45,7 +45,7 @@ def webhook():
     received: list[dict[str, Any]] = []
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:   # noqa: N802 - http.server's name
+        def do_POST(self) -> None:   # http.server's name
             received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
             self.send_response(200)
             self.end_headers()
@@ -139,8 +139,7 @@ def test_a_worse_run_emits_regressed_the_automation_notifies_and_the_baseline_st
     assert any(r["prefect.resource.role"] == "flow-run" for r in feed[0]["related"]), "the eval flow run is named"
     assert payload["n_flipped_to_fail"] == 14 and len(payload["flipped_to_fail"]) == 14
 
-    notified = wait_until(lambda: received, timeout_s=90)
-    assert notified, "the automation sent the webhook block a message"
+    notified = wait_until(lambda: received, timeout_s=90, what="the automation's message to the webhook block")
     assert "tests.prefect.tasksets:numbered regressed in regress" in notified[0]["subject"]
     body = notified[0]["body"]
     assert "mean reward 1.000 -> 0.650, difference -0.350 (95% interval [" in body, body

@@ -14,6 +14,7 @@ from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply
 from tests.support.cli import eval_env, finish, start_eval
 from tests.support.datasets import durable_rows
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.prefect
 
@@ -29,16 +30,17 @@ def test_kill_9_then_resume_gives_every_rollout_exactly_once(tmp_path, openai_se
     for kill_at in (("seconds", 3.0), ("rows", 6), ("rows", 15)):   # during start-up, then mid-run twice
         process = start_eval(config, "--resume", "killed-run", env=env)
         started = time.monotonic()
-        while process.poll() is None:
-            assert time.monotonic() - started < 120, "the eval made no progress"
-            if kill_at[0] == "seconds" and time.monotonic() - started >= kill_at[1]:
-                break
-            if kill_at[0] == "rows" and durable_rows(tmp_path / "traces") > kill_at[1]:
-                break
-            time.sleep(0.05)
+
+        def at_kill_point(process=process, started=started, kill_at=kill_at) -> bool:
+            if process.poll() is not None:
+                return True
+            if kill_at[0] == "seconds":
+                return time.monotonic() - started >= kill_at[1]
+            return durable_rows(tmp_path / "traces") > kill_at[1]
+        wait_until(at_kill_point, timeout_s=120, interval_s=0.05, what=f"the eval to reach its kill point {kill_at}")
         if process.poll() is None:
             os.kill(process.pid, signal.SIGKILL)
-        process.wait()
+        process.wait(timeout=10)
     finished = start_eval(config, "--resume", "killed-run", env=env)
     output = finish(finished, 300)
     assert finished.returncode == 0, output

@@ -27,7 +27,7 @@ async def task_runs_of(flow_run_id: str, expected: int) -> list:
             runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
         final = [r for r in runs if r.state and r.state.is_final()]
         return sorted(final, key=lambda r: r.expected_start_time) if len(final) >= expected else None
-    return await wait_for(read) or []
+    return await wait_for(read, what=f"{expected} task runs of flow run {flow_run_id} to end")
 
 
 def prefect_config(agent_config, **fields):

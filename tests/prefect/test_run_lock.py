@@ -40,13 +40,12 @@ def wait_running(run_id: str, process: subprocess.Popen[str], server: object, ti
     """The eval flow run of ``run_id`` once it is Running and holds the run: its first rollout has asked
     the model (a rollout starts only inside ``hold_run``; Running alone comes before the lock is taken)."""
     def running() -> object:
-        assert process.poll() is None, process.communicate()[0]
+        assert process.poll() is None, process.communicate(timeout=30)[0]
         if not server.requests:   # type: ignore[attr-defined]
             return None
         return next((run for run in eval_runs(run_id) if run.state_type.value == "RUNNING"), None)
-    run = wait_until(running, timeout_s=timeout_s, interval_s=0.5)
-    assert run is not None, f"no eval flow run of {run_id} turned Running"
-    return run
+    return wait_until(running, timeout_s=timeout_s, interval_s=0.5,
+                      what=f"the eval flow run of {run_id} to turn Running and hold the run")
 
 
 def config_file(tmp_path: Path, base_url: str) -> Path:
@@ -94,7 +93,7 @@ def test_a_resume_right_after_the_eval_was_killed_takes_the_run_over(tmp_path, o
     first = start_eval(config, "--run-id", "taken-over", new_session=True)
     dead = wait_running("taken-over", first, openai_server)
     os.killpg(first.pid, signal.SIGKILL)
-    first.wait()
+    first.wait(timeout=10)
     resumed = start_eval(config, "--resume", "taken-over", new_session=True)
     output = finish(resumed, 300)
     assert resumed.returncode == 0, output

@@ -54,7 +54,7 @@ async def logs_of(flow_run_ids: list[str], ended: int) -> list:
             logs = await client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=flow_run_ids)))
         done = sum(log.message.startswith("Finished in state") and log.task_run_id is None for log in logs)
         return sorted(logs, key=lambda log: log.timestamp) if done >= ended else None
-    return await wait_for(read, timeout_s=30) or []
+    return await wait_for(read, timeout_s=30, what=f"{ended} of the flow runs to log their end")
 
 
 async def test_rollout_runs_are_named_and_end_with_their_outcome_and_the_summary_shows_components(

@@ -10,8 +10,8 @@ import json
 import pytest
 from prefect.client.orchestration import get_client
 
-from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.config.eval import load_eval_config
+from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.traces import read_rollouts
 from tests.eval_toml import eval_toml

@@ -59,7 +59,8 @@ async def test_keys_from_a_block_and_from_the_environment_never_leak(tmp_path, o
         if source == "block":
             toml = toml.replace('api_key_env = ""', 'endpoint = "scripted-endpoint"')
         else:
-            toml = toml.replace('api_key_env = ""', f'api_key_env = "ROLLOUTS_TEST_KEY"\nheaders = {{ X-Api-Key = "{HEADER_KEY}" }}')
+            toml = toml.replace('api_key_env = ""',
+                                f'api_key_env = "ROLLOUTS_TEST_KEY"\nheaders = {{ X-Api-Key = "{HEADER_KEY}" }}')
         runs[source] = await eval_flow(load_eval_config(toml), run_id=f"secret-{source}")
     sent = {r.headers.get("authorization") for r in openai_server.requests}
     assert sent == {f"Bearer {BLOCK_KEY}", f"Bearer {ENV_KEY}"}            # the keys were used
@@ -77,7 +78,8 @@ async def test_keys_from_a_block_and_from_the_environment_never_leak(tmp_path, o
         found += leaks(text, str(path))
     async with get_client() as client:
         flow_runs = await client.read_flow_runs()
-        logs = await client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[r.id for r in flow_runs])))
+        logs = await client.read_logs(
+            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[r.id for r in flow_runs])))
     for flow_run in flow_runs:
         found += leaks(json.dumps(flow_run.parameters, default=str), f"parameters of {flow_run.name}")
         found += leaks(str(flow_run.state.message if flow_run.state else ""), f"state of {flow_run.name}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -39,6 +40,6 @@ async def test_segment_retries_wait_the_same_doubling_delays_on_every_path(opena
         else:
             trace = await agent.run(task)
     assert trace.errors == [] and trace.last_reply == "ok" and len(arrivals) == 4
-    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
     # jitter: inline U(0.5, 1.5) x delay; Prefect's clamped Poisson within (0.63, 1.5) x delay; plus overhead
-    assert all(0.5 * d - 0.02 <= g <= 1.5 * d + 0.35 for g, d in zip(gaps, NOMINAL)), (path, gaps)
+    assert all(0.5 * d - 0.02 <= g <= 1.5 * d + 0.35 for g, d in zip(gaps, NOMINAL, strict=True)), (path, gaps)

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.config.eval import load_eval_config
+from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.flows.shard import shard_flow
 from prefect_rollouts.traces import durable_keys, read_rollouts
@@ -96,7 +96,7 @@ def test_a_suite_config_is_checked_entry_by_entry(tmp_path):
         load_eval_config(twice)
     client = suite.replace("[env.agent]", '[[env.tasksets]]\nid = "arithmetic"\nagent = { client = { timeout = 1 } }\n'
                                           "[env.agent]", 1)
-    with pytest.raises(ConfigError, match="agent.client: a suite's environments share"):
+    with pytest.raises(ConfigError, match=re.escape("agent.client: a suite's environments share")):
         load_eval_config(client)
     bad_agent = suite.replace("[env.agent]", '[[env.tasksets]]\nid = "arithmetic"\nagent = { max_turns = 0 }\n'
                                              "[env.agent]", 1)
@@ -118,7 +118,7 @@ def test_a_suite_entry_holds_no_secret_and_names_no_path(tmp_path):
     with pytest.raises(ConfigError, match=r"agent.scoring.judges\[0\].client: a suite's environments share"):
         entry('agent = { scoring = { judges = [{ id = "reference", model = "j", client = { headers = '
               '{ Authorization = "Bearer s3cret" } } }] } }')
-    with pytest.raises(ConfigError, match="agent.orchestrator: an eval's rollout_granularity decides"):
+    with pytest.raises(ConfigError, match=re.escape("agent.orchestrator: an eval's rollout_granularity decides")):
         entry('agent = { orchestrator = "inline" }')
     for name in ("a/b", "all", "x=y"):
         with pytest.raises(ConfigError, match=r"\[env.tasksets\[0\]\] name = .*: an environment's name names rows"):

@@ -14,8 +14,8 @@ from prefect_rollouts.runtimes import make_runtime
 async def runtime(request):
     if request.param == "docker":
         request.getfixturevalue("docker_engine")   # a skip locally without an engine, a failure in CI
-    rt = make_runtime(vf.RuntimeConfig(type=request.param, exec_timeout_s=20, output_cap_bytes=1024, env={"GREETING": "hi"},
-                                       artifact_max_bytes=40_000))
+    rt = make_runtime(vf.RuntimeConfig(type=request.param, exec_timeout_s=20, output_cap_bytes=1024,
+                                       env={"GREETING": "hi"}, artifact_max_bytes=40_000))
     await rt.start()
     yield rt
     await rt.stop()

@@ -18,6 +18,7 @@ from prefect_rollouts.errors import scrub
 from prefect_rollouts.runtimes.egress import EgressProxy, Route
 from prefect_rollouts.runtimes.egress_address import is_host_address, resolve, use_resolver
 from prefect_rollouts.runtimes.egress_wire import server_name
+from tests.support.waiting import within
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
@@ -118,7 +119,8 @@ async def test_a_tunnel_carries_bytes_and_checks_the_tls_server_name(proxy, upst
     reader, writer, head = await connect(port, f"127.0.0.1:{upstream}", route)   # allowed host, blocked SNI
     hello = client_hello("blocked.test")
     writer.write(hello)
-    assert await reader.read() == b""   # the tunnel is closed, nothing of the hello came back
+    # the tunnel is closed, nothing of the hello came back
+    assert await within(reader.read(), 5, "the proxy to close the tunnel") == b""
     writer.close()
     await asyncio.sleep(0)
     tunnel, fronted = route.records
@@ -139,7 +141,8 @@ async def test_a_glob_never_reaches_loopback_but_an_exact_rule_does(proxy, upstr
     egress, port = proxy
     everything = egress.open_route(NetworkPolicy.model_validate({"allow": ["*"]}))
     reader, writer, head = await connect(port, f"localhost:{upstream}", everything)
-    assert head.startswith(b"HTTP/1.1 403") and b"loopback or link-local" in await reader.read()
+    assert head.startswith(b"HTTP/1.1 403")
+    assert b"loopback or link-local" in await within(reader.read(), 5, "the refusal's end")
     writer.close()
     exact = egress.open_route(NetworkPolicy.model_validate({"allow": [f"localhost:{upstream}"]}))
     _, writer, head = await connect(port, f"localhost:{upstream}", exact)
@@ -155,7 +158,7 @@ async def test_a_host_header_naming_a_blocked_host_is_refused(proxy, upstream):
     auth = base64.b64encode(f"{route.id}:{route.credential}".encode()).decode()
     writer.write(f"GET http://127.0.0.1:{upstream}/ HTTP/1.1\r\nHost: blocked.test\r\n"
                  f"Proxy-Authorization: Basic {auth}\r\n\r\n".encode())
-    answer = await reader.read()
+    answer = await within(reader.read(), 5, "the refusal's end")
     writer.close()
     assert answer.startswith(b"HTTP/1.1 403") and b"Host header 'blocked.test'" in answer
 
@@ -321,7 +324,7 @@ async def test_star_and_globs_never_reach_this_machines_own_addresses_but_an_exa
         glob = egress.open_route(NetworkPolicy.model_validate({"allow": [f"*.rebind.test:{target}"]}))
         for route, host in ((everything, address), (everything, "0.0.0.0"), (glob, "api.rebind.test")):
             reader, writer, head = await connect(port, f"{host}:{target}", route)
-            body = await reader.read()
+            body = await within(reader.read(), 5, "the refusal's end")
             writer.close()
             assert head.startswith(b"HTTP/1.1 403"), (host, head)
             assert f"{host} resolves to".encode() in body and b"only a rule naming the host exactly" in body
@@ -344,7 +347,7 @@ async def test_the_proxys_own_port_is_refused_even_under_an_exact_rule(proxy):
     route = egress.open_route(NetworkPolicy.model_validate({"allow": [f"{address}:{outside}", f"localhost:{port}"]}))
     for target in (f"{address}:{outside}", f"localhost:{port}"):
         reader, writer, head = await connect(port, target, route)
-        body = await reader.read()
+        body = await within(reader.read(), 5, "the refusal's end")
         writer.close()
         assert head.startswith(b"HTTP/1.1 403") and b"is this egress proxy itself" in body, (target, body)
     assert [record.allowed for record in route.records] == [False, False]

@@ -21,7 +21,8 @@ def work_pool(pg_api: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
                    check=True, capture_output=True, timeout=120)
     logs = tmp_path_factory.mktemp("workers")
     workers = [Worker(pg_api, pool, f"worker-{i}", 2, logs / f"worker-{i}.log") for i in range(2)]
-    assert wait_until(lambda: len(worker_names(pg_api, pool)) >= 2, timeout_s=180), "the workers did not start polling"
+    assert wait_until(lambda: len(worker_names(pg_api, pool)) >= 2, timeout_s=180,
+                      what="the 2 workers to poll the pool")
     try:
         yield pool, workers
     finally:

@@ -102,7 +102,7 @@ def test_a_killed_worker_s_shard_is_crashed_and_run_again_on_the_other(work_pool
     def run() -> None:
         try:
             result["summary"] = asyncio.run(eval_flow(cfg, run_id="killed-worker"))
-        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+        except BaseException as exc:   # reported by the assertion below
             result["error"] = exc
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -111,10 +111,10 @@ def test_a_killed_worker_s_shard_is_crashed_and_run_again_on_the_other(work_pool
         runs = asyncio.run(flow_runs("shard"))
         return next((r for r in runs if r.name.startswith("killed-worker") and r.state_type.value == "RUNNING"
                      and r.infrastructure_pid), None)
-    shard = wait_until(running_shard, timeout_s=120)
-    assert shard is not None, "no shard started"
+    shard = wait_until(running_shard, timeout_s=120, what="a shard of killed-worker to run")
     # until it wrote a row or two, so only some of its rollouts run again
-    assert wait_until(lambda: shard_rows(traces, "killed-worker", shard.id) >= 2, timeout_s=120), "it wrote no row"
+    assert wait_until(lambda: shard_rows(traces, "killed-worker", shard.id) >= 2, timeout_s=120,
+                      what="the shard's first 2 rows")
     pid = int(str(shard.infrastructure_pid).rsplit(":", 1)[-1])   # "PID" or "HOST:PID"
     victim = next(w for w in workers if pid in [p.pid for p in descendants(w.process.pid)])
     victim.kill()
@@ -196,9 +196,9 @@ def test_a_resume_after_the_eval_died_cancels_its_live_shards_first(work_pool, p
         runs = asyncio.run(flow_runs("shard"))
         return sum(r.name.startswith("died") and r.state_type.value == "RUNNING" for r in runs) >= 2
     # 2 shards in flight leave 2 of the workers' 4 slots free: the resumed eval's shards could run beside them
-    assert wait_until(shards_running, timeout_s=120)
+    assert wait_until(shards_running, timeout_s=120, what="2 shards of the eval to run")
     os.killpg(eval_process.pid, signal.SIGKILL)
-    eval_process.wait()
+    eval_process.wait(timeout=10)
 
     resumed = run_eval(toml, "--resume", "died", env=prefect_env(pg_api), timeout_s=400)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
@@ -251,7 +251,8 @@ def test_shards_waiting_on_a_pool_no_worker_polls_are_reported(pg_api, openai_se
         summary=asyncio.run(eval_flow(load_eval_config(text), run_id="idle-pool"))), daemon=True)
     try:
         thread.start()
-        assert wait_until(lambda: any("no worker is polling it" in w for w in warnings), timeout_s=120), warnings
+        assert wait_until(lambda: any("no worker is polling it" in w for w in warnings), timeout_s=120,
+                          what=lambda: f"the warning that no worker polls the pool (warnings: {warnings})")
         assert any(".venv/bin/prefect worker start --pool idle" in w for w in warnings)
         worker = Worker(pg_api, "idle", "late-worker", 1, tmp_path / "late-worker.log")
         thread.join(timeout=240)

@@ -100,8 +100,8 @@ def run_with_a_dying_shard(api_url: str, pool: str, base_url: str, tmp_path: Pat
     healthy = None
     try:
         thread.start()
-        marker = wait_until(lambda: next(stopped.iterdir(), None), timeout_s=240)
-        assert marker is not None, "the doomed worker never started the shard"
+        marker = wait_until(lambda: next(stopped.iterdir(), None), timeout_s=240,
+                            what="the doomed worker to start the shard")
         shard = next(run for run in asyncio.run(flow_runs("shard")) if str(run.id) == marker.name)
         assert shard.state_type.value == ("RUNNING" if stop_at == "running" else "PENDING")
         doomed.kill()   # the process never sent a heartbeat

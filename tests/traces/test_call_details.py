@@ -67,7 +67,8 @@ async def test_cached_and_reasoning_tokens_reach_the_trace_both_tables_and_the_s
     assert rows["reasoning_tokens"].iloc[0] == 12 and null(rows["reasoning_tokens"].iloc[1])
     calls = read_model_calls(tmp_path).sort_values(["rollout_id", "call_index"])
     mine = calls[calls["rollout_id"] == detailed.id]
-    assert null(mine["cached_tokens"].iloc[0]) and (mine["cached_tokens"].iloc[1], mine["reasoning_tokens"].iloc[1]) == (32, 12)
+    assert null(mine["cached_tokens"].iloc[0])
+    assert (mine["cached_tokens"].iloc[1], mine["reasoning_tokens"].iloc[1]) == (32, 12)
     summary = summarize(rows, run_id="details")
     assert (summary.cached_tokens, summary.reasoning_tokens) == (40, 12)
     assert (summary.environments[0].cached_tokens, summary.environments[0].reasoning_tokens) == (40, 12)

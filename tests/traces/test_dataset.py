@@ -59,7 +59,8 @@ async def test_add_says_when_the_batch_is_full_and_aflush_makes_it_durable(tmp_p
     writer = TraceWriter(tmp_path, "r1", batch_size=2)
     assert add(writer, make_trace("a", 1.0)) is False and writer.pending == 1
     assert add(writer, make_trace("b", 1.0)) is True
-    assert await writer.aflush() == 2 and writer.pending == 0 and writer.durable == {("arith", "a", 0), ("arith", "b", 0)}
+    assert await writer.aflush() == 2
+    assert writer.pending == 0 and writer.durable == {("arith", "a", 0), ("arith", "b", 0)}
     assert len(read_rollouts(tmp_path, run_id="r1")) == 2
 
 

@@ -11,10 +11,10 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
+from prefect_rollouts.config.eval import load_eval_config
 from prefect_rollouts.environments import BUILTIN
 from prefect_rollouts.environments.bfcl import CATEGORIES
 from prefect_rollouts.errors import ConfigError
-from prefect_rollouts.config.eval import load_eval_config
 from prefect_rollouts.launch_form import (
     BUILTIN_TASKSETS,
     AdvancedSettings,
