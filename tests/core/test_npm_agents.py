@@ -34,7 +34,8 @@ def test_the_codex_config_points_a_responses_provider_at_the_endpoint_with_retri
     assert (config["model"], config["model_provider"]) == ("my-model", "prefect-rollouts")
     assert config["model_providers"]["prefect-rollouts"] == {
         "name": "prefect-rollouts", "base_url": "http://127.0.0.1:4242/v1", "env_key": "OPENAI_API_KEY",
-        "wire_api": "responses", "request_max_retries": 0, "stream_max_retries": 0}
+        "wire_api": "responses", "request_max_retries": 0, "stream_max_retries": 0,
+        "stream_idle_timeout_ms": 1_800_000}   # the rollout's deadlines govern, not Codex's 5-minute watchdog
     assert (config["approval_policy"], config["sandbox_mode"], config["web_search"]) == \
         ("never", "danger-full-access", "disabled")
     assert config["developer_instructions"] == instructions
@@ -57,6 +58,8 @@ def test_the_command_lines_run_each_agent_non_interactively_without_its_own_sand
                                          "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC")} == {
         "CLAUDE_CONFIG_DIR": "/tmp/c", "IS_SANDBOX": "1", "CLAUDE_CODE_MAX_RETRIES": "0", "DISABLE_TELEMETRY": "1",
         "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+    watchdogs = ("CLAUDE_STREAM_IDLE_TIMEOUT_MS", "CLAUDE_STREAM_FIRST_BYTE_TIMEOUT_MS", "API_TIMEOUT_MS")
+    assert [env[name] for name in watchdogs] == ["1800000"] * 3   # a slow model is the rollout deadline's to cut
 
 
 @pytest.mark.parametrize("harness", ["codex", "claude-code"])

@@ -2,9 +2,9 @@
 load with ``TaskConfig`` of the Harbor release we follow (``HARBOR_VERSION``), and read the same here.
 
 Harbor needs Python 3.12 to run, but its pydantic task models (``harbor/models/task/config.py``) load under
-3.11 from the wheel without its other dependencies: the wheel is downloaded once (``pip download --no-deps``)
-into ``.cache/harbor-wheel`` of the checkout and imported in a subprocess, with a stand-in for the ``harbor``
-package so that its ``__init__`` (which imports all of Harbor) does not run. Without PyPI the test skips
+3.11 from the wheel without its other dependencies: the wheel is downloaded once per machine (``pip download
+--no-deps``) into ``~/.cache/prefect-rollouts/harbor-wheel`` and imported in a subprocess, with a stand-in for
+the ``harbor`` package so that its ``__init__`` (which imports all of Harbor) does not run. Without PyPI the test skips
 locally and fails in CI (``tests/support/extras.unavailable``).
 """
 
@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from prefect_rollouts.environments import load_taskset
+from prefect_rollouts.runtimes.base import cache_dir
 from tests.support.extras import unavailable
 
 pytestmark = pytest.mark.system
@@ -26,7 +27,7 @@ HARBOR_VERSION = "0.26.0"
 """The Harbor release whose task schema ``harbor_config`` follows (its ``config.py`` is 0.25.0's plus a comment)."""
 CHECKOUT = Path(__file__).resolve().parent.parent.parent
 SHIPPED = CHECKOUT / "examples" / "harbor-tasks"
-WHEELS = CHECKOUT / ".cache" / "harbor-wheel"
+WHEELS = cache_dir("harbor-wheel")   # once per machine (~/.cache/prefect-rollouts), not per checkout
 
 # Runs in a fresh interpreter: argv[1] = the wheel, argv[2:] = task.toml files; prints one JSON object per file.
 _VALIDATE = r"""
@@ -59,7 +60,7 @@ for path in sys.argv[2:]:
 
 
 def harbor_wheel() -> Path:
-    """Harbor's wheel in ``.cache/harbor-wheel``, downloaded from PyPI the first time."""
+    """Harbor's wheel in ``<cache>/harbor-wheel``, downloaded from PyPI the first time on a machine."""
     name = f"harbor-{HARBOR_VERSION}-py3-none-any.whl"
     if not (WHEELS / name).is_file():
         WHEELS.mkdir(parents=True, exist_ok=True)

@@ -42,6 +42,7 @@ def codex_config(base_url, model, instructions=None):
     ``wire_api = "responses"`` (the only value 0.169 accepts: openai/codex PR #10157 removed "chat"),
     ``request_max_retries`` and ``stream_max_retries`` at 0 (defaults 4 and 5:
     ``DEFAULT_REQUEST_MAX_RETRIES``, ``DEFAULT_STREAM_MAX_RETRIES`` in codex-rs/model-provider-info);
+    ``stream_idle_timeout_ms`` at ``WATCHDOG_MS`` (default 300,000);
     ``approval_policy = "never"`` and ``sandbox_mode = "danger-full-access"`` (also what
     ``--dangerously-bypass-approvals-and-sandbox`` sets); ``web_search = "disabled"`` (a hosted tool
     the endpoint cannot serve); update check, analytics, feedback, OpenTelemetry and history off;
@@ -69,6 +70,7 @@ def codex_config(base_url, model, instructions=None):
         'wire_api = "responses"',
         "request_max_retries = 0",
         "stream_max_retries = 0",
+        f"stream_idle_timeout_ms = {WATCHDOG_MS}",
     ]
     return "\n".join(lines) + "\n"
 
@@ -91,10 +93,19 @@ def claude_argv(binary, model, system_prompt_file=None):
     return argv
 
 
+WATCHDOG_MS = 1_800_000
+"""The agents' own stream watchdogs, in ms: 30 minutes, the most Claude Code takes (it clamps
+``CLAUDE_STREAM_IDLE_TIMEOUT_MS`` and ``CLAUDE_STREAM_FIRST_BYTE_TIMEOUT_MS`` to 10 s..1,800 s; 2.1.328's
+defaults are 180 s idle and no more than 300 s). The endpoint answers a streamed request once its
+upstream call is done, so a slow model (SmolLM2 on a busy 2-core machine: an 8k-token prompt took over
+300 s) sent no byte for minutes, and the agent gave up on a call the rollout's own deadlines allowed."""
+
+
 def claude_env(config_dir):
     """Claude Code's variables (code.claude.com/docs/en/env-vars; each name checked among the strings
     of the 2.1.328 binary): a private config directory; ``IS_SANDBOX=1`` lets
-    root bypass permissions; no retries (``CLAUDE_CODE_MAX_RETRIES``, default 10); telemetry, error
+    root bypass permissions; no retries (``CLAUDE_CODE_MAX_RETRIES``, default 10); the stream
+    watchdogs and ``API_TIMEOUT_MS`` at ``WATCHDOG_MS`` (the rollout's deadlines govern); telemetry, error
     reporting, the auto-updater, feature flags and other non-model traffic off; the small fast
     model of its background calls is the rollout's model (the endpoint imposes it anyway)."""
     model = os.environ.get("OPENAI_MODEL", "")
@@ -102,6 +113,9 @@ def claude_env(config_dir):
         "CLAUDE_CONFIG_DIR": config_dir,
         "IS_SANDBOX": "1",
         "CLAUDE_CODE_MAX_RETRIES": "0",
+        "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(WATCHDOG_MS),
+        "CLAUDE_STREAM_FIRST_BYTE_TIMEOUT_MS": str(WATCHDOG_MS),
+        "API_TIMEOUT_MS": str(WATCHDOG_MS),
         "DISABLE_TELEMETRY": "1",
         "DISABLE_ERROR_REPORTING": "1",
         "DISABLE_AUTOUPDATER": "1",
