@@ -3,6 +3,8 @@ under its tier's timeout unless it sets its own."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.support.tiers import TIMEOUT_S
@@ -100,3 +102,26 @@ def test_tests_sharing_a_module_fixture_and_the_model_tests_are_each_one_xdist_g
             assert groups(request) == [("smollm2",)]
         """)
     pytester.runpytest_inprocess("-p", "tests.support.tiers").assert_outcomes(passed=3)
+
+
+def test_under_xdist_a_group_runs_in_one_worker(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+    """The groups above work only if pytest-xdist honours them (pytest 9.2 with xdist 3.8 silently did
+    not: every test of a group went to any worker)."""
+    pytester.makeini(MARKERS + "    smollm2: m\n    serial: s\n")
+    pytester.makepyfile(test_spread="""
+        import os
+        import pytest
+
+        pytestmark = [pytest.mark.system, pytest.mark.smollm2]
+
+        @pytest.mark.parametrize("n", range(6))
+        def test_in_the_group(n, tmp_path_factory):
+            out = tmp_path_factory.getbasetemp().parent.parent / f"worker-{n}"
+            out.write_text(os.environ["PYTEST_XDIST_WORKER"])
+        """)
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))   # tests.support importable
+    result = pytester.runpytest_subprocess("-p", "tests.support.tiers", "-n", "2", "--dist", "loadgroup",
+                                           "-p", "no:cacheprovider", timeout=60)
+    result.assert_outcomes(passed=6)
+    workers = {path.read_text() for path in pytester.path.rglob("worker-*")}
+    assert len(workers) == 1, workers
