@@ -174,7 +174,7 @@ async def test_an_outage_at_the_end_prints_the_summary_exits_1_and_names_the_com
     try:
         await wait_for_rows(process, tmp_path / "traces", 1)
         api.kill_api() if lost == "api" else api.stop_postgres()   # the rollouts go on; the end needs the API
-        output = finish(process, 120)
+        output = finish(process, 300)
     finally:
         if process.poll() is None:
             process.kill()

@@ -74,10 +74,13 @@ TEST = "chmod +x /tests/test.sh && (/tests/test.sh) > /logs/verifier/test-stdout
 
 # /logs/verifier is made anew (a symlink or a file the agent left at /logs or /tests is removed, not followed)
 # and /tests emptied, so no file of the agent's poses as the tests or their output in the visible box.
+# Emptying /tests is best effort: a process the agent left may move it aside meanwhile ("find: '/tests': No
+# such file or directory" made the rollout a TaskError that dropped out of the mean, under load), and the
+# tests see their own /tests in the private view either way.
 _CLEAR = ("for d in /logs /tests; do if [ -L $d ] || { [ -e $d ] && [ ! -d $d ]; }; then rm -f $d; fi; done; "
           "rm -rf /logs/verifier; "
           "mkdir -p " + " ".join(LOG_DIRS) + " /tests && chmod 777 " + " ".join(LOG_DIRS) +
-          " && find /tests -mindepth 1 -delete")
+          " && { find /tests -mindepth 1 -delete 2>/dev/null; true; }")
 
 
 async def solve(task: Any, runtime: Any, trace: Trace, solution: Path) -> None:
