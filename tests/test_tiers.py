@@ -99,9 +99,13 @@ def test_tests_sharing_a_module_fixture_and_the_model_tests_are_each_one_xdist_g
 
         @pytest.mark.smollm2
         def test_runs_the_model(request, server):
-            assert groups(request) == [("smollm2",)]
+            assert groups(request) == [("smollm2-0",)]
+
+        @pytest.mark.smollm2
+        def test_runs_the_model_too(request):
+            assert groups(request) == [("smollm2-1",)]
         """)
-    pytester.runpytest_inprocess("-p", "tests.support.tiers").assert_outcomes(passed=3)
+    pytester.runpytest_inprocess("-p", "tests.support.tiers").assert_outcomes(passed=4)
 
 
 def test_under_xdist_a_group_runs_in_one_worker(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
@@ -112,10 +116,14 @@ def test_under_xdist_a_group_runs_in_one_worker(pytester: pytest.Pytester, monke
         import os
         import pytest
 
-        pytestmark = [pytest.mark.system, pytest.mark.smollm2]
+        pytestmark = pytest.mark.system
+
+        @pytest.fixture(scope="module")
+        def server():
+            return "shared"
 
         @pytest.mark.parametrize("n", range(6))
-        def test_in_the_group(n, tmp_path_factory):
+        def test_in_the_group(n, server, tmp_path_factory):
             out = tmp_path_factory.getbasetemp().parent.parent / f"worker-{n}"
             out.write_text(os.environ["PYTEST_XDIST_WORKER"])
         """)

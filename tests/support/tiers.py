@@ -19,8 +19,10 @@ Within a tier, tests run at once in pytest-xdist workers (scripts/test). Two rul
 - the tests of a module that share a module-scoped fixture (a server, a browser, a built image) run
   in one worker, in order (an ``xdist_group`` named after the module, for ``--dist loadgroup``), so
   the fixture is set up once, as without xdist;
-- a test marked ``smollm2`` runs the real model, whose llama.cpp server takes every core: those
-  tests run in one worker, one after another (the group ``smollm2``, which wins over the module's);
+- a test marked ``smollm2`` runs the real model, whose llama.cpp server takes every core while it reads a
+  prompt: those tests share two lanes (the groups ``smollm2-0`` and ``smollm2-1``, alternating in
+  collection order, which win over the module's), so at most two model servers run at once. One lane
+  made them the system tier's critical path: 680 of its 718 s, with CPU to spare (1.35 of 2 cores used);
 - a test marked ``serial`` acts on what every test shares (the whole Docker engine's containers, the
   machine's load or disk): scripts/test runs those after the others, one at a time.
 """
@@ -30,6 +32,9 @@ from __future__ import annotations
 import os
 
 import pytest
+
+MODEL_LANES = 2
+"""How many tests that run the real model (``smollm2``) may run at once (see the module docstring)."""
 
 TIMEOUT_S = {"unit": 10, "prefect": 300, "system": 600}
 """Seconds per test, setup included: a unit test takes under 5 s here; the harness starts within the
@@ -55,9 +60,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if wrong:
         raise pytest.UsageError("each test needs exactly one tier marker, unit, prefect or system "
                                 "(tests/support/tiers.py):\n  " + "\n  ".join(wrong))
+    model_tests = 0
     for item in items:
         if item.get_closest_marker("smollm2") is not None:
-            item.add_marker(pytest.mark.xdist_group("smollm2"))
+            item.add_marker(pytest.mark.xdist_group(f"smollm2-{model_tests % MODEL_LANES}"))
+            model_tests += 1
         elif shares_a_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     if config.getvalue("timeout") is not None or os.environ.get("PYTEST_TIMEOUT"):
