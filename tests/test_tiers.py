@@ -78,6 +78,8 @@ def test_tests_sharing_a_module_fixture_and_the_model_tests_are_each_one_xdist_g
     pytester.makepyfile(test_groups="""
         import pytest
 
+        from tests.support.tiers import MODEL_LANES
+
         pytestmark = pytest.mark.system
 
         @pytest.fixture(scope="module")
@@ -103,7 +105,7 @@ def test_tests_sharing_a_module_fixture_and_the_model_tests_are_each_one_xdist_g
 
         @pytest.mark.smollm2
         def test_runs_the_model_too(request):
-            assert groups(request) == [("smollm2-1",)]
+            assert groups(request) == [(f"smollm2-{1 % MODEL_LANES}",)]
         """)
     pytester.runpytest_inprocess("-p", "tests.support.tiers").assert_outcomes(passed=4)
 

@@ -20,9 +20,8 @@ Within a tier, tests run at once in pytest-xdist workers (scripts/test). Two rul
   in one worker, in order (an ``xdist_group`` named after the module, for ``--dist loadgroup``), so
   the fixture is set up once, as without xdist;
 - a test marked ``smollm2`` runs the real model, whose llama.cpp server takes every core while it reads a
-  prompt: those tests share two lanes (the groups ``smollm2-0`` and ``smollm2-1``, alternating in
-  collection order, which win over the module's), so at most two model servers run at once. One lane
-  made them the system tier's critical path: 680 of its 718 s, with CPU to spare (1.35 of 2 cores used);
+  prompt: those tests run in ``MODEL_LANES`` lanes (groups ``smollm2-0``, ...; alternating in collection
+  order; they win over the module's group);
 - a test marked ``serial`` acts on what every test shares (the whole Docker engine's containers, the
   machine's load or disk): scripts/test runs those after the others, one at a time.
 """
@@ -33,8 +32,10 @@ import os
 
 import pytest
 
-MODEL_LANES = 2
-"""How many tests that run the real model (``smollm2``) may run at once (see the module docstring)."""
+MODEL_LANES = 1
+"""How many tests that run the real model (``smollm2``) may run at once. One lane is the system tier's
+critical path (680 of its 718 s on a clean clone), but the tier is CPU-bound: with two lanes the model
+tests ran 2-3x longer side by side and the whole ``.ci/run`` took 18 min 12 s against 18 min 23 s."""
 
 TIMEOUT_S = {"unit": 10, "prefect": 300, "system": 600}
 """Seconds per test, setup included: a unit test takes under 5 s here; the harness starts within the
