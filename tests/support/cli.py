@@ -65,8 +65,9 @@ def finish(process: subprocess.Popen[str], timeout_s: float) -> str:
     try:
         return process.communicate(timeout=timeout_s)[0] or ""
     except subprocess.TimeoutExpired:
-        kill(descendants(process.pid))
-        process.kill()
+        started = descendants(process.pid)
+        process.kill()   # first: killed after its children, a shell exits 137 on its own before the kill lands
+        kill(started)
         try:
             output = process.communicate(timeout=30)[0] or ""
         except subprocess.TimeoutExpired:   # a process it left holds the pipe
