@@ -19,9 +19,10 @@ from prefect.runtime import flow_run
 
 from prefect_rollouts.blocks import resolve_trace_root
 from prefect_rollouts.config.eval import EvalConfig
-from prefect_rollouts.evals.plan import rebuild
+from prefect_rollouts.evals.plan import rebuild, still_to_run
 from prefect_rollouts.flows.execute import execute
-from prefect_rollouts.traces import dataset_root, durable_keys
+from prefect_rollouts.traces import dataset_root
+from prefect_rollouts.traces.read import latest_attempts
 
 ENTRYPOINT = "prefect_rollouts.flows.shard:shard_flow"
 """The deployment's entrypoint: a module path, so a worker needs the package installed and no code storage."""
@@ -37,7 +38,8 @@ def _shard_run_name() -> str:
 @flow(name="shard", flow_run_name=_shard_run_name, persist_result=False, log_prints=False)
 async def shard_flow(run_id: str, config: EvalConfig, root: str, rollouts: list[tuple[str, str, int]],
                      shard_index: int = 0, attempt: int = 1) -> int:
-    """Run one shard of eval ``run_id``: the rollouts of ``rollouts`` that have no durable row.
+    """Run one shard of eval ``run_id``: the rollouts of ``rollouts`` that are not done (no durable row,
+    or a latest attempt stopped from outside, which runs again as the next attempt: ``traces.read.latest_attempts``).
 
     Args:
         run_id: The eval run (a partition of the dataset).
@@ -58,9 +60,10 @@ async def shard_flow(run_id: str, config: EvalConfig, root: str, rollouts: list[
         RuntimeError: rollouts that could not run and have no row (the eval re-submits them).
     """
     dataset = await resolve_trace_root(config.traces.store) if config.traces.store else dataset_root(root)
-    durable = durable_keys(dataset, run_id)
-    todo = rebuild(config, [(env, task_id, index) for env, task_id, index in rollouts
-                            if (env, task_id, index) not in durable])
+    latest = latest_attempts(dataset, run_id)
+    durable = {key for key, written in latest.items() if written.done}
+    todo = still_to_run(rebuild(config, [(env, task_id, index) for env, task_id, index in rollouts
+                                         if (env, task_id, index) not in durable]), latest)
     get_run_logger().info("shard %d of run %s on %s (pid %d): %d rollouts, %d to run", shard_index, run_id,
                           socket.gethostname(), os.getpid(), len(rollouts), len(todo))
     failures = await execute(config, dataset, run_id, todo, total=len(rollouts), durable=durable, progress_key=None,

@@ -41,6 +41,11 @@ TRUNCATING_STOPS = frozenset({"max_turns", "max_turn_tokens"})
 #: finalize or scoring) replaces them, so the stop condition says what failed.
 COMPLETED_STOPS = frozenset({"agent_completed", "user_closed"})
 
+#: Stop conditions of a rollout that was stopped from outside before it could finish and counts as not
+#: done: its row is kept as an attempt, and a resume runs the rollout again as a new attempt.
+#: ``budget``: the eval's token or cost budget was reached (``EvalConfig.token_budget``).
+UNFINISHED_STOPS = frozenset({"budget"})
+
 
 class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid")

@@ -76,7 +76,8 @@ class EvalRun:
         rollout must be durable as it finishes (``flush_each``, or a task whose rewards have side effects)."""
         rollout.trace.info["worker"] = self.worker
         full = self.writer.add(rollout.trace, rollout_index=planned.index, environment=planned.environment.name,
-                               config_hash=self.agents[planned.environment.name][1], elapsed_s=elapsed_s)
+                               config_hash=self.agents[planned.environment.name][1], elapsed_s=elapsed_s,
+                               attempt=planned.attempt)
         if full or self.flush_each or getattr(rollout.task, "rewards_have_side_effects", False):
             await self.flush()
 

@@ -7,7 +7,8 @@ one environment, named after the taskset id; a suite (``[[env.tasksets]]``) has 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 from prefect_rollouts.bounds import MAX_ROLLOUTS
 from prefect_rollouts.config.eval import EvalConfig
@@ -15,6 +16,7 @@ from prefect_rollouts.config.taskset import EnvironmentSpec
 from prefect_rollouts.environments import find_task, load_taskset
 from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.task import Task
+from prefect_rollouts.traces.read import LatestAttempt
 
 RolloutKey = tuple[str, str, int]
 """``(environment, task id, rollout index)``: a rollout of a run, wherever it ran."""
@@ -22,11 +24,13 @@ RolloutKey = tuple[str, str, int]
 
 @dataclass(frozen=True, eq=False, slots=True)
 class Planned:
-    """One rollout of the plan: its environment, task and rollout index."""
+    """One rollout of the plan: its environment, task and rollout index, and which attempt of it runs
+    (1 unless it has a row already: a retried error, a resume after a budget stop)."""
 
     environment: EnvironmentSpec
     task: Task
     index: int
+    attempt: int = 1
 
     @property
     def key(self) -> RolloutKey:
@@ -82,3 +86,15 @@ def rebuild(config: EvalConfig, keys: list[RolloutKey]) -> list[Planned]:
             raise ConfigError(f"environment {name!r}: not in this eval's config ({', '.join(environments)})")
         planned.append(Planned(env, find_task(env.taskset, env.options, task_id), index))
     return planned
+
+
+def still_to_run(plan: list[Planned], latest: Mapping[RolloutKey, LatestAttempt]) -> list[Planned]:
+    """The rollouts of ``plan`` that are not done, each as its next attempt: attempt 1 when it has no row
+    (not in ``latest``), one past its latest attempt when that was stopped from outside (a budget stop:
+    ``LatestAttempt.done`` is False). Done rollouts are left out.
+
+    Args:
+        latest: Each written rollout's latest attempt (``traces.read.latest_attempts``).
+    """
+    return [replace(planned, attempt=latest[planned.key].attempt + 1) if planned.key in latest else planned
+            for planned in plan if planned.key not in latest or not latest[planned.key].done]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from prefect_rollouts.config.eval import EvalConfig, load_eval_config
@@ -22,8 +22,8 @@ from prefect_rollouts.evals.identity import (
     prepare_run,
     traces_of_overrides,
 )
-from prefect_rollouts.evals.plan import Planned, RolloutKey, plan_rollouts
-from prefect_rollouts.traces.read import durable_keys
+from prefect_rollouts.evals.plan import Planned, RolloutKey, plan_rollouts, still_to_run
+from prefect_rollouts.traces.read import LatestAttempt, latest_attempts
 from prefect_rollouts.traces.store import DatasetRoot
 
 LAST = "last"
@@ -40,12 +40,16 @@ class PreparedEval:
     """None in a dry run whose ``[traces] store`` block only the Prefect layer can resolve."""
     plan: list[Planned]
     durable: set[RolloutKey]
-    """Keys of the plan with a durable row (a resume); empty for a new run."""
+    """Keys of the plan that are done (a resume: their latest attempt has a durable row and was not
+    stopped from outside, ``traces.read.durable_keys``); empty for a new run."""
+    latest: dict[RolloutKey, LatestAttempt] = field(default_factory=dict)
+    """Each written rollout's latest attempt (a resume); empty for a new run."""
 
     @property
     def todo(self) -> list[Planned]:
-        """The rollouts of the plan still to run."""
-        return [planned for planned in self.plan if planned.key not in self.durable]
+        """The rollouts of the plan still to run, each as its next attempt: 1 when it has no row yet,
+        else one past its latest (a rollout a budget stopped)."""
+        return still_to_run(self.plan, self.latest)
 
     @property
     def total(self) -> int:
@@ -124,8 +128,9 @@ def prepare_eval(config: EvalConfig, *, run_id: str, resume: bool, force: bool =
             check_pinned_baseline(config.baseline, root, run_id)
         config = prepare_run(root, run_id, config, resume=resume, force=force, write=not dry_run)
     plan = plan_rollouts(config)
-    durable = durable_keys(root, run_id) if resume and root is not None and not dry_run else set()
-    return PreparedEval(config=config, run_id=run_id, root=root, plan=plan, durable=durable)
+    latest = latest_attempts(root, run_id) if resume and root is not None and not dry_run else {}
+    durable = {key for key, attempt in latest.items() if attempt.done}
+    return PreparedEval(config=config, run_id=run_id, root=root, plan=plan, durable=durable, latest=latest)
 
 
 def new_run_id(config: EvalConfig) -> str:

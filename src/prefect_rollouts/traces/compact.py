@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from prefect_rollouts.errors import TraceStoreError
 from prefect_rollouts.traces.files import partition_files
-from prefect_rollouts.traces.schema import KEY_COLUMNS, MODEL_CALLS, ROLLOUTS
+from prefect_rollouts.traces.schema import FIRST_ATTEMPT, KEY_COLUMNS, MODEL_CALLS, ROLLOUTS, ROW_KEYS
 from prefect_rollouts.traces.store import DatasetRoot, dataset_root
 from prefect_rollouts.traces.writer import new_part_name, write_table
 
@@ -72,7 +72,9 @@ def compact_run(root: str | Path | DatasetRoot, run_id: str, *, min_files: int =
             if len(rollout_files) < min_files and len(call_files) < min_files:
                 continue
             rollouts = _read_all(store, rollout_files, ROLLOUTS, KEY_COLUMNS["rollouts"])
-            kept = _first_of(rollouts, ["environment", "task_id", "rollout_index"])
+            rollouts = rollouts.set_column(rollouts.schema.get_field_index("attempt"), "attempt",
+                                           pc.fill_null(rollouts["attempt"], FIRST_ATTEMPT))   # older files: 1
+            kept = _first_of(rollouts, list(ROW_KEYS["rollouts"]))
             dropped += rollouts.num_rows - kept.num_rows
             calls = _read_all(store, call_files, MODEL_CALLS, KEY_COLUMNS["model_calls"])
             calls = _first_of(calls.filter(pc.is_in(calls["rollout_id"], value_set=kept["rollout_id"])),
@@ -137,8 +139,8 @@ def _read_all(store: DatasetRoot, names: list[str], schema: pa.Schema, keys: tup
 
 
 def _first_of(table: pa.Table, key: list[str]) -> pa.Table:
-    """The first row of each ``key`` (rollouts: environment, task id, rollout index; model calls:
-    rollout id, call index), in file order (the readers' rule)."""
+    """The first row of each ``key`` (``schema.ROW_KEYS``: rollouts: environment, task id, rollout index,
+    attempt; model calls: rollout id, call index), in file order (the readers' rule)."""
     indexed = table.append_column("_row", pa.array(range(table.num_rows), pa.int64()))
     first = indexed.group_by(key, use_threads=False).aggregate([("_row", "min")])
     return table.take(pa.array(sorted(first["_row_min"].to_pylist()), pa.int64()))

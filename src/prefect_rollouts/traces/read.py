@@ -2,14 +2,20 @@
 
 Every reader takes the dataset root as a path, an object-store URI (``s3://bucket/prefix``) or a
 ``DatasetRoot`` (``traces.store``), and sees the same rows whichever process or machine wrote them.
+
+A rollout may have several attempts (schema version 6: ``attempt`` 1, 2, ...; a retried error, a
+resume after a budget stop). Every reader gives the **latest attempt of each rollout** by default, so
+a run reads as one complete run; ``attempts="all"`` gives every attempt (earlier ones are never
+changed or removed).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -19,39 +25,96 @@ from pydantic import ValidationError
 
 from prefect_rollouts.errors import TraceStoreError
 from prefect_rollouts.nesting import loads
-from prefect_rollouts.trace import ErrorRecord, Trace
+from prefect_rollouts.trace import UNFINISHED_STOPS, ErrorRecord, Trace
 from prefect_rollouts.traces.files import LEFT_OUT, read_partitions
-from prefect_rollouts.traces.schema import MODEL_CALLS, PARTITIONING, ROLLOUTS
+from prefect_rollouts.traces.schema import FIRST_ATTEMPT, MODEL_CALLS, PARTITIONING, ROLLOUTS
 from prefect_rollouts.traces.store import DatasetRoot, dataset_root
 
 Root = str | Path | DatasetRoot
 """A dataset root: a path, an object-store URI, or a resolved ``DatasetRoot``."""
 ROLLOUT_KEY = ["run_id", "environment", "task_id", "rollout_index"]
-"""What identifies a rollout in the dataset: a row written twice with the same key is read once (the first)."""
+"""What identifies a rollout in the dataset (its attempts share it)."""
+ATTEMPT_KEY = [*ROLLOUT_KEY, "attempt"]
+"""What identifies a row: one attempt of a rollout. A row written twice with the same key is read once (the first)."""
+Attempts = Literal["latest", "all"]
+"""Which attempts of each rollout a reader gives: ``"latest"`` (the default: one row per rollout, its
+highest ``attempt``) or ``"all"`` (one row per attempt)."""
 
 
-def read_rollouts(path: Root, *, columns: list[str] | None = None, **filters: Any) -> pd.DataFrame:
-    """The ``rollouts`` table as a DataFrame, one row per rollout.
+def read_rollouts(path: Root, *, columns: list[str] | None = None, attempts: Attempts = "latest",
+                  **filters: Any) -> pd.DataFrame:
+    """The ``rollouts`` table as a DataFrame, one row per rollout (its latest attempt).
 
     Args:
         path: Dataset root (holding ``rollouts/`` and ``model_calls/``): a directory, a URI such as
             ``s3://bucket/prefix``, or a ``DatasetRoot``.
-        columns: Only these columns (default: all); ``ROLLOUT_KEY`` (run id, environment, task
-            id, rollout index) is always read.
+        columns: Only these columns (default: all); ``ATTEMPT_KEY`` (run id, environment, task
+            id, rollout index, attempt) is always read.
+        attempts: ``"latest"``: each rollout's latest attempt only; ``"all"``: every attempt.
         **filters: Column equality filters, e.g. ``run_id="nightly-2026-11-29"``,
-            ``model="m"``; a list or tuple value means "any of".
+            ``model="m"``; a list or tuple value means "any of". A filter on a column that can differ
+            between attempts (``is_error=True``, ``attempt=1``, ``reward=0``) applies to the rows
+            given: with ``"latest"``, to each rollout's latest attempt.
 
     Returns:
         Columns of ``traces.schema.ROLLOUTS`` plus ``date`` and ``run_id``; empty (with
-        those columns) when nothing is written yet. A rollout written twice (same run,
-        environment, task and rollout index) appears once.
+        those columns) when nothing is written yet. A row written twice (same run, environment,
+        task, rollout index and attempt) appears once; ``attempt`` is 1 for rows written before
+        schema version 6.
 
     Raises:
         TraceStoreError: a filter names an unknown column, or the store cannot be reached. (A file
             that cannot be read as Parquet is skipped with a warning naming it: ``traces.files``.)
         ConfigError: ``path`` is a URI pyarrow cannot open, or holds credentials.
     """
-    return first_rows(scan_rollouts(path, columns=columns, **filters), ROLLOUT_KEY).to_pandas()
+    return _rollouts(path, columns, attempts, filters).to_pandas()
+
+
+def _rollouts(path: Root, columns: list[str] | None, attempts: Attempts, filters: dict[str, Any],
+              extra: tuple[str, ...] = (), derive: Any = None) -> pa.Table:
+    """``read_rollouts`` in Arrow: the filters that select whole rollouts (``_SAME_FOR_ATTEMPTS``) while
+    reading, then ``pick_attempts``, then the other filters. ``extra`` columns are read too, handed
+    to ``derive(table) -> table`` (before attempts are picked) and dropped."""
+    _check_filters(ROLLOUTS, filters)
+    keyed = {name: value for name, value in filters.items() if name in _SAME_FOR_ATTEMPTS}
+    rest = {name: value for name, value in filters.items() if name not in _SAME_FOR_ATTEMPTS}
+    wanted = None if columns is None else [*columns, *rest, *extra]
+    table = scan_rollouts(path, columns=wanted, **keyed)
+    if derive is not None:
+        table = derive(table).drop_columns(list(extra))
+    table = pick_attempts(table, attempts)
+    if rest:
+        table = table.filter(_expression(rest))
+        if columns is not None:   # the filters' own columns, read only to filter
+            table = table.drop_columns([name for name in rest if name not in columns and name not in ATTEMPT_KEY])
+    return table
+
+
+_SAME_FOR_ATTEMPTS = {"date", *ROLLOUT_KEY}
+"""Filters that select whole rollouts (every attempt of a rollout has the same value), applied while
+reading; the others apply to the attempt a reader gives. (``date`` is the day a row was written: a
+retry on another day is read with its day's filter as the latest attempt of what that day holds.)"""
+
+
+def pick_attempts(table: pa.Table, attempts: Attempts = "latest") -> pa.Table:
+    """``table`` (rows of ``rollouts``, with the ``ATTEMPT_KEY`` columns) with ``attempt`` filled (1 where
+    null), each row once (the first of each ``ATTEMPT_KEY``), and with ``attempts="latest"`` only each
+    rollout's highest attempt. In Arrow, on the key columns only (see ``first_rows``).
+
+    Raises:
+        ValueError: ``attempts`` is neither ``"latest"`` nor ``"all"``.
+    """
+    if attempts not in ("latest", "all"):
+        raise ValueError(f'attempts = {attempts!r}: use "latest" (the latest attempt of each rollout) or "all"')
+    if "attempt" in table.column_names:
+        index = table.column_names.index("attempt")
+        table = table.set_column(index, "attempt", pc.fill_null(table.column("attempt"), FIRST_ATTEMPT))
+    table = first_rows(table, ATTEMPT_KEY)
+    if attempts == "all" or table.num_rows == 0:
+        return table
+    keys = table.select(ATTEMPT_KEY).to_pandas()
+    latest = keys["attempt"].to_numpy() == keys.groupby(ROLLOUT_KEY, sort=False)["attempt"].transform("max").to_numpy()
+    return table if latest.all() else table.filter(pa.array(latest))
 
 
 def first_rows(table: pa.Table, keys: list[str]) -> pa.Table:
@@ -70,19 +133,22 @@ def scan_rollouts(path: Root, *, columns: list[str] | None = None, **filters: An
 
     For readers that reduce a large column in Arrow before the rest becomes a DataFrame (as
     ``traces.compare`` does with ``info``); same arguments and errors as ``read_rollouts``, which
-    is this plus ``to_pandas`` and dropping duplicates (keep the first of each ``ROLLOUT_KEY``).
+    is this plus ``pick_attempts`` and ``to_pandas``.
     """
     if columns is not None:
-        columns = list(dict.fromkeys([*ROLLOUT_KEY, *columns]))
+        columns = list(dict.fromkeys([*ATTEMPT_KEY, *columns]))
     return _read(dataset_root(path), "rollouts", ROLLOUTS, filters, columns=columns)
 
 
-def read_model_calls(path: Root, *, columns: list[str] | None = None, **filters: Any) -> pd.DataFrame:
-    """The ``model_calls`` table as a DataFrame, one row per model call (same ``filters`` as ``read_rollouts``).
+def read_model_calls(path: Root, *, columns: list[str] | None = None, attempts: Attempts = "latest",
+                     **filters: Any) -> pd.DataFrame:
+    """The ``model_calls`` table as a DataFrame, one row per model call (same ``filters`` and
+    ``attempts`` as ``read_rollouts``).
 
     Only calls of the rollouts ``read_rollouts`` returns are kept: calls of a rollout whose row is
-    not durable (a crash between the two files of a batch) or was dropped as a duplicate are
-    left out, and a call stored twice (a compaction cut short) appears once (the first read).
+    not durable (a crash between the two files of a batch), was dropped as a duplicate, or is an
+    earlier attempt (unless ``attempts="all"``) are left out, and a call stored twice (a compaction cut
+    short) appears once (the first read). ``attempt`` is the rollout's attempt (1 before schema version 6).
 
     Args:
         columns: Only these columns (default: all); ``run_id``, ``rollout_id`` and ``call_index``
@@ -93,10 +159,13 @@ def read_model_calls(path: Root, *, columns: list[str] | None = None, **filters:
         columns = list(dict.fromkeys(["run_id", "rollout_id", "call_index", *columns]))
     calls = _read(root, "model_calls", MODEL_CALLS, filters, columns=columns)
     keep = {k: v for k, v in filters.items() if k in ("run_id", "date", "task_id", "model", "environment")}
-    rollouts = _read(root, "rollouts", ROLLOUTS, keep, columns=[*ROLLOUT_KEY, "rollout_id"])
-    shown = first_rows(rollouts, ROLLOUT_KEY).to_pandas()
+    rollouts = _read(root, "rollouts", ROLLOUTS, keep, columns=[*ATTEMPT_KEY, "rollout_id"])
+    shown = pick_attempts(rollouts, attempts).to_pandas()
     # Arrow's is_in: pandas' isin on 400,000 string ids took about 1 s of the 1.4 s read
     calls = calls.filter(pc.is_in(calls.column("rollout_id"), value_set=pa.array(shown["rollout_id"], pa.string())))
+    if "attempt" in calls.column_names:
+        index = calls.column_names.index("attempt")
+        calls = calls.set_column(index, "attempt", pc.fill_null(calls.column("attempt"), FIRST_ATTEMPT))
     return first_rows(calls, ["rollout_id", "call_index"]).to_pandas()
 
 
@@ -106,15 +175,15 @@ NETWORK_COLUMNS = ["run_id", "environment", "task_id", "rollout_index", "rollout
 """The columns of ``read_network``: a rollout's key, then ``trace.NetworkRecord``'s fields."""
 
 
-def read_network(path: Root, **filters: Any) -> pd.DataFrame:
+def read_network(path: Root, *, attempts: Attempts = "latest", **filters: Any) -> pd.DataFrame:
     """The network log of the matching rollouts, one row per connection the egress proxy saw
     (``NETWORK_COLUMNS``; ``started_at`` a UTC timestamp), in rollout and connection order (same
-    ``filters`` as ``read_rollouts``). Rollouts under ``open`` or ``none`` have no rows; files
+    ``filters`` and ``attempts`` as ``read_rollouts``). Rollouts under ``open`` or ``none`` have no rows; files
     written before schema version 5 have none either.
 
     "Which tasks tried to reach what": ``read_network(root, run_id="nightly").query("not allowed")``.
     """
-    rollouts = read_rollouts(path, columns=["rollout_id", "network"], **filters)
+    rollouts = read_rollouts(path, columns=["rollout_id", "network"], attempts=attempts, **filters)
     rows = [{"run_id": row.run_id, "environment": row.environment, "task_id": row.task_id,
              "rollout_index": row.rollout_index, "rollout_id": row.rollout_id, **record}
             for row in rollouts.itertuples() if isinstance(row.network, str)
@@ -124,9 +193,10 @@ def read_network(path: Root, **filters: Any) -> pd.DataFrame:
     return frame
 
 
-def read_traces(path: Root, **filters: Any) -> list[Trace]:
-    """The full ``Trace`` objects of the matching rollouts (``trace_of_row`` of each row)."""
-    return [trace_of_row(row) for row in read_rollouts(path, **filters).to_dict("records")]
+def read_traces(path: Root, *, attempts: Attempts = "latest", **filters: Any) -> list[Trace]:
+    """The full ``Trace`` objects of the matching rollouts (``trace_of_row`` of each row; same ``filters``
+    and ``attempts`` as ``read_rollouts``)."""
+    return [trace_of_row(row) for row in read_rollouts(path, attempts=attempts, **filters).to_dict("records")]
 
 
 NOT_READABLE = "TraceNotReadable"
@@ -178,46 +248,88 @@ def _json_column(text: Any, kind: type) -> Any:
     return value if isinstance(value, kind) else kind()
 
 
-def durable_keys(path: Root, run_id: str) -> set[tuple[str, str, int]]:
-    """``(environment, task_id, rollout_index)`` of every rollout of ``run_id`` with a durable row,
-    written by any process on any machine (what ``--resume`` skips). Reads only the run's files; one
-    that cannot be read is skipped with a warning naming it: its rollouts count as not durable (a
-    resume runs them again) until it is moved out of the dataset or deleted.
+@dataclass(frozen=True, slots=True)
+class LatestAttempt:
+    """The latest durable attempt of one rollout (``latest_attempts``)."""
+
+    attempt: int
+    """1 for the first attempt (and for rows written before schema version 6)."""
+    stop_condition: str | None
+    error_type: str | None
+    """The type of its first error (``ErrorRecord.type``, e.g. ``ProviderError``); None when it has none."""
+
+    @property
+    def done(self) -> bool:
+        """False when it was stopped from outside before it could finish (``trace.UNFINISHED_STOPS``,
+        e.g. a budget stop): a resume runs the rollout again."""
+        return self.stop_condition not in UNFINISHED_STOPS
+
+
+def latest_attempts(path: Root, run_id: str) -> dict[tuple[str, str, int], LatestAttempt]:
+    """The latest durable attempt of every rollout of ``run_id`` that has a row, by ``(environment,
+    task_id, rollout_index)``, written by any process on any machine. Reads only the run's files and
+    four small columns; a file that cannot be read is skipped with a warning naming it: its rollouts
+    count as not durable (a resume runs them again) until it is moved out of the dataset or deleted.
 
     Raises:
         TraceStoreError: the dataset cannot be reached.
     """
-    table = _read(dataset_root(path), "rollouts", ROLLOUTS, {"run_id": run_id}, columns=ROLLOUT_KEY[1:],
-                  skipped=NOT_DURABLE)
-    return set(zip(*(table.column(name).to_pylist() for name in ROLLOUT_KEY[1:]), strict=True))
+    table = _read(dataset_root(path), "rollouts", ROLLOUTS, {"run_id": run_id},
+                  columns=[*ATTEMPT_KEY, "stop_condition", "error_type"], skipped=NOT_DURABLE)
+    latest = pick_attempts(table, "latest")
+    columns = [latest.column(name).to_pylist() for name in ("environment", "task_id", "rollout_index", "attempt",
+                                                            "stop_condition", "error_type")]
+    return {(environment, task_id, index): LatestAttempt(attempt, stop, error)
+            for environment, task_id, index, attempt, stop, error in zip(*columns, strict=True)}
+
+
+def durable_keys(path: Root, run_id: str) -> set[tuple[str, str, int]]:
+    """``(environment, task_id, rollout_index)`` of every rollout of ``run_id`` that is done: its latest
+    attempt has a durable row and was not stopped from outside (``LatestAttempt.done``). What a plain
+    ``--resume`` skips; the others run again, as a new attempt when they have a row. Same reading and
+    errors as ``latest_attempts``.
+    """
+    return {key for key, latest in latest_attempts(path, run_id).items() if latest.done}
 
 
 NOT_DURABLE = "the rollouts whose rows it holds count as not durable, so a --resume of the run runs them again"
-"""What a skipped file means to ``durable_keys`` (the warning a resume shows)."""
+"""What a skipped file means to ``latest_attempts`` and ``durable_keys`` (the warning a resume shows)."""
 
 
 def _read(root: DatasetRoot, name: str, schema: pa.Schema, filters: dict[str, Any],
           columns: list[str] | None = None, skipped: str = LEFT_OUT) -> pa.Table:
     """The rows of table ``name`` matching ``filters``, opening only the partitions they select
     (``traces.files``: an unreadable file is skipped with a warning, ``skipped`` saying what that means)."""
+    full = _check_filters(schema, filters)
+    return read_partitions(root, name, filters, full, _expression(filters), columns, skipped=skipped)
+
+
+def _check_filters(schema: pa.Schema, filters: dict[str, Any]) -> pa.Schema:
+    """``schema`` with the partition columns; raises ``TraceStoreError`` naming a filter that is no column of it."""
     full = pa.unify_schemas([schema, PARTITIONING])
     unknown = set(filters) - set(full.names)
     if unknown:
         raise TraceStoreError(f"read filter {sorted(unknown)}: no such column. Columns: {', '.join(full.names)}")
+    return full
+
+
+def _expression(filters: dict[str, Any]) -> pc.Expression | None:
+    """``filters`` (column -> value, or a list/tuple/set of values meaning "any of") as one Arrow expression."""
     expression = None
     for column, value in filters.items():
         values = list(value) if isinstance(value, (list, tuple, set)) else [value]
         term = pc.field(column).isin(values)
         expression = term if expression is None else expression & term
-    return read_partitions(root, name, filters, full, expression, columns, skipped=skipped)
+    return expression
 
 
-def read_rollouts_with_categories(path: Root, *, columns: list[str], **filters: Any) -> pd.DataFrame:
+def read_rollouts_with_categories(path: Root, *, columns: list[str], attempts: Attempts = "latest",
+                                  **filters: Any) -> pd.DataFrame:
     """``read_rollouts`` of ``columns`` plus ``category``: each rollout's task category
     (``task_categories``), without reading the large ``info`` column into pandas."""
-    table = scan_rollouts(path, columns=[*columns, "info"], **filters)
-    table = table.append_column("category", task_categories(table)).drop_columns(["info"])
-    return first_rows(table, ROLLOUT_KEY).to_pandas()
+    def categorised(table: pa.Table) -> pa.Table:
+        return table.append_column("category", task_categories(table))
+    return _rollouts(path, columns, attempts, filters, extra=("info",), derive=categorised).to_pandas()
 
 
 def task_categories(table: pa.Table) -> pa.Array:

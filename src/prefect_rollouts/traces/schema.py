@@ -10,7 +10,10 @@ does not report them) to both tables and ``attempts`` to ``model_calls``; 4: the
 JSON leaves out ``last_reply``, which repeated the last assistant message of ``messages`` (a 5 MB
 reply was stored twice); ``Trace`` derives it again when the row is read, from files of any version;
 5 adds ``network`` (the trace's network log, a JSON list) and ``network_denied`` to ``rollouts``
-(``read_network`` gives one row per connection).
+(``read_network`` gives one row per connection); 6 adds ``attempt`` to both tables: a rollout (run,
+environment, task, rollout index) may be run again as a new attempt (``--retry-errors``,
+``max_rollout_attempts``, a resume after a budget stop), each attempt a row of its own; an older
+file's rows read as attempt 1. (Not a model call's HTTP ``attempts``, which count tries of one call.)
 Readers read files of every version with the current schema: a column a file lacks reads as null.
 """
 
@@ -27,14 +30,22 @@ from prefect_rollouts.nesting import MAX_JSON_DEPTH, cut_deep, nests_deeper
 from prefect_rollouts.trace import ErrorRecord, Trace
 
 #: Bumped when a column is added or changes meaning or type; readers can filter on it.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 DERIVED_FROM_MESSAGES = {"last_reply"}
 """``Trace`` fields the ``trace`` column leaves out: each repeats text of ``messages`` (``Trace`` derives it)."""
 
 KEY_COLUMNS = {"rollouts": ("environment", "task_id", "rollout_index"), "model_calls": ("rollout_id", "call_index")}
-"""The columns that identify a row of each table within its run (readers and compaction keep the first row
-of each key): a file without them is not a file of the table, and a row with a null one identifies nothing."""
+"""The columns that identify a rollout (or a model call) within its run: a file without them is not a file of
+the table, and a row with a null one identifies nothing."""
+
+ROW_KEYS = {"rollouts": (*KEY_COLUMNS["rollouts"], "attempt"), "model_calls": KEY_COLUMNS["model_calls"]}
+"""The columns that identify a row within its run: a row written twice (a crash between a write and its
+record) is read once, the first (readers and compaction). ``attempt`` is null in files before schema
+version 6 and counts as 1 (``FIRST_ATTEMPT``)."""
+
+FIRST_ATTEMPT = 1
+"""A rollout's first attempt; what a row without ``attempt`` (schema version 5 or older) is."""
 
 PARTITIONING = pa.schema([("date", pa.string()), ("run_id", pa.string())])
 
@@ -43,6 +54,7 @@ ROLLOUTS = pa.schema([
     ("rollout_id", pa.string()),
     ("task_id", pa.string()),
     ("rollout_index", pa.int32()),
+    ("attempt", pa.int32()),
     ("task_type", pa.string()),
     ("environment", pa.string()),
     ("model", pa.string()),
@@ -91,6 +103,7 @@ MODEL_CALLS = pa.schema([
     ("rollout_id", pa.string()),
     ("task_id", pa.string()),
     ("rollout_index", pa.int32()),
+    ("attempt", pa.int32()),
     ("environment", pa.string()),
     ("model", pa.string()),
     ("call_index", pa.int32()),
@@ -110,8 +123,9 @@ MODEL_CALLS = pa.schema([
 
 
 def rollout_row(trace: Trace, *, rollout_index: int, environment: str, config_hash: str,
-                elapsed_s: float) -> dict[str, Any]:
-    """One ``rollouts`` row for a finished trace (``elapsed_s``: wall seconds of the whole rollout).
+                elapsed_s: float, attempt: int = FIRST_ATTEMPT) -> dict[str, Any]:
+    """One ``rollouts`` row for a finished trace (``elapsed_s``: wall seconds of the whole rollout;
+    ``attempt``: which attempt of the rollout this trace is, 1 for the first).
 
     Every trace gets a row: one whose JSON cannot be written as it is (nested deeper than
     pydantic's 255 levels, a cycle, a key JSON has no form for, a lone UTF-16 surrogate in a string:
@@ -137,6 +151,7 @@ def rollout_row(trace: Trace, *, rollout_index: int, environment: str, config_ha
         "rollout_id": trace.id,
         "task_id": trace.task_id,
         "rollout_index": rollout_index,
+        "attempt": attempt,
         "task_type": trace.task_type,
         "environment": environment,
         "model": trace.model,
@@ -219,14 +234,17 @@ _IDENTITY = ("version", "id", "task_id", "task_type", "model", "stop_condition",
              "timings", "reward", "errors")
 
 
-def model_call_rows(trace: Trace, *, rollout_index: int, environment: str) -> list[dict[str, Any]]:
-    """The ``model_calls`` rows of a finished trace, in call order (``attempts``: a JSON list of
-    ``{"status_code", "error"}``, ``[]`` when the first attempt succeeded)."""
+def model_call_rows(trace: Trace, *, rollout_index: int, environment: str,
+                    attempt: int = FIRST_ATTEMPT) -> list[dict[str, Any]]:
+    """The ``model_calls`` rows of a finished trace, in call order (``attempt``: the rollout's attempt, as
+    on its ``rollouts`` row; ``attempts``: the call's HTTP tries, a JSON list of ``{"status_code", "error"}``,
+    ``[]`` when the first try succeeded)."""
     return [{
         "schema_version": SCHEMA_VERSION,
         "rollout_id": trace.id,
         "task_id": trace.task_id,
         "rollout_index": rollout_index,
+        "attempt": attempt,
         "environment": environment,
         "model": trace.model,
         "call_index": index,
@@ -239,7 +257,7 @@ def model_call_rows(trace: Trace, *, rollout_index: int, environment: str) -> li
         "reasoning_tokens": call.reasoning_tokens,
         "finish_reason": call.finish_reason,
         "retries": call.retries,
-        "attempts": json.dumps([attempt.model_dump() for attempt in call.attempts]),
+        "attempts": json.dumps([tried.model_dump() for tried in call.attempts]),
         "status_code": call.status_code,
         "error": call.error,
     } for index, call in enumerate(trace.model_calls)]

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from prefect_rollouts.errors import TraceStoreError
 from prefect_rollouts.trace import Trace
-from prefect_rollouts.traces.schema import MODEL_CALLS, ROLLOUTS, model_call_rows, rollout_row
+from prefect_rollouts.traces.schema import FIRST_ATTEMPT, MODEL_CALLS, ROLLOUTS, model_call_rows, rollout_row
 from prefect_rollouts.traces.store import DatasetRoot, dataset_root
 
 
@@ -62,15 +62,16 @@ class TraceWriter:
         return len(self._rollouts)
 
     def add(self, trace: Trace, *, rollout_index: int, environment: str, config_hash: str,
-            elapsed_s: float) -> bool:
-        """Buffer one finished rollout.
+            elapsed_s: float, attempt: int = FIRST_ATTEMPT) -> bool:
+        """Buffer one finished rollout (``attempt``: which attempt of it ``trace`` is, 1 for the first).
 
         Returns:
             True when the batch is full: call ``flush`` (or ``aflush``) to make it durable.
         """
         self._rollouts.append(rollout_row(trace, rollout_index=rollout_index, environment=environment,
-                                          config_hash=config_hash, elapsed_s=elapsed_s))
-        self._calls.extend(model_call_rows(trace, rollout_index=rollout_index, environment=environment))
+                                          config_hash=config_hash, elapsed_s=elapsed_s, attempt=attempt))
+        self._calls.extend(model_call_rows(trace, rollout_index=rollout_index, environment=environment,
+                                           attempt=attempt))
         return len(self._rollouts) >= self.batch_size
 
     def flush(self) -> int:
