@@ -46,7 +46,8 @@ def run_rows(root: str | Path, run_id: str | None = None) -> list[dict[str, Any]
     Raises:
         TraceStoreError: the dataset cannot be read.
     """
-    rows = with_harness(read_rollouts(root, columns=_RUN_READ, **({} if run_id is None else {"run_id": run_id})), root)
+    filters: dict[str, Any] = {} if run_id is None else {"run_id": run_id}
+    rows = with_harness(read_rollouts(root, columns=_RUN_READ, **filters), root)
     runs = []
     for run_id, group in rows.groupby("run_id", sort=False):
         rewards = group["reward"].dropna().astype(float)
