@@ -76,11 +76,14 @@ TEST = "chmod +x /tests/test.sh && (/tests/test.sh) > /logs/verifier/test-stdout
 # and /tests emptied, so no file of the agent's poses as the tests or their output in the visible box.
 # Emptying /tests is best effort: a process the agent left may move it aside meanwhile ("find: '/tests': No
 # such file or directory" made the rollout a TaskError that dropped out of the mean, under load), and the
-# tests see their own /tests in the private view either way.
-_CLEAR = ("for d in /logs /tests; do if [ -L $d ] || { [ -e $d ] && [ ! -d $d ]; }; then rm -f $d; fi; done; "
-          "rm -rf /logs/verifier; "
-          "mkdir -p " + " ".join(LOG_DIRS) + " /tests && chmod 777 " + " ".join(LOG_DIRS) +
-          " && { find /tests -mindepth 1 -delete 2>/dev/null; true; }")
+# tests see their own /tests in the private view either way. A process that moves /logs aside 50 times a
+# second can also take it between the mkdir and the chmod ("chmod: cannot access '/logs/agent'" on a
+# clean-clone run): the whole clear is tried up to 5 times, 0.1 s apart, before it fails the rollout.
+_CLEAR_ONCE = ("for d in /logs /tests; do if [ -L $d ] || { [ -e $d ] && [ ! -d $d ]; }; then rm -f $d; fi; done; "
+               "rm -rf /logs/verifier; "
+               "mkdir -p " + " ".join(LOG_DIRS) + " /tests && chmod 777 " + " ".join(LOG_DIRS) +
+               " && { find /tests -mindepth 1 -delete 2>/dev/null; true; }")
+_CLEAR = f"for try in 1 2 3 4 5; do {{ {_CLEAR_ONCE}; }} && exit 0; sleep 0.1; done; exit 1"
 
 
 async def solve(task: Any, runtime: Any, trace: Trace, solution: Path) -> None:
