@@ -135,3 +135,42 @@ def test_under_xdist_a_group_runs_in_one_worker(pytester: pytest.Pytester, monke
     result.assert_outcomes(passed=6)
     workers = {path.read_text() for path in pytester.path.rglob("worker-*")}
     assert len(workers) == 1, workers
+
+
+def test_the_model_lane_comes_first_then_the_groups_with_most_tests_then_the_rest(pytester: pytest.Pytester):
+    """The order xdist hands the work out in (``--no-loadscope-reorder``): the longest chain first."""
+    pytester.makeini(MARKERS + "    smollm2: m\n    serial: s\n")
+    pytester.makepyfile(test_a_single="import pytest\n\npytestmark = pytest.mark.unit\n\ndef test_alone():\n    pass\n")
+    pytester.makepyfile(test_b_small="""
+        import pytest
+
+        pytestmark = pytest.mark.system
+
+        @pytest.fixture(scope="module")
+        def server():
+            return "shared"
+
+        def test_small(server):
+            pass
+        """)
+    pytester.makepyfile(test_c_big="""
+        import pytest
+
+        pytestmark = pytest.mark.system
+
+        @pytest.fixture(scope="module")
+        def server():
+            return "shared"
+
+        @pytest.mark.parametrize("n", range(2))
+        def test_big(n, server):
+            pass
+
+        @pytest.mark.smollm2
+        def test_model():
+            pass
+        """)
+    result = pytester.runpytest_inprocess("-p", "tests.support.tiers", "--collect-only", "-q")
+    collected = [line for line in result.outlines if "::" in line]
+    assert collected == ["test_c_big.py::test_model", "test_c_big.py::test_big[0]", "test_c_big.py::test_big[1]",
+                         "test_b_small.py::test_small", "test_a_single.py::test_alone"]

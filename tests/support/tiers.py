@@ -24,6 +24,12 @@ Within a tier, tests run at once in pytest-xdist workers (scripts/test). Two rul
   order; they win over the module's group);
 - a test marked ``serial`` acts on what every test shares (the whole Docker engine's containers, the
   machine's load or disk): scripts/test runs those after the others, one at a time.
+
+The tests are ordered for the scheduler (scripts/test passes ``--no-loadscope-reorder``, so xdist hands out
+groups in this order, the next to whichever worker is free): the real-model lane first (the longest
+chain of the suite: 600-700 s of a 770 s system tier under load), then the module groups, most tests
+first (xdist's own order), then the tests of no group, in collection order. The longest work starts
+first and the short tests fill the gaps at the end.
 """
 
 from __future__ import annotations
@@ -40,6 +46,22 @@ tests ran 2-3x longer side by side and the whole ``.ci/run`` took 18 min 12 s ag
 TIMEOUT_S = {"unit": 10, "prefect": 300, "system": 600}
 """Seconds per test, setup included: a unit test takes under 5 s here; the harness starts within the
 first prefect test (~60 s on a busy machine); a system test may build images or start servers."""
+
+
+def group_of(item: pytest.Item) -> str | None:
+    mark = item.get_closest_marker("xdist_group")
+    return None if mark is None else str(mark.args[0] if mark.args else mark.kwargs.get("name"))
+
+
+def longest_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """``items`` in the order the module docstring gives: the ``smollm2`` lanes, then the other groups by
+    number of tests (most first; ties in collection order), then the rest; each group's tests in collection order."""
+    groups: dict[str | None, list[pytest.Item]] = {}
+    for item in items:
+        groups.setdefault(group_of(item), []).append(item)
+    rest = groups.pop(None, [])
+    ordered = sorted(groups.items(), key=lambda group: (not group[0].startswith("smollm2-"), -len(group[1])))
+    return [item for _, members in ordered for item in members] + rest
 
 
 def tiers_of(item: pytest.Item) -> list[str]:
@@ -68,6 +90,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             model_tests += 1
         elif shares_a_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    items[:] = longest_first(items)
     if config.getvalue("timeout") is not None or os.environ.get("PYTEST_TIMEOUT"):
         return   # the run's own timeout wins over the tiers'
     for item in items:
