@@ -3,20 +3,23 @@ against the scripted server over a real socket."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
+from typer.testing import CliRunner
 
 import prefect_rollouts as vf
+from prefect_rollouts.cli import app
 from prefect_rollouts.config.eval import load_eval_config
 from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.evals.engine import inline_runner, run_rollouts
 from prefect_rollouts.evals.prepare import prepare_eval
 from prefect_rollouts.pricing import call_cost_usd
-from prefect_rollouts.traces import read_rollouts, summarize_run
+from prefect_rollouts.traces import read_rollouts, read_traces, summarize_run
 from tests.core.budget_tasks import chatty
 from tests.eval_toml import eval_toml
-from tests.fakes.openai_server import delayed, reply
+from tests.fakes.openai_server import delayed, reply, tool_call
 
 pytestmark = pytest.mark.unit
 
@@ -86,6 +89,11 @@ async def test_rows_carry_the_cost_of_the_calls_at_the_clients_price(tmp_path, o
     assert summary.spend.cost_usd == pytest.approx(6 * call) and summary.spend.tokens == 6 * 1_200
     assert summary.environments[0].cost_usd == pytest.approx(6 * call)
     assert "cost_usd" in summary.table()[0] and f"${6 * call:.4f}" in summary.text()
+    shown = CliRunner().invoke(app, ["traces", "summary", str(tmp_path / "traces"), "--run-id", "priced"]).output
+    assert f"spend: 7,200 tokens (judges 0), ${6 * call:.4f} over 2 attempts of 2 rollouts" in shown
+    assert f"per rollout 3,600 tokens, ${3 * call:.4f}" in shown and "costliest tasks:" in shown
+    one = CliRunner().invoke(app, ["traces", "show", str(tmp_path / "traces"), "priced", "c0"]).output
+    assert f"tokens: prompt 3000, completion 600 · cost ${3 * call:.6f}" in one
 
 
 async def test_a_budget_stops_rollouts_in_flight_as_budget_and_a_larger_one_finishes_the_run(tmp_path, openai_server):
@@ -118,3 +126,33 @@ async def test_a_budget_stops_rollouts_in_flight_as_budget_and_a_larger_one_fini
     assert len(latest) == 10 and set(latest["stop_condition"]) == {"agent_completed"} and set(latest["reward"]) == {1.0}
     assert (every["stop_condition"] == "budget").sum() == len(stopped)   # the first attempts stay
     assert summarize_run(tmp_path / "traces", "budgeted").spend.tokens == int(every["total_tokens"].sum())
+
+
+def bash_forever(request):
+    """A tool call to run ``true``, again and again (a program that never finishes), ``CALL_TOKENS`` each."""
+    return dataclasses.replace(tool_call("bash", command="true"),
+                               usage={"prompt_tokens": 90, "completion_tokens": 10, "total_tokens": CALL_TOKENS})
+
+
+async def test_program_rollouts_in_flight_are_refused_their_next_request_as_budget(tmp_path, openai_server):
+    openai_server.default = bash_forever
+    text = budget_toml(tmp_path, openai_server.base_url, max_concurrent=4, num_tasks=4, token_budget=1_000)
+    prepared = prepare_eval(load_eval_config(text.replace('harness = "chat"', 'harness = "bash"')),
+                            run_id="programs", resume=False)
+    await run(prepared, 4)
+    rows = read_rollouts(tmp_path / "traces", run_id="programs")
+    assert len(rows) == 4 and set(rows["stop_condition"]) == {"budget"} and not rows["is_error"].any()
+    assert rows["reward"].isna().all()                           # not scored: it runs again on resume
+    assert 0 <= int(rows["total_tokens"].sum()) - 1_000 <= 4 * CALL_TOKENS
+    traces = read_traces(tmp_path / "traces", run_id="programs")
+    assert all("rollout stopped: budget" in trace.info["program"][0]["stderr_tail"] for trace in traces)
+    assert all("agent_failure" not in trace.info for trace in traces)   # the endpoint's stop wins over the exit
+
+
+async def test_max_rollout_tokens_refuses_a_programs_next_request(openai_server, agent_config):
+    openai_server.default = bash_forever
+    async with vf.make_agent(agent_config(harness="bash", max_rollout_tokens=250)) as agent:
+        trace = await agent.run(chatty(1, turns=1)[0])
+    assert len(openai_server.requests) == 3 and (trace.stop_condition, trace.is_truncated) == ("max_rollout_tokens",
+                                                                                                True)
+    assert trace.errors == [] and "rollout stopped: max_rollout_tokens" in trace.info["program"][0]["stderr_tail"]
