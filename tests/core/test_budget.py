@@ -156,3 +156,26 @@ async def test_max_rollout_tokens_refuses_a_programs_next_request(openai_server,
     assert len(openai_server.requests) == 3 and (trace.stop_condition, trace.is_truncated) == ("max_rollout_tokens",
                                                                                                 True)
     assert trace.errors == [] and "rollout stopped: max_rollout_tokens" in trace.info["program"][0]["stderr_tail"]
+
+
+async def test_judge_calls_bill_at_their_own_clients_price_and_count_in_the_spend(tmp_path, openai_server):
+    def answer(request):
+        if request.body.get("model") == "judge-model":
+            return reply("yes", usage={"prompt_tokens": 1_000, "completion_tokens": 1, "total_tokens": 1_001})
+        return numbered_reply(request)
+    openai_server.default = answer
+    text = budget_toml(tmp_path, openai_server.base_url, turns=1, num_tasks=2, max_concurrent=2).replace(
+        'api_key_env = ""\n', 'api_key_env = ""\nprice = { input = 2.0, output = 10.0 }\n')
+    text += ('[[env.agent.scoring.judges]]\nid = "reference"\nmodel = "judge-model"\n'
+             '[env.agent.scoring.judges.client]\n'
+             f'base_url = "{openai_server.base_url}"\napi_key_env = ""\nprice = {{ input = 1.0, output = 4.0 }}\n')
+    prepared = prepare_eval(load_eval_config(text.replace("num_tasks", "cost_budget_usd = 5.0\nnum_tasks")),
+                            run_id="judged", resume=False)
+    run_state, _ = await run(prepared, 2)
+    rows = read_rollouts(tmp_path / "traces", run_id="judged")
+    agent, judge = (90 * 2.0 + 10 * 10.0) / 1e6, (1_000 * 1.0 + 1 * 4.0) / 1e6
+    assert rows["cost_usd"].tolist() == pytest.approx([agent + judge] * 2)
+    spend = summarize_run(tmp_path / "traces", "judged").spend
+    assert (spend.tokens, spend.judge_tokens) == (2 * (100 + 1_001), 2 * 1_001)
+    counted = await run_state.budget.ledger.total()                 # the budget counted the judges too
+    assert counted.tokens == spend.tokens and counted.cost_usd == pytest.approx(2 * (agent + judge))
