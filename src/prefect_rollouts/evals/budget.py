@@ -117,14 +117,17 @@ class Budget:
             [f"cost_budget_usd = {self.cost_budget_usd:g}"] if self.cost_budget_usd is not None else [])
         return " and ".join(parts)
 
-    def raised_overrides(self) -> list[str]:
-        """``--set`` items that double each budget of this run (for the resume command a stop prints)."""
-        spent = self.spent
+    def raised_overrides(self, not_done: int, per_rollout: Spend) -> list[str]:
+        """``--set`` items with each budget raised to an estimate of what finishing the run takes (the
+        resume command a stop prints): the spend so far plus ``not_done`` rollouts at ``per_rollout``
+        each (the costliest rollout so far, or ``max_rollout_tokens``), and at least twice the budget.
+        Only an estimate: a rollout stopped early spent less than a whole one."""
+        need = self.spent + Spend(not_done * per_rollout.tokens, not_done * per_rollout.cost_usd)
         items = []
         if self.token_budget is not None:
-            items.append(f"token_budget={max(2 * self.token_budget, 2 * spent.tokens)}")
+            items.append(f"token_budget={max(2 * self.token_budget, need.tokens)}")
         if self.cost_budget_usd is not None:
-            items.append(f"cost_budget_usd={max(2 * self.cost_budget_usd, 2 * spent.cost_usd):.4g}")
+            items.append(f"cost_budget_usd={max(2 * self.cost_budget_usd, need.cost_usd):.4g}")
         return items
 
 
