@@ -179,3 +179,17 @@ async def test_judge_calls_bill_at_their_own_clients_price_and_count_in_the_spen
     assert (spend.tokens, spend.judge_tokens) == (2 * (100 + 1_001), 2 * 1_001)
     counted = await run_state.budget.ledger.total()                 # the budget counted the judges too
     assert counted.tokens == spend.tokens and counted.cost_usd == pytest.approx(2 * (agent + judge))
+
+
+def test_the_shared_counters_count_whole_units_and_scale_a_budget_past_a_billion():
+    from prefect_rollouts.evals.budget import Spend
+    from prefect_rollouts.flows.budget import SLOT_MAX, GclLedger, counter_name
+
+    exact = GclLedger("nightly-1", 1_000_000, 25.0)
+    assert exact.names == {"tokens": "budget-tokens-nightly-1", "usd": "budget-usd-nightly-1"}
+    assert exact.slots(Spend(1_234, 0.0123456)) == {"tokens": 1_234, "usd": 12_346}   # micro-dollars, rounded up
+    assert exact.spend_of({"tokens": 1_234, "usd": 12_346}) == Spend(1_234, pytest.approx(0.012346))
+    huge = GclLedger("r", 5_000_000_000, None)          # 5e9 tokens: counted in units of 5 tokens
+    assert huge.units == {"tokens": 5.0} and huge.slots(Spend(12, 0.0)) == {"tokens": 3}
+    assert 2 * 5_000_000_000 / huge.units["tokens"] < SLOT_MAX   # twice the budget still fits the counter
+    assert counter_name("Run/With Slashes", "tokens").startswith("budget-tokens-run-with-slashes-")
