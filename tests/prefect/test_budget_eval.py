@@ -5,12 +5,16 @@ command (a larger budget) finishes the run with every first attempt kept (issue 
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shlex
 
 import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
 from prefect_rollouts.cli import BUDGET_EXIT
+from prefect_rollouts.flows.keys import spend_key, summary_key
 from prefect_rollouts.traces import read_rollouts
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply
@@ -18,6 +22,12 @@ from tests.prefect.test_failure_states import eval_run
 from tests.support.cli import eval_env, run_eval
 
 pytestmark = pytest.mark.prefect
+
+
+async def series_artifacts(series: str) -> list:
+    async with get_client() as client:
+        return await client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=[summary_key(series), spend_key(series)])))
 
 
 def says_its_number(request):
@@ -45,6 +55,12 @@ def test_a_budget_stops_the_eval_with_exit_4_and_its_resume_command_finishes_the
     run = eval_run("budget-cli")
     assert (run.state_type.value, run.state_name) == ("FAILED", "BudgetReached")
     assert run.state.message.startswith("budget reached: spent")
+    artifacts = asyncio.run(series_artifacts("tests.core.budget_tasks:chatty"))
+    summary = next(a for a in artifacts if a.key == summary_key("tests.core.budget_tasks:chatty")
+                   and "run budget-cli (" in a.description)
+    assert "budget reached: spent" in summary.description and "spend: 1," in summary.description
+    spend = next(a for a in artifacts if a.key == spend_key("tests.core.budget_tasks:chatty"))
+    assert "Spend of run budget-cli:" in spend.description and '"tokens": ' in spend.data
 
     args = shlex.split(command.group(1))
     assert args[:3] == ["prefect-rollouts", "eval", str(config)] and args[3:5] == ["--resume", "budget-cli"]
