@@ -5,12 +5,14 @@ The eval plans its rollouts (tasks x rollouts per task), runs them in this proce
 the dataset. Re-running with ``resume=<run id>`` runs only the rollouts of that run that have no
 durable row.
 
-The eval flow run ends Completed when every rollout has a row and at most ``max_error_fraction`` of them
-errored, else Failed with the reason (``traces.run_failure``), holding an ``EvalFailedError`` with the
-summary. When its token or cost budget stopped it (``flows/budget.py``), it ends Failed named
-``BudgetReached``, holding a ``BudgetReachedError`` with the spend and the summary. A rollout that errored is
-a Failed rollout flow run, ``rollout`` task run (``task`` granularity) or ``batch`` task run holding it
-(``batch``); its row is written all the same (``flows/execute.py``).
+The eval flow run ends Completed when every rollout has a row and at most ``max_error_fraction``
+of them errored, else Failed with the reason (``traces.run_failure``), holding an
+``EvalFailedError`` with the summary. A rollout that errored is a Failed rollout flow run,
+``rollout`` task run (``task`` granularity) or ``batch`` task run holding it (``batch``); its row
+is written all the same (``flows/execute.py``).
+
+When its token or cost budget stopped it (``flows/budget.py``), the eval flow run ends Failed named
+``BudgetReached``, holding a ``BudgetReachedError`` with the spend and the summary.
 
 The summary (``EvalSummary``) is logged in the eval flow run and published as a table artifact
 whose key is the same for every run of a series (``flows.baseline.series_name``), so the
