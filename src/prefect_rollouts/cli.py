@@ -64,7 +64,7 @@ def eval_command(
     A resume whose config differs from the run's stored config in a key that defines the run exits 2.
     With ``--fail-on-regression``, a run that regressed against its baseline exits 3. A run that its
     ``token_budget`` or ``cost_budget_usd`` stopped prints its spend, the budget and the ``--resume``
-    command (with a larger budget), and exits 4 (BUDGET_EXIT).
+    command (with a larger budget), and exits 4.
     """
     from prefect_rollouts.evals.prepare import load_eval, new_run_id, prepare_eval
 
