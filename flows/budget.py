@@ -21,11 +21,14 @@ keeps counting in memory and sends the sum once it answers (its last read counts
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+from collections.abc import AsyncIterator
 
 import httpx
 from prefect import get_client
+from prefect.client.orchestration import PrefectClient
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, GlobalConcurrencyLimitUpdate
 from prefect.exceptions import ObjectNotFound
 from prefect.states import Failed, State
@@ -73,7 +76,11 @@ class GclLedger:
             them, then ``ceil(budget / UNITS_MAX)``; a call's count is rounded up to whole units.
     """
 
-    def __init__(self, run_id: str, token_budget: int | None, cost_budget_usd: float | None) -> None:
+    def __init__(self, run_id: str, token_budget: int | None, cost_budget_usd: float | None,
+                 client: PrefectClient | None = None) -> None:
+        self.client = client
+        """An open client to use for every call (``open_shared_budget``); None: one per call (each costs a
+        new HTTP client: ~50 ms of CPU, benchmarks/budget_counter.py)."""
         self.names: dict[str, str] = {}
         self.units: dict[str, float] = {}
         if token_budget is not None:
@@ -99,7 +106,7 @@ class GclLedger:
         """Increment each counter by ``spend`` (and whatever an outage left unsent)."""
         pending = self._unsent + spend
         try:
-            async with get_client() as client:
+            async with self._client() as client:
                 for kind, count in self.slots(pending).items():
                     if count > 0:
                         await client.increment_concurrency_slots([self.names[kind]], count, "concurrency")
@@ -114,7 +121,7 @@ class GclLedger:
         """The counters' ``active_slots`` as a ``Spend`` (plus what is still unsent); the last read
         (with the unsent spend) when the API does not answer."""
         try:
-            async with get_client() as client:
+            async with self._client() as client:
                 slots = {kind: (await client.read_global_concurrency_limit_by_name(name)).active_slots
                          for kind, name in self.names.items()}
         except (httpx.HTTPError, OSError, ObjectNotFound) as exc:
@@ -125,12 +132,28 @@ class GclLedger:
         return self._last + self._unsent
 
 
-def shared_budget(config: EvalConfig, run_id: str) -> Budget | None:
-    """The run's ``Budget`` over its counters (``GclLedger``); None without a budget."""
+    def _client(self) -> contextlib.AbstractAsyncContextManager[PrefectClient]:
+        """The open client (kept open), else a new one for this call."""
+        return contextlib.nullcontext(self.client) if self.client is not None else get_client()
+
+
+def shared_budget(config: EvalConfig, run_id: str, client: PrefectClient | None = None) -> Budget | None:
+    """The run's ``Budget`` over its counters (``GclLedger``, through ``client`` if given); None without a budget."""
     if config.token_budget is None and config.cost_budget_usd is None:
         return None
     return Budget(config.token_budget, config.cost_budget_usd,
-                  GclLedger(run_id, config.token_budget, config.cost_budget_usd))
+                  GclLedger(run_id, config.token_budget, config.cost_budget_usd, client))
+
+
+@contextlib.asynccontextmanager
+async def open_shared_budget(config: EvalConfig, run_id: str) -> AsyncIterator[Budget | None]:
+    """``shared_budget`` over one Prefect client kept open while it is used (a shard's rollouts: two API
+    calls per model call); None without a budget (and no client opened)."""
+    if config.token_budget is None and config.cost_budget_usd is None:
+        yield None
+        return
+    async with get_client() as client:
+        yield shared_budget(config, run_id, client)
 
 
 async def seed_shared_budget(config: EvalConfig, root: DatasetRoot, run_id: str) -> Budget | None:
