@@ -41,6 +41,7 @@ from prefect.states import Cancelling, Crashed
 
 from prefect_rollouts.config.eval import DispatchConfig, EvalConfig
 from prefect_rollouts.errors import ConfigError
+from prefect_rollouts.evals.budget import Budget
 from prefect_rollouts.evals.plan import RolloutKey
 from prefect_rollouts.flows.shard import ENTRYPOINT, shard_flow
 from prefect_rollouts.traces import DatasetRoot, durable_keys
@@ -78,7 +79,7 @@ class DispatchReport:
 
 
 async def dispatch(config: EvalConfig, root: DatasetRoot, run_id: str, todo: list[RolloutKey], *,
-                   on_progress: Callable[[int], Awaitable[None]]) -> DispatchReport:
+                   on_progress: Callable[[int], Awaitable[None]], budget: Budget | None = None) -> DispatchReport:
     """Run ``todo`` as shard flow runs on ``config.dispatch.work_pool`` and wait for all of them.
 
     Args:
@@ -87,6 +88,8 @@ async def dispatch(config: EvalConfig, root: DatasetRoot, run_id: str, todo: lis
             again by each shard.
         todo: ``(environment, task id, rollout index)`` of the rollouts to run, in plan order.
         on_progress: Called with the number of durable rows of the run after every poll.
+        budget: The run's shared budget (``flows/budget.py``): once reached, no shard is submitted or
+            submitted again; the shards in flight stop their rollouts themselves.
 
     Returns:
         Every shard with its submissions' final states, and the rollouts left without a row.
@@ -115,6 +118,11 @@ async def dispatch(config: EvalConfig, root: DatasetRoot, run_id: str, todo: lis
         progress_read = time.monotonic()
         try:
             while queue or in_flight:
+                if queue and budget is not None and await budget.check():
+                    logger.warning("run %s: the budget is reached (%s); %d shards not submitted", run_id,
+                                   budget.spent.text(), len(queue))
+                    failed += queue
+                    queue.clear()
                 while queue and len(in_flight) < settings.max_shards_in_flight:
                     shard = queue.pop(0)
                     shard.flow_run_id = await _submit(deployment_id, config, root, run_id, shard)
@@ -138,7 +146,8 @@ async def dispatch(config: EvalConfig, root: DatasetRoot, run_id: str, todo: lis
                     pending = [key for key in shard.rollouts if key not in durable]
                     if not pending:
                         continue
-                    if run.state_type != StateType.CANCELLED and shard.attempt + 1 < settings.shard_attempts:
+                    if run.state_type != StateType.CANCELLED and shard.attempt + 1 < settings.shard_attempts \
+                            and not (budget is not None and await budget.check()):
                         logger.warning("shard %d ended %s with %d of %d rollouts without a row: submitting them "
                                        "again (attempt %d of %d)", shard.index, shard.states[-1], len(pending),
                                        len(shard.rollouts), shard.attempt + 2, settings.shard_attempts)

@@ -11,6 +11,9 @@ of them errored, else Failed with the reason (``traces.run_failure``), holding a
 ``rollout`` task run (``task`` granularity) or ``batch`` task run holding it (``batch``); its row
 is written all the same (``flows/execute.py``).
 
+When its token or cost budget stopped it (``flows/budget.py``), the eval flow run ends Failed named
+``BudgetReached``, holding a ``BudgetReachedError`` with the spend and the summary.
+
 The summary (``EvalSummary``) is logged in the eval flow run and published as a table artifact
 whose key is the same for every run of a series (``flows.baseline.series_name``), so the
 UI's Artifacts page keeps its history, night after night.
@@ -33,8 +36,9 @@ from prefect_rollouts.errors import EvalFailedError, TraceStoreError
 from prefect_rollouts.evals.identity import check_run_id
 from prefect_rollouts.evals.prepare import new_run_id, prepare_eval
 from prefect_rollouts.flows.baseline import finish_with_baseline, resolve_baseline, series_name, series_tag
+from prefect_rollouts.flows.budget import budget_state, budget_stop, seed_shared_budget
 from prefect_rollouts.flows.execute import execute
-from prefect_rollouts.flows.keys import progress_key, summary_key
+from prefect_rollouts.flows.keys import progress_key, spend_key, summary_key
 from prefect_rollouts.flows.ownership import tag_flow_run
 from prefect_rollouts.flows.run_lock import hold_run
 from prefect_rollouts.flows.work_pool import run_on_work_pool
@@ -80,7 +84,10 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
         table artifact ``eval-summary-<series>``. When more than ``config.max_error_fraction`` of the
         rollouts errored (or some have no row), a Failed state whose message says so, e.g.
         ``6 of 6 rollouts errored (ProviderError: ...)``, holding an ``EvalFailedError`` with
-        the summary: awaiting the flow without ``return_state=True`` raises it. Another live eval of
+        the summary: awaiting the flow without ``return_state=True`` raises it. When ``token_budget`` or
+        ``cost_budget_usd`` stopped the run with rollouts not done, a Failed state named ``BudgetReached``
+        whose message gives the spend and the budget, holding a ``BudgetReachedError`` (``flows/budget.py``);
+        a ``resume`` with a larger budget finishes the run. Another live eval of
         the run fails this one with a ``RunInUseError`` naming it (``flows/run_lock.py``).
     """
     named = resume or run_id
@@ -101,8 +108,10 @@ async def _evaluate(config: EvalConfig, resume: str | None, run_id: str, named: 
     await tag_flow_run(series_tag(series), name=None if named else run_id)   # one call: tags, the generated id
     baseline = await resolve_baseline(config, root, series, run_id)
     get_run_logger().info("%s", prepared.describe())
+    budget = await seed_shared_budget(config, root, run_id) if config.dispatch.work_pool else None
     if config.dispatch.work_pool:
-        failures = await run_on_work_pool(config, root, run_id, [planned.key for planned in todo], total=len(plan))
+        failures = await run_on_work_pool(config, root, run_id, [planned.key for planned in todo], total=len(plan),
+                                          budget=budget)
     else:
         failures = await execute(config, root, run_id, todo, total=len(plan), durable=prepared.durable,
                                  progress_key=progress_key(run_id))
@@ -110,10 +119,15 @@ async def _evaluate(config: EvalConfig, resume: str | None, run_id: str, named: 
     summary = summarize_run(root, run_id, rollouts_per_task=config.rollouts_per_task,
                             pass_threshold=config.pass_threshold, wall_time_s=round(time.perf_counter() - started, 3))
     summary.flow_run_id = str(flow_run.id)
+    stopped = await budget_stop(config, root, run_id, [planned.key for planned in plan], budget)
+    if stopped is not None:   # the rollouts without a row are the ones the budget did not start
+        summary.budget_stop, failures = stopped[0], []
     failure = run_failure(summary, len(plan), config.max_error_fraction)
-    compared = await finish_with_baseline(summary, baseline, config, root, series,
-                                          completed=failure is None and not failures, ran=bool(todo))
+    completed = failure is None and not failures and stopped is None
+    compared = await finish_with_baseline(summary, baseline, config, root, series, completed=completed, ran=bool(todo))
     await publish_summary(summary, series, root, compared)
+    if stopped is not None:
+        return budget_state(stopped[0], summary, stopped[1])  # type: ignore[return-value]  # holds its error
     if failures:
         raise RuntimeError(f"{len(plan) - summary.rollouts} of {len(plan)} rollouts have no row ({failures[0]}); "
                            f"resume with --resume {run_id}") from failures[0]
@@ -139,8 +153,16 @@ async def publish_summary(summary: EvalSummary, series: str, root: DatasetRoot, 
     artifacts = [summary_key(series), *([comparison] if comparison else [])]
     models = ", ".join(sorted({env.model for env in summary.environments if env.model}))
     get_run_logger().info("%s\nsummary artifact: %s", summary.text(), "; comparison artifact: ".join(artifacts))
+    spend = summary.spend
+    spent = "" if spend is None else f"; {spend.text().splitlines()[0]}"
+    stop = f"; budget reached: {summary.budget_stop}" if summary.budget_stop else ""
     await acreate_table_artifact(table=summary.table(), key=artifacts[0], description=(
-        f"Summary of run {summary.run_id} ({summary.rollouts} rollouts of {models or 'no model'}, traces in {root})"))
+        f"Summary of run {summary.run_id} ({summary.rollouts} rollouts of {models or 'no model'}, traces in {root})"
+        + spent + stop))
+    if spend is not None and spend.tasks:   # the costliest tasks and rollouts, every attempt counted
+        await acreate_table_artifact(table=spend.table(), key=spend_key(series), description=(
+            f"Spend of run {summary.run_id}: {spend.text().splitlines()[0].removeprefix('spend: ')}; its costliest "
+            f"tasks (rollout_index empty) and rollouts"))
 
 
 async def run_eval(config: EvalConfig, resume: str | None = None, run_id: str | None = None,

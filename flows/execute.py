@@ -34,6 +34,7 @@ from prefect.utilities.annotations import quote
 
 from prefect_rollouts.config.eval import EvalConfig
 from prefect_rollouts.errors import TraceStoreError
+from prefect_rollouts.evals.budget import Budget
 from prefect_rollouts.evals.engine import (
     EvalRun,
     Runner,
@@ -76,7 +77,7 @@ class _Bookkeeping:
 
 async def execute(config: EvalConfig, root: str | DatasetRoot, run_id: str, todo: list[Planned], *,
                   total: int, durable: set[RolloutKey], progress_key: str | None,
-                  shard_flow_run_id: str | None = None) -> list[BaseException]:
+                  shard_flow_run_id: str | None = None, budget: Budget | None = None) -> list[BaseException]:
     """Run ``todo`` (rollouts of the plan) in this process at ``config.rollout_granularity``, with
     at most ``config.max_concurrent`` at once, and make every row durable (``evals.engine.run_rollouts``).
 
@@ -92,6 +93,8 @@ async def execute(config: EvalConfig, root: str | DatasetRoot, run_id: str, todo
         durable: Keys ``(environment, task id, rollout index)`` already durable (resume); never written again.
         progress_key: Key of the progress artifact to keep current, or None for none.
         shard_flow_run_id: The shard flow run running these rollouts on a worker, if any.
+        budget: The run's budget shared across shards (``flows/budget.py``); None: the engine's own, in
+            this process, when the config sets one (``evals.engine.run_rollouts``).
 
     Returns:
         Errors of rollouts that could not run and have no row (a crashed batch task run).
@@ -112,7 +115,8 @@ async def execute(config: EvalConfig, root: str | DatasetRoot, run_id: str, todo
                     config, root, run_id, todo, _runner(config, books.watch), total=total, durable=durable,
                     beside=lambda run, stop: books.watch.run(lambda: _inform_prefect(books, run), stop),
                     labels=sandbox_labels(), report=_preparation_report(),
-                    worker={"host": socket.gethostname(), "pid": os.getpid(), "shard_flow_run_id": shard_flow_run_id})
+                    worker={"host": socket.gethostname(), "pid": os.getpid(), "shard_flow_run_id": shard_flow_run_id},
+                    budget=budget)
         if not complete:
             watch = books.watch
             raise ApiOutageError(str(watch.api_url), run_id, watch.down_s, len(run.writer.durable), total)

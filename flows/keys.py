@@ -37,6 +37,11 @@ def summary_key(series: str) -> str:
     return prefect_key("eval-summary-", series)
 
 
+def spend_key(series: str) -> str:
+    """The spend table artifact of every run of ``series`` (costliest tasks and rollouts): ``eval-spend-<series>``."""
+    return prefect_key("eval-spend-", series)
+
+
 def progress_key(run_id: str) -> str:
     """The progress artifact of run ``run_id``: ``eval-progress-<run id>``."""
     return prefect_key("eval-progress-", run_id)

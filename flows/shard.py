@@ -6,7 +6,8 @@ from environment variables or blocks where the shard runs), the dataset root and
 ``(environment, task id, rollout index)`` keys. The worker's process rebuilds the agent and the tasks from
 them (``plan.rebuild`` refuses a task id the taskset lacks on this machine), runs the rollouts that
 have no durable row at the eval's granularity (with ``flow``, each rollout is a ``rollout``
-subflow of the shard's flow run) and writes its own files into the run's dataset.
+subflow of the shard's flow run) and writes its own files into the run's dataset. An eval's budget
+is shared by every shard through the run's counters (``flows/budget.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from prefect.runtime import flow_run
 from prefect_rollouts.blocks import resolve_trace_root
 from prefect_rollouts.config.eval import EvalConfig
 from prefect_rollouts.evals.plan import rebuild, still_to_run
+from prefect_rollouts.flows.budget import open_shared_budget
 from prefect_rollouts.flows.execute import execute
 from prefect_rollouts.traces import dataset_root
 from prefect_rollouts.traces.read import latest_attempts
@@ -66,8 +68,9 @@ async def shard_flow(run_id: str, config: EvalConfig, root: str, rollouts: list[
                                          if (env, task_id, index) not in durable]), latest)
     get_run_logger().info("shard %d of run %s on %s (pid %d): %d rollouts, %d to run", shard_index, run_id,
                           socket.gethostname(), os.getpid(), len(rollouts), len(todo))
-    failures = await execute(config, dataset, run_id, todo, total=len(rollouts), durable=durable, progress_key=None,
-                             shard_flow_run_id=str(flow_run.id))
+    async with open_shared_budget(config, run_id) as budget:
+        failures = await execute(config, dataset, run_id, todo, total=len(rollouts), durable=durable,
+                                 progress_key=None, shard_flow_run_id=str(flow_run.id), budget=budget)
     if failures:
         raise RuntimeError(f"{len(failures)} of {len(todo)} rollouts of shard {shard_index} could not run and have "
                            "no row") from failures[0]

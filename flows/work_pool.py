@@ -9,6 +9,7 @@ from __future__ import annotations
 from prefect.artifacts import acreate_progress_artifact, aupdate_progress_artifact
 
 from prefect_rollouts.config.eval import EvalConfig
+from prefect_rollouts.evals.budget import Budget
 from prefect_rollouts.evals.engine import progress_listener
 from prefect_rollouts.evals.plan import RolloutKey
 from prefect_rollouts.flows.dispatch import dispatch
@@ -18,9 +19,10 @@ from prefect_rollouts.traces.store import DatasetRoot
 
 
 async def run_on_work_pool(config: EvalConfig, root: DatasetRoot, run_id: str, todo: list[RolloutKey], *,
-                            total: int) -> list[BaseException]:
-    """``todo`` as shard flow runs on ``[dispatch] work_pool`` (``flows/dispatch.py``); progress from
-    durable rows. Returns one error per rollout left without a row."""
+                            total: int, budget: Budget | None = None) -> list[BaseException]:
+    """``todo`` as shard flow runs on ``[dispatch] work_pool`` (``flows/dispatch.py``, which stops
+    submitting once ``budget`` is reached); progress from durable rows. Returns one error per rollout
+    left without a row."""
     await tag_flow_run()
     progress_id = await acreate_progress_artifact(progress=100.0 * (total - len(todo)) / max(total, 1),
                                                   key=progress_key(run_id),
@@ -35,7 +37,7 @@ async def run_on_work_pool(config: EvalConfig, root: DatasetRoot, run_id: str, t
             if (listener := progress_listener.get()) is not None:
                 listener(durable, total)
 
-    report = await dispatch(config, root, run_id, todo, on_progress=on_progress)
+    report = await dispatch(config, root, run_id, todo, on_progress=on_progress, budget=budget)
     await on_progress(total - len(report.missing))
     error = RuntimeError(f"shards {[s.index for s in report.failed]} ended "
                          f"{[s.states for s in report.failed]} after {config.dispatch.shard_attempts} attempts")

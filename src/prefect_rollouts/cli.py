@@ -62,7 +62,9 @@ def eval_command(
     ``--resume`` command, and exits 1 (130 on Ctrl-C, 143 on SIGTERM, which ends it the same way). A run where more than
     ``max_error_fraction`` of the rollouts errored prints its summary and top errors, and exits 1.
     A resume whose config differs from the run's stored config in a key that defines the run exits 2.
-    With ``--fail-on-regression``, a run that regressed against its baseline exits 3.
+    With ``--fail-on-regression``, a run that regressed against its baseline exits 3. A run that its
+    ``token_budget`` or ``cost_budget_usd`` stopped prints its spend, the budget and the ``--resume``
+    command (with a larger budget), and exits 4.
     """
     from prefect_rollouts.evals.prepare import load_eval, new_run_id, prepare_eval
 
@@ -111,12 +113,38 @@ def eval_command(
         console.print("Prefect UI: none (the temporary server has stopped; set PREFECT_API_URL to keep runs)")
     else:
         console.print(f"eval flow run: {_ui_url().rstrip('/')}/runs/flow-run/{summary.flow_run_id}")
+    if summary.budget_stop:
+        _finish_budget_stop(summary, eval_config, resume_hint, total - (_durable_count(eval_config, run_id) or 0))
     if failure is not None:
         _error("eval failed: ", failure)
         raise typer.Exit(1)
     if fail_on_regression and summary.regressed:
         _error("regressed: ", f"{', '.join(summary.regressed)} against baseline {summary.baseline}")
         raise typer.Exit(3)
+
+
+BUDGET_EXIT = 4
+"""Exit code of an eval its token or cost budget stopped (1 failure, 2 config, 3 regression, 130/143 signals)."""
+
+
+def _finish_budget_stop(summary: Any, eval_config: Any, resume_hint: str, not_done: int) -> NoReturn:
+    """Say that the budget stopped the run (spend, budget, rollouts not done) and how to finish it (the
+    resume command with each budget raised to an estimate: ``Budget.raised_overrides``), exit 4."""
+    from prefect_rollouts.evals.budget import Budget, MemoryLedger, Spend
+
+    spend = summary.spend
+    budget = Budget(eval_config.token_budget, eval_config.cost_budget_usd, MemoryLedger())
+    budget.spent = Spend(spend.tokens, spend.cost_usd or 0.0) if spend is not None else Spend()
+    top = spend.top_rollouts[0] if spend is not None and spend.top_rollouts else None
+    per_rollout = Spend(top.tokens, top.cost_usd or 0.0) if top is not None else Spend()
+    caps = {env.agent.max_rollout_tokens for env in eval_config.environments()}
+    if None not in caps:   # every rollout is capped: that bounds its agent's tokens
+        per_rollout = Spend(max(per_rollout.tokens, max(caps)), per_rollout.cost_usd)
+    _error("budget reached: ", summary.budget_stop)
+    raised = " ".join(f"--set={item}" for item in budget.raised_overrides(not_done, per_rollout))
+    console.print(f"resume with a larger budget: {resume_hint} {raised} (an estimate: the spend so far and {not_done} "
+                  "rollouts at the costliest one's spend)", markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(BUDGET_EXIT)
 
 
 def _exit_without_waiting_for_prefect(code: int) -> NoReturn:

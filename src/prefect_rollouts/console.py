@@ -168,7 +168,8 @@ def print_error(console: Console, prefix: str, exc: BaseException | str) -> None
 def print_summary(console: Console, summary: EvalSummary) -> None:
     """``summary.table()`` as a table titled with the run id (None as ``—``; columns two spaces
     apart, headers never cut, long environment, harness and model names wrap), then the wall time
-    and the run's tokens, then the top errors, one line each: ``  <type> x<count>, e.g.: <example>``,
+    and the run's tokens, the spend of every attempt (tokens, cost where priced, the costliest tasks and
+    rollouts), then the top errors, one line each: ``  <type> x<count>, e.g.: <example>``,
     the rollouts not scored (``not scored: scoring_timeout x6``), then the comparison with the
     baseline, a line per environment."""
     rows = summary.table()
@@ -191,6 +192,8 @@ def print_summary(console: Console, summary: EvalSummary) -> None:
     tokens += f", judge tokens: {summary.judge_tokens}" if summary.judge_tokens else ""
     wall = f"wall time: {summary.wall_time_s:.1f} s, " if summary.wall_time_s is not None else ""
     console.print(wall + tokens, markup=False, highlight=False)
+    if summary.spend is not None and summary.spend.attempts:   # every attempt, judges, cost (traces/spend.py)
+        console.print(summary.spend.text(), markup=False, highlight=False, soft_wrap=True)
     if summary.errors:
         console.print("top errors:", markup=False, highlight=False)
     for error in summary.errors:

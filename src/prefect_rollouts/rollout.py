@@ -18,7 +18,7 @@ import asyncio
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from prefect_rollouts import stages
 from prefect_rollouts.config.agent import AgentConfig, ScoringConfig
@@ -26,6 +26,9 @@ from prefect_rollouts.errors import InfrastructureError, ProviderError, RuntimeU
 from prefect_rollouts.stages import RolloutState, Segment
 from prefect_rollouts.task import Task
 from prefect_rollouts.trace import SendRecord, Trace
+
+if TYPE_CHECKING:
+    from prefect_rollouts.evals.budget import Budget
 
 T = TypeVar("T")
 
@@ -161,6 +164,11 @@ class Rollout:
     def harness_id(self) -> str:
         """The harness's name (``chat``, ``tools``)."""
         return self._state.harness.id
+
+    def share_budget(self, budget: Budget | None) -> None:
+        """Count this rollout's model calls against an eval run's ``budget`` and stop it as ``budget`` at
+        its next model call once the budget is reached (``RolloutState.budget_reached``); before ``open()``."""
+        self._state.budget = budget
 
     async def open(self) -> None:
         """Run ``setup``; a failure is recorded and stops the run."""

@@ -34,10 +34,11 @@ from prefect_rollouts.runtimes.egress import EgressProxy, mark_phase, take_netwo
 from prefect_rollouts.scoring.placement import score_isolated, score_shared
 from prefect_rollouts.task import Task, call_injected
 from prefect_rollouts.threads import note_in
-from prefect_rollouts.trace import SegmentRecord, SendRecord, Trace, last_assistant_text
+from prefect_rollouts.trace import UNFINISHED_STOPS, SegmentRecord, SendRecord, Trace, last_assistant_text
 from prefect_rollouts.unwind import run_to_end
 
 if TYPE_CHECKING:
+    from prefect_rollouts.evals.budget import Budget
     from prefect_rollouts.harnesses.endpoint import InterceptionEndpoint
     from prefect_rollouts.model import ModelClient
     from prefect_rollouts.scoring.judges import JudgeClients
@@ -74,6 +75,9 @@ class RolloutState:
     """The agent's judge clients; None opens them per scoring call."""
     egress: EgressProxy | None = None
     """The agent's egress proxy (``runtimes/egress.py``), for a docker runtime under ``{ allow, block }``."""
+    budget: Budget | None = None
+    """The eval run's token or cost budget (``evals/budget.py``), shared by its rollouts; None outside an
+    eval with one."""
 
     @property
     def stopped(self) -> bool:
@@ -96,6 +100,22 @@ class RolloutState:
         if self.trace.segments:
             self.trace.segments[-1].terminated = True
         return True
+
+    async def budget_reached(self) -> bool:
+        """The eval's budget rule, beside ``turn_limit_reached`` at the same boundary (before every model
+        call): once the run's spend reached its budget, the run stops as ``budget`` (if nothing stopped it
+        first; ``trace.UNFINISHED_STOPS``: not scored, run again on resume) and its last segment is terminated."""
+        if self.budget is None or not await self.budget.check():
+            return False
+        self.trace.stop("budget")
+        if self.trace.segments:
+            self.trace.segments[-1].terminated = True
+        return True
+
+    async def charge(self, tokens: int, cost_usd: float | None) -> None:
+        """Count one model call's tokens and cost against the eval's budget (if any)."""
+        if self.budget is not None:
+            await self.budget.charge(tokens, cost_usd)
 
 
 @dataclass(slots=True)
@@ -306,8 +326,9 @@ async def finalize(state: RolloutState) -> None:
 
 
 def scorable(state: RolloutState) -> bool:
-    """False when the run failed or setup did not finish (``setup_timeout``): reward stays None."""
-    return not state.trace.errors and state.trace.stop_condition != "setup_timeout"
+    """False when the run failed, setup did not finish (``setup_timeout``) or the eval's budget stopped
+    it (``UNFINISHED_STOPS``: it runs again on resume): reward stays None."""
+    return not state.trace.errors and state.trace.stop_condition not in ("setup_timeout", *UNFINISHED_STOPS)
 
 
 def skip_check(state: RolloutState) -> str | None:
@@ -353,6 +374,7 @@ async def score(state: RolloutState) -> None:
         StageTimeoutError: the deadline expired (recorded on the trace: ``scoring_timeout``).
     """
     isolated = state.scoring.mode == "isolated"
+    judged = state.trace.judge_usage.model_copy()
     try:
         async with _timed(state, "scoring", state.config.timeouts.scoring):
             if isolated:
@@ -370,6 +392,9 @@ async def score(state: RolloutState) -> None:
         state.trace.metrics.clear()
         state.trace.reward_weights.clear()
         raise
+    finally:   # the judges' calls count against the eval's budget (not cut short: the agent had finished)
+        usage = state.trace.judge_usage
+        await state.charge(usage.total_tokens - judged.total_tokens, (usage.cost_usd or 0.0) - (judged.cost_usd or 0.0))
 
 
 async def teardown(state: RolloutState) -> None:

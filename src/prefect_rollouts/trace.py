@@ -35,7 +35,7 @@ KEPT_PART_KEYS = frozenset({"cache_control"})
 """Keys of a content part kept on the trace and left out of a chat-completions request."""
 
 #: Stop conditions that mean a turn or token cap cut the run short.
-TRUNCATING_STOPS = frozenset({"max_turns", "max_turn_tokens"})
+TRUNCATING_STOPS = frozenset({"max_turns", "max_turn_tokens", "max_rollout_tokens"})
 
 #: Stop conditions of an agent that finished normally; a failure recorded after them (in
 #: finalize or scoring) replaces them, so the stop condition says what failed.
@@ -63,10 +63,15 @@ class Usage(_Record):
     reasoning_tokens: int | None = None
     """Completion tokens spent reasoning (``completion_tokens_details.reasoning_tokens``), summed
     over the calls that report it; None when none did."""
+    cost_usd: float | None = None
+    """USD of the calls made through a client with a ``price`` (``pricing.call_cost_usd``), summed; None
+    when no call had one (unknown, not free)."""
 
     def add(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None,
-            reasoning_tokens: int | None = None) -> None:
+            reasoning_tokens: int | None = None, cost_usd: float | None = None) -> None:
         """Add one call's counts; a detail the call does not report (None) leaves its sum as it is."""
+        if cost_usd is not None:
+            self.cost_usd = (self.cost_usd or 0.0) + cost_usd
         self.prompt_tokens += prompt_tokens
         self.completion_tokens += completion_tokens
         self.total_tokens += prompt_tokens + completion_tokens
@@ -260,9 +265,9 @@ class Trace(BaseModel):
     errors: list[ErrorRecord] = Field(default_factory=list)
     stop_condition: str | None = None
     """Why the run stopped: ``agent_completed``, ``user_closed``, ``max_turns``, ``max_turn_tokens``,
-    ``<stage>_timeout``, the agent's own failure (``record_agent_failure``: e.g. ``program_failed``,
-    ``storage_quota``; scored, not an error) or ``<kind>_error`` (e.g. ``provider_error``, ``task_error``,
-    ``scoring_error``)."""
+    ``max_rollout_tokens``, ``budget`` (the eval's budget: ``UNFINISHED_STOPS``), ``<stage>_timeout``, the
+    agent's own failure (``record_agent_failure``: e.g. ``program_failed``, ``storage_quota``; scored, not an
+    error) or ``<kind>_error`` (e.g. ``provider_error``, ``task_error``, ``scoring_error``)."""
     is_timeout: bool = False
     started_at: float = Field(default_factory=time.time)
     """Unix time (s) the rollout started."""

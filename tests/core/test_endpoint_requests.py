@@ -29,6 +29,10 @@ def _provider_key(monkeypatch):
     monkeypatch.setenv("TEST_OPENAI_KEY", KEY)
 
 
+async def _not_reached() -> bool:
+    return False
+
+
 @pytest.fixture
 async def served() -> AsyncIterator[tuple[InterceptionEndpoint, ProgramSession, httpx.AsyncClient]]:
     """A started endpoint, one open session (on a bare trace: nothing here reaches the model) and a
@@ -36,7 +40,7 @@ async def served() -> AsyncIterator[tuple[InterceptionEndpoint, ProgramSession, 
     endpoint = InterceptionEndpoint()
     await endpoint.start()
     ctx = SimpleNamespace(config=vf.AgentConfig(model="m"), trace=vf.Trace(task_id="t", model="m"), stopped=False,
-                          turn_limit_reached=lambda: False)
+                          turn_limit_reached=lambda: False, budget_reached=_not_reached)
     session = ProgramSession(ctx, "p", None, carried=[])   # type: ignore[arg-type]
     endpoint.open_session(session)
     transport = httpx.AsyncHTTPTransport(uds=str(endpoint.socket_path))

@@ -141,6 +141,7 @@ def dataset(tmp_path_factory) -> Path:
     }
     if JUDGE_TOKENS:   # multiple_0 was judged
         runs[("run-a", "bfcl")][2].judge_usage.add(100, 7)
+    runs[("run-a", "bfcl")][0].usage.cost_usd = 0.25   # a priced client (schema version 7: cost_usd)
     for (run_id, environment), traces in runs.items():
         writer = TraceWriter(root, run_id)
         for t in traces:
@@ -269,6 +270,15 @@ def test_runs_end_to_end_and_draws_every_plot(executed):
              if any("image/png" in o.get("data", {}) for o in cell.get("outputs", []))]
     assert plots == ["reward-by-category", "tokens", "latency", "outcomes"]
     assert "7 rollouts, 8 model calls" in text(executed["load"])
+
+
+def test_spend_counts_judge_tokens_and_the_cost_per_run_task_and_rollout(executed):
+    cell = executed["spend"]
+    # run-a: 15 + 28 + 15 + 40 + 55 agent tokens and 107 of the judge; cost only where a price was given
+    assert re.search(r"run-a\s+4\s+260\s+107\s+0\.25\b", text(cell)), text(cell)
+    assert re.search(r"run-b\s+3\s+30\s+0\s+NaN", text(cell)), text(cell)
+    assert re.search(r"run-a\s+bfcl\s+simple_python_0\s+1\s+43\s+0\s+0\.25", text(cell)), text(cell)
+    assert re.search(r"run-a\s+bfcl\s+multiple_0\s+0\s+1\s+142\s+107\s+NaN", text(cell)), text(cell)
 
 
 def test_outcome_breakdown_counts_each_flag(executed):

@@ -313,3 +313,47 @@ def test_workers_build_the_harbor_images_their_shards_need(work_pool, tmp_path):
     assert all(trace.info["harbor"]["build_s"] > 0 for trace in traces)   # each built where its shard ran
     for trace in traces:
         docker_client().images.remove(trace.info["harbor"]["image"], force=True)
+
+
+def test_shards_on_both_workers_share_one_token_budget_and_a_larger_one_finishes_the_run(work_pool, openai_server,
+                                                                                         tmp_path):
+    """``token_budget`` across 4 shards in flight on two workers (2 rollouts in flight in each): one counter
+    (a global concurrency limit) for all; rollouts in flight stop as ``budget``, none starts after, the
+    overshoot stays within one call per rollout in flight, and a resume with a larger budget finishes it."""
+    from prefect_rollouts.flows.budget import counter_name
+
+    pool, workers = work_pool
+
+    def says_its_number(request: Any) -> Any:   # 100 tokens a call, slow enough that shards overlap
+        number = re.search(r"say (\d+)", request.messages[-1]["content"]).group(1)
+        return delayed(0.2, reply(number, usage={"prompt_tokens": 90, "completion_tokens": 10, "total_tokens": 100}))
+    openai_server.default = says_its_number
+
+    def budgeted(budget: int):
+        text = eval_toml(tmp_path / "traces", openai_server.base_url, rollout_granularity="task", max_concurrent=2,
+                         token_budget=budget, taskset={"id": "tests.core.budget_tasks:chatty", "count": 16, "turns": 5})
+        return load_eval_config(text + f'[dispatch]\nwork_pool = "{pool}"\nshard_size = 4\nmax_shards_in_flight = 4\n')
+
+    final = asyncio.run(eval_flow(budgeted(2_000), run_id="shared-budget", return_state=True))
+    assert (final.type.value, final.name) == ("FAILED", "BudgetReached") and "budget reached" in final.message
+    rows = read_rollouts(tmp_path / "traces", run_id="shared-budget", attempts="all")
+    stopped = rows[rows["stop_condition"] == "budget"]
+    assert len(stopped) >= 2 and stopped["reward"].isna().all() and len(rows) < 16   # 16 x 500 tokens would finish
+    assert rows["shard_flow_run_id"].nunique() >= 2
+    shard_ids = set(rows["shard_flow_run_id"])
+    assert all(worker.ran(shard_ids) for worker in workers), "both workers ran shards of the budget"
+    spent = int(rows["total_tokens"].sum())
+    assert 2_000 <= spent <= 2_000 + 4 * 2 * 100, spent   # measured overshoot: one call per rollout in flight
+    counter = asyncio.run(_limit(counter_name("shared-budget", "tokens")))
+    assert counter.active_slots == spent == 100 * len(openai_server.requests)   # every call counted once, by all
+
+    done = asyncio.run(eval_flow(budgeted(20_000), resume="shared-budget"))
+    latest = read_rollouts(tmp_path / "traces", run_id="shared-budget")
+    assert done.rollouts == 16 and set(latest["stop_condition"]) == {"agent_completed"}
+    assert (read_rollouts(tmp_path / "traces", run_id="shared-budget", attempts="all")["stop_condition"]
+            == "budget").sum() == len(stopped)
+
+
+async def _limit(name: str) -> Any:
+    async with get_client() as client:
+        return await client.read_global_concurrency_limit_by_name(name)

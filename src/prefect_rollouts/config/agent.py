@@ -323,6 +323,10 @@ class AgentConfig(ConfigModel):
     """Cap on sampled model responses per rollout; hitting it stops the run as ``max_turns``."""
     max_turn_tokens: int | None = Field(None, ge=1)
     """Token cap of each response; a response that hits it stops the run as ``max_turn_tokens``."""
+    max_rollout_tokens: int | None = Field(None, ge=1)
+    """Token cap of the whole rollout (prompt and completion tokens of all its model calls, over all its
+    turns; judges not counted): once a response brings the rollout's tokens to it, the run stops before
+    the next model call as ``max_rollout_tokens`` (truncated). It may pass the cap by one call's tokens."""
     timeouts: TimeoutConfig = TimeoutConfig()
     retries: StageRetryConfig = StageRetryConfig()
     scoring: ScoringConfig = Field(default_factory=lambda: ScoringConfig())

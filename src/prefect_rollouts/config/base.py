@@ -87,6 +87,22 @@ class RetryConfig(ConfigModel):
     """Stop retrying once this many seconds have passed since the first attempt; None = no bound."""
 
 
+class PriceConfig(ConfigModel):
+    """What a client's tokens cost, in USD per million tokens, as the user's provider bills them
+    (``[env.agent.client] price = { input = 3.0, output = 15.0, cached_input = 0.3, cache_write = 3.75 }``).
+    There is no built-in price table: a cost is only ever computed from prices given here
+    (``pricing.call_cost_usd``)."""
+
+    input: float = Field(ge=0)
+    """Prompt tokens not served from the cache."""
+    output: float = Field(ge=0)
+    """Completion tokens; reasoning tokens are completion tokens and bill at this price."""
+    cached_input: float | None = Field(None, ge=0)
+    """Prompt tokens the server served from its cache (``cached_tokens``); None: billed as ``input``."""
+    cache_write: float | None = Field(None, ge=0)
+    """Prompt tokens written to the cache, where the server reports them; None: billed as ``input``."""
+
+
 class ClientConfig(ConfigModel):
     """An OpenAI-compatible endpoint. The API key is read from ``api_key_env`` at request time."""
 
@@ -113,6 +129,9 @@ class ClientConfig(ConfigModel):
     """Retries on 429, 5xx, connect and read errors."""
     max_connections: int = Field(64, ge=1)
     """Size of the agent's connection pool; keep it near your rollout concurrency."""
+    price: PriceConfig | None = None
+    """USD per million tokens of this client's calls (``PriceConfig``): the traces' ``cost_usd`` and an
+    eval's ``cost_budget_usd`` come from it. None: its calls have no cost (and no cost budget can be set)."""
 
     @field_validator("base_url")
     @classmethod

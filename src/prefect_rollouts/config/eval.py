@@ -33,7 +33,7 @@ from pydantic import Field, field_validator, model_validator
 
 from prefect_rollouts.bounds import MAX_BATCH, MAX_CONCURRENT, MAX_ROLLOUTS_PER_TASK, MAX_TASKS
 from prefect_rollouts.config.agent import AgentConfig
-from prefect_rollouts.config.base import ConfigModel
+from prefect_rollouts.config.base import ClientConfig, ConfigModel
 from prefect_rollouts.config.sources import set_source, toml_source, validate_sources
 from prefect_rollouts.config.taskset import (
     NAME_MAX_BYTES,
@@ -247,6 +247,16 @@ class EvalConfig(ConfigModel):
     api_outage_limit_s: float = Field(600.0, gt=0)
     """How long (seconds) rollouts keep running while the Prefect API is unreachable; past it the
     eval stops, keeping its durable rows, and prints the ``--resume`` command."""
+    token_budget: int | None = Field(None, ge=1)
+    """Tokens the whole run may spend: prompt and completion tokens of every model call of every attempt,
+    judges included, across every shard and worker (``docs/budgets.md``). Once reached, no new rollout
+    starts and rollouts in flight stop at their next model call as ``budget`` (not scored, not done: a
+    ``--resume`` runs them again); the eval ends ``BudgetReached`` and the CLI exits 4. The run may pass it
+    by at most the calls in flight when it was reached (and the judge calls of rollouts being scored). A
+    resume may raise it. None: no budget."""
+    cost_budget_usd: float | None = Field(None, gt=0)
+    """USD the whole run may spend, as ``token_budget`` but priced with each client's ``price`` (the
+    agent's ``[env.agent.client] price``, a judge's own client's). Every client the run uses needs a price."""
     traces: TracesConfig = TracesConfig()
     dispatch: DispatchConfig = DispatchConfig()
     limits: LimitsConfig = LimitsConfig()
@@ -339,6 +349,17 @@ class EvalConfig(ConfigModel):
         return self
 
     @model_validator(mode="after")
+    def _priced_for_cost_budget(self) -> EvalConfig:
+        if self.cost_budget_usd is None:
+            return self
+        for where, client in priced_clients(self):
+            if client.price is None:
+                raise ValueError(f"cost_budget_usd = {self.cost_budget_usd:g}: {where} has no price, so the cost of "
+                                 f"its calls is unknown. Set {where} price = {{ input = ..., output = ... }} (USD per "
+                                 "million tokens), or use token_budget instead")
+        return self
+
+    @model_validator(mode="after")
     def _one_orchestration_setting(self) -> EvalConfig:
         if self.env.agent.orchestrator != "prefect":
             raise ValueError(f'[env.agent] orchestrator = "{self.env.agent.orchestrator}": an eval always runs as a '
@@ -346,6 +367,22 @@ class EvalConfig(ConfigModel):
                              "task, or batch: inline stages inside a shard's task run). Remove the key, and set "
                              'rollout_granularity = "batch" for the cheapest orchestration')
         return self
+
+
+def priced_clients(config: EvalConfig) -> list[tuple[str, ClientConfig]]:
+    """Every client an eval's calls go through, with the TOML table that configures it: each
+    environment's agent client (unless its harness calls no model: ``oracle``, ``nop``) and each judge's
+    client (its own ``client``, else the agent's, which then bills its calls)."""
+    found: dict[str, ClientConfig] = {}
+    for env in config.environments():   # a suite's entries may not change the client (SuiteTasksetConfig)
+        if env.agent.harness.uses_model:
+            found.setdefault("[env.agent.client]", env.agent.client)
+        for j, judge in enumerate(env.agent.scoring.judges):
+            if judge.client is not None:
+                found.setdefault(f"[env.agent.scoring.judges.{j}.client]", judge.client)
+            else:
+                found.setdefault(f"[env.agent.client] (judge {judge.reward_name!r} uses it)", env.agent.client)
+    return list(found.items())
 
 
 def load_eval_config(source: str | Path, overrides: list[str] | None = None) -> EvalConfig:

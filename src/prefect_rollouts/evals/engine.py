@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from prefect_rollouts.agent import Agent, make_agent
 from prefect_rollouts.config.eval import EvalConfig
 from prefect_rollouts.errors import TraceStoreError
+from prefect_rollouts.evals.budget import Budget, MemoryLedger, rows_spend
 from prefect_rollouts.evals.plan import Planned, RolloutKey
 from prefect_rollouts.evals.prepare_tasks import prepare_tasks
 from prefect_rollouts.rollout import Rollout
@@ -66,10 +67,14 @@ class EvalRun:
     store_error: TraceStoreError | None = None
     """The first write of rows that failed: the run stops (``stop``) instead of running rollouts it cannot keep."""
     stop: Callable[[], None] | None = None
+    budget: Budget | None = None
+    """The run's token or cost budget (``evals/budget.py``), shared by its rollouts; None without one."""
 
     def rollout(self, planned: Planned) -> Rollout:
         labels = {"run_id": self.run_id, "rollout_index": str(planned.index), **self.labels}
-        return self.agents[planned.environment.name][0].rollout(planned.task, labels)
+        rollout = self.agents[planned.environment.name][0].rollout(planned.task, labels)
+        rollout.share_budget(self.budget)
+        return rollout
 
     async def record(self, rollout: Rollout, planned: Planned, elapsed_s: float) -> None:
         """Buffer the finished rollout's row; flush when the batch is full, or at once when every
@@ -104,7 +109,8 @@ async def run_rollouts(config: EvalConfig, root: str | DatasetRoot, run_id: str,
                        runner: Runner, *, total: int, durable: set[RolloutKey],
                        beside: Callable[[EvalRun, Callable[[], None]], Coroutine[Any, Any, None]] | None = None,
                        labels: dict[str, str] | None = None, worker: dict[str, Any] | None = None,
-                       report: Callable[[str], None] | None = None) -> tuple[EvalRun, bool]:
+                       report: Callable[[str], None] | None = None,
+                       budget: Budget | None = None) -> tuple[EvalRun, bool]:
     """Run ``todo`` (rollouts of run ``run_id``'s plan) through ``runner`` and make every row durable.
 
     Opens the agents (``open_agents``) and a ``TraceWriter`` under ``root`` (a batch of up to 64 rows,
@@ -116,6 +122,9 @@ async def run_rollouts(config: EvalConfig, root: str | DatasetRoot, run_id: str,
         total: Rollouts of the whole run (the progress bar's denominator).
         durable: Keys ``(environment, task id, rollout index)`` already durable (resume); never written again.
         beside, labels, worker: As ``run_all``, ``EvalRun.labels`` and ``EvalRun.worker``.
+        budget: The run's budget over a ledger every process of the run shares (a shard on a work pool);
+            None: with ``token_budget`` or ``cost_budget_usd`` set, one over a ``MemoryLedger`` that starts
+            from the spend of the run's rows (``evals.budget.rows_spend``).
 
     Returns:
         ``(run, complete)``: the run (its ``failures``, ``writer.durable``) and whether every
@@ -127,10 +136,12 @@ async def run_rollouts(config: EvalConfig, root: str | DatasetRoot, run_id: str,
         ConfigError: a task cannot run under its agent config (``prepare_tasks``).
     """
     writer = TraceWriter(root, run_id, batch_size=max(1, min(64, config.max_concurrent)), durable=durable)
+    if budget is None and (config.token_budget is not None or config.cost_budget_usd is not None):
+        budget = Budget(config.token_budget, config.cost_budget_usd, MemoryLedger(rows_spend(root, run_id)))
     async with open_agents(config, todo) as agents:
         run = EvalRun(agents=agents, writer=writer, run_id=run_id, total=total,
                       gate=asyncio.Semaphore(config.max_concurrent), labels=labels or {}, worker=worker or {},
-                      flush_each=config.flush_each_rollout or config.rollouts_per_task > 1)
+                      flush_each=config.flush_each_rollout or config.rollouts_per_task > 1, budget=budget)
         await prepare_tasks(todo, report=report)
         complete = await run_all(run, todo, runner, beside=beside)
         if run.store_error is not None:
@@ -194,13 +205,16 @@ async def _flush_periodically(run: EvalRun) -> None:
         await run.flush()
 
 
-async def run_one(run: EvalRun, planned: Planned, how: RunRollout) -> Trace:
+async def run_one(run: EvalRun, planned: Planned, how: RunRollout) -> Trace | None:
     """One rollout, run by ``how`` once the gate lets it in; its row is recorded whatever happened to it.
 
     Returns:
-        The rollout's trace (its row is buffered or durable).
+        The rollout's trace (its row is buffered or durable); None when the run's budget was reached
+        before it started (``EvalRun.budget``): it did not start and has no row (a resume runs it).
     """
     async with run.gate:
+        if run.budget is not None and await run.budget.check():
+            return None
         rollout, started = run.rollout(planned), time.perf_counter()
         await how(rollout, planned)
         await run.record(rollout, planned, time.perf_counter() - started)

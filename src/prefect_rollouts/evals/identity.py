@@ -43,6 +43,8 @@ HOW_KEYS: tuple[str, ...] = (
     "limits",                              # shared concurrency limits (requests, containers)
     "max_error_fraction",                  # when the run counts as failed, not what its rows hold
     "baseline",                            # what the run is compared with at its end
+    "token_budget",                        # how much the run may spend: a resume may raise it
+    "cost_budget_usd",                     # (prices live in the clients' tables, HOW keys already)
 )
 
 _ABSENT = object()

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from prefect_rollouts.config.agent import AgentConfig
 from prefect_rollouts.errors import ProviderError, scrub
+from prefect_rollouts.pricing import call_cost_usd
 from prefect_rollouts.trace import ModelCall, SendRecord, Trace
 
 if TYPE_CHECKING:
@@ -36,6 +37,8 @@ class SegmentContext(Protocol):
     @property
     def segment_index(self) -> int: ...
     def turn_limit_reached(self) -> bool: ...
+    async def budget_reached(self) -> bool: ...
+    async def charge(self, tokens: int, cost_usd: float | None) -> None: ...
 
 
 class Harness(Protocol):
@@ -111,10 +114,13 @@ def _scrub_part(part: Any, extra: tuple[str, ...]) -> Any:
 async def sample(ctx: SegmentContext, template: dict[str, Any]) -> dict[str, Any] | None:
     """Make one model call on the trace's messages and append the assistant message.
 
-    Checks ``max_turns`` first (the cap reached -> stop ``max_turns``, returns None, no call).
-    After the call, a ``length`` finish under ``max_turn_tokens`` stops the run as
-    ``max_turn_tokens``. Records a ``ModelCall`` (also for a failed or cancelled call: its failed
-    attempts, status and error) and the usage, cached and reasoning tokens included.
+    Checks ``max_turns`` first (the cap reached -> stop ``max_turns``, returns None, no call), then the
+    eval's budget (reached -> stop ``budget``, returns None, no call). After the call, a ``length`` finish
+    under ``max_turn_tokens`` stops the run as ``max_turn_tokens``, and the rollout's tokens reaching
+    ``max_rollout_tokens`` stop it as ``max_rollout_tokens`` (before the next call). Records a
+    ``ModelCall`` (also for a failed or cancelled call: its failed attempts, status and error) and the
+    usage, cached and reasoning tokens and the cost (``pricing.call_cost_usd``, the client's ``price``)
+    included, and charges the call to the eval's budget.
 
     Returns:
         The assistant message as appended (content ``""`` rather than null), or None.
@@ -123,7 +129,7 @@ async def sample(ctx: SegmentContext, template: dict[str, Any]) -> dict[str, Any
         ProviderError: the call failed after the client's retries.
     """
     config, trace = ctx.config, ctx.trace
-    if ctx.turn_limit_reached():
+    if ctx.turn_limit_reached() or await ctx.budget_reached():
         return None
     body = dict(template)
     body["messages"] = trace.messages
@@ -146,8 +152,11 @@ async def sample(ctx: SegmentContext, template: dict[str, Any]) -> dict[str, Any
         cached_tokens=completion.cached_tokens, reasoning_tokens=completion.reasoning_tokens,
         finish_reason=completion.finish_reason, retries=completion.retries, attempts=completion.attempts,
         status_code=completion.status_code))
+    cost = call_cost_usd(getattr(ctx.client.config, "price", None), completion.prompt_tokens,
+                         completion.completion_tokens, completion.cached_tokens)
     trace.usage.add(completion.prompt_tokens, completion.completion_tokens, completion.cached_tokens,
-                    completion.reasoning_tokens)
+                    completion.reasoning_tokens, cost)
+    await ctx.charge(completion.prompt_tokens + completion.completion_tokens, cost)
     ctx.turns += 1
     raw = completion.message
     # text from outside: a server or proxy may echo the request's key into the reply
@@ -158,4 +167,6 @@ async def sample(ctx: SegmentContext, template: dict[str, Any]) -> dict[str, Any
     trace.messages.append(message)
     if config.max_turn_tokens is not None and completion.finish_reason == "length":
         trace.stop("max_turn_tokens")
+    if config.max_rollout_tokens is not None and trace.usage.total_tokens >= config.max_rollout_tokens:
+        trace.stop("max_rollout_tokens")
     return message

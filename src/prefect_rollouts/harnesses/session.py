@@ -118,7 +118,8 @@ class ProgramSession:
         In order: a retried exchange (same ``Idempotency-Key``, or ``x-stainless-retry-count`` > 0
         with a body already answered) gets the recorded response, nothing is sampled twice; once the
         rollout stopped (or ``max_turns`` responses were sampled) the request is refused, 400
-        ``rollout stopped: <condition>``; a body that is not a chat-completions request (no
+        ``rollout stopped: <condition>`` (``max_turns``, ``max_turn_tokens``, ``max_rollout_tokens``, the
+        eval's ``budget``); a body that is not a chat-completions request (no
         ``messages``, a field of the wrong type: ``_Request``) is a 400 naming the fields.
         Otherwise the request is rewritten and sent upstream through the agent's client: the
         carried conversation ahead of the program's messages (the program's own system messages
@@ -139,7 +140,7 @@ class ProgramSession:
             if recorded is not None:
                 return 200, recorded
             ctx = self.ctx
-            if ctx.stopped or ctx.turn_limit_reached():
+            if ctx.stopped or ctx.turn_limit_reached() or await ctx.budget_reached():
                 self.stopped.set()
                 return 400, _error(stopped_message(ctx.trace.stop_condition or "max_turns"), "rollout_stopped")
             problem = _check(body)
@@ -171,8 +172,9 @@ class ProgramSession:
             self.provider_error = None
             if ctx.stopped:
                 self.stopped.set()
-            if message is None:   # only when the turn cap was reached meanwhile
-                return 400, _error(stopped_message("max_turns"), "rollout_stopped")
+            if message is None:   # only when the turn cap or the eval's budget was reached meanwhile
+                self.stopped.set()
+                return 400, _error(stopped_message(ctx.trace.stop_condition or "max_turns"), "rollout_stopped")
             reply = _completion(ctx, message)
             self._replies[f"body:{digest}"] = reply
             if key:

@@ -17,6 +17,7 @@ from typing import Any
 from prefect_rollouts.config.judge import JudgeConfig
 from prefect_rollouts.errors import JudgeError, ProviderError, scrub, scrub_cut
 from prefect_rollouts.model.client import ModelClient
+from prefect_rollouts.pricing import call_cost_usd
 from prefect_rollouts.task import Task, qualname
 from prefect_rollouts.threads import note_in, run_sync
 from prefect_rollouts.trace import AttemptRecord, JudgeCall, Trace, content_text
@@ -62,7 +63,8 @@ class Judge:
 
         Raises:
             JudgeError: the endpoint failed (after the client's retries) or ``parse`` raised;
-                the call is on the trace either way, its tokens in ``trace.judge_usage``.
+                the call is on the trace either way, its tokens (and cost, with a ``price`` on the judge's
+                client) in ``trace.judge_usage``.
         """
         body = {**sampling_body(self.config), "model": self.config.model,
                 "messages": [{"role": "user", "content": prompt}]}
@@ -90,7 +92,9 @@ class Judge:
         record.prompt_tokens, record.completion_tokens = completion.prompt_tokens, completion.completion_tokens
         record.cached_tokens, record.reasoning_tokens = completion.cached_tokens, completion.reasoning_tokens
         trace.judge_usage.add(completion.prompt_tokens, completion.completion_tokens, completion.cached_tokens,
-                              completion.reasoning_tokens)
+                              completion.reasoning_tokens,
+                              call_cost_usd(getattr(self.client.config, "price", None), completion.prompt_tokens,
+                                            completion.completion_tokens, completion.cached_tokens))
         reply = content_text(completion.message.get("content"))
         record.reply = scrub_cut(reply, REPLY_CAP_CHARS, note=False)
         try:   # parsers are plugin code: off the loop, like sync rewards (threads.py)

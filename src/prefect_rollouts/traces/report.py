@@ -20,6 +20,7 @@ from prefect_rollouts.trace import Trace, content_text
 from prefect_rollouts.traces.files import run_ids
 from prefect_rollouts.traces.read import read_rollouts, trace_of_row
 from prefect_rollouts.traces.run_config import with_harness
+from prefect_rollouts.traces.schema import cost_usd
 from prefect_rollouts.traces.store import dataset_root
 
 #: The columns of ``run_rows``, in order.
@@ -164,7 +165,8 @@ def read_rollout_traces(root: str | Path, run_id: str, task_id: str, index: int 
 
 def format_rollout(trace: Trace, *, index: int | None = None, environment: str | None = None,
                    max_chars: int = MAX_CHARS) -> str:
-    """One rollout for a terminal: a header (ids, model, timing, stop condition, tokens), its
+    """One rollout for a terminal: a header (ids, model, timing, stop condition, tokens, the cost of its agent
+    and judge calls where their clients have a price), its
     rewards and metrics, the transcript (each message under a ``── role ──`` rule, tool calls as
     ``→ name(arguments)``, judge verdicts), its errors and its ``info`` (``info["task"]``, the
     task's own data, left out).
@@ -188,7 +190,8 @@ def format_rollout(trace: Trace, *, index: int | None = None, environment: str |
         f"started {started}{elapsed} · stop {trace.stop_condition or '—'}"
         + "".join(f" · {flag}" for flag in flags) + (f" · scoring skipped ({skipped})" if skipped else ""),
         f"tokens: prompt {trace.usage.prompt_tokens}, completion {trace.usage.completion_tokens}"
-        + (f"; judges {trace.judge_usage.total_tokens}" if trace.judge_usage.total_tokens else ""),
+        + (f"; judges {trace.judge_usage.total_tokens}" if trace.judge_usage.total_tokens else "")
+        + (f" · cost ${cost:.6f}" if (cost := cost_usd(trace)) is not None else ""),
         f"reward: {_number(trace.reward)}"
         + "".join(f"\n  {name} = {_number(value)} (weight {trace.reward_weights.get(name, 1.0):g})"
                   for name, value in trace.rewards.items()),

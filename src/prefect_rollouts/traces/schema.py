@@ -14,6 +14,8 @@ reply was stored twice); ``Trace`` derives it again when the row is read, from f
 environment, task, rollout index) may be run again as a new attempt (``--retry-errors``,
 ``max_rollout_attempts``, a resume after a budget stop), each attempt a row of its own; an older
 file's rows read as attempt 1. (Not a model call's HTTP ``attempts``, which count tries of one call.)
+7 adds ``cost_usd`` to ``rollouts`` (USD of the rollout's agent and judge calls, from the prices the user
+gives per client: ``pricing.call_cost_usd``; null when no call had a price).
 Readers read files of every version with the current schema: a column a file lacks reads as null.
 """
 
@@ -30,7 +32,7 @@ from prefect_rollouts.nesting import MAX_JSON_DEPTH, cut_deep, nests_deeper
 from prefect_rollouts.trace import ErrorRecord, Trace
 
 #: Bumped when a column is added or changes meaning or type; readers can filter on it.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 DERIVED_FROM_MESSAGES = {"last_reply"}
 """``Trace`` fields the ``trace`` column leaves out: each repeats text of ``messages`` (``Trace`` derives it)."""
@@ -80,6 +82,7 @@ ROLLOUTS = pa.schema([
     ("reasoning_tokens", pa.int64()),
     ("judge_prompt_tokens", pa.int64()),
     ("judge_completion_tokens", pa.int64()),
+    ("cost_usd", pa.float64()),
     ("num_model_calls", pa.int32()),
     ("num_tool_calls", pa.int32()),
     ("num_judge_calls", pa.int32()),
@@ -177,6 +180,7 @@ def rollout_row(trace: Trace, *, rollout_index: int, environment: str, config_ha
         "reasoning_tokens": trace.usage.reasoning_tokens,
         "judge_prompt_tokens": trace.judge_usage.prompt_tokens,
         "judge_completion_tokens": trace.judge_usage.completion_tokens,
+        "cost_usd": cost_usd(trace),
         "num_model_calls": len(trace.model_calls),
         "num_tool_calls": len(trace.tool_calls),
         "num_judge_calls": len(trace.judge_calls),
@@ -194,6 +198,12 @@ def rollout_row(trace: Trace, *, rollout_index: int, environment: str, config_ha
         "network_denied": sum(not record.allowed for record in trace.network),
         "trace": texts["trace"],
     }
+
+
+def cost_usd(trace: Trace) -> float | None:
+    """USD of the rollout's agent and judge calls (``Usage.cost_usd``); None when neither had a price."""
+    costs = [cost for cost in (trace.usage.cost_usd, trace.judge_usage.cost_usd) if cost is not None]
+    return sum(costs) if costs else None
 
 
 def _json_columns(trace: Trace) -> dict[str, str]:

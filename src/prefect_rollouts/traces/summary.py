@@ -1,5 +1,5 @@
 """The eval summary: mean reward with standard error, each reward component's mean, pass@k,
-outcome counts, the most frequent errors, tokens, wall time, as a table or plain text;
+outcome counts, the most frequent errors, tokens and cost (``traces/spend.py``), wall time, as a table or plain text;
 ``run_failure``, the one rule that says whether a run failed; ``outcome_line``, one rollout in a line."""
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ import pandas as pd
 from pydantic import BaseModel
 
 from prefect_rollouts.trace import Trace
+from prefect_rollouts.traces.spend import RunSpend, read_spend
 from prefect_rollouts.traces.store import DatasetRoot
 
 #: The ``rollouts`` columns ``summarize`` needs (readers can skip the large JSON columns).
 SUMMARY_COLUMNS = ("run_id task_id rollout_index environment model reward rewards stop_condition is_truncated "
                    "is_timeout scoring_skipped is_error error_type error_message total_tokens cached_tokens "
-                   "reasoning_tokens judge_prompt_tokens judge_completion_tokens").split()
+                   "reasoning_tokens judge_prompt_tokens judge_completion_tokens cost_usd").split()
 
 #: Error types an ``EvalSummary`` lists (the most frequent first).
 TOP_ERRORS = 5
@@ -77,6 +78,8 @@ class EnvironmentSummary(BaseModel):
     """Completion tokens spent reasoning, summed like ``cached_tokens``."""
     judge_tokens: int = 0
     """Tokens of the judges' calls (prompt + completion)."""
+    cost_usd: float | None = None
+    """USD of the agent's and judges' calls (``cost_usd`` column); None when no row has a price."""
 
 
 class EvalSummary(BaseModel):
@@ -118,6 +121,10 @@ class EvalSummary(BaseModel):
     baseline_moved: bool = False
     """The run became its series' baseline (``baseline = "last"``): it completed, did not regress
     and scored every rollout the old baseline scored."""
+    spend: RunSpend | None = None
+    """Tokens and cost of every attempt, per run, costliest tasks and rollouts (``traces.spend``)."""
+    budget_stop: str | None = None
+    """Why the run's budget stopped it (spend, budget, rollouts not done), when it did (``eval_flow``)."""
 
     def lines(self) -> list[EnvironmentSummary]:
         """Each environment followed by its categories, then the overall line (a suite)."""
@@ -154,6 +161,8 @@ class EvalSummary(BaseModel):
                        errored=env.errored, total_tokens=env.total_tokens)
             row.update({key: getattr(env, key) for key in details})
             row["judge_tokens"] = env.judge_tokens
+            if any(line.cost_usd is not None for line in self.environments):
+                row["cost_usd"] = None if env.cost_usd is None else round(env.cost_usd, 6)
             rows.append(row)
         return rows
 
@@ -173,6 +182,10 @@ class EvalSummary(BaseModel):
         if self.wall_time_s is not None:
             judged = f", judge tokens: {self.judge_tokens}" if self.judge_tokens else ""
             lines.append(f"wall time: {self.wall_time_s:.1f} s, total tokens: {self.total_tokens}{judged}")
+        if self.spend is not None:
+            lines.append(self.spend.text())
+        if self.budget_stop:
+            lines.append(f"budget: {self.budget_stop}")
         if self.errors:
             lines.append("top errors:")
             lines += [f"  {error.type} x{error.count}, e.g.: {error.example}" for error in self.errors]
@@ -266,7 +279,8 @@ def _summary(group: pd.DataFrame, environment: str, category: str | None, rollou
         truncated=int(group["is_truncated"].sum()), timed_out=int(group["is_timeout"].sum()),
         skipped=int(group["scoring_skipped"].notna().sum()), errored=int(group["is_error"].sum()),
         total_tokens=int(group["total_tokens"].sum()), cached_tokens=_reported(group, "cached_tokens"),
-        reasoning_tokens=_reported(group, "reasoning_tokens"), judge_tokens=_judge_tokens(group))
+        reasoning_tokens=_reported(group, "reasoning_tokens"), judge_tokens=_judge_tokens(group),
+        cost_usd=float(group["cost_usd"].sum()) if "cost_usd" in group and group["cost_usd"].notna().any() else None)
 
 
 def distinct_values(rows: pd.DataFrame, column: str) -> str | None:
@@ -415,5 +429,7 @@ def summarize_run(root: str | Path | DatasetRoot, run_id: str, *, rollouts_per_t
     from prefect_rollouts.traces.run_config import with_harness
 
     rows = with_harness(read_rollouts_with_categories(root, columns=SUMMARY_COLUMNS, run_id=run_id), root)
-    return summarize(rows, run_id=run_id, rollouts_per_task=rollouts_per_task, pass_threshold=pass_threshold,
-                     wall_time_s=wall_time_s)
+    summary = summarize(rows, run_id=run_id, rollouts_per_task=rollouts_per_task, pass_threshold=pass_threshold,
+                        wall_time_s=wall_time_s)
+    summary.spend = read_spend(root, run_id)
+    return summary

@@ -1,0 +1,74 @@
+"""An eval its token budget stops, as a user runs it (the CLI in a process of its own, the scripted
+server over a real socket): rollouts in flight stop as ``budget``, no new one starts, the eval flow run
+ends ``BudgetReached``, the CLI exits 4 and prints the spend, the budget and the resume command, and that
+command (a larger budget) finishes the run with every first attempt kept (issue 36, item 4)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shlex
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+from prefect_rollouts.cli import BUDGET_EXIT
+from prefect_rollouts.flows.keys import spend_key, summary_key
+from prefect_rollouts.traces import read_rollouts
+from tests.eval_toml import eval_toml
+from tests.fakes.openai_server import delayed, reply
+from tests.prefect.test_failure_states import eval_run
+from tests.support.cli import eval_env, run_eval
+
+pytestmark = pytest.mark.prefect
+
+
+async def series_artifacts(series: str) -> list:
+    async with get_client() as client:
+        return await client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=[summary_key(series), spend_key(series)])))
+
+
+def says_its_number(request):
+    number = re.search(r"say (\d+)", request.messages[-1]["content"]).group(1)
+    return reply(number, usage={"prompt_tokens": 90, "completion_tokens": 10, "total_tokens": 100})
+
+
+def test_a_budget_stops_the_eval_with_exit_4_and_its_resume_command_finishes_the_run(tmp_path, openai_server):
+    openai_server.default = delayed(0.05, says_its_number)
+    config = tmp_path / "eval.toml"
+    config.write_text(eval_toml(tmp_path / "traces", openai_server.base_url, max_concurrent=4, token_budget=1_000,
+                                taskset={"id": "tests.core.budget_tasks:chatty", "count": 8, "turns": 5}))
+    env = eval_env(PREFECT_LOGGING_LEVEL="WARNING")
+    stopped = run_eval(config, "--run-id", "budget-cli", env=env)
+    output = " ".join((stopped.stdout + stopped.stderr).split())
+    assert stopped.returncode == BUDGET_EXIT == 4, output
+    assert re.search(r"budget reached: spent 1,[0-9]{3} tokens, \$0\.0000 of token_budget = 1,000: \d of 8 rollouts "
+                     r"not done \(\d stopped as budget, \d not started\)", output), output
+    command = re.search(r"resume with a larger budget: (.*--set=token_budget=(\d+)) \(an estimate", output)
+    assert int(command.group(2)) >= 2_000, output   # the spend so far and each rollout not done at the costliest
+    rows = read_rollouts(tmp_path / "traces", run_id="budget-cli", attempts="all")
+    in_flight = rows[rows["stop_condition"] == "budget"]
+    assert len(in_flight) >= 2 and in_flight["reward"].isna().all() and len(rows) < 8
+    assert 1_000 <= int(rows["total_tokens"].sum()) <= 1_000 + 4 * 100   # one call per rollout in flight past it
+    run = eval_run("budget-cli")
+    assert (run.state_type.value, run.state_name) == ("FAILED", "BudgetReached")
+    assert run.state.message.startswith("budget reached: spent")
+    artifacts = asyncio.run(series_artifacts("tests.core.budget_tasks:chatty"))
+    summary = next(a for a in artifacts if a.key == summary_key("tests.core.budget_tasks:chatty")
+                   and "run budget-cli (" in a.description)
+    assert "budget reached: spent" in summary.description and "spend: 1," in summary.description
+    spend = next(a for a in artifacts if a.key == spend_key("tests.core.budget_tasks:chatty"))
+    assert "Spend of run budget-cli:" in spend.description and '"tokens": ' in spend.data
+
+    args = shlex.split(command.group(1))
+    assert args[:3] == ["prefect-rollouts", "eval", str(config)] and args[3:5] == ["--resume", "budget-cli"]
+    # the estimate counts a stopped rollout's partial spend as a whole one's: give more than it says
+    finished = run_eval(config, *args[3:], "--set=token_budget=100000", env=env)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    latest = read_rollouts(tmp_path / "traces", run_id="budget-cli")
+    every = read_rollouts(tmp_path / "traces", run_id="budget-cli", attempts="all")
+    assert len(latest) == 8 and set(latest["stop_condition"]) == {"agent_completed"} and set(latest["reward"]) == {1.0}
+    assert (every["stop_condition"] == "budget").sum() == len(in_flight)
+    assert set(latest[latest["task_id"].isin(in_flight["task_id"])]["attempt"]) == {2}
