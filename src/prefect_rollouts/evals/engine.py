@@ -17,7 +17,7 @@ import hashlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from prefect_rollouts.agent import Agent, make_agent
@@ -25,6 +25,7 @@ from prefect_rollouts.config.eval import EvalConfig
 from prefect_rollouts.errors import TraceStoreError
 from prefect_rollouts.evals.plan import Planned, RolloutKey
 from prefect_rollouts.evals.prepare_tasks import prepare_tasks
+from prefect_rollouts.retry_rule import InRunRetry
 from prefect_rollouts.rollout import Rollout
 from prefect_rollouts.trace import Trace
 from prefect_rollouts.traces.store import DatasetRoot
@@ -66,6 +67,8 @@ class EvalRun:
     store_error: TraceStoreError | None = None
     """The first write of rows that failed: the run stops (``stop``) instead of running rollouts it cannot keep."""
     stop: Callable[[], None] | None = None
+    retry: InRunRetry = field(default_factory=InRunRetry)
+    """Which errored attempts run again within the run, and after which wait (``max_rollout_attempts``)."""
 
     def rollout(self, planned: Planned) -> Rollout:
         labels = {"run_id": self.run_id, "rollout_index": str(planned.index), **self.labels}
@@ -130,7 +133,8 @@ async def run_rollouts(config: EvalConfig, root: str | DatasetRoot, run_id: str,
     async with open_agents(config, todo) as agents:
         run = EvalRun(agents=agents, writer=writer, run_id=run_id, total=total,
                       gate=asyncio.Semaphore(config.max_concurrent), labels=labels or {}, worker=worker or {},
-                      flush_each=config.flush_each_rollout or config.rollouts_per_task > 1)
+                      flush_each=config.flush_each_rollout or config.rollouts_per_task > 1,
+                      retry=InRunRetry.of(config))
         await prepare_tasks(todo, report=report)
         complete = await run_all(run, todo, runner, beside=beside)
         if run.store_error is not None:
@@ -197,8 +201,24 @@ async def _flush_periodically(run: EvalRun) -> None:
 async def run_one(run: EvalRun, planned: Planned, how: RunRollout) -> Trace:
     """One rollout, run by ``how`` once the gate lets it in; its row is recorded whatever happened to it.
 
+    An attempt that ended in an error the run retries (``run.retry``: ``max_rollout_attempts``) runs again
+    after the backoff as the next attempt, with a row of its own (``retry_after_backoff``).
+
     Returns:
-        The rollout's trace (its row is buffered or durable).
+        The trace of the rollout's last attempt (its row is buffered or durable).
+    """
+    trace = await run_attempt(run, planned, how)
+    if run.retry.again(trace, planned.attempt):
+        return await retry_after_backoff(run, planned, how)
+    return trace
+
+
+async def run_attempt(run: EvalRun, planned: Planned, how: RunRollout) -> Trace:
+    """Attempt ``planned.attempt`` of a rollout, run by ``how`` once the gate lets it in; its row is
+    recorded whatever happened to it. Every granularity's rollouts run through here.
+
+    Returns:
+        Its trace (its row is buffered or durable).
     """
     async with run.gate:
         rollout, started = run.rollout(planned), time.perf_counter()
@@ -207,17 +227,36 @@ async def run_one(run: EvalRun, planned: Planned, how: RunRollout) -> Trace:
         return rollout.trace
 
 
+async def retry_after_backoff(run: EvalRun, planned: Planned, how: RunRollout) -> Trace:
+    """After errored attempt ``planned.attempt``: make its row durable (a kill during the wait or the next
+    attempt keeps it), wait ``run.retry.wait_s`` without holding a gate slot, then ``run_one`` the next attempt."""
+    await run.flush()
+    await asyncio.sleep(run.retry.wait_s(planned.attempt))
+    return await run_one(run, replace(planned, attempt=planned.attempt + 1), how)
+
+
 async def run_each(run: EvalRun, todo: list[Planned], how: RunRollout, concurrency: int) -> None:
-    """Every rollout of ``todo`` on its own through ``run_one``, ``concurrency`` at once.
+    """Every rollout of ``todo`` on its own through ``run_attempt``, ``concurrency`` at once.
 
     ``concurrency`` workers take the rollouts in turn, so the coroutines alive at once are bounded
-    by the concurrency, not by the plan (an asyncio task per planned rollout held 1.5 KB or more each)."""
+    by the concurrency, not by the plan (an asyncio task per planned rollout held 1.5 KB or more each),
+    plus one per rollout waiting for its retry (``retry_after_backoff``): a worker does not wait with it."""
     pending = iter(todo)
+    retrying: list[asyncio.Future[Trace]] = []
 
     async def worker() -> None:
         for planned in pending:
-            await run_one(run, planned, how)
-    await gather_all([worker() for _ in range(min(concurrency, len(todo)))])
+            trace = await run_attempt(run, planned, how)
+            if run.retry.again(trace, planned.attempt):
+                retrying.append(asyncio.ensure_future(retry_after_backoff(run, planned, how)))
+    try:
+        await gather_all([worker() for _ in range(min(concurrency, len(todo)))])
+    except BaseException:   # cancelled, or a worker raised: the waiting retries end with the work
+        for waiting in retrying:
+            waiting.cancel()
+        await asyncio.gather(*retrying, return_exceptions=True)
+        raise
+    await gather_all(list(retrying))
 
 
 async def run_stages(rollout: Rollout, planned: Planned) -> None:

@@ -43,6 +43,9 @@ HOW_KEYS: tuple[str, ...] = (
     "limits",                              # shared concurrency limits (requests, containers)
     "max_error_fraction",                  # when the run counts as failed, not what its rows hold
     "baseline",                            # what the run is compared with at its end
+    "max_rollout_attempts",                # how often an errored rollout runs again (each attempt its row)
+    "retry_error_types",                   # which errors run again (--retry-errors TYPE,... sets it)
+    "rollout_backoff_s",                   # the wait before a rollout's next attempt
 )
 
 _ABSENT = object()
