@@ -191,6 +191,9 @@ def print_summary(console: Console, summary: EvalSummary) -> None:
     tokens += f", judge tokens: {summary.judge_tokens}" if summary.judge_tokens else ""
     wall = f"wall time: {summary.wall_time_s:.1f} s, " if summary.wall_time_s is not None else ""
     console.print(wall + tokens, markup=False, highlight=False)
+    if summary.retried:   # --retry-errors, max_rollout_attempts: rows of the earlier attempts stay
+        console.print(f"retried: {summary.retried} rollouts after an errored attempt, {summary.recovered} recovered",
+                      markup=False, highlight=False)
     if summary.errors:
         console.print("top errors:", markup=False, highlight=False)
     for error in summary.errors:
