@@ -22,6 +22,7 @@ from prefect_rollouts.launch_form import (
     BfclTaskset,
     CustomTaskset,
     LaunchForm,
+    RetrySettings,
 )
 
 pytestmark = pytest.mark.unit
@@ -39,7 +40,7 @@ def form_schema() -> dict:
 
 
 def form_models() -> list[type[BaseModel]]:
-    return [LaunchForm, AdvancedSettings, *BUILTIN_TASKSETS.values(), CustomTaskset]
+    return [LaunchForm, AdvancedSettings, RetrySettings, *BUILTIN_TASKSETS.values(), CustomTaskset]
 
 
 def test_the_form_shows_the_common_fields_first_and_the_rest_under_advanced():
@@ -56,7 +57,7 @@ def test_the_form_shows_the_common_fields_first_and_the_rest_under_advanced():
     assert "run_name" not in form["properties"]     # Prefect's own "Run Name" is the only one up there
     advanced = definitions["AdvancedSettings"]["properties"]
     assert advanced["run_name"]["title"] == "Run id prefix"
-    assert len(advanced) <= 15
+    assert len(advanced) <= 16
     # a plain union (anyOf): Prefect shows a switch of the tasksets, each with its own option fields
     variants = [definitions[ref["$ref"].rsplit("/", 1)[1]] for ref in form["properties"]["taskset"]["anyOf"]]
     assert [variant["title"] for variant in variants] == ["arithmetic", "bfcl", "humaneval", "harbor",
@@ -169,3 +170,26 @@ def test_the_nightly_deployment_launches_examples_nightly_toml():
 
 def test_the_form_offers_exactly_the_bfcl_categories_the_taskset_supports():
     assert typing.get_args(BfclCategory) == CATEGORIES
+
+
+def test_the_form_sets_retries_and_finishes_a_run_with_its_errored_rollouts():
+    form = LaunchForm.model_validate({"advanced": {"retries": {
+        "max_rollout_attempts": 3, "retry_error_types": ["ProviderError"], "resume": "nightly-1",
+        "retry_errors": True}}})
+    config = form.to_eval_config()
+    assert (config.max_rollout_attempts, config.retry_error_types) == (3, ["ProviderError"])
+    assert LaunchForm.from_eval_config(config).advanced.retries.max_rollout_attempts == 3
+    with pytest.raises(ValueError, match=r"retry_errors: runs the errored rollouts of an earlier run again\. Give "
+                                         r"its run id in Finish run"):
+        RetrySettings(retry_errors=True)
+    with pytest.raises(ValueError, match="'Providererror' is not an error type a rollout records"):
+        LaunchForm.model_validate({"advanced": {"retries": {"retry_error_types": ["Providererror"]}}}
+                                  ).to_eval_config()
+
+
+def test_a_deployment_of_the_eval_flow_takes_retry_errors_as_parameters():
+    from prefect_rollouts.flows.eval import eval_flow
+
+    properties = eval_flow.parameters.model_dump()["properties"]
+    assert properties["retry_errors"]["default"] is False
+    assert "ProviderError" in properties["retry_error_types"]["description"]

@@ -65,12 +65,14 @@ class PreparedEval:
         return len(self.plan)
 
     def describe(self) -> str:
-        """One line: ``run R: 12 rollouts (6 tasks x 2), 12 to run, traces in ROOT``."""
+        """One line: ``run R: 12 rollouts (6 tasks x 2), 12 to run, traces in ROOT``; a resume that runs
+        rollouts again says how many: ``..., 5 to run (3 of them again, as new attempts), ...``."""
         config = self.config
         environments = config.environments()
         suite = f" in {len(environments)} environments" if len(environments) > 1 else ""
+        again = f" ({self.retried} of them again, as new attempts)" if self.retried else ""
         return (f"run {self.run_id}: {self.total} rollouts ({self.total // config.rollouts_per_task} tasks x "
-                f"{config.rollouts_per_task}{suite}), {len(self.todo)} to run, traces in {self.root}")
+                f"{config.rollouts_per_task}{suite}), {len(self.todo)} to run{again}, traces in {self.root}")
 
 
 def load_eval(source: str | Path | None, overrides: Sequence[str], *, resume: str | None) -> EvalConfig:
