@@ -8,7 +8,9 @@ import threading
 
 import pytest
 
+import prefect_rollouts as vf
 from prefect_rollouts.config.eval import load_eval_config
+from prefect_rollouts.errors import AgentFailure, ProviderError
 from prefect_rollouts.evals.engine import inline_runner, run_rollouts
 from prefect_rollouts.evals.prepare import prepare_eval
 from prefect_rollouts.traces import read_rollouts, summarize_run
@@ -79,3 +81,31 @@ async def test_a_rollout_waiting_for_its_retry_holds_no_concurrency_slot(tmp_pat
     assert asked == ["0", "1", "2", "3", "0"]
     latest = read_rollouts(tmp_path / "traces", run_id="gate")
     assert set(latest["reward"]) == {1.0} and latest.set_index("task_id").loc["n0", "attempt"] == 2
+
+
+class AgentThenProvider(vf.Task):
+    """The oracle's solution fails on its own (``program_failed``) for task ``failed``; the reward of every
+    task then raises a ``ProviderError``, an error the default rule retries."""
+
+    async def solve(self, runtime, trace) -> None:
+        if self.data.id == "failed":
+            raise AgentFailure("the program exited with code 2", "program_failed")
+
+    @vf.reward
+    def tests(self, trace: vf.Trace) -> float:
+        raise ProviderError("the judge's endpoint answered 503", status_code=503)
+
+
+def agent_then_provider() -> list[AgentThenProvider]:
+    return [AgentThenProvider(vf.TaskData(id=task_id, prompt="solve it")) for task_id in ("failed", "solved")]
+
+
+async def test_a_rollout_the_agent_itself_failed_is_not_retried_even_with_a_retryable_error(tmp_path, openai_server):
+    text = eval_toml(tmp_path / "traces", openai_server.base_url, max_rollout_attempts=3, rollout_backoff_s=0.0,
+                     taskset={"id": "tests.core.test_rollout_retries:agent_then_provider"})
+    await run(load_eval_config(text.replace('harness = "chat"', 'harness = "oracle"')), "agent-failed")
+    every = read_rollouts(tmp_path / "traces", run_id="agent-failed", attempts="all")
+    attempts = every.groupby("task_id")["attempt"].max().to_dict()
+    assert attempts == {"failed": 1, "solved": 3}   # the agent's own failure is its result, whatever came after
+    assert set(every["error_type"]) == {"ProviderError"}
+    assert set(every.loc[every["task_id"] == "failed", "stop_condition"]) == {"program_failed"}
