@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import threading
 from collections import Counter
 
 import pyarrow.parquet as pq
@@ -32,6 +33,7 @@ from prefect_rollouts.trace import ErrorRecord
 from prefect_rollouts.traces import TraceWriter, read_rollouts
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply, status
+from tests.prefect.test_run_lock import wait_running
 from tests.support.cli import eval_env, finish, run_eval, start_eval
 from tests.support.datasets import durable_rows
 from tests.support.waiting import wait_until
@@ -204,3 +206,33 @@ async def test_the_launch_form_finishes_a_run_with_its_errored_rollouts(tmp_path
     summary = await launch_flow(again)
     assert (summary.run_id, summary.rollouts, summary.errored, summary.retried, summary.recovered) == (
         run_id, 3, 0, 1, 1)
+
+
+def test_a_second_retry_of_a_live_run_is_refused_by_the_run_lock(tmp_path, openai_server):
+    down = {str(i) for i in range(6)}
+    openai_server.default = provider_down_for(down)
+    config = tmp_path / "eval.toml"
+    config.write_text(eval_toml(tmp_path / "traces", openai_server.base_url, max_concurrent=1)
+                      .replace("count = 10", "count = 6"))
+    assert run_eval(config, "--run-id", "held", env=eval_env(PREFECT_LOGGING_LEVEL="WARNING")).returncode == 1
+    go_on = threading.Event()   # the retries wait at the model until the second eval has ended
+
+    def answer(request):
+        go_on.wait(timeout=150)
+        return provider_down_for(set())(request)
+    openai_server.reset()
+    openai_server.default = answer
+    first = start_eval(config, "--resume", "held", "--retry-errors", new_session=True)
+    try:
+        wait_running("held", first, openai_server)
+        second = start_eval(config, "--resume", "held", "--retry-errors", new_session=True)
+        output = finish(second, 300)
+        still_running = first.poll() is None
+    finally:
+        go_on.set()
+    first_output = finish(first, 300)
+    assert second.returncode == 2 and "another eval is running this run" in output, output
+    assert still_running and first.returncode == 0, first_output
+    assert len(openai_server.requests) == 6, "each errored rollout ran again once"
+    every = read_rollouts(tmp_path / "traces", run_id="held", attempts="all")
+    assert Counter(every["attempt"]) == {1: 6, 2: 6}
