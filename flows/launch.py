@@ -30,7 +30,7 @@ async def launch_flow(eval: LaunchForm) -> EvalSummary | State[EvalSummary]:
 
     Args:
         eval: The eval to run: common settings first, the rarer ones and any other config key under Advanced
-            (Advanced > Retries > Finish run continues an earlier run instead, its errored rollouts too).
+            (Advanced > Finish run continues an earlier run instead, its errored rollouts too).
 
     Returns:
         The ``EvalSummary`` of the eval flow run (a subflow of this one, named after its run
@@ -45,14 +45,14 @@ async def launch_flow(eval: LaunchForm) -> EvalSummary | State[EvalSummary]:
         get_run_logger().info('a custom run of this deployment: no comparison with its baseline (the deployment\'s '
                               'own runs keep it); set Advanced > Baseline to a run id to compare with that run')
         config = config.model_copy(update={"baseline": None})
-    retries = eval.advanced.retries
-    run_id = retries.resume or new_run_id(config)
+    finish = eval.advanced.finish_run
+    run_id = finish or new_run_id(config)
     environments = ", ".join(env.name for env in config.environments())
     get_run_logger().info("run %s: %s on %s, traces in %s", run_id, config.env.agent.model, environments,
                           config.traces.store or config.traces.path)
-    if retries.resume:   # finish an earlier run, its errored rollouts too when asked (docs/retries.md)
-        summary, failure = await run_eval(config, resume=run_id, retry_errors=retries.retry_errors,
-                                          retry_error_types=config.retry_error_types if retries.retry_errors else None)
+    if finish:   # an earlier run with its errored rollouts: --resume RUN_ID --retry-errors (docs/retries.md)
+        summary, failure = await run_eval(config, resume=run_id, retry_errors=True,
+                                          retry_error_types=config.retry_error_types)
     else:
         summary, failure = await run_eval(config, run_id=run_id)
     return summary if failure is None else Failed(message=failure, data=EvalFailedError(failure, summary))

@@ -194,42 +194,6 @@ class SuiteEntry(_Form):
                 **({"agent": self.agent} if self.agent else {})}
 
 
-class RetrySettings(_Form):
-    """Rollouts that end in an error: retries within the run, and finishing an earlier run (docs/retries.md)."""
-
-    model_config = ConfigDict(title="Retries")
-    max_rollout_attempts: int = _config_field(
-        "max_rollout_attempts", ge=1, title="Attempts per rollout",
-        description="An errored rollout of an error type below runs again, after a backoff, up to this many "
-                    "attempts in all; each attempt is a row, the summary reads the latest.")
-    retry_error_types: list[str] | None = _config_field(
-        "retry_error_types", title="Error types that retry",
-        description="The rows' error_type values that retry, e.g. ProviderError. With Retry errored rollouts, only "
-                    "these run again. Empty: provider, runtime and infrastructure errors (for Retry errored "
-                    "rollouts: every error).")
-    resume: str = Field("", title="Finish run",
-                        description="Run id of an earlier run to continue instead of starting one: its rollouts "
-                                    "without a row run (the form must launch the config the run started with, "
-                                    "but for keys such as concurrency). Empty: a new run.")
-    retry_errors: bool = Field(False, title="Retry errored rollouts",
-                               description="With Finish run: also run again, each as a new attempt, the rollouts "
-                                           "whose latest attempt is an error (the earlier attempts stay). "
-                                           "Default False.")
-
-    @field_validator("resume", mode="before")
-    @classmethod
-    def _none_is_empty(cls, value: Any) -> Any:
-        return "" if value is None else value
-
-    @field_validator("retry_errors")
-    @classmethod
-    def _needs_a_run(cls, value: bool, info: ValidationInfo) -> bool:
-        if value and not info.data.get("resume"):
-            raise ValueError("retry_errors: runs the errored rollouts of an earlier run again. Give its run id in "
-                             "Finish run, or turn Retry errored rollouts off")
-        return value
-
-
 class AdvancedSettings(_Form):
     """Settings that rarely change between launches; any other config key goes in Other config keys."""
 
@@ -276,14 +240,16 @@ class AdvancedSettings(_Form):
         description='Run to compare with at the end: "last" = the last completed run of this deployment (it then '
                     "becomes this run if this one completes), or a run id. A change whose 95% interval excludes 0 "
                     "emits prefect-rollouts.eval.regressed or .improved. Empty: no comparison.")
-    retries: RetrySettings = Field(RetrySettings(), title="Retries",
-                                   description="Retries of errored rollouts, and finishing an earlier run.")
+    finish_run: str = Field("", title="Finish run", description=(
+        "Run id of an earlier run to finish instead: its rollouts without a row run, and its errored ones again as "
+        "new attempts (of retry_error_types when Other config keys sets it). The form must launch the config the "
+        "run started with. Empty: a new run."))
     overrides: dict[str, Any] = Field(
         {}, title="Other config keys",
         description='Any other eval config key, dotted as in --set, with its value: e.g. {"env.agent.timeouts.agent": '
                     '300, "env.agent.sampling.top_p": 0.9}. Keys that have a field above are refused. Default {}.')
 
-    @field_validator("run_name", "api_key_env", "traces_path", "trace_store", "baseline", mode="before")
+    @field_validator("run_name", "api_key_env", "traces_path", "trace_store", "baseline", "finish_run", mode="before")
     @classmethod
     def _none_is_default(cls, value: Any, info: ValidationInfo) -> Any:
         """A config's None (and a UI's null) is the field's default."""
@@ -404,8 +370,7 @@ _FIELDS = (
     ("advanced.request_timeout_s", "env.agent.client.timeout"),
     ("advanced.runtime", "env.agent.runtime.type"), ("advanced.traces_path", "traces.path"),
     ("advanced.trace_store", "traces.store"), ("advanced.pass_threshold", "pass_threshold"),
-    ("advanced.baseline", "baseline"), ("advanced.retries.max_rollout_attempts", "max_rollout_attempts"),
-    ("advanced.retries.retry_error_types", "retry_error_types"),
+    ("advanced.baseline", "baseline"),
 )
 
 

@@ -28,7 +28,7 @@ from prefect_rollouts.flows.launch import launch_flow
 from prefect_rollouts.flows.reconcile import reconcile_run
 from prefect_rollouts.flows.rollout import RolloutRequest, rollout_flow
 from prefect_rollouts.flows.shard import shard_flow
-from prefect_rollouts.launch_form import AdvancedSettings, CustomTaskset, LaunchForm, RetrySettings
+from prefect_rollouts.launch_form import AdvancedSettings, CustomTaskset, LaunchForm
 from prefect_rollouts.trace import ErrorRecord
 from prefect_rollouts.traces import TraceWriter, read_rollouts
 from tests.eval_toml import eval_toml
@@ -201,8 +201,7 @@ async def test_the_launch_form_finishes_a_run_with_its_errored_rollouts(tmp_path
     assert final.is_failed()
     run_id = (await final.aresult(raise_on_failure=False)).summary.run_id
     down.clear()
-    again = form.model_copy(update={"advanced": form.advanced.model_copy(update={
-        "retries": RetrySettings(resume=run_id, retry_errors=True)})})
+    again = form.model_copy(update={"advanced": form.advanced.model_copy(update={"finish_run": run_id})})
     summary = await launch_flow(again)
     assert (summary.run_id, summary.rollouts, summary.errored, summary.retried, summary.recovered) == (
         run_id, 3, 0, 1, 1)

@@ -22,7 +22,6 @@ from prefect_rollouts.launch_form import (
     BfclTaskset,
     CustomTaskset,
     LaunchForm,
-    RetrySettings,
 )
 
 pytestmark = pytest.mark.unit
@@ -40,7 +39,7 @@ def form_schema() -> dict:
 
 
 def form_models() -> list[type[BaseModel]]:
-    return [LaunchForm, AdvancedSettings, RetrySettings, *BUILTIN_TASKSETS.values(), CustomTaskset]
+    return [LaunchForm, AdvancedSettings, *BUILTIN_TASKSETS.values(), CustomTaskset]
 
 
 def test_the_form_shows_the_common_fields_first_and_the_rest_under_advanced():
@@ -172,19 +171,15 @@ def test_the_form_offers_exactly_the_bfcl_categories_the_taskset_supports():
     assert typing.get_args(BfclCategory) == CATEGORIES
 
 
-def test_the_form_sets_retries_and_finishes_a_run_with_its_errored_rollouts():
-    form = LaunchForm.model_validate({"advanced": {"retries": {
-        "max_rollout_attempts": 3, "retry_error_types": ["ProviderError"], "resume": "nightly-1",
-        "retry_errors": True}}})
+def test_the_form_finishes_a_run_and_sets_retries_through_other_config_keys():
+    form = LaunchForm.model_validate({"advanced": {"finish_run": "nightly-1", "overrides": {
+        "max_rollout_attempts": 3, "retry_error_types": ["ProviderError"]}}})
     config = form.to_eval_config()
-    assert (config.max_rollout_attempts, config.retry_error_types) == (3, ["ProviderError"])
-    assert LaunchForm.from_eval_config(config).advanced.retries.max_rollout_attempts == 3
-    with pytest.raises(ValueError, match=r"retry_errors: runs the errored rollouts of an earlier run again\. Give "
-                                         r"its run id in Finish run"):
-        RetrySettings(retry_errors=True)
-    with pytest.raises(ValueError, match="'Providererror' is not an error type a rollout records"):
-        LaunchForm.model_validate({"advanced": {"retries": {"retry_error_types": ["Providererror"]}}}
-                                  ).to_eval_config()
+    assert (form.advanced.finish_run, config.max_rollout_attempts, config.retry_error_types) == (
+        "nightly-1", 3, ["ProviderError"])
+    assert LaunchForm.model_validate({"advanced": {"finish_run": None}}).advanced.finish_run == ""
+    with pytest.raises(ConfigError, match="'Providererror' is not an error type a rollout records"):
+        LaunchForm(advanced=AdvancedSettings(overrides={"retry_error_types": ["Providererror"]})).to_eval_config()
 
 
 def test_a_deployment_of_the_eval_flow_takes_retry_errors_as_parameters():
