@@ -258,8 +258,8 @@ class EvalConfig(ConfigModel):
     max_rollout_attempts: int = Field(1, ge=1, le=MAX_RETRIES)
     """Attempts of one rollout in all (the row column ``attempt`` numbers them): an attempt that ends in an
     error the retry rule takes (``retry_error_types``) runs again, after ``rollout_backoff_s``, as a new
-    attempt with a row of its own; the summary reads each rollout's latest. Default 1: no retry. A resume
-    runs the retries a stopped eval had left. See docs/retries.md."""
+    attempt with a row of its own; the summary reads each rollout's latest. Default 1: no retry; at most 100
+    (``bounds.MAX_RETRIES``). A resume runs the retries a stopped eval had left. See docs/retries.md."""
     retry_error_types: list[str] | None = None
     """Error types (the row's ``error_type``, e.g. ``["ProviderError"]``) whose attempts run again; None:
     the default rule (``retry_rule.RETRY_ERROR_TYPES``: provider, runtime and infrastructure errors). A
