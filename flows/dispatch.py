@@ -42,9 +42,10 @@ from prefect.states import Cancelling, Crashed
 from prefect_rollouts.config.eval import DispatchConfig, EvalConfig
 from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.evals.budget import Budget
-from prefect_rollouts.evals.plan import RolloutKey
+from prefect_rollouts.evals.plan import LatestAttempt, PlannedKey, next_attempt, retry_predicate
 from prefect_rollouts.flows.shard import ENTRYPOINT, shard_flow
-from prefect_rollouts.traces import DatasetRoot, durable_keys
+from prefect_rollouts.traces import DatasetRoot
+from prefect_rollouts.traces.read import latest_attempts
 
 ZOMBIE_AUTOMATION = "prefect-rollouts: crash shard flow runs without heartbeats"
 FINAL = {StateType.COMPLETED, StateType.FAILED, StateType.CRASHED, StateType.CANCELLED}
@@ -60,7 +61,8 @@ class Shard:
     """A shard of the plan: its rollouts, and the flow run of its current submission."""
 
     index: int
-    rollouts: list[RolloutKey]
+    rollouts: list[PlannedKey]
+    """Each rollout with the attempt the eval planned for it (``flows/shard.py``)."""
     attempt: int = 0
     flow_run_id: UUID | None = None
     states: list[str] = field(default_factory=list)
@@ -74,11 +76,11 @@ class DispatchReport:
 
     shards: list[Shard]
     failed: list[Shard]
-    missing: list[RolloutKey]
-    """``(environment, task id, rollout index)`` of planned rollouts without a durable row."""
+    missing: list[PlannedKey]
+    """Planned rollouts without a durable row of their planned attempt."""
 
 
-async def dispatch(config: EvalConfig, root: DatasetRoot, run_id: str, todo: list[RolloutKey], *,
+async def dispatch(config: EvalConfig, root: DatasetRoot, run_id: str, todo: list[PlannedKey], *,
                    on_progress: Callable[[int], Awaitable[None]], budget: Budget | None = None) -> DispatchReport:
     """Run ``todo`` as shard flow runs on ``config.dispatch.work_pool`` and wait for all of them.
 
@@ -86,8 +88,12 @@ async def dispatch(config: EvalConfig, root: DatasetRoot, run_id: str, todo: lis
         root: The dataset root; workers must see it at the same place (a shared path mounted at
             the same absolute path, or an object store). A ``[traces] store`` block is resolved
             again by each shard.
-        todo: ``(environment, task id, rollout index)`` of the rollouts to run, in plan order.
-        on_progress: Called with the number of durable rows of the run after every poll.
+        todo: ``(environment, task id, rollout index, attempt)`` of the rollouts to run, in plan order:
+            the attempt the eval planned (1, or one past an attempt that runs again). A shard runs a
+            rollout until that attempt is written, and on while the run's retries take it (``_pending``),
+            so a re-submitted shard never runs an attempt twice.
+        on_progress: Called with how many rollouts of ``todo`` are finished (need no further attempt)
+            after every poll.
         budget: The run's shared budget (``flows/budget.py``): once reached, no shard is submitted or
             submitted again; the shards in flight stop their rollouts themselves.
 
@@ -104,9 +110,10 @@ async def dispatch(config: EvalConfig, root: DatasetRoot, run_id: str, todo: lis
     async with get_client() as client:
         deployment_id = await ensure_shard_deployment(client, settings)
         await ensure_zombie_automation(client, settings)
+        again = retry_predicate(config)   # in-run retries a shard left; --retry-errors is in the planned attempts
+        planned = todo   # progress counts over every rollout the eval planned
         if await _end_leftovers(client, run_id, settings.crash_after_s + 30):   # a resume after the eval died
-            durable = durable_keys(root, run_id)
-            todo = [key for key in todo if key not in durable]
+            todo = _pending(todo, latest_attempts(root, run_id), again)
         first = await next_shard_index(client, run_id)   # a resume numbers on: its names never clash
         shards = [Shard(first + i, todo[start:start + settings.shard_size])
                   for i, start in enumerate(range(0, len(todo), settings.shard_size))]
@@ -132,9 +139,9 @@ async def dispatch(config: EvalConfig, root: DatasetRoot, run_id: str, todo: lis
                 await _crash_stuck_pending(client, runs, settings)
                 ended = any(run.state_type in FINAL for run in runs)
                 if ended or time.monotonic() - progress_read >= PROGRESS_S:
-                    durable = durable_keys(root, run_id)   # after the states: a Completed shard's rows are all here
+                    latest = latest_attempts(root, run_id)   # after the states: a Completed shard's rows are all here
                     progress_read = time.monotonic()
-                    await on_progress(len(durable))
+                    await on_progress(len(planned) - len(_pending(planned, latest, again)))
                 await idle.check(client, runs, logger)
                 for run in runs:
                     if run.state_type not in FINAL:
@@ -143,7 +150,7 @@ async def dispatch(config: EvalConfig, root: DatasetRoot, run_id: str, todo: lis
                     shard.states.append(ended_text(run))
                     if run.state_type == StateType.CRASHED:
                         await _crash_subflows(client, run.id)
-                    pending = [key for key in shard.rollouts if key not in durable]
+                    pending = _pending(shard.rollouts, latest, again)
                     if not pending:
                         continue
                     if run.state_type != StateType.CANCELLED and shard.attempt + 1 < settings.shard_attempts \
@@ -158,8 +165,16 @@ async def dispatch(config: EvalConfig, root: DatasetRoot, run_id: str, todo: lis
         finally:
             if in_flight:   # the eval is cancelled or failed: its shards stop too
                 await asyncio.shield(_cancel(client, list(in_flight)))
-    durable = durable_keys(root, run_id)
-    return DispatchReport(shards, failed, [key for key in todo if key not in durable])
+    latest = latest_attempts(root, run_id)
+    return DispatchReport(shards, failed, _pending(todo, latest, None))
+
+
+def _pending(rollouts: list[PlannedKey], latest: dict[tuple[str, str, int], LatestAttempt],
+             again: Callable[[LatestAttempt], bool] | None) -> list[PlannedKey]:
+    """The rollouts that still need an attempt (``plan.next_attempt``); with ``again`` None, those whose
+    planned attempt has no row."""
+    return [planned for planned in rollouts
+            if next_attempt(planned[3], latest.get(planned[:3]), again) is not None]
 
 
 async def ensure_shard_deployment(client: PrefectClient, settings: DispatchConfig) -> UUID:

@@ -3,7 +3,7 @@
 The eval plans its rollouts (tasks x rollouts per task), runs them in this process through
 ``flows/execute.py`` (bounded concurrency, at the chosen granularity), and summarises the run from
 the dataset. Re-running with ``resume=<run id>`` runs only the rollouts of that run that have no
-durable row.
+durable row; with ``retry_errors=True`` also the errored ones, each as a new attempt (docs/retries.md).
 
 The eval flow run ends Completed when every rollout has a row and at most ``max_error_fraction``
 of them errored, else Failed with the reason (``traces.run_failure``), holding an
@@ -63,7 +63,8 @@ def _flow_run_name() -> str:
 
 @flow(name="eval", flow_run_name=_flow_run_name, persist_result=False, log_prints=False)
 async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str | None = None,
-                    force_config: bool = False) -> EvalSummary | State[EvalSummary]:
+                    force_config: bool = False, retry_errors: bool = False,
+                    retry_error_types: list[str] | None = None) -> EvalSummary | State[EvalSummary]:
     """Evaluate an agent on a taskset and write every rollout to the Parquet trace dataset.
 
     Args:
@@ -75,6 +76,12 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
             (``evals.identity.HOW_KEYS``); any other difference fails the run with a config error.
         run_id: Id for a new run; default ``<run_name, else environment-harness-model>-<UTC time>-<4 hex>``.
         force_config: Resume with ``config`` even where it differs from the stored one.
+        retry_errors: With ``resume``: also run again, each as a new attempt (a row of its own; the earlier
+            ones stay), the rollouts whose latest attempt is an error, or only those of
+            ``retry_error_types`` when given. The summary says how many were retried and recovered.
+        retry_error_types: Error types (the rows' ``error_type``, e.g. ``["ProviderError"]``) that
+            ``retry_errors`` runs again; they replace ``config.retry_error_types`` (which errors retry
+            within this run, up to ``max_rollout_attempts``). Empty: every error type.
 
     Returns:
         ``EvalSummary``: per environment the mean reward with standard error, pass@k for
@@ -94,15 +101,16 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
     run_id = named or new_run_id(config)
     check_run_id(run_id)   # before the lock, which is named after it
     async with hold_run(run_id):   # one eval per run id at a time
-        return await _evaluate(config, resume, run_id, named, force_config)
+        return await _evaluate(config, resume, run_id, named, force_config, retry_errors, retry_error_types or None)
 
 
-async def _evaluate(config: EvalConfig, resume: str | None, run_id: str, named: str | None,
-                    force_config: bool) -> EvalSummary | State[EvalSummary]:
+async def _evaluate(config: EvalConfig, resume: str | None, run_id: str, named: str | None, force_config: bool,
+                    retry_errors: bool, retry_error_types: list[str] | None) -> EvalSummary | State[EvalSummary]:
     """prepare -> run -> summarise -> publish."""
     started = time.perf_counter()
     root = await resolve_trace_root(config.traces.store) if config.traces.store else config.traces.dataset_root()
-    prepared = prepare_eval(config, run_id=run_id, resume=resume is not None, force=force_config, root=root)
+    prepared = prepare_eval(config, run_id=run_id, resume=resume is not None, force=force_config, root=root,
+                            retry_errors=retry_errors, retry_error_types=retry_error_types)
     config, plan, todo = prepared.config, prepared.plan, prepared.todo
     series = await series_name(config)
     await tag_flow_run(series_tag(series), name=None if named else run_id)   # one call: tags, the generated id
@@ -110,8 +118,8 @@ async def _evaluate(config: EvalConfig, resume: str | None, run_id: str, named: 
     get_run_logger().info("%s", prepared.describe())
     budget = await seed_shared_budget(config, root, run_id) if config.dispatch.work_pool else None
     if config.dispatch.work_pool:
-        failures = await run_on_work_pool(config, root, run_id, [planned.key for planned in todo], total=len(plan),
-                                          budget=budget)
+        failures = await run_on_work_pool(config, root, run_id, [planned.planned_key for planned in todo],
+                                          total=len(plan), budget=budget)
     else:
         failures = await execute(config, root, run_id, todo, total=len(plan), durable=prepared.durable,
                                  progress_key=progress_key(run_id))
@@ -156,9 +164,10 @@ async def publish_summary(summary: EvalSummary, series: str, root: DatasetRoot, 
     spend = summary.spend
     spent = "" if spend is None else f"; {spend.text().splitlines()[0]}"
     stop = f"; budget reached: {summary.budget_stop}" if summary.budget_stop else ""
+    retried = f", {summary.retried} retried, {summary.recovered} recovered" if summary.retried else ""
     await acreate_table_artifact(table=summary.table(), key=artifacts[0], description=(
-        f"Summary of run {summary.run_id} ({summary.rollouts} rollouts of {models or 'no model'}, traces in {root})"
-        + spent + stop))
+        f"Summary of run {summary.run_id} ({summary.rollouts} rollouts of {models or 'no model'}{retried}, "
+        f"traces in {root})" + spent + stop))
     if spend is not None and spend.tasks:   # the costliest tasks and rollouts, every attempt counted
         await acreate_table_artifact(table=spend.table(), key=spend_key(series), description=(
             f"Spend of run {summary.run_id}: {spend.text().splitlines()[0].removeprefix('spend: ')}; its costliest "
@@ -166,7 +175,8 @@ async def publish_summary(summary: EvalSummary, series: str, root: DatasetRoot, 
 
 
 async def run_eval(config: EvalConfig, resume: str | None = None, run_id: str | None = None,
-                   force_config: bool = False) -> tuple[EvalSummary, str | None]:
+                   force_config: bool = False, retry_errors: bool = False,
+                   retry_error_types: list[str] | None = None) -> tuple[EvalSummary, str | None]:
     """Run ``eval_flow`` and return its summary with the reason the run failed (None when it succeeded).
 
     Returns:
@@ -179,7 +189,7 @@ async def run_eval(config: EvalConfig, resume: str | None = None, run_id: str | 
     """
     with SyncClientContext.get_or_create():   # one sync API client for the engine's calls, not one per call
         final = await eval_flow(config, resume=resume, run_id=run_id, force_config=force_config,
-                                return_state=True)
+                                retry_errors=retry_errors, retry_error_types=retry_error_types, return_state=True)
     result = await final.aresult(raise_on_failure=False)
     if isinstance(result, EvalFailedError):
         return result.summary, str(result)

@@ -29,7 +29,8 @@ async def launch_flow(eval: LaunchForm) -> EvalSummary | State[EvalSummary]:
     """Run an eval from the launch form: taskset and its options, model, endpoint, size, concurrency.
 
     Args:
-        eval: The eval to run: common settings first, the rarer ones and any other config key under Advanced.
+        eval: The eval to run: common settings first, the rarer ones and any other config key under Advanced
+            (Advanced > Finish run continues an earlier run instead, its errored rollouts too).
 
     Returns:
         The ``EvalSummary`` of the eval flow run (a subflow of this one, named after its run
@@ -44,11 +45,16 @@ async def launch_flow(eval: LaunchForm) -> EvalSummary | State[EvalSummary]:
         get_run_logger().info('a custom run of this deployment: no comparison with its baseline (the deployment\'s '
                               'own runs keep it); set Advanced > Baseline to a run id to compare with that run')
         config = config.model_copy(update={"baseline": None})
-    run_id = new_run_id(config)
+    finish = eval.advanced.finish_run
+    run_id = finish or new_run_id(config)
     environments = ", ".join(env.name for env in config.environments())
     get_run_logger().info("run %s: %s on %s, traces in %s", run_id, config.env.agent.model, environments,
                           config.traces.store or config.traces.path)
-    summary, failure = await run_eval(config, run_id=run_id)
+    if finish:   # an earlier run with its errored rollouts: --resume RUN_ID --retry-errors (docs/retries.md)
+        summary, failure = await run_eval(config, resume=run_id, retry_errors=True,
+                                          retry_error_types=config.retry_error_types)
+    else:
+        summary, failure = await run_eval(config, run_id=run_id)
     return summary if failure is None else Failed(message=failure, data=EvalFailedError(failure, summary))
 
 

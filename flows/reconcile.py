@@ -9,6 +9,9 @@ knows how each rollout ended, so ``reconcile_run`` puts the server right afterwa
   Failed with the row's error), Crashed when the rollout has no row (it never finished);
 - a rollout with a row but no flow run gets one created in that state (tag ``api-outage``), with
   ``flow`` granularity only (the other granularities have no rollout flow runs);
+- a rollout run several times (``attempt`` 1, 2, ...: ``--retry-errors``, ``max_rollout_attempts``) has a
+  flow run per attempt: each gets the state of its own attempt's row (matched by the rollout id the flow
+  run's parameters and the row share), and an attempt's row without a flow run gets one;
 - an ``eval`` flow run named after the run that is not final gets the run's verdict
   (``traces.run_failure`` over the rows and the stored config's plan): Completed or Failed.
 
@@ -61,34 +64,36 @@ async def reconcile_run(root: str | DatasetRoot, run_id: str) -> ReconcileReport
     from prefect_rollouts.flows.rollout import RUN_NAME, RolloutRequest, rollout_flow
 
     root = root if isinstance(root, DatasetRoot) else dataset_root(root)
-    rows = read_rollouts(root, columns=_ROWS, run_id=run_id)
+    rows = read_rollouts(root, columns=_ROWS, run_id=run_id, attempts="all")
     if not len(rows):
         raise ConfigError(f"RUN = {run_id!r}: no rollouts of this run in the trace dataset at {root.uri}. "
                           "Check the run id (prefect-rollouts traces summary PATH lists them) and the path")
-    records = rows.to_dict("records")
+    records = rows.sort_values("attempt").to_dict("records")   # by_key keeps each rollout's latest attempt
+    by_rollout = {str(r["rollout_id"]): r for r in records}
     by_id = {str(r["flow_run_id"]): r for r in records if isinstance(r["flow_run_id"], str)}
     by_key = {(str(r["task_id"]), int(r["rollout_index"])): r for r in records}
     report = ReconcileReport()
     async with get_client() as client:
-        seen: set[tuple[str, int]] = set()
+        seen: set[str] = set()   # rollout ids (one per attempt) and flow run ids that have a flow run
         for flow_run in await _flow_runs(client, "rollout"):
             request = flow_run.parameters.get("rollout") or {}
             if request.get("run_id") != run_id:
                 continue
             key = (str(request.get("task_id")), int(request.get("rollout_index") or 0))
-            seen.add(key)
+            seen |= {str(request.get("rollout_id")), str(flow_run.id)}
             if flow_run.state is not None and flow_run.state.is_final():
                 continue
-            row = by_id.get(str(flow_run.id)) or by_key.get(key)
+            row = by_rollout.get(str(request.get("rollout_id"))) or by_id.get(str(flow_run.id)) or by_key.get(key)
             await client.set_flow_run_state(flow_run.id, _rollout_state(row), force=True)
             report.rollouts_set.append(flow_run.name)
         config = _stored_config(root, run_id)
         if config is not None and config.rollout_granularity == "flow":
-            for key, row in by_key.items():
-                if key in seen:
+            for row in records:
+                if str(row["rollout_id"]) in seen or str(row["flow_run_id"]) in seen:
                     continue
-                request = RolloutRequest(rollout_id=str(row["rollout_id"]), task_id=key[0], rollout_index=key[1],
-                                         task_type=str(row["task_type"]), model=str(row["model"]), run_id=run_id)
+                request = RolloutRequest(rollout_id=str(row["rollout_id"]), task_id=str(row["task_id"]),
+                                         rollout_index=int(row["rollout_index"]), task_type=str(row["task_type"]),
+                                         model=str(row["model"]), run_id=run_id)
                 name = RUN_NAME.format(rollout=request)
                 await client.create_flow_run(rollout_flow, name=name, parameters={"rollout": request.model_dump()},
                                              tags=["api-outage"], state=_rollout_state(row))

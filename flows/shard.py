@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import os
 import socket
+from dataclasses import replace
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from prefect_rollouts.blocks import resolve_trace_root
 from prefect_rollouts.config.eval import EvalConfig
-from prefect_rollouts.evals.plan import rebuild, still_to_run
+from prefect_rollouts.evals.plan import next_attempt, rebuild, retry_predicate, still_to_run
 from prefect_rollouts.flows.budget import open_shared_budget
 from prefect_rollouts.flows.execute import execute
 from prefect_rollouts.traces import dataset_root
@@ -38,10 +39,13 @@ def _shard_run_name() -> str:
 
 
 @flow(name="shard", flow_run_name=_shard_run_name, persist_result=False, log_prints=False)
-async def shard_flow(run_id: str, config: EvalConfig, root: str, rollouts: list[tuple[str, str, int]],
+async def shard_flow(run_id: str, config: EvalConfig, root: str,
+                     rollouts: list[tuple[str, str, int, int] | tuple[str, str, int]],
                      shard_index: int = 0, attempt: int = 1) -> int:
-    """Run one shard of eval ``run_id``: the rollouts of ``rollouts`` that are not done (no durable row,
-    or a latest attempt stopped from outside, which runs again as the next attempt: ``traces.read.latest_attempts``).
+    """Run one shard of eval ``run_id``: the rollouts of ``rollouts`` that still need an attempt
+    (``plan.next_attempt``): the attempt the eval planned when it is not written yet, else the next one
+    when the latest was stopped from outside (a budget stop) or is an error the run's retries take
+    (``max_rollout_attempts``). A re-submitted shard so never runs an attempt twice.
 
     Args:
         run_id: The eval run (a partition of the dataset).
@@ -49,9 +53,12 @@ async def shard_flow(run_id: str, config: EvalConfig, root: str, rollouts: list[
         root: The dataset root every shard writes to: a path all workers share, or an object
             store URI (credentials from the worker's environment). With ``[traces] store`` the
             shard resolves that ``TraceStore`` block itself (its credentials stay in the block).
-        rollouts: ``[environment, task id, rollout index]`` of each rollout of this shard.
+        rollouts: ``[environment, task id, rollout index, attempt]`` of each rollout of this shard: the
+            attempt the eval planned for it (1, or one past an errored attempt ``--retry-errors`` runs
+            again); without it, 1.
         shard_index: Position of the shard in the eval's plan (names the flow run).
-        attempt: Which submission of this shard's rollouts this is, from 1 (names the flow run).
+        attempt: Which submission of this shard's rollouts this is, from 1 (names the flow run); not a
+            rollout's attempt.
 
     Returns:
         How many rollouts this flow run ran (0 when every row was durable already).
@@ -63,9 +70,11 @@ async def shard_flow(run_id: str, config: EvalConfig, root: str, rollouts: list[
     """
     dataset = await resolve_trace_root(config.traces.store) if config.traces.store else dataset_root(root)
     latest = latest_attempts(dataset, run_id)
-    durable = {key for key, written in latest.items() if written.done}
-    todo = still_to_run(rebuild(config, [(env, task_id, index) for env, task_id, index in rollouts
-                                         if (env, task_id, index) not in durable]), latest)
+    again = retry_predicate(config)
+    planned = {(str(r[0]), str(r[1]), int(r[2])): int(r[3]) if len(r) > 3 else 1 for r in rollouts}
+    keys = [key for key, first in planned.items() if next_attempt(first, latest.get(key), again) is not None]
+    todo = still_to_run([replace(p, attempt=planned[p.key]) for p in rebuild(config, keys)], latest, again)
+    durable = {key for key, written in latest.items() if written.done} - set(keys)
     get_run_logger().info("shard %d of run %s on %s (pid %d): %d rollouts, %d to run", shard_index, run_id,
                           socket.gethostname(), os.getpid(), len(rollouts), len(todo))
     async with open_shared_budget(config, run_id) as budget:

@@ -11,26 +11,27 @@ from prefect.artifacts import acreate_progress_artifact, aupdate_progress_artifa
 from prefect_rollouts.config.eval import EvalConfig
 from prefect_rollouts.evals.budget import Budget
 from prefect_rollouts.evals.engine import progress_listener
-from prefect_rollouts.evals.plan import RolloutKey
+from prefect_rollouts.evals.plan import PlannedKey
 from prefect_rollouts.flows.dispatch import dispatch
 from prefect_rollouts.flows.keys import progress_key
 from prefect_rollouts.flows.ownership import tag_flow_run
 from prefect_rollouts.traces.store import DatasetRoot
 
 
-async def run_on_work_pool(config: EvalConfig, root: DatasetRoot, run_id: str, todo: list[RolloutKey], *,
+async def run_on_work_pool(config: EvalConfig, root: DatasetRoot, run_id: str, todo: list[PlannedKey], *,
                             total: int, budget: Budget | None = None) -> list[BaseException]:
-    """``todo`` as shard flow runs on ``[dispatch] work_pool`` (``flows/dispatch.py``, which stops
-    submitting once ``budget`` is reached); progress from durable rows. Returns one error per rollout
-    left without a row."""
+    """``todo`` (each rollout with its planned attempt) as shard flow runs on ``[dispatch] work_pool``
+    (``flows/dispatch.py``, which stops submitting once ``budget`` is reached); progress from durable rows.
+    Returns one error per rollout left without a row."""
     await tag_flow_run()
     progress_id = await acreate_progress_artifact(progress=100.0 * (total - len(todo)) / max(total, 1),
                                                   key=progress_key(run_id),
                                                   description=f"Durable rollouts of run {run_id}")
     reported = total - len(todo)
 
-    async def on_progress(durable: int) -> None:
+    async def on_progress(finished: int) -> None:
         nonlocal reported
+        durable = total - len(todo) + finished
         if durable != reported:
             reported = durable
             await aupdate_progress_artifact(progress_id, progress=100.0 * durable / max(total, 1))
@@ -38,7 +39,7 @@ async def run_on_work_pool(config: EvalConfig, root: DatasetRoot, run_id: str, t
                 listener(durable, total)
 
     report = await dispatch(config, root, run_id, todo, on_progress=on_progress, budget=budget)
-    await on_progress(total - len(report.missing))
+    await on_progress(len(todo) - len(report.missing))
     error = RuntimeError(f"shards {[s.index for s in report.failed]} ended "
                          f"{[s.states for s in report.failed]} after {config.dispatch.shard_attempts} attempts")
     return [error] * len(report.missing)

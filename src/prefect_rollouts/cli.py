@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 
 from prefect_rollouts.cli_server import drain_prefect_services, on_server, temporary_server
 from prefect_rollouts.cli_tasks import tasks_app
@@ -20,8 +21,25 @@ from prefect_rollouts.console import brief_failures, print_error, print_summary,
 from prefect_rollouts.errors import ConfigError, TraceStoreError
 from prefect_rollouts.stop_signals import StopSignal, run_until_stopped
 
+RETRY_ALL = "all"
+"""``eval --retry-errors`` without types (or with ``all``): every errored rollout runs again."""
+
+
+class _Commands(TyperGroup):
+    """The command group. Lets ``eval --retry-errors`` go without a value (typer's parser has no
+    optional option values): as the last argument, or before another option, it means ``all``."""
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        name, command, rest = super().resolve_command(ctx, args)
+        if name == "eval":
+            rest = [f"--retry-errors={RETRY_ALL}" if arg == "--retry-errors" and (i + 1 == len(rest) or
+                                                                                   rest[i + 1].startswith("-"))
+                    else arg for i, arg in enumerate(rest)]
+        return name, command, rest
+
+
 app = typer.Typer(help="Run and score LLM-agent rollouts with Prefect.", no_args_is_help=True,
-                  pretty_exceptions_show_locals=False)
+                  pretty_exceptions_show_locals=False, cls=_Commands)
 app.add_typer(traces_app, name="traces")
 app.add_typer(alerts_app, name="alerts")
 app.add_typer(tasks_app, name="tasks")
@@ -38,6 +56,11 @@ def eval_command(
     resume: Annotated[str | None,
                       typer.Option(help="Continue run RUN_ID: run only rollouts without a durable row, with the "
                                         "run's stored config.")] = None,
+    retry_errors: Annotated[str | None, typer.Option(
+        "--retry-errors", metavar="[TYPE,...]",
+        help="With --resume: also run again, each as a new attempt, the rollouts whose latest attempt is an error "
+             "(only these error types when given, e.g. ProviderError,RuntimeUnavailableError; they also become "
+             "retry_error_types). Earlier attempts stay in the dataset. See docs/retries.md.")] = None,
     run_id: Annotated[str | None, typer.Option(help="Id for a new run (default: generated).")] = None,
     force_config: Annotated[bool, typer.Option(
         "--force-config", help="With --resume: run the given config even where it differs from the stored one "
@@ -62,6 +85,8 @@ def eval_command(
     ``--resume`` command, and exits 1 (130 on Ctrl-C, 143 on SIGTERM, which ends it the same way). A run where more than
     ``max_error_fraction`` of the rollouts errored prints its summary and top errors, and exits 1.
     A resume whose config differs from the run's stored config in a key that defines the run exits 2.
+    ``--resume RUN_ID --retry-errors`` finishes a run whose provider failed on some rollouts: they run
+    again as new attempts, and the summary says how many were retried and how many recovered.
     With ``--fail-on-regression``, a run that regressed against its baseline exits 3. A run that its
     ``token_budget`` or ``cost_budget_usd`` stopped prints its spend, the budget and the ``--resume``
     command (with a larger budget), and exits 4.
@@ -70,11 +95,13 @@ def eval_command(
 
     set_ = [*(set_ or []), *([f"dispatch.work_pool={json.dumps(work_pool)}"] if work_pool else []),
             *([f"dispatch.shard_size={shard_size}"] if shard_size is not None else [])]
+    retry_types = None if retry_errors in (None, RETRY_ALL) else [
+        kind.strip() for kind in retry_errors.split(",") if kind.strip()] or None
     try:   # everything the eval flow will check, before Prefect starts: a bad config exits 2 here
         eval_config = load_eval(config, set_, resume=resume)
         run_id = resume or run_id or new_run_id(eval_config)
         total = prepare_eval(eval_config, run_id=run_id, resume=resume is not None, force=force_config,
-                             dry_run=True).total
+                             dry_run=True, retry_errors=retry_errors is not None, retry_error_types=retry_types).total
     except (ConfigError, TraceStoreError) as exc:
         _error("config error: ", exc)
         raise typer.Exit(2) from None
@@ -84,7 +111,7 @@ def eval_command(
 
     resume_hint = " ".join(shlex.quote(part) for part in [
         "prefect-rollouts", "eval", *([str(config)] if config else []), *(f"--set={item}" for item in set_ or []),
-        "--resume", run_id])
+        "--resume", run_id, *([f"--retry-errors={retry_errors}"] if retry_errors else [])])
     temporary = temporary_server()
     if temporary is not None and eval_config.dispatch.work_pool:
         _error("config error: ", ConfigError(
@@ -98,7 +125,9 @@ def eval_command(
         try:
             with on_server(temporary, console):
                 summary, failure = run_until_stopped(run_eval(eval_config, resume=resume, run_id=run_id,
-                                                              force_config=force_config))
+                                                              force_config=force_config,
+                                                              retry_errors=retry_errors is not None,
+                                                              retry_error_types=retry_types))
         except ConfigError as exc:
             _error("config error: ", exc)
             raise typer.Exit(2) from None

@@ -95,18 +95,24 @@ def traces_show(
     max_chars: Annotated[int, typer.Option(help="Characters shown of each message; 0 shows all.")] = 2000,
     environment: Annotated[str | None, typer.Option(
         help="Only this environment's rollout (a suite's environments may share task ids).")] = None,
+    attempt: Annotated[int | None, typer.Option(
+        min=1, help="Show this attempt of the rollout (default: its latest; a rollout run again after an error has "
+                    "several, listed under its header).")] = None,
 ) -> None:
-    """Print a rollout's transcript, rewards and errors (or, without TASK_ID, list the run's rollouts)."""
-    from prefect_rollouts.traces.report import format_rollout, format_rollout_list, read_rollout_traces
+    """Print a rollout's transcript, rewards and errors, and its attempts when it has several (or, without
+    TASK_ID, list the run's rollouts)."""
+    from prefect_rollouts.traces.report import attempt_lines, format_rollout, format_rollout_list, read_rollout_traces
 
     with _exits(config_code=1):
         if task_id is None:
             typer.echo(format_rollout_list(path, run_id))
             return
-        traces = read_rollout_traces(path, run_id, task_id, index, environment)
+        traces = read_rollout_traces(path, run_id, task_id, index, environment, attempt)
+        attempts = attempt_lines(path, run_id, task_id)
     several = len({env for env, _, _ in traces}) > 1
     typer.echo("\n\n".join(format_rollout(trace, index=i, environment=env if several or environment else None,
-                                          max_chars=max_chars) for env, i, trace in traces))
+                                          max_chars=max_chars, attempts=attempts.get((env, i)))
+                           for env, i, trace in traces))
 
 
 @traces_app.command("compare")

@@ -240,12 +240,16 @@ class AdvancedSettings(_Form):
         description='Run to compare with at the end: "last" = the last completed run of this deployment (it then '
                     "becomes this run if this one completes), or a run id. A change whose 95% interval excludes 0 "
                     "emits prefect-rollouts.eval.regressed or .improved. Empty: no comparison.")
+    finish_run: str = Field("", title="Finish run", description=(
+        "Run id of an earlier run to finish instead: its rollouts without a row run, and its errored ones again as "
+        "new attempts (of retry_error_types when Other config keys sets it). The form must launch the config the "
+        "run started with. Empty: a new run."))
     overrides: dict[str, Any] = Field(
         {}, title="Other config keys",
         description='Any other eval config key, dotted as in --set, with its value: e.g. {"env.agent.timeouts.agent": '
                     '300, "env.agent.sampling.top_p": 0.9}. Keys that have a field above are refused. Default {}.')
 
-    @field_validator("run_name", "api_key_env", "traces_path", "trace_store", "baseline", mode="before")
+    @field_validator("run_name", "api_key_env", "traces_path", "trace_store", "baseline", "finish_run", mode="before")
     @classmethod
     def _none_is_default(cls, value: Any, info: ValidationInfo) -> Any:
         """A config's None (and a UI's null) is the field's default."""

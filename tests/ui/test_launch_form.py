@@ -56,7 +56,7 @@ def test_the_form_shows_the_common_fields_first_and_the_rest_under_advanced():
     assert "run_name" not in form["properties"]     # Prefect's own "Run Name" is the only one up there
     advanced = definitions["AdvancedSettings"]["properties"]
     assert advanced["run_name"]["title"] == "Run id prefix"
-    assert len(advanced) <= 15
+    assert len(advanced) <= 16
     # a plain union (anyOf): Prefect shows a switch of the tasksets, each with its own option fields
     variants = [definitions[ref["$ref"].rsplit("/", 1)[1]] for ref in form["properties"]["taskset"]["anyOf"]]
     assert [variant["title"] for variant in variants] == ["arithmetic", "bfcl", "humaneval", "harbor",
@@ -169,3 +169,22 @@ def test_the_nightly_deployment_launches_examples_nightly_toml():
 
 def test_the_form_offers_exactly_the_bfcl_categories_the_taskset_supports():
     assert typing.get_args(BfclCategory) == CATEGORIES
+
+
+def test_the_form_finishes_a_run_and_sets_retries_through_other_config_keys():
+    form = LaunchForm.model_validate({"advanced": {"finish_run": "nightly-1", "overrides": {
+        "max_rollout_attempts": 3, "retry_error_types": ["ProviderError"]}}})
+    config = form.to_eval_config()
+    assert (form.advanced.finish_run, config.max_rollout_attempts, config.retry_error_types) == (
+        "nightly-1", 3, ["ProviderError"])
+    assert LaunchForm.model_validate({"advanced": {"finish_run": None}}).advanced.finish_run == ""
+    with pytest.raises(ConfigError, match="'Providererror' is not an error type a rollout records"):
+        LaunchForm(advanced=AdvancedSettings(overrides={"retry_error_types": ["Providererror"]})).to_eval_config()
+
+
+def test_a_deployment_of_the_eval_flow_takes_retry_errors_as_parameters():
+    from prefect_rollouts.flows.eval import eval_flow
+
+    properties = eval_flow.parameters.model_dump()["properties"]
+    assert properties["retry_errors"]["default"] is False
+    assert "ProviderError" in properties["retry_error_types"]["description"]

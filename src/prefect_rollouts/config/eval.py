@@ -31,7 +31,14 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from prefect_rollouts.bounds import MAX_BATCH, MAX_CONCURRENT, MAX_ROLLOUTS_PER_TASK, MAX_TASKS
+from prefect_rollouts.bounds import (
+    MAX_BATCH,
+    MAX_CONCURRENT,
+    MAX_DEADLINE_S,
+    MAX_RETRIES,
+    MAX_ROLLOUTS_PER_TASK,
+    MAX_TASKS,
+)
 from prefect_rollouts.config.agent import AgentConfig
 from prefect_rollouts.config.base import ClientConfig, ConfigModel
 from prefect_rollouts.config.sources import set_source, toml_source, validate_sources
@@ -45,6 +52,7 @@ from prefect_rollouts.config.taskset import (
 )
 from prefect_rollouts.errors import ConfigError, TraceStoreError
 from prefect_rollouts.keys import slug
+from prefect_rollouts.retry_rule import check_error_types
 from prefect_rollouts.scoring.env import resolve_env
 
 if TYPE_CHECKING:
@@ -257,6 +265,18 @@ class EvalConfig(ConfigModel):
     cost_budget_usd: float | None = Field(None, gt=0)
     """USD the whole run may spend, as ``token_budget`` but priced with each client's ``price`` (the
     agent's ``[env.agent.client] price``, a judge's own client's). Every client the run uses needs a price."""
+    max_rollout_attempts: int = Field(1, ge=1, le=MAX_RETRIES)
+    """Attempts of one rollout in all (the row column ``attempt`` numbers them): an attempt that ends in an
+    error the retry rule takes (``retry_error_types``) runs again, after ``rollout_backoff_s``, as a new
+    attempt with a row of its own; the summary reads each rollout's latest. Default 1: no retry; at most 100
+    (``bounds.MAX_RETRIES``). A resume runs the retries a stopped eval had left. See docs/retries.md."""
+    retry_error_types: list[str] | None = None
+    """Error types (the row's ``error_type``, e.g. ``["ProviderError"]``) whose attempts run again; None:
+    the default rule (``retry_rule.RETRY_ERROR_TYPES``: provider, runtime and infrastructure errors). A
+    rollout the agent itself failed is never retried. ``--retry-errors TYPE,...`` sets it."""
+    rollout_backoff_s: float = Field(10.0, ge=0, le=MAX_DEADLINE_S)
+    """Wait before an errored rollout's next attempt, seconds, doubled for each further one, capped at
+    300 s and jittered by ±50% (``retry_rule.backoff_s``); its concurrency slot is free meanwhile."""
     traces: TracesConfig = TracesConfig()
     dispatch: DispatchConfig = DispatchConfig()
     limits: LimitsConfig = LimitsConfig()
@@ -326,6 +346,11 @@ class EvalConfig(ConfigModel):
                              f"no control character, not empty, at most {NAME_MAX_BYTES} bytes (UTF-8). Choose "
                              "another name")
         return value
+
+    @field_validator("retry_error_types")
+    @classmethod
+    def _known_error_types(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else check_error_types(value)
 
     @field_validator("baseline")
     @classmethod

@@ -17,7 +17,7 @@ import hashlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from prefect_rollouts.agent import Agent, make_agent
@@ -26,6 +26,7 @@ from prefect_rollouts.errors import TraceStoreError
 from prefect_rollouts.evals.budget import Budget, MemoryLedger, rows_spend
 from prefect_rollouts.evals.plan import Planned, RolloutKey
 from prefect_rollouts.evals.prepare_tasks import prepare_tasks
+from prefect_rollouts.retry_rule import InRunRetry
 from prefect_rollouts.rollout import Rollout
 from prefect_rollouts.trace import Trace
 from prefect_rollouts.traces.store import DatasetRoot
@@ -69,6 +70,8 @@ class EvalRun:
     stop: Callable[[], None] | None = None
     budget: Budget | None = None
     """The run's token or cost budget (``evals/budget.py``), shared by its rollouts; None without one."""
+    retry: InRunRetry = field(default_factory=InRunRetry)
+    """Which errored attempts run again within the run, and after which wait (``max_rollout_attempts``)."""
 
     def rollout(self, planned: Planned) -> Rollout:
         labels = {"run_id": self.run_id, "rollout_index": str(planned.index), **self.labels}
@@ -141,7 +144,8 @@ async def run_rollouts(config: EvalConfig, root: str | DatasetRoot, run_id: str,
     async with open_agents(config, todo) as agents:
         run = EvalRun(agents=agents, writer=writer, run_id=run_id, total=total,
                       gate=asyncio.Semaphore(config.max_concurrent), labels=labels or {}, worker=worker or {},
-                      flush_each=config.flush_each_rollout or config.rollouts_per_task > 1, budget=budget)
+                      flush_each=config.flush_each_rollout or config.rollouts_per_task > 1, budget=budget,
+                      retry=InRunRetry.of(config))
         await prepare_tasks(todo, report=report)
         complete = await run_all(run, todo, runner, beside=beside)
         if run.store_error is not None:
@@ -208,9 +212,26 @@ async def _flush_periodically(run: EvalRun) -> None:
 async def run_one(run: EvalRun, planned: Planned, how: RunRollout) -> Trace | None:
     """One rollout, run by ``how`` once the gate lets it in; its row is recorded whatever happened to it.
 
+    An attempt that ended in an error the run retries (``run.retry``: ``max_rollout_attempts``) runs again
+    after the backoff as the next attempt, with a row of its own (``retry_after_backoff``).
+
     Returns:
-        The rollout's trace (its row is buffered or durable); None when the run's budget was reached
-        before it started (``EvalRun.budget``): it did not start and has no row (a resume runs it).
+        The trace of the rollout's last attempt (its row is buffered or durable); None when the run's budget
+        was reached before it started (``EvalRun.budget``): it did not start and has no row (a resume runs it).
+    """
+    trace = await run_attempt(run, planned, how)
+    if trace is not None and run.retry.again(trace, planned.attempt):
+        return await retry_after_backoff(run, planned, how)
+    return trace
+
+
+async def run_attempt(run: EvalRun, planned: Planned, how: RunRollout) -> Trace | None:
+    """Attempt ``planned.attempt`` of a rollout, run by ``how`` once the gate lets it in; its row is
+    recorded whatever happened to it. Every granularity's rollouts run through here.
+
+    Returns:
+        Its trace (its row is buffered or durable); None when the run's budget was reached before it
+        started: it did not start and has no row.
     """
     async with run.gate:
         if run.budget is not None and await run.budget.check():
@@ -221,17 +242,36 @@ async def run_one(run: EvalRun, planned: Planned, how: RunRollout) -> Trace | No
         return rollout.trace
 
 
+async def retry_after_backoff(run: EvalRun, planned: Planned, how: RunRollout) -> Trace | None:
+    """After errored attempt ``planned.attempt``: make its row durable (a kill during the wait or the next
+    attempt keeps it), wait ``run.retry.wait_s`` without holding a gate slot, then ``run_one`` the next attempt."""
+    await run.flush()
+    await asyncio.sleep(run.retry.wait_s(planned.attempt))
+    return await run_one(run, replace(planned, attempt=planned.attempt + 1), how)
+
+
 async def run_each(run: EvalRun, todo: list[Planned], how: RunRollout, concurrency: int) -> None:
-    """Every rollout of ``todo`` on its own through ``run_one``, ``concurrency`` at once.
+    """Every rollout of ``todo`` on its own through ``run_attempt``, ``concurrency`` at once.
 
     ``concurrency`` workers take the rollouts in turn, so the coroutines alive at once are bounded
-    by the concurrency, not by the plan (an asyncio task per planned rollout held 1.5 KB or more each)."""
+    by the concurrency, not by the plan (an asyncio task per planned rollout held 1.5 KB or more each),
+    plus one per rollout waiting for its retry (``retry_after_backoff``): a worker does not wait with it."""
     pending = iter(todo)
+    retrying: list[asyncio.Future[Trace | None]] = []
 
     async def worker() -> None:
         for planned in pending:
-            await run_one(run, planned, how)
-    await gather_all([worker() for _ in range(min(concurrency, len(todo)))])
+            trace = await run_attempt(run, planned, how)
+            if trace is not None and run.retry.again(trace, planned.attempt):
+                retrying.append(asyncio.ensure_future(retry_after_backoff(run, planned, how)))
+    try:
+        await gather_all([worker() for _ in range(min(concurrency, len(todo)))])
+    except BaseException:   # cancelled, or a worker raised: the waiting retries end with the work
+        for waiting in retrying:
+            waiting.cancel()
+        await asyncio.gather(*retrying, return_exceptions=True)
+        raise
+    await gather_all(list(retrying))
 
 
 async def run_stages(rollout: Rollout, planned: Planned) -> None:

@@ -45,6 +45,9 @@ HOW_KEYS: tuple[str, ...] = (
     "baseline",                            # what the run is compared with at its end
     "token_budget",                        # how much the run may spend: a resume may raise it
     "cost_budget_usd",                     # (prices live in the clients' tables, HOW keys already)
+    "max_rollout_attempts",                # how often an errored rollout runs again (each attempt its row)
+    "retry_error_types",                   # which errors run again (--retry-errors TYPE,... sets it)
+    "rollout_backoff_s",                   # the wait before a rollout's next attempt
 )
 
 _ABSENT = object()

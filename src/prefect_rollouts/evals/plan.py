@@ -7,7 +7,7 @@ one environment, named after the taskset id; a suite (``[[env.tasksets]]``) has 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 
 from prefect_rollouts.bounds import MAX_ROLLOUTS
@@ -15,11 +15,14 @@ from prefect_rollouts.config.eval import EvalConfig
 from prefect_rollouts.config.taskset import EnvironmentSpec
 from prefect_rollouts.environments import find_task, load_taskset
 from prefect_rollouts.errors import ConfigError
+from prefect_rollouts.retry_rule import AGENT_FAILURE_STOPS, retries
 from prefect_rollouts.task import Task
 from prefect_rollouts.traces.read import LatestAttempt
 
 RolloutKey = tuple[str, str, int]
 """``(environment, task id, rollout index)``: a rollout of a run, wherever it ran."""
+PlannedKey = tuple[str, str, int, int]
+"""``(environment, task id, rollout index, attempt)``: a rollout and the attempt its plan runs (a shard's keys)."""
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -35,6 +38,10 @@ class Planned:
     @property
     def key(self) -> RolloutKey:
         return (self.environment.name, self.task.id, self.index)
+
+    @property
+    def planned_key(self) -> PlannedKey:
+        return (self.environment.name, self.task.id, self.index, self.attempt)
 
 
 def plan_rollouts(config: EvalConfig) -> list[Planned]:
@@ -88,13 +95,54 @@ def rebuild(config: EvalConfig, keys: list[RolloutKey]) -> list[Planned]:
     return planned
 
 
-def still_to_run(plan: list[Planned], latest: Mapping[RolloutKey, LatestAttempt]) -> list[Planned]:
-    """The rollouts of ``plan`` that are not done, each as its next attempt: attempt 1 when it has no row
-    (not in ``latest``), one past its latest attempt when that was stopped from outside (a budget stop:
-    ``LatestAttempt.done`` is False). Done rollouts are left out.
+def still_to_run(plan: list[Planned], latest: Mapping[RolloutKey, LatestAttempt],
+                 again: Callable[[LatestAttempt], bool] | None = None) -> list[Planned]:
+    """The rollouts of ``plan`` that are not done, each as its next attempt (``next_attempt``). Done
+    rollouts are left out.
 
     Args:
         latest: Each written rollout's latest attempt (``traces.read.latest_attempts``).
+        again: Which done latest attempts run again all the same (an error ``--retry-errors`` or
+            ``max_rollout_attempts`` retries: ``retry_predicate``); None: none.
     """
-    return [replace(planned, attempt=latest[planned.key].attempt + 1) if planned.key in latest else planned
-            for planned in plan if planned.key not in latest or not latest[planned.key].done]
+    todo = []
+    for planned in plan:
+        attempt = next_attempt(planned.attempt, latest.get(planned.key), again)
+        if attempt is not None:
+            todo.append(planned if attempt == planned.attempt else replace(planned, attempt=attempt))
+    return todo
+
+
+def next_attempt(planned: int, written: LatestAttempt | None,
+                 again: Callable[[LatestAttempt], bool] | None = None) -> int | None:
+    """The attempt of a rollout to run next, or None when it is done.
+
+    ``planned`` is the attempt its plan gave it (1 in a new plan; a shard is handed the attempt the eval
+    planned, so a re-submitted shard never runs an attempt twice): it runs when it is not written yet
+    (no row, or the latest is older). A written one runs again, as one past the latest, when the latest
+    was stopped from outside (``LatestAttempt.done`` is False: a budget stop) or ``again`` takes it.
+    """
+    if written is None or written.attempt < planned:
+        return planned
+    if not written.done or (again is not None and again(written)):
+        return written.attempt + 1
+    return None
+
+
+def retry_predicate(config: EvalConfig, retry_errors: bool = False,
+                    error_types: Collection[str] | None = None) -> Callable[[LatestAttempt], bool]:
+    """Which written latest attempts of a run run again: the in-run retries a stopped eval left
+    (``retry_rule.retries`` with ``config.retry_error_types``, while the attempt is below
+    ``config.max_rollout_attempts``) and, with ``retry_errors`` (``--retry-errors``), every errored one,
+    or only those of ``error_types`` when given. An attempt the agent itself failed never runs again."""
+    in_run = None if config.retry_error_types is None else frozenset(config.retry_error_types)
+    chosen = None if error_types is None else frozenset(error_types)
+
+    def again(written: LatestAttempt) -> bool:
+        if written.error_type is None or written.stop_condition in AGENT_FAILURE_STOPS:
+            return False
+        if retry_errors and (chosen is None or written.error_type in chosen):
+            return True
+        return written.attempt < config.max_rollout_attempts and retries(written.error_type,
+                                                                         written.stop_condition, in_run)
+    return again

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +22,8 @@ from prefect_rollouts.evals.identity import (
     prepare_run,
     traces_of_overrides,
 )
-from prefect_rollouts.evals.plan import Planned, RolloutKey, plan_rollouts, still_to_run
+from prefect_rollouts.evals.plan import Planned, RolloutKey, plan_rollouts, retry_predicate, still_to_run
+from prefect_rollouts.retry_rule import check_error_types
 from prefect_rollouts.traces.read import LatestAttempt, latest_attempts
 from prefect_rollouts.traces.store import DatasetRoot
 
@@ -44,24 +45,34 @@ class PreparedEval:
     stopped from outside, ``traces.read.durable_keys``); empty for a new run."""
     latest: dict[RolloutKey, LatestAttempt] = field(default_factory=dict)
     """Each written rollout's latest attempt (a resume); empty for a new run."""
+    again: Callable[[LatestAttempt], bool] | None = None
+    """Which written latest attempts run again (``plan.retry_predicate``: ``--retry-errors``, in-run
+    retries a stopped eval left); None: none."""
 
     @property
     def todo(self) -> list[Planned]:
         """The rollouts of the plan still to run, each as its next attempt: 1 when it has no row yet,
-        else one past its latest (a rollout a budget stopped)."""
-        return still_to_run(self.plan, self.latest)
+        else one past its latest (a rollout a budget stopped, an error that runs again: ``again``)."""
+        return still_to_run(self.plan, self.latest, self.again)
+
+    @property
+    def retried(self) -> int:
+        """Rollouts of ``todo`` that have a row already and run again (``--retry-errors``, a budget stop)."""
+        return sum(planned.attempt > 1 for planned in self.todo)
 
     @property
     def total(self) -> int:
         return len(self.plan)
 
     def describe(self) -> str:
-        """One line: ``run R: 12 rollouts (6 tasks x 2), 12 to run, traces in ROOT``."""
+        """One line: ``run R: 12 rollouts (6 tasks x 2), 12 to run, traces in ROOT``; a resume that runs
+        rollouts again says how many: ``..., 5 to run (3 of them again, as new attempts), ...``."""
         config = self.config
         environments = config.environments()
         suite = f" in {len(environments)} environments" if len(environments) > 1 else ""
+        again = f" ({self.retried} of them again, as new attempts)" if self.retried else ""
         return (f"run {self.run_id}: {self.total} rollouts ({self.total // config.rollouts_per_task} tasks x "
-                f"{config.rollouts_per_task}{suite}), {len(self.todo)} to run, traces in {self.root}")
+                f"{config.rollouts_per_task}{suite}), {len(self.todo)} to run{again}, traces in {self.root}")
 
 
 def load_eval(source: str | Path | None, overrides: Sequence[str], *, resume: str | None) -> EvalConfig:
@@ -88,7 +99,8 @@ def load_eval(source: str | Path | None, overrides: Sequence[str], *, resume: st
 
 
 def prepare_eval(config: EvalConfig, *, run_id: str, resume: bool, force: bool = False,
-                 root: DatasetRoot | None = None, dry_run: bool = False) -> PreparedEval:
+                 root: DatasetRoot | None = None, dry_run: bool = False, retry_errors: bool = False,
+                 retry_error_types: list[str] | None = None) -> PreparedEval:
     """Check ``config`` for run ``run_id`` and plan it; store a new run's config unless ``dry_run``.
 
     In order: the run id, the traces path (writable), every ``${VAR}`` of the agent's env tables
@@ -106,6 +118,10 @@ def prepare_eval(config: EvalConfig, *, run_id: str, resume: bool, force: bool =
         root: The dataset root; None: ``config.traces.dataset_root()``, or with a ``[traces] store``
             block in a dry run, unknown (its run checks wait for the flow, which resolves the block).
         dry_run: Check only; nothing is written.
+        retry_errors: With ``resume``: run again, as a new attempt, every rollout whose latest attempt
+            errored (``--retry-errors``), or only those of ``retry_error_types`` when given.
+        retry_error_types: Error types for ``retry_errors``; they are also the run's
+            ``retry_error_types`` (which errors retry within it), replacing the config's.
 
     Returns:
         ``PreparedEval``; its ``config`` is ``config`` (or, resumed with ``force``, still ``config``).
@@ -116,6 +132,11 @@ def prepare_eval(config: EvalConfig, *, run_id: str, resume: bool, force: bool =
         TraceStoreError: the stored config or the durable keys cannot be read, or the config not written.
     """
     check_run_id(run_id)
+    if retry_errors and not resume:
+        raise ConfigError("--retry-errors: runs the errored rollouts of an earlier run again; give the run: "
+                          "--resume RUN_ID --retry-errors")
+    if retry_error_types is not None:
+        config = with_retry_error_types(config, retry_error_types)
     config.traces.check_writable()
     if config.dispatch.work_pool:   # its workers resolve ${VAR} in their own environment
         check_portable(config, "a work pool's shard flow runs (their parameters)")
@@ -129,8 +150,22 @@ def prepare_eval(config: EvalConfig, *, run_id: str, resume: bool, force: bool =
         config = prepare_run(root, run_id, config, resume=resume, force=force, write=not dry_run)
     plan = plan_rollouts(config)
     latest = latest_attempts(root, run_id) if resume and root is not None and not dry_run else {}
-    durable = {key for key, attempt in latest.items() if attempt.done}
-    return PreparedEval(config=config, run_id=run_id, root=root, plan=plan, durable=durable, latest=latest)
+    again = retry_predicate(config, retry_errors, retry_error_types)
+    durable = {key for key, attempt in latest.items() if attempt.done and not again(attempt)}
+    return PreparedEval(config=config, run_id=run_id, root=root, plan=plan, durable=durable, latest=latest,
+                        again=again)
+
+
+def with_retry_error_types(config: EvalConfig, types: list[str]) -> EvalConfig:
+    """``config`` with ``retry_error_types = types`` (``--retry-errors TYPE,...``), checked.
+
+    Raises:
+        ConfigError: an unknown error type (the message lists the known ones).
+    """
+    try:
+        return config.model_copy(update={"retry_error_types": check_error_types(types)})
+    except ValueError as exc:
+        raise ConfigError(f"--retry-errors {','.join(types)}: {exc}") from None
 
 
 def new_run_id(config: EvalConfig) -> str:

@@ -1,4 +1,5 @@
-"""Paired statistics of two runs over the same tasks: a task-clustered bootstrap interval, the
+"""Statistics of rewards: ``pass_at_k`` (the unbiased pass@k of one task, for ``traces.summary``) and
+paired statistics of two runs over the same tasks: a task-clustered bootstrap interval, the
 clustered standard error, the exact McNemar test and a task-level sign-flip test. Numpy only.
 
 Every function takes per-task (cluster) figures: ``sums[g]``, the sum over task g's paired
@@ -105,3 +106,16 @@ def sign_flip_pvalue(sums: np.ndarray, *, resamples: int, rng: np.random.Generat
     flipped = np.abs((2 * kept - share) @ kinds)
     extreme = int(np.count_nonzero(flipped >= observed - 1e-9 * max(1.0, observed)))
     return (1 + extreme) / (1 + resamples)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for one task: ``1 - C(n - c, k) / C(n, k)`` (n samples, c passing).
+
+    Raises:
+        ValueError: ``k > n`` (the estimator needs at least k samples).
+    """
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples, got {n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)

@@ -18,7 +18,7 @@ import pandas as pd
 from prefect_rollouts.errors import TraceStoreError
 from prefect_rollouts.trace import Trace, content_text
 from prefect_rollouts.traces.files import run_ids
-from prefect_rollouts.traces.read import read_rollouts, trace_of_row
+from prefect_rollouts.traces.read import Attempts, read_rollouts, trace_of_row
 from prefect_rollouts.traces.run_config import with_harness
 from prefect_rollouts.traces.schema import cost_usd
 from prefect_rollouts.traces.store import dataset_root
@@ -126,17 +126,23 @@ def format_rollout_list(root: str | Path, run_id: str) -> str:
 
 
 def read_rollout_traces(root: str | Path, run_id: str, task_id: str, index: int | None = None,
-                        environment: str | None = None) -> list[tuple[str, int, Trace]]:
+                        environment: str | None = None, attempt: int | None = None) -> list[tuple[str, int, Trace]]:
     """``(environment, rollout index, trace)`` of each rollout of task ``task_id`` in run ``run_id``
-    (only rollout ``index``, and only ``environment``, when given), by environment and index. In a
-    suite two environments may hold the same task id. A row whose ``trace`` JSON cannot be read gives
-    the trace of its other columns, with an error saying so (``read.trace_of_row``).
+    (only rollout ``index``, and only ``environment``, when given), by environment and index: its
+    latest attempt, or attempt ``attempt`` when given (``attempt_lines`` lists them). In a suite two
+    environments may hold the same task id. A row whose ``trace`` JSON cannot be read gives the trace of
+    its other columns, with an error saying so (``read.trace_of_row``).
 
     Raises:
         TraceStoreError: the dataset cannot be read, holds no rollout of ``run_id``, or none of
-            ``task_id`` (and ``index``) in that run; the message lists what it does hold.
+            ``task_id`` (and ``index``, and ``attempt``) in that run; the message lists what it does hold.
     """
-    rows = _rollouts_of(root, run_id, columns=["trace"])
+    rows = _rollouts_of(root, run_id, columns=["trace"], attempts="latest" if attempt is None else "all")
+    if attempt is not None:
+        if not (rows["attempt"] == attempt).any():
+            raise TraceStoreError(f"run {run_id!r} has no attempt {attempt} of any rollout. Its attempts: "
+                                  + ", ".join(str(a) for a in sorted(rows["attempt"].unique())))
+        rows = rows[rows["attempt"] == attempt]
     if environment is not None:
         if not (rows["environment"] == environment).any():
             raise TraceStoreError(f"run {run_id!r} has no environment {environment!r}. Its environments: "
@@ -157,14 +163,33 @@ def read_rollout_traces(root: str | Path, run_id: str, task_id: str, index: int 
         try:
             trace = Trace.model_validate_json(text)
         except ValueError:   # a damaged or hand-made row: what its other columns hold (read again, whole)
-            row = read_rollouts(root, run_id=run_id, environment=env, task_id=task_id, rollout_index=int(i))
+            picked: dict[str, Any] = {} if attempt is None else {"attempt": attempt}
+            row = read_rollouts(root, run_id=run_id, environment=env, task_id=task_id, rollout_index=int(i),
+                                attempts="all" if attempt is not None else "latest", **picked)
             trace = trace_of_row(row.iloc[0].to_dict())
         traces.append((str(env), int(i), trace))
     return traces
 
 
+def attempt_lines(root: str | Path, run_id: str, task_id: str) -> dict[tuple[str, int], list[str]]:
+    """Per ``(environment, rollout index)`` of task ``task_id`` in run ``run_id``, one line per attempt, first
+    to latest: ``attempt 1 · stop provider_error · reward — · error ProviderError: <message, cut>``
+    (``traces show`` prints them when a rollout has several). Reads small columns of every attempt.
+
+    Raises:
+        TraceStoreError: the dataset cannot be read.
+    """
+    rows = read_rollouts(root, columns=_ROLLOUT_READ, attempts="all", run_id=run_id, task_id=task_id)
+    lines: dict[tuple[str, int], list[str]] = {}
+    for row in rows.sort_values(["environment", "rollout_index", "attempt"]).itertuples():
+        error = f" · error {row.error_type}: {str(row.error_message)[:80]}" if isinstance(row.error_type, str) else ""
+        lines.setdefault((str(row.environment), int(row.rollout_index)), []).append(
+            f"attempt {row.attempt} · stop {row.stop_condition or '—'} · reward {_fixed(row.reward)}{error}")
+    return lines
+
+
 def format_rollout(trace: Trace, *, index: int | None = None, environment: str | None = None,
-                   max_chars: int = MAX_CHARS) -> str:
+                   max_chars: int = MAX_CHARS, attempts: list[str] | None = None) -> str:
     """One rollout for a terminal: a header (ids, model, timing, stop condition, tokens, the cost of its agent
     and judge calls where their clients have a price), its
     rewards and metrics, the transcript (each message under a ``── role ──`` rule, tool calls as
@@ -177,6 +202,7 @@ def format_rollout(trace: Trace, *, index: int | None = None, environment: str |
         environment: Its environment, shown in the header when given.
         max_chars: Characters kept of each message, tool argument list and judge reply (the end
             is replaced by a note of how many were cut); 0 keeps everything.
+        attempts: The rollout's ``attempt_lines``, listed under the header when there are several.
     """
     cut = _cutter(max_chars)
     started = datetime.fromtimestamp(trace.started_at, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
@@ -196,6 +222,8 @@ def format_rollout(trace: Trace, *, index: int | None = None, environment: str |
         + "".join(f"\n  {name} = {_number(value)} (weight {trace.reward_weights.get(name, 1.0):g})"
                   for name, value in trace.rewards.items()),
     ]
+    if attempts and len(attempts) > 1:
+        lines += [f"attempts: {len(attempts)} (traces show --attempt N shows another)", *(f"  {a}" for a in attempts)]
     if trace.metrics:
         lines.append("metrics: " + ", ".join(f"{name} = {_number(value)}" for name, value in trace.metrics.items()))
     for message in trace.messages:
@@ -266,8 +294,8 @@ def _cutter(max_chars: int) -> Any:
     return cut
 
 
-def _rollouts_of(root: str | Path, run_id: str, columns: list[str]) -> pd.DataFrame:
-    rows = read_rollouts(root, run_id=run_id, columns=columns)
+def _rollouts_of(root: str | Path, run_id: str, columns: list[str], attempts: Attempts = "latest") -> pd.DataFrame:
+    rows = read_rollouts(root, run_id=run_id, columns=columns, attempts=attempts)
     if rows.empty:
         runs = run_ids(dataset_root(root))
         known = f"Runs in it: {', '.join(runs)}" if runs else "It holds no rollouts"

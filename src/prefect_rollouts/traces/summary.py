@@ -14,6 +14,8 @@ import pandas as pd
 from pydantic import BaseModel
 
 from prefect_rollouts.trace import Trace
+from prefect_rollouts.traces.attempt_counts import retry_counts
+from prefect_rollouts.traces.paired_stats import pass_at_k
 from prefect_rollouts.traces.spend import RunSpend, read_spend
 from prefect_rollouts.traces.store import DatasetRoot
 
@@ -101,6 +103,10 @@ class EvalSummary(BaseModel):
     reasoning_tokens: int | None = None
     judge_tokens: int = 0
     wall_time_s: float | None = None
+    retried: int = 0
+    """Rollouts run again after an errored attempt (``traces.attempt_counts``); ``recovered``: those of them
+    whose latest attempt has no error."""
+    recovered: int = 0
     errors: list[ErrorCount] = []
     """The ``TOP_ERRORS`` most frequent error types of the errored rollouts, most frequent first."""
     categories: list[EnvironmentSummary] = []
@@ -186,6 +192,8 @@ class EvalSummary(BaseModel):
             lines.append(self.spend.text())
         if self.budget_stop:
             lines.append(f"budget: {self.budget_stop}")
+        if self.retried:
+            lines.append(f"retried: {self.retried} rollouts after an errored attempt, {self.recovered} recovered")
         if self.errors:
             lines.append("top errors:")
             lines += [f"  {error.type} x{error.count}, e.g.: {error.example}" for error in self.errors]
@@ -204,19 +212,6 @@ def _counts(counts: dict[str, int]) -> str:
 
 def _cell(value: Any) -> str:
     return "—" if value is None else str(value)
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k for one task: ``1 - C(n - c, k) / C(n, k)`` (n samples, c passing).
-
-    Raises:
-        ValueError: ``k > n`` (the estimator needs at least k samples).
-    """
-    if k > n:
-        raise ValueError(f"pass@{k} needs at least {k} samples, got {n}")
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 def summarize(rows: pd.DataFrame, *, run_id: str, rollouts_per_task: int | None = None,
@@ -432,4 +427,5 @@ def summarize_run(root: str | Path | DatasetRoot, run_id: str, *, rollouts_per_t
     summary = summarize(rows, run_id=run_id, rollouts_per_task=rollouts_per_task, pass_threshold=pass_threshold,
                         wall_time_s=wall_time_s)
     summary.spend = read_spend(root, run_id)
+    summary.retried, summary.recovered = retry_counts(root, run_id)
     return summary
