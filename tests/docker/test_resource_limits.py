@@ -182,6 +182,19 @@ async def test_an_image_s_volume_is_a_tmpfs_within_storage_mb_seeded_with_its_fi
         docker_engine.volumes.get(mounts["/data"]["Name"])
 
 
+def test_reading_an_image_s_volume_files_leaves_no_volume_on_the_engine(docker_engine, volume_image):
+    """The container that reads a VOLUME's seed files is created, never started, and removed with its anonymous
+    volumes: removed without them, each rollout in such an image left one on the engine's disk (143 found
+    here after a day of test runs)."""
+    from prefect_rollouts.runtimes.docker_volumes import image_files
+
+    image_id = docker_engine.images.get(volume_image).id
+    before = {volume.name for volume in docker_engine.volumes.list(filters={"dangling": True})}
+    files = image_files.__wrapped__(docker_engine, image_id, "/data")
+    left = {volume.name for volume in docker_engine.volumes.list(filters={"dangling": True})} - before
+    assert files is not None and left == set()
+
+
 ALLOC = "python3 -c 'x = bytearray(400 * 2**20)'"   # past memory_mb = 128: the OOM killer ends python
 ALLOC_IN_CHILD = "python3 -c 'import subprocess; subprocess.run([\"python3\", \"-c\", \"x = bytearray(400 * 2**20)\"])'"
 

@@ -128,6 +128,6 @@ def _helper(client: docker.DockerClient, container: Any, script: str, *args: str
                 f"Rebuild the sandbox image (`prefect-rollouts sandbox build`: it installs iptables)", retryable=False)
     finally:
         try:
-            helper.remove(force=True)
+            helper.remove(force=True, v=True)   # v: anonymous volumes of the image's VOLUMEs
         except docker.errors.NotFound:
             pass

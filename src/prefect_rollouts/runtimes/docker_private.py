@@ -381,7 +381,7 @@ def run_private(client: Any, container_id: str, create_options: dict[str, Any], 
         stream, _ = api.get_archive(helper.id, f"{HOME}/out")
         return _read_out(b"".join(stream))
     finally:
-        helper.remove(force=True)
+        helper.remove(force=True, v=True)   # v: anonymous volumes of the image's VOLUMEs
 
 
 def _read_member(data: bytes) -> bytes:

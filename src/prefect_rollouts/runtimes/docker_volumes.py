@@ -99,4 +99,4 @@ def image_files(client: docker.DockerClient, image_id: str, path: str) -> bytes 
                 kept += 1
         return buffer.getvalue() if kept else None
     finally:
-        client.api.remove_container(container, force=True)
+        client.api.remove_container(container, force=True, v=True)   # v: its anonymous volumes
