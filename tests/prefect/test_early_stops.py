@@ -54,7 +54,9 @@ def test_a_full_traces_disk_stops_the_eval_at_once_with_the_true_count_and_runs_
 
     durable = len(read_rollouts(tmp_path / "traces", run_id="disk-full"))
     assert result.exit_code == 1, output
-    assert durable == 8                                   # two flushes of 4 (the writer's batch) landed
+    # two files landed: flushes of up to 4 rows (the writer's batch), fewer when the periodic flush came
+    # first (a clean-clone run on a busy machine had 4 + 1); the message below gives that true count
+    assert 2 <= durable <= 8
     prompts = Counter(request.messages[-1]["content"] for request in openai_server.requests)
     assert max(prompts.values()) == 1, prompts            # no rollout ran twice (the batch was not retried)
     assert len(prompts) < 30                              # and the eval stopped instead of running them all
