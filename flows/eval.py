@@ -81,7 +81,7 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
             ``retry_error_types`` when given. The summary says how many were retried and recovered.
         retry_error_types: Error types (the rows' ``error_type``, e.g. ``["ProviderError"]``) that
             ``retry_errors`` runs again; they replace ``config.retry_error_types`` (which errors retry
-            within this run, up to ``max_rollout_attempts``). Empty: every error type.
+            within this run, up to ``max_rollout_attempts``). None: every error type; ``[]`` is refused.
 
     Returns:
         ``EvalSummary``: per environment the mean reward with standard error, pass@k for
@@ -101,7 +101,7 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
     run_id = named or new_run_id(config)
     check_run_id(run_id)   # before the lock, which is named after it
     async with hold_run(run_id):   # one eval per run id at a time
-        return await _evaluate(config, resume, run_id, named, force_config, retry_errors, retry_error_types or None)
+        return await _evaluate(config, resume, run_id, named, force_config, retry_errors, retry_error_types)
 
 
 async def _evaluate(config: EvalConfig, resume: str | None, run_id: str, named: str | None, force_config: bool,

@@ -27,15 +27,53 @@ RETRY_ALL = "all"
 
 class _Commands(TyperGroup):
     """The command group. Lets ``eval --retry-errors`` go without a value (typer's parser has no
-    optional option values): as the last argument, or before another option, it means ``all``."""
+    optional option values): see ``retry_errors_args``."""
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
         name, command, rest = super().resolve_command(ctx, args)
         if name == "eval":
-            rest = [f"--retry-errors={RETRY_ALL}" if arg == "--retry-errors" and (i + 1 == len(rest) or
-                                                                                   rest[i + 1].startswith("-"))
-                    else arg for i, arg in enumerate(rest)]
+            rest = retry_errors_args(rest)
         return name, command, rest
+
+
+def retry_errors_args(args: list[str]) -> list[str]:
+    """``args`` of ``eval`` with ``--retry-errors`` given its value: the next token when it is a list of
+    error type names (``_is_type_list``), else ``all`` (every type), the token keeping its own meaning
+    (``--retry-errors eval.toml``: the config file).
+
+    Raises:
+        typer.BadParameter: a second type follows, separated by a space instead of a comma.
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--retry-errors":
+            value = args[i + 1] if i + 1 < len(args) and _is_type_list(args[i + 1]) else None
+            out.append(f"--retry-errors={RETRY_ALL if value is None else value}")
+            i += 1 if value is None else 2
+        else:
+            out.append(arg)
+            i += 1
+            value = arg.removeprefix("--retry-errors=") if arg.startswith("--retry-errors=") else None
+        if value is not None and i < len(args) and _is_type_list(args[i]) and _names_known_types(args[i]):
+            raise typer.BadParameter(f"{value} {args[i]}: separate error types with commas: "
+                                     f"--retry-errors {value},{args[i]}", param_hint="--retry-errors")
+    return out
+
+
+def _is_type_list(token: str) -> bool:
+    """Whether ``token`` reads as error type names separated by commas (``ProviderError,TaskError``): not
+    an option, not a TOML file or an existing path (the config's place), each name an identifier."""
+    if token.startswith("-") or token.endswith(".toml") or Path(token).exists():
+        return False
+    return all(part.strip().isidentifier() for part in token.split(",") if part.strip())
+
+
+def _names_known_types(token: str) -> bool:
+    from prefect_rollouts.retry_rule import known_error_types
+    names = [part.strip() for part in token.split(",") if part.strip()]
+    return bool(names) and set(names) <= set(known_error_types())
 
 
 app = typer.Typer(help="Run and score LLM-agent rollouts with Prefect.", no_args_is_help=True,
@@ -54,13 +92,14 @@ def eval_command(
     set_: Annotated[list[str] | None,
                     typer.Option("--set", help="Override a key: dotted.key=value (repeatable).")] = None,
     resume: Annotated[str | None,
-                      typer.Option(help="Continue run RUN_ID: run only rollouts without a durable row, with the "
-                                        "run's stored config.")] = None,
+                      typer.Option(help="Continue run RUN_ID: run only rollouts without a durable row (and the retries "
+                                        "max_rollout_attempts left), with the run's stored config.")] = None,
     retry_errors: Annotated[str | None, typer.Option(
         "--retry-errors", metavar="[TYPE,...]",
-        help="With --resume: also run again, each as a new attempt, the rollouts whose latest attempt is an error "
-             "(only these error types when given, e.g. ProviderError,RuntimeUnavailableError; they also become "
-             "retry_error_types). Earlier attempts stay in the dataset. See docs/retries.md.")] = None,
+        help="With --resume: also run again, each as a new attempt, every rollout whose latest attempt is an error "
+             "(also after a kill: a retry that errored runs again; only these error types when given, comma "
+             "separated, e.g. ProviderError,RuntimeUnavailableError; they also become retry_error_types). Earlier "
+             "attempts stay in the dataset. See docs/retries.md.")] = None,
     run_id: Annotated[str | None, typer.Option(help="Id for a new run (default: generated).")] = None,
     force_config: Annotated[bool, typer.Option(
         "--force-config", help="With --resume: run the given config even where it differs from the stored one "
@@ -96,8 +135,12 @@ def eval_command(
     set_ = [*(set_ or []), *([f"dispatch.work_pool={json.dumps(work_pool)}"] if work_pool else []),
             *([f"dispatch.shard_size={shard_size}"] if shard_size is not None else [])]
     retry_types = None if retry_errors in (None, RETRY_ALL) else [
-        kind.strip() for kind in retry_errors.split(",") if kind.strip()] or None
+        kind.strip() for kind in retry_errors.split(",") if kind.strip()]
     try:   # everything the eval flow will check, before Prefect starts: a bad config exits 2 here
+        if retry_types == []:
+            raise ConfigError(f"--retry-errors={retry_errors}: names no error type. Give types separated by "
+                              "commas (--retry-errors ProviderError,RuntimeUnavailableError), or --retry-errors "
+                              "alone for every errored rollout")
         eval_config = load_eval(config, set_, resume=resume)
         run_id = resume or run_id or new_run_id(eval_config)
         total = prepare_eval(eval_config, run_id=run_id, resume=resume is not None, force=force_config,

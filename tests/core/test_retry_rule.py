@@ -145,3 +145,11 @@ def test_retried_counts_rollouts_run_again_after_an_error_and_recovered_those_no
         columns=["run_id", "environment", "task_id", "rollout_index", "attempt", "is_error"])
     assert counts_of(rows) == (2, 1)
     assert counts_of(rows[rows["attempt"] == 1]) == (0, 0)
+
+
+def test_an_empty_list_of_error_types_is_refused_everywhere_naming_the_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"retry_error_types = \[\]: names no error type\. Remove the key"):
+        config(tmp_path, "retry_error_types=[]")
+    with pytest.raises(ConfigError, match=r"retry_error_types = \[\]: names no error type\. .* or None"):
+        prepare_eval(config(tmp_path), run_id="r1", resume=True, dry_run=True, retry_errors=True,
+                     retry_error_types=[])

@@ -160,8 +160,12 @@ def with_retry_error_types(config: EvalConfig, types: list[str]) -> EvalConfig:
     """``config`` with ``retry_error_types = types`` (``--retry-errors TYPE,...``), checked.
 
     Raises:
-        ConfigError: an unknown error type (the message lists the known ones).
+        ConfigError: an unknown error type (the message lists the known ones), or none (``[]``: refused as
+            in the config; None, not ``[]``, retries every type).
     """
+    if not types:
+        raise ConfigError("retry_error_types = []: names no error type. Give at least one (e.g. "
+                          '["ProviderError"]), or None (--retry-errors alone) to run every errored rollout again')
     try:
         return config.model_copy(update={"retry_error_types": check_error_types(types)})
     except ValueError as exc:
