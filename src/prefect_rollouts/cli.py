@@ -14,15 +14,13 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
+from prefect_rollouts.cli_retry import RETRY_ALL, retry_errors_args
 from prefect_rollouts.cli_server import drain_prefect_services, on_server, temporary_server
 from prefect_rollouts.cli_tasks import tasks_app
 from prefect_rollouts.cli_traces import alerts_app, traces_app
 from prefect_rollouts.console import brief_failures, print_error, print_summary, progress_bar, set_console_log_level
 from prefect_rollouts.errors import ConfigError, TraceStoreError
 from prefect_rollouts.stop_signals import StopSignal, run_until_stopped
-
-RETRY_ALL = "all"
-"""``eval --retry-errors`` without types (or with ``all``): every errored rollout runs again."""
 
 
 class _Commands(TyperGroup):
@@ -34,46 +32,6 @@ class _Commands(TyperGroup):
         if name == "eval":
             rest = retry_errors_args(rest)
         return name, command, rest
-
-
-def retry_errors_args(args: list[str]) -> list[str]:
-    """``args`` of ``eval`` with ``--retry-errors`` given its value: the next token when it is a list of
-    error type names (``_is_type_list``), else ``all`` (every type), the token keeping its own meaning
-    (``--retry-errors eval.toml``: the config file).
-
-    Raises:
-        typer.BadParameter: a second type follows, separated by a space instead of a comma.
-    """
-    out: list[str] = []
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg == "--retry-errors":
-            value = args[i + 1] if i + 1 < len(args) and _is_type_list(args[i + 1]) else None
-            out.append(f"--retry-errors={RETRY_ALL if value is None else value}")
-            i += 1 if value is None else 2
-        else:
-            out.append(arg)
-            i += 1
-            value = arg.removeprefix("--retry-errors=") if arg.startswith("--retry-errors=") else None
-        if value is not None and i < len(args) and _is_type_list(args[i]) and _names_known_types(args[i]):
-            raise typer.BadParameter(f"{value} {args[i]}: separate error types with commas: "
-                                     f"--retry-errors {value},{args[i]}", param_hint="--retry-errors")
-    return out
-
-
-def _is_type_list(token: str) -> bool:
-    """Whether ``token`` reads as error type names separated by commas (``ProviderError,TaskError``): not
-    an option, not a TOML file or an existing path (the config's place), each name an identifier."""
-    if token.startswith("-") or token.endswith(".toml") or Path(token).exists():
-        return False
-    return all(part.strip().isidentifier() for part in token.split(",") if part.strip())
-
-
-def _names_known_types(token: str) -> bool:
-    from prefect_rollouts.retry_rule import known_error_types
-    names = [part.strip() for part in token.split(",") if part.strip()]
-    return bool(names) and set(names) <= set(known_error_types())
 
 
 app = typer.Typer(help="Run and score LLM-agent rollouts with Prefect.", no_args_is_help=True,
@@ -152,9 +110,10 @@ def eval_command(
     from prefect_rollouts.evals.engine import preparation_listener, progress_listener
     from prefect_rollouts.flows.eval import run_eval
 
-    resume_hint = " ".join(shlex.quote(part) for part in [
+    resume_base = " ".join(shlex.quote(part) for part in [
         "prefect-rollouts", "eval", *([str(config)] if config else []), *(f"--set={item}" for item in set_ or []),
-        "--resume", run_id, *([f"--retry-errors={retry_errors}"] if retry_errors else [])])
+        "--resume", run_id])
+    resume_hint = resume_base + (f" --retry-errors={shlex.quote(retry_errors)}" if retry_errors else "")
     temporary = temporary_server()
     if temporary is not None and eval_config.dispatch.work_pool:
         _error("config error: ", ConfigError(
@@ -189,6 +148,10 @@ def eval_command(
         _finish_budget_stop(summary, eval_config, resume_hint, total - (_durable_count(eval_config, run_id) or 0))
     if failure is not None:
         _error("eval failed: ", failure)
+        if summary.errored:   # --retry-errors runs them again (not the agent's own failures: not errors)
+            console.print(f"run the {summary.errored} errored rollout{'' if summary.errored == 1 else 's'} again "
+                          f"(as new attempts) with: {resume_base} --retry-errors", markup=False, highlight=False,
+                          soft_wrap=True)
         raise typer.Exit(1)
     if fail_on_regression and summary.regressed:
         _error("regressed: ", f"{', '.join(summary.regressed)} against baseline {summary.baseline}")

@@ -97,3 +97,10 @@ def test_comparisons_and_baseline_verdicts_read_each_rollouts_latest_attempt(tmp
     events = comparison_events(result, "series")
     assert [line.split(",")[0] for line in verdict_lines(result, events)] == [f"arith: {verdict}"]
     assert len(events) == (verdict == "regressed")
+
+
+def test_one_retried_rollout_reads_in_the_singular(tmp_path):
+    write(tmp_path, "r", [(trace("t0", None), 1), (trace("t1", 1.0), 1)])
+    write(tmp_path, "r", [(trace("t0", 1.0), 2)])
+    code, output = invoke("summary", tmp_path, "--run-id", "r")
+    assert code == 0 and "retried: 1 rollout after an errored attempt, 1 recovered" in output, output
