@@ -33,6 +33,7 @@ from prefect.states import Failed, State
 from prefect_rollouts.blocks import resolve_trace_root
 from prefect_rollouts.config.eval import EvalConfig
 from prefect_rollouts.errors import EvalFailedError, TraceStoreError
+from prefect_rollouts.evals.engine import preparation_listener
 from prefect_rollouts.evals.identity import check_run_id
 from prefect_rollouts.evals.prepare import new_run_id, prepare_eval
 from prefect_rollouts.flows.baseline import finish_with_baseline, resolve_baseline, series_name, series_tag
@@ -81,7 +82,7 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
             ``retry_error_types`` when given. The summary says how many were retried and recovered.
         retry_error_types: Error types (the rows' ``error_type``, e.g. ``["ProviderError"]``) that
             ``retry_errors`` runs again; they replace ``config.retry_error_types`` (which errors retry
-            within this run, up to ``max_rollout_attempts``). Empty: every error type.
+            within this run, up to ``max_rollout_attempts``). None: every error type; ``[]`` is refused.
 
     Returns:
         ``EvalSummary``: per environment the mean reward with standard error, pass@k for
@@ -101,7 +102,7 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
     run_id = named or new_run_id(config)
     check_run_id(run_id)   # before the lock, which is named after it
     async with hold_run(run_id):   # one eval per run id at a time
-        return await _evaluate(config, resume, run_id, named, force_config, retry_errors, retry_error_types or None)
+        return await _evaluate(config, resume, run_id, named, force_config, retry_errors, retry_error_types)
 
 
 async def _evaluate(config: EvalConfig, resume: str | None, run_id: str, named: str | None, force_config: bool,
@@ -116,6 +117,10 @@ async def _evaluate(config: EvalConfig, resume: str | None, run_id: str, named: 
     await tag_flow_run(series_tag(series), name=None if named else run_id)   # one call: tags, the generated id
     baseline = await resolve_baseline(config, root, series, run_id)
     get_run_logger().info("%s", prepared.describe())
+    if (retry_line := prepared.retry_line()) is not None:   # what --retry-errors matched (the CLI prints it)
+        get_run_logger().info("%s", retry_line)
+        if (listener := preparation_listener.get()) is not None:
+            listener(retry_line)
     budget = await seed_shared_budget(config, root, run_id) if config.dispatch.work_pool else None
     if config.dispatch.work_pool:
         failures = await run_on_work_pool(config, root, run_id, [planned.planned_key for planned in todo],

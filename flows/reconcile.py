@@ -93,7 +93,7 @@ async def reconcile_run(root: str | DatasetRoot, run_id: str) -> ReconcileReport
                     continue
                 request = RolloutRequest(rollout_id=str(row["rollout_id"]), task_id=str(row["task_id"]),
                                          rollout_index=int(row["rollout_index"]), task_type=str(row["task_type"]),
-                                         model=str(row["model"]), run_id=run_id)
+                                         model=str(row["model"]), run_id=run_id, attempt=int(row.get("attempt", 1)))
                 name = RUN_NAME.format(rollout=request)
                 await client.create_flow_run(rollout_flow, name=name, parameters={"rollout": request.model_dump()},
                                              tags=["api-outage"], state=_rollout_state(row))

@@ -20,7 +20,8 @@ stage that raised is a Failed task run already. Scored 0, truncated, timed out o
 Completed. The trace is the record either way: callers take it from the final state
 (``trace_of``; a Failed state holds it in a ``RolloutFailedError``) and write its row.
 
-In the UI a rollout flow run is named ``<task id> #<rollout index> · <model>`` (``RUN_NAME``),
+In the UI a rollout flow run is named ``<task id> #<rollout index> · <model>`` (``RUN_NAME``; a
+rollout's attempt past the first adds `` · attempt <n>`` before the model),
 and its last log line says how it ended: reward, reward components, stop condition and the first
 error, if any (``traces.summary.outcome_line``).
 """
@@ -45,7 +46,7 @@ from prefect_rollouts.traces.summary import error_text, outcome_line
 T = TypeVar("T")
 _Job = tuple[Callable[[], Awaitable[Any]], "asyncio.Future[Any]"]
 
-RUN_NAME = "{rollout.task_id} #{rollout.rollout_index} · {rollout.model}"
+RUN_NAME = "{rollout.task_id} #{rollout.rollout_index}{rollout.attempt_part} · {rollout.model}"
 """A rollout flow run's name (a template of its ``RolloutRequest``), e.g. ``n3 #1 · gpt-4o``."""
 
 
@@ -63,6 +64,8 @@ class RolloutRequest(BaseModel):
     rollout_index: int = 0
     """Which rollout of its task this is (0 for ``Agent.run``)."""
     run_id: str | None = None
+    attempt: int = 1
+    """Which attempt of the rollout this is (the row's ``attempt``; ``evals.plan.Planned.attempt``)."""
     _rollout: Rollout | None = PrivateAttr(default=None)
     _jobs: asyncio.Queue[_Job | None] | None = PrivateAttr(default=None)
 
@@ -71,9 +74,15 @@ class RolloutRequest(BaseModel):
         """The request for ``rollout`` (and, for an interaction, the queue of its stage calls)."""
         trace = rollout.trace
         request = cls(rollout_id=trace.id, task_id=trace.task_id, task_type=trace.task_type, model=trace.model,
-                      rollout_index=int(rollout.labels.get("rollout_index", 0)), run_id=rollout.labels.get("run_id"))
+                      rollout_index=int(rollout.labels.get("rollout_index", 0)), run_id=rollout.labels.get("run_id"),
+                      attempt=int(rollout.labels.get("attempt", 1)))
         request._rollout, request._jobs = rollout, jobs
         return request
+
+    @property
+    def attempt_part(self) -> str:
+        """``" · attempt 2"`` in the flow run's name past the first attempt (``RUN_NAME``); empty for the first."""
+        return f" · attempt {self.attempt}" if self.attempt > 1 else ""
 
     def run_name(self) -> str:
         """The name of this rollout's flow run (``RUN_NAME``)."""

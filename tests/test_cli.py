@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from prefect_rollouts.cli import app
+from prefect_rollouts.cli import app, retry_errors_args
 
 pytestmark = pytest.mark.unit
 
@@ -137,3 +137,34 @@ def test_an_unset_variable_in_runtime_env_is_a_config_error_naming_the_key_befor
     result = eval_with(tmp_path, '[env.agent.runtime]\nenv = { TOKEN = "${ROLLOUTS_TEST_UNSET}" }\n')
     assert_config_error_before_prefect(result, '[env.agent.runtime] env.TOKEN = "${ROLLOUTS_TEST_UNSET}": '
                                        "ROLLOUTS_TEST_UNSET is not set", '"${ROLLOUTS_TEST_UNSET:-}"')
+
+
+def test_retry_errors_takes_only_a_list_of_error_types_as_its_value(tmp_path):
+    config = tmp_path / "eval.toml"
+    config.write_text(f'bogus_key = 1\n[traces]\npath = "{tmp_path / "traces"}"\n[env.taskset]\nid = "arithmetic"\n'
+                      '[env.agent]\nmodel = "m"\n')
+    for args in (["--resume", "r1", "--retry-errors", str(config)], ["--retry-errors", str(config), "--resume", "r1"]):
+        result = CliRunner().invoke(app, ["eval", *args])   # the config is read (its bad key), not taken as types
+        assert_config_error_before_prefect(result, "bogus_key")
+    result = CliRunner().invoke(app, ["eval", "--resume", "r1", "--retry-errors", "ProviderError", "TaskError"])
+    text = " ".join(result.output.replace("│", " ").split())   # typer's error box wraps the line
+    assert result.exit_code == 2 and "--retry-errors: ProviderError TaskError: separate error types with commas: " \
+                                     "--retry-errors ProviderError,TaskError" in text, text
+
+
+@pytest.mark.parametrize("value", [",", "", " , "])
+def test_retry_errors_with_an_empty_type_list_is_refused(tmp_path, value):
+    result = run_eval(tmp_path, 'id = "arithmetic"', "--resume", "r1", f"--retry-errors={value}")
+    assert_config_error_before_prefect(result, f"--retry-errors={value}: names no error type",
+                                       "separated by commas", "--retry-errors alone")
+
+
+def test_retry_errors_is_bare_unless_a_type_list_follows(tmp_path):
+    config = tmp_path / "eval.toml"
+    config.write_text("")
+    assert retry_errors_args(["--retry-errors"]) == ["--retry-errors=all"]
+    assert retry_errors_args(["--retry-errors", "--resume", "r"]) == ["--retry-errors=all", "--resume", "r"]
+    assert retry_errors_args(["--retry-errors", str(config)]) == ["--retry-errors=all", str(config)]
+    assert retry_errors_args(["--retry-errors", "other.toml"]) == ["--retry-errors=all", "other.toml"]
+    assert retry_errors_args(["--retry-errors", "ProviderError,TaskError", str(config)]) == [
+        "--retry-errors=ProviderError,TaskError", str(config)]

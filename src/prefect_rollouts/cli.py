@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
+from prefect_rollouts.cli_retry import RETRY_ALL, retry_errors_args
 from prefect_rollouts.cli_server import drain_prefect_services, on_server, temporary_server
 from prefect_rollouts.cli_tasks import tasks_app
 from prefect_rollouts.cli_traces import alerts_app, traces_app
@@ -21,20 +22,15 @@ from prefect_rollouts.console import brief_failures, print_error, print_summary,
 from prefect_rollouts.errors import ConfigError, TraceStoreError
 from prefect_rollouts.stop_signals import StopSignal, run_until_stopped
 
-RETRY_ALL = "all"
-"""``eval --retry-errors`` without types (or with ``all``): every errored rollout runs again."""
-
 
 class _Commands(TyperGroup):
     """The command group. Lets ``eval --retry-errors`` go without a value (typer's parser has no
-    optional option values): as the last argument, or before another option, it means ``all``."""
+    optional option values): see ``retry_errors_args``."""
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
         name, command, rest = super().resolve_command(ctx, args)
         if name == "eval":
-            rest = [f"--retry-errors={RETRY_ALL}" if arg == "--retry-errors" and (i + 1 == len(rest) or
-                                                                                   rest[i + 1].startswith("-"))
-                    else arg for i, arg in enumerate(rest)]
+            rest = retry_errors_args(rest)
         return name, command, rest
 
 
@@ -54,13 +50,14 @@ def eval_command(
     set_: Annotated[list[str] | None,
                     typer.Option("--set", help="Override a key: dotted.key=value (repeatable).")] = None,
     resume: Annotated[str | None,
-                      typer.Option(help="Continue run RUN_ID: run only rollouts without a durable row, with the "
-                                        "run's stored config.")] = None,
+                      typer.Option(help="Continue run RUN_ID: run only rollouts without a durable row (and the retries "
+                                        "max_rollout_attempts left), with the run's stored config.")] = None,
     retry_errors: Annotated[str | None, typer.Option(
         "--retry-errors", metavar="[TYPE,...]",
-        help="With --resume: also run again, each as a new attempt, the rollouts whose latest attempt is an error "
-             "(only these error types when given, e.g. ProviderError,RuntimeUnavailableError; they also become "
-             "retry_error_types). Earlier attempts stay in the dataset. See docs/retries.md.")] = None,
+        help="With --resume: also run again, each as a new attempt, every rollout whose latest attempt is an error "
+             "(also after a kill: a retry that errored runs again; only these error types when given, comma "
+             "separated, e.g. ProviderError,RuntimeUnavailableError; they also become retry_error_types). Earlier "
+             "attempts stay in the dataset. See docs/retries.md.")] = None,
     run_id: Annotated[str | None, typer.Option(help="Id for a new run (default: generated).")] = None,
     force_config: Annotated[bool, typer.Option(
         "--force-config", help="With --resume: run the given config even where it differs from the stored one "
@@ -96,8 +93,12 @@ def eval_command(
     set_ = [*(set_ or []), *([f"dispatch.work_pool={json.dumps(work_pool)}"] if work_pool else []),
             *([f"dispatch.shard_size={shard_size}"] if shard_size is not None else [])]
     retry_types = None if retry_errors in (None, RETRY_ALL) else [
-        kind.strip() for kind in retry_errors.split(",") if kind.strip()] or None
+        kind.strip() for kind in retry_errors.split(",") if kind.strip()]
     try:   # everything the eval flow will check, before Prefect starts: a bad config exits 2 here
+        if retry_types == []:
+            raise ConfigError(f"--retry-errors={retry_errors}: names no error type. Give types separated by "
+                              "commas (--retry-errors ProviderError,RuntimeUnavailableError), or --retry-errors "
+                              "alone for every errored rollout")
         eval_config = load_eval(config, set_, resume=resume)
         run_id = resume or run_id or new_run_id(eval_config)
         total = prepare_eval(eval_config, run_id=run_id, resume=resume is not None, force=force_config,
@@ -109,9 +110,10 @@ def eval_command(
     from prefect_rollouts.evals.engine import preparation_listener, progress_listener
     from prefect_rollouts.flows.eval import run_eval
 
-    resume_hint = " ".join(shlex.quote(part) for part in [
+    resume_base = " ".join(shlex.quote(part) for part in [
         "prefect-rollouts", "eval", *([str(config)] if config else []), *(f"--set={item}" for item in set_ or []),
-        "--resume", run_id, *([f"--retry-errors={retry_errors}"] if retry_errors else [])])
+        "--resume", run_id])
+    resume_hint = resume_base + (f" --retry-errors={shlex.quote(retry_errors)}" if retry_errors else "")
     temporary = temporary_server()
     if temporary is not None and eval_config.dispatch.work_pool:
         _error("config error: ", ConfigError(
@@ -146,6 +148,10 @@ def eval_command(
         _finish_budget_stop(summary, eval_config, resume_hint, total - (_durable_count(eval_config, run_id) or 0))
     if failure is not None:
         _error("eval failed: ", failure)
+        if summary.errored:   # --retry-errors runs them again (not the agent's own failures: not errors)
+            console.print(f"run the {summary.errored} errored rollout{'' if summary.errored == 1 else 's'} again "
+                          f"(as new attempts) with: {resume_base} --retry-errors", markup=False, highlight=False,
+                          soft_wrap=True)
         raise typer.Exit(1)
     if fail_on_regression and summary.regressed:
         _error("regressed: ", f"{', '.join(summary.regressed)} against baseline {summary.baseline}")

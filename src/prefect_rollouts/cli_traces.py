@@ -105,13 +105,17 @@ def traces_show(
 
     with _exits(config_code=1):
         if task_id is None:
+            if attempt is not None:
+                raise typer.BadParameter(f"{attempt} needs a task: prefect-rollouts traces show {path} {run_id} "
+                                         f"TASK_ID --attempt {attempt} (without --attempt it lists the run's task ids)",
+                                         param_hint="--attempt")
             typer.echo(format_rollout_list(path, run_id))
             return
         traces = read_rollout_traces(path, run_id, task_id, index, environment, attempt)
         attempts = attempt_lines(path, run_id, task_id)
     several = len({env for env, _, _ in traces}) > 1
     typer.echo("\n\n".join(format_rollout(trace, index=i, environment=env if several or environment else None,
-                                          max_chars=max_chars, attempts=attempts.get((env, i)))
+                                          max_chars=max_chars, attempts=attempts.get((env, i)), attempt=attempt)
                            for env, i, trace in traces))
 
 

@@ -195,7 +195,8 @@ def print_summary(console: Console, summary: EvalSummary) -> None:
     if summary.spend is not None and summary.spend.attempts:   # every attempt, judges, cost (traces/spend.py)
         console.print(summary.spend.text(), markup=False, highlight=False, soft_wrap=True)
     if summary.retried:   # --retry-errors, max_rollout_attempts: rows of the earlier attempts stay
-        console.print(f"retried: {summary.retried} rollouts after an errored attempt, {summary.recovered} recovered",
+        console.print(f"retried: {summary.retried} rollout{'' if summary.retried == 1 else 's'} after an errored "
+                      f"attempt, {summary.recovered} recovered",
                       markup=False, highlight=False)
     if summary.errors:
         console.print("top errors:", markup=False, highlight=False)

@@ -12,7 +12,7 @@ from prefect_rollouts.config.eval import load_eval_config
 from prefect_rollouts.config.taskset import EnvironmentSpec
 from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.evals.plan import Planned, next_attempt, retry_predicate, still_to_run
-from prefect_rollouts.evals.prepare import prepare_eval
+from prefect_rollouts.evals.prepare import PreparedEval, prepare_eval
 from prefect_rollouts.retry_rule import (
     AGENT_FAILURE_STOPS,
     RETRY_ERROR_TYPES,
@@ -145,3 +145,39 @@ def test_retried_counts_rollouts_run_again_after_an_error_and_recovered_those_no
         columns=["run_id", "environment", "task_id", "rollout_index", "attempt", "is_error"])
     assert counts_of(rows) == (2, 1)
     assert counts_of(rows[rows["attempt"] == 1]) == (0, 0)
+
+
+def test_an_empty_list_of_error_types_is_refused_everywhere_naming_the_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"retry_error_types = \[\]: names no error type\. Remove the key"):
+        config(tmp_path, "retry_error_types=[]")
+    with pytest.raises(ConfigError, match=r"retry_error_types = \[\]: names no error type\. .* or None"):
+        prepare_eval(config(tmp_path), run_id="r1", resume=True, dry_run=True, retry_errors=True,
+                     retry_error_types=[])
+
+
+def test_retry_errors_says_how_many_errored_rollouts_it_matched_and_which_it_left(tmp_path):
+    plan = [planned(t) for t in ("p1", "p2", "task", "ok")]
+    latest = {("arith", "p1", 0): written(1, "ProviderError", "provider_error"),
+              ("arith", "p2", 0): written(2, "ProviderError", "provider_error"),
+              ("arith", "task", 0): written(1, "TaskError", "task_error"), ("arith", "ok", 0): written(1)}
+
+    def line(types):
+        prepared = PreparedEval(config(tmp_path), "r", None, plan, set(), latest,
+                                retry_predicate(config(tmp_path), True, types), retry_errors=tuple(types or ()))
+        return prepared.retry_line()
+    assert line(["RuntimeUnavailableError"]) == (
+        "--retry-errors RuntimeUnavailableError: 0 errored rollouts run again as new attempts; errored ones left "
+        "as they are: 2 ProviderError, 1 TaskError")
+    assert line(["TaskError"]) == ("--retry-errors TaskError: 1 errored rollout run again as new attempts; "
+                                   "errored ones left as they are: 2 ProviderError")
+    assert line(None).startswith("--retry-errors: 3 errored rollouts run again") and line(None).endswith(": none")
+    assert PreparedEval(config(tmp_path), "r", None, plan, set(), latest).retry_line() is None
+
+
+def test_a_rollout_flow_run_past_its_first_attempt_is_named_with_the_attempt():
+    from prefect_rollouts.flows.rollout import RUN_NAME, RolloutRequest
+
+    first = RolloutRequest(rollout_id="x", task_id="add-0-2", task_type="t", model="my-model")
+    assert first.run_name() == RUN_NAME.format(rollout=first) == "add-0-2 #0 · my-model"
+    again = first.model_copy(update={"attempt": 2})
+    assert again.run_name() == RUN_NAME.format(rollout=again) == "add-0-2 #0 · attempt 2 · my-model"

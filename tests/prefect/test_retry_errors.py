@@ -69,8 +69,14 @@ def test_retry_errors_finishes_a_run_whose_provider_failed_and_keeps_the_first_a
     env = eval_env(PREFECT_LOGGING_LEVEL="WARNING")
     first = run_eval(config, "--run-id", "flaky", env=env)
     assert first.returncode == 1 and "3 of 10 rollouts errored (ProviderError" in first.stdout, first.stdout[-3000:]
+    assert "run the 3 errored rollouts again (as new attempts) with: prefect-rollouts eval " in first.stdout
+    assert " --resume flaky --retry-errors" in first.stdout
     plain = run_eval(config, "--resume", "flaky", env=env)   # a plain resume leaves errored rows as they are
     assert plain.returncode == 1 and len(openai_server.requests) == 10, plain.stdout[-3000:]
+    other = run_eval(config, "--resume", "flaky", "--retry-errors", "TaskError", env=env)   # matches none
+    assert other.returncode == 1 and len(openai_server.requests) == 10, other.stdout[-3000:]
+    assert ("--retry-errors TaskError: 0 errored rollouts run again as new attempts; errored ones left as they "
+            "are: 3 ProviderError") in " ".join(other.stdout.split()), other.stdout[-3000:]
 
     down.clear()   # the provider is back
     finished = run_eval(config, "--resume", "flaky", "--retry-errors", env=env)

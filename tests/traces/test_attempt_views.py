@@ -53,7 +53,26 @@ def test_traces_show_lists_a_rollouts_attempts_and_shows_an_earlier_one(tmp_path
     code, output = invoke("show", tmp_path, "r", "t1")
     assert code == 0 and "attempts:" not in output    # one attempt: nothing to list
     code, output = invoke("show", tmp_path, "r", "t0", "--attempt", "3")
-    assert code == 1 and "has no attempt 3 of any rollout. Its attempts: 1, 2" in output
+    assert code == 1 and "task 't0' of run 'r' has no attempt 3; its attempts: 1, 2" in output
+
+
+def test_traces_show_of_an_attempt_names_it_and_says_which_attempts_a_task_has(tmp_path):
+    body = '{"error": {"message": "upstream overloaded, try again later", "code": 503}} '
+    long = "provider returned 503: " + body * 3
+    first = trace("t0", None, reply="first try")
+    first.errors[0].message = long
+    write(tmp_path, "r", [(first, 1), (trace("t1", 1.0), 1)])
+    write(tmp_path, "r", [(trace("t0", 1.0, reply="second try"), 2)])
+    code, output = invoke("show", tmp_path, "r", "t1", "--attempt", "2")   # t0 has an attempt 2, t1 does not
+    assert code == 1 and "task 't1' of run 'r' has no attempt 2; its attempts: 1" in output, output
+    code, output = invoke("show", tmp_path, "r", "t0", "--attempt", "1")
+    header = output.splitlines()[0]
+    assert code == 0 and " · attempt 1 of 2 · model m" in header, output
+    assert '503: {"error": {"message": "upstream overloaded, try again later", "code": 503}}' in output
+    assert " …" in output and "attempt 2 of 2" in invoke("show", tmp_path, "r", "t0")[1].splitlines()[0]
+    result = CliRunner().invoke(app, ["traces", "show", str(tmp_path), "r", "--attempt", "1"])
+    text = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 2 and "--attempt: 1 needs a task: prefect-rollouts traces show" in text, text
 
 
 def test_traces_summary_says_how_many_rollouts_were_retried_and_recovered(tmp_path):
@@ -78,3 +97,10 @@ def test_comparisons_and_baseline_verdicts_read_each_rollouts_latest_attempt(tmp
     events = comparison_events(result, "series")
     assert [line.split(",")[0] for line in verdict_lines(result, events)] == [f"arith: {verdict}"]
     assert len(events) == (verdict == "regressed")
+
+
+def test_one_retried_rollout_reads_in_the_singular(tmp_path):
+    write(tmp_path, "r", [(trace("t0", None), 1), (trace("t1", 1.0), 1)])
+    write(tmp_path, "r", [(trace("t0", 1.0), 2)])
+    code, output = invoke("summary", tmp_path, "--run-id", "r")
+    assert code == 0 and "retried: 1 rollout after an errored attempt, 1 recovered" in output, output

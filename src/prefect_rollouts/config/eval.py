@@ -273,7 +273,8 @@ class EvalConfig(ConfigModel):
     retry_error_types: list[str] | None = None
     """Error types (the row's ``error_type``, e.g. ``["ProviderError"]``) whose attempts run again; None:
     the default rule (``retry_rule.RETRY_ERROR_TYPES``: provider, runtime and infrastructure errors). A
-    rollout the agent itself failed is never retried. ``--retry-errors TYPE,...`` sets it."""
+    rollout the agent itself failed is never retried. ``[]`` is refused (set ``max_rollout_attempts = 1`` for
+    no retry). ``--retry-errors TYPE,...`` sets it."""
     rollout_backoff_s: float = Field(10.0, ge=0, le=MAX_DEADLINE_S)
     """Wait before an errored rollout's next attempt, seconds, doubled for each further one, capped at
     300 s and jittered by ±50% (``retry_rule.backoff_s``); its concurrency slot is free meanwhile."""
@@ -350,6 +351,9 @@ class EvalConfig(ConfigModel):
     @field_validator("retry_error_types")
     @classmethod
     def _known_error_types(cls, value: list[str] | None) -> list[str] | None:
+        if value == []:
+            raise ValueError("names no error type. Remove the key for the default rule (provider, runtime and "
+                             "infrastructure errors), or set max_rollout_attempts = 1 for no retry")
         return None if value is None else check_error_types(value)
 
     @field_validator("baseline")

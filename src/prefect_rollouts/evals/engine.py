@@ -74,7 +74,8 @@ class EvalRun:
     """Which errored attempts run again within the run, and after which wait (``max_rollout_attempts``)."""
 
     def rollout(self, planned: Planned) -> Rollout:
-        labels = {"run_id": self.run_id, "rollout_index": str(planned.index), **self.labels}
+        labels = {"run_id": self.run_id, "rollout_index": str(planned.index), **self.labels,
+                  **({"attempt": str(planned.attempt)} if planned.attempt > 1 else {})}
         rollout = self.agents[planned.environment.name][0].rollout(planned.task, labels)
         rollout.share_budget(self.budget)
         return rollout

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,9 +61,28 @@ class PreparedEval:
         """Rollouts of ``todo`` that have a row already and run again (``--retry-errors``, a budget stop)."""
         return sum(planned.attempt > 1 for planned in self.todo)
 
+    retry_errors: tuple[str, ...] | None = None
+    """``--retry-errors``: the error types it runs again (``()``: every type); None: not given."""
+
     @property
     def total(self) -> int:
         return len(self.plan)
+
+    def retry_line(self) -> str | None:
+        """With ``retry_errors``, what it matched: ``--retry-errors ProviderError: 2 errored rollouts run again
+        as new attempts; left as they are: 3 TaskError`` (the errored latest attempts it does not take, by
+        type: other types, agent failures); None without ``--retry-errors``."""
+        if self.retry_errors is None:
+            return None
+        keys = {planned.key for planned in self.plan}
+        errored = {key: written for key, written in self.latest.items() if key in keys and written.error_type}
+        again = self.again or (lambda _: False)
+        matched = sum(again(written) for written in errored.values())
+        left = Counter(written.error_type for written in errored.values() if not again(written))
+        given = f" {','.join(self.retry_errors)}" if self.retry_errors else ""
+        rest = ", ".join(f"{count} {kind}" for kind, count in left.most_common()) or "none"
+        return (f"--retry-errors{given}: {matched} errored rollout{'' if matched == 1 else 's'} run again as new "
+                f"attempts; errored ones left as they are: {rest}")
 
     def describe(self) -> str:
         """One line: ``run R: 12 rollouts (6 tasks x 2), 12 to run, traces in ROOT``; a resume that runs
@@ -153,15 +173,19 @@ def prepare_eval(config: EvalConfig, *, run_id: str, resume: bool, force: bool =
     again = retry_predicate(config, retry_errors, retry_error_types)
     durable = {key for key, attempt in latest.items() if attempt.done and not again(attempt)}
     return PreparedEval(config=config, run_id=run_id, root=root, plan=plan, durable=durable, latest=latest,
-                        again=again)
+                        again=again, retry_errors=tuple(retry_error_types or ()) if retry_errors else None)
 
 
 def with_retry_error_types(config: EvalConfig, types: list[str]) -> EvalConfig:
     """``config`` with ``retry_error_types = types`` (``--retry-errors TYPE,...``), checked.
 
     Raises:
-        ConfigError: an unknown error type (the message lists the known ones).
+        ConfigError: an unknown error type (the message lists the known ones), or none (``[]``: refused as
+            in the config; None, not ``[]``, retries every type).
     """
+    if not types:
+        raise ConfigError("retry_error_types = []: names no error type. Give at least one (e.g. "
+                          '["ProviderError"]), or None (--retry-errors alone) to run every errored rollout again')
     try:
         return config.model_copy(update={"retry_error_types": check_error_types(types)})
     except ValueError as exc:

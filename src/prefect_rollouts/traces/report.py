@@ -138,11 +138,6 @@ def read_rollout_traces(root: str | Path, run_id: str, task_id: str, index: int 
             ``task_id`` (and ``index``, and ``attempt``) in that run; the message lists what it does hold.
     """
     rows = _rollouts_of(root, run_id, columns=["trace"], attempts="latest" if attempt is None else "all")
-    if attempt is not None:
-        if not (rows["attempt"] == attempt).any():
-            raise TraceStoreError(f"run {run_id!r} has no attempt {attempt} of any rollout. Its attempts: "
-                                  + ", ".join(str(a) for a in sorted(rows["attempt"].unique())))
-        rows = rows[rows["attempt"] == attempt]
     if environment is not None:
         if not (rows["environment"] == environment).any():
             raise TraceStoreError(f"run {run_id!r} has no environment {environment!r}. Its environments: "
@@ -155,8 +150,14 @@ def read_rollout_traces(root: str | Path, run_id: str, task_id: str, index: int 
         raise TraceStoreError(f"run {run_id!r} has no task {task_id!r}. Its tasks: {listed}")
     chosen = of_task if index is None else of_task[of_task["rollout_index"] == index]
     if chosen.empty:
-        indices = ", ".join(str(i) for i in sorted(of_task["rollout_index"]))
+        indices = ", ".join(str(i) for i in sorted(of_task["rollout_index"].unique()))
         raise TraceStoreError(f"task {task_id!r} of run {run_id!r} has no rollout index {index}; it has {indices}")
+    if attempt is not None:
+        if not (chosen["attempt"] == attempt).any():
+            held = ", ".join(str(a) for a in sorted(chosen["attempt"].unique()))
+            raise TraceStoreError(f"task {task_id!r} of run {run_id!r}" + (f" (rollout index {index})" if index
+                                  is not None else "") + f" has no attempt {attempt}; its attempts: {held}")
+        chosen = chosen[chosen["attempt"] == attempt]
     chosen = chosen.sort_values(["environment", "rollout_index"])
     traces = []
     for env, i, text in zip(chosen["environment"], chosen["rollout_index"], chosen["trace"], strict=True):
@@ -171,25 +172,41 @@ def read_rollout_traces(root: str | Path, run_id: str, task_id: str, index: int 
     return traces
 
 
-def attempt_lines(root: str | Path, run_id: str, task_id: str) -> dict[tuple[str, int], list[str]]:
-    """Per ``(environment, rollout index)`` of task ``task_id`` in run ``run_id``, one line per attempt, first
-    to latest: ``attempt 1 · stop provider_error · reward — · error ProviderError: <message, cut>``
-    (``traces show`` prints them when a rollout has several). Reads small columns of every attempt.
+def attempt_lines(root: str | Path, run_id: str, task_id: str) -> dict[tuple[str, int], dict[int, str]]:
+    """Per ``(environment, rollout index)`` of task ``task_id`` in run ``run_id``, one line per attempt by
+    attempt number, first to latest: ``attempt 1 · stop provider_error · reward — · error ProviderError:
+    <message, cut at a word past ERROR_CHARS>`` (``traces show`` prints them when a rollout has several).
+    Reads small columns of every attempt.
 
     Raises:
         TraceStoreError: the dataset cannot be read.
     """
     rows = read_rollouts(root, columns=_ROLLOUT_READ, attempts="all", run_id=run_id, task_id=task_id)
-    lines: dict[tuple[str, int], list[str]] = {}
+    lines: dict[tuple[str, int], dict[int, str]] = {}
     for row in rows.sort_values(["environment", "rollout_index", "attempt"]).itertuples():
-        error = f" · error {row.error_type}: {str(row.error_message)[:80]}" if isinstance(row.error_type, str) else ""
-        lines.setdefault((str(row.environment), int(row.rollout_index)), []).append(
+        error = (f" · error {row.error_type}: {_brief(str(row.error_message))}" if isinstance(row.error_type, str)
+                 else "")
+        lines.setdefault((str(row.environment), int(row.rollout_index)), {})[int(row.attempt)] = (
             f"attempt {row.attempt} · stop {row.stop_condition or '—'} · reward {_fixed(row.reward)}{error}")
     return lines
 
 
+ERROR_CHARS = 160
+"""Characters of an error message an attempt's line keeps (then up to the next space, at most 40 more)."""
+
+
+def _brief(message: str) -> str:
+    """``message`` on one line, cut after ``ERROR_CHARS`` at the next space (within 40 characters) with ``…``."""
+    flat = " ".join(message.split())
+    if len(flat) <= ERROR_CHARS:
+        return flat
+    space = flat.find(" ", ERROR_CHARS, ERROR_CHARS + 40)
+    return flat[:space if space != -1 else ERROR_CHARS] + " …"
+
+
 def format_rollout(trace: Trace, *, index: int | None = None, environment: str | None = None,
-                   max_chars: int = MAX_CHARS, attempts: list[str] | None = None) -> str:
+                   max_chars: int = MAX_CHARS, attempts: dict[int, str] | None = None,
+                   attempt: int | None = None) -> str:
     """One rollout for a terminal: a header (ids, model, timing, stop condition, tokens, the cost of its agent
     and judge calls where their clients have a price), its
     rewards and metrics, the transcript (each message under a ``── role ──`` rule, tool calls as
@@ -203,6 +220,8 @@ def format_rollout(trace: Trace, *, index: int | None = None, environment: str |
         max_chars: Characters kept of each message, tool argument list and judge reply (the end
             is replaced by a note of how many were cut); 0 keeps everything.
         attempts: The rollout's ``attempt_lines``, listed under the header when there are several.
+        attempt: The attempt ``trace`` is, shown in the header (``attempt 1 of 2``) when given and the rollout
+            has several attempts (default: its latest).
     """
     cut = _cutter(max_chars)
     started = datetime.fromtimestamp(trace.started_at, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
@@ -212,6 +231,7 @@ def format_rollout(trace: Trace, *, index: int | None = None, environment: str |
     lines = [
         f"rollout {trace.id} · " + (f"environment {environment} · " if environment else "") + f"task {trace.task_id}"
         + (f" · index {index}" if index is not None else "")
+        + (f" · attempt {attempt or max(attempts)} of {len(attempts)}" if attempts and len(attempts) > 1 else "")
         + f" · model {trace.model}",
         f"started {started}{elapsed} · stop {trace.stop_condition or '—'}"
         + "".join(f" · {flag}" for flag in flags) + (f" · scoring skipped ({skipped})" if skipped else ""),
@@ -223,7 +243,8 @@ def format_rollout(trace: Trace, *, index: int | None = None, environment: str |
                   for name, value in trace.rewards.items()),
     ]
     if attempts and len(attempts) > 1:
-        lines += [f"attempts: {len(attempts)} (traces show --attempt N shows another)", *(f"  {a}" for a in attempts)]
+        lines += [f"attempts: {len(attempts)} (traces show --attempt N shows another)",
+                  *(f"  {a}" for a in attempts.values())]
     if trace.metrics:
         lines.append("metrics: " + ", ".join(f"{name} = {_number(value)}" for name, value in trace.metrics.items()))
     for message in trace.messages:

@@ -193,7 +193,8 @@ class EvalSummary(BaseModel):
         if self.budget_stop:
             lines.append(f"budget: {self.budget_stop}")
         if self.retried:
-            lines.append(f"retried: {self.retried} rollouts after an errored attempt, {self.recovered} recovered")
+            lines.append(f"retried: {self.retried} rollout{'' if self.retried == 1 else 's'} after an errored "
+                         f"attempt, {self.recovered} recovered")
         if self.errors:
             lines.append("top errors:")
             lines += [f"  {error.type} x{error.count}, e.g.: {error.example}" for error in self.errors]
