@@ -14,8 +14,8 @@ spend of the run's durable rows, every attempt, judges included, so a ``--resume
 rows hold and a larger budget goes on from there); each shard builds a ``Budget`` over them
 (``shared_budget``). A rollout reads the counter before each model call (one API call) and increments it
 after (one more); once any process sees it reached, no call starts there. Overshoot: at most the calls in
-flight when it was reached (one per rollout in flight, over every shard), and the judge calls of rollouts
-being scored; ``tests/scaleout/test_work_pool.py`` measures it. While the API is away the ledger
+flight when it was reached (one per rollout in flight over every shard, one per judge of a rollout
+being scored); ``tests/scaleout/test_work_pool.py`` measures it. While the API is away the ledger
 keeps counting in memory and sends the sum once it answers (its last read counts as the run's total).
 """
 

@@ -193,3 +193,28 @@ def test_the_shared_counters_count_whole_units_and_scale_a_budget_past_a_billion
     assert huge.units == {"tokens": 5.0} and huge.slots(Spend(12, 0.0)) == {"tokens": 3}
     assert 2 * 5_000_000_000 / huge.units["tokens"] < SLOT_MAX   # twice the budget still fits the counter
     assert counter_name("Run/With Slashes", "tokens").startswith("budget-tokens-run-with-slashes-")
+
+
+async def test_a_judge_call_checks_the_budget_before_it_starts_and_its_rollout_ends_budget(tmp_path, openai_server):
+    def answer(request):   # c0's agent answers at once, the others after 0.3 s; each judge call reports 5,000
+        if request.body.get("model") == "judge-model":
+            return reply("yes", usage={"prompt_tokens": 4_990, "completion_tokens": 10, "total_tokens": 5_000})
+        fast = "task 0:" in request.messages[-1]["content"]
+        return numbered_reply(request) if fast else delayed(0.3, numbered_reply)
+    openai_server.default = answer
+    text = budget_toml(tmp_path, openai_server.base_url, turns=1, num_tasks=4, max_concurrent=4, token_budget=1_000)
+    text += ('[[env.agent.scoring.judges]]\nid = "reference"\nmodel = "judge-model"\n'
+             f'[env.agent.scoring.judges.client]\nbase_url = "{openai_server.base_url}"\napi_key_env = ""\n')
+    prepared = prepare_eval(load_eval_config(text), run_id="judge-cut", resume=False)
+    await run(prepared, 4)
+    rows = read_rollouts(tmp_path / "traces", run_id="judge-cut").set_index("task_id")
+    # c0 was judged (100 + 5,000 tokens: the budget reached); c1..c3's agent calls were in flight and land,
+    # but their judge calls would start past the budget: none starts, and they end budget (not scored, not done)
+    assert tuple(rows.loc["c0", ["stop_condition", "reward"]]) == ("agent_completed", 2.0)   # task + judge
+    others = rows.loc[["c1", "c2", "c3"]]
+    assert set(others["stop_condition"]) == {"budget"} and others["reward"].isna().all()
+    assert not others["is_error"].any() and (others["judge_prompt_tokens"] == 0).all()
+    assert sum(request.body.get("model") == "judge-model" for request in openai_server.requests) == 1
+    assert summarize_run(tmp_path / "traces", "judge-cut").spend.tokens == 4 * CALL_TOKENS + 5_000
+    resumed = prepare_eval(load_eval_config(text), run_id="judge-cut", resume=True)
+    assert sorted((p.key[1], p.attempt) for p in resumed.todo) == [("c1", 2), ("c2", 2), ("c3", 2)]

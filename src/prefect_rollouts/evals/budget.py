@@ -16,8 +16,8 @@ Where the spend is kept is a ``Ledger``:
 
 Overshoot: a rollout checks before each call and charges after it, so once the budget is reached no
 further call starts anywhere that sees the ledger; what lands past it is at most the calls that were in
-flight then (one per rollout in flight), plus the judge calls of rollouts already being scored
-(scoring is not cut short: its rollout's agent had finished). ``tests/evals/test_budget.py`` measures it.
+flight then (one per rollout in flight, one per judge of a rollout being scored: judge calls check and
+charge like agent calls, ``scoring.judge_base.JUDGE_BUDGET``). ``tests/core/test_budget.py`` measures it.
 Must not import Prefect.
 """
 
