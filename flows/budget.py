@@ -24,7 +24,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 
 import httpx
 from prefect import get_client
@@ -36,7 +37,7 @@ from prefect.states import Failed, State
 from prefect_rollouts.config.eval import EvalConfig
 from prefect_rollouts.errors import EvalFailedError
 from prefect_rollouts.evals.budget import Budget, Spend, rows_spend
-from prefect_rollouts.evals.plan import RolloutKey
+from prefect_rollouts.evals.plan import RolloutKey, retry_predicate
 from prefect_rollouts.flows.keys import prefect_key
 from prefect_rollouts.traces.store import DatasetRoot
 
@@ -177,14 +178,17 @@ async def seed_shared_budget(config: EvalConfig, root: DatasetRoot, run_id: str)
 
 
 async def budget_stop(config: EvalConfig, root: DatasetRoot, run_id: str, plan: list[RolloutKey],
-                      budget: Budget | None) -> tuple[str, Spend] | None:
-    """Whether the run's budget stopped it: ``(message, spend)``, or None when there is no budget, it
-    was not reached, or every planned rollout is done anyway.
+                      budget: Budget | None, due: Mapping[RolloutKey, int] | None = None) -> BudgetStopped | None:
+    """Whether the run's budget stopped it (``BudgetStopped``), or None when there is no budget, it was not
+    reached, or every planned rollout is done anyway.
 
-    The spend is the larger of the rows' (``rows_spend``) and the shared counters' (work pool: a shard
-    that died spent what its rows never held). The message names the spend, the budget and how many
-    rollouts are not done, e.g. ``spent 1,234 tokens, $0.0000 of token_budget = 1,000: 3 of 8 rollouts
-    not done (2 stopped as budget, 1 not started)``.
+    A rollout is **not done** when it has no row, its latest attempt is not done (``budget``), its latest
+    attempt is older than the one this eval meant to run (``due``: the eval's ``todo``, e.g. an error
+    ``--retry-errors`` was to run again), or it errored and ``max_rollout_attempts`` still retries it
+    (``plan.retry_predicate``). The spend is the larger of the rows' (``rows_spend``) and the shared
+    counters' (work pool: a shard that died spent what its rows never held). The message names the spend,
+    the budget and how many rollouts are not done, e.g. ``spent 1,234 tokens, $0.0000 of token_budget =
+    1,000: 5 of 8 rollouts not done (2 stopped as budget, 1 not started, 2 errored and due a retry)``.
     """
     if config.token_budget is None and config.cost_budget_usd is None:
         return None
@@ -196,13 +200,28 @@ async def budget_stop(config: EvalConfig, root: DatasetRoot, run_id: str, plan: 
         counted = await budget.ledger.total()
         spent = Spend(max(spent.tokens, counted.tokens), max(spent.cost_usd, counted.cost_usd))
     latest = latest_attempts(root, run_id)
+    due, in_run = due or {}, retry_predicate(config)
     stopped = sum(1 for key in plan if key in latest and not latest[key].done)
     unstarted = sum(1 for key in plan if key not in latest)
-    if not budget.over(spent) or not (stopped or unstarted):
+    retry = sum(1 for key in plan if key in latest and latest[key].done
+                and (latest[key].attempt < due.get(key, 0) or in_run(latest[key])))
+    not_done = stopped + unstarted + retry
+    if not budget.over(spent) or not not_done:
         return None
     budget.spent = spent
-    return (f"spent {spent.text()} of {budget.limits_text()}: {stopped + unstarted} of {len(plan)} rollouts not "
-            f"done ({stopped} stopped as budget, {unstarted} not started)"), spent
+    retried = f", {retry} errored and due a retry" if retry else ""
+    return BudgetStopped(f"spent {spent.text()} of {budget.limits_text()}: {not_done} of {len(plan)} rollouts not "
+                         f"done ({stopped} stopped as budget, {unstarted} not started{retried})", spent, not_done)
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetStopped:
+    """How the budget stopped a run: ``message`` (spend, budget, rollouts not done), ``spent``, ``not_done``
+    (rollouts a resume with a larger budget runs: no row, stopped as ``budget``, or an error due a retry)."""
+
+    message: str
+    spent: Spend
+    not_done: int
 
 
 def budget_state(message: str, summary: object, spent: Spend) -> State[object]:

@@ -127,15 +127,16 @@ async def _evaluate(config: EvalConfig, resume: str | None, run_id: str, named: 
     summary = summarize_run(root, run_id, rollouts_per_task=config.rollouts_per_task,
                             pass_threshold=config.pass_threshold, wall_time_s=round(time.perf_counter() - started, 3))
     summary.flow_run_id = str(flow_run.id)
-    stopped = await budget_stop(config, root, run_id, [planned.key for planned in plan], budget)
+    stopped = await budget_stop(config, root, run_id, [planned.key for planned in plan], budget,
+                                {planned.key: planned.attempt for planned in todo})
     if stopped is not None:   # the rollouts without a row are the ones the budget did not start
-        summary.budget_stop, failures = stopped[0], []
+        summary.budget_stop, summary.budget_not_done, failures = stopped.message, stopped.not_done, []
     failure = run_failure(summary, len(plan), config.max_error_fraction)
     completed = failure is None and not failures and stopped is None
     compared = await finish_with_baseline(summary, baseline, config, root, series, completed=completed, ran=bool(todo))
     await publish_summary(summary, series, root, compared)
     if stopped is not None:
-        return budget_state(stopped[0], summary, stopped[1])  # type: ignore[return-value]  # holds its error
+        return budget_state(stopped.message, summary, stopped.spent)  # type: ignore[return-value]  # holds its error
     if failures:
         raise RuntimeError(f"{len(plan) - summary.rollouts} of {len(plan)} rollouts have no row ({failures[0]}); "
                            f"resume with --resume {run_id}") from failures[0]

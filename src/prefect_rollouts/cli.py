@@ -143,7 +143,7 @@ def eval_command(
     else:
         console.print(f"eval flow run: {_ui_url().rstrip('/')}/runs/flow-run/{summary.flow_run_id}")
     if summary.budget_stop:
-        _finish_budget_stop(summary, eval_config, resume_hint, total - (_durable_count(eval_config, run_id) or 0))
+        _finish_budget_stop(summary, eval_config, resume_hint, summary.budget_not_done or 0)
     if failure is not None:
         _error("eval failed: ", failure)
         raise typer.Exit(1)

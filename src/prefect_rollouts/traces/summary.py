@@ -131,6 +131,9 @@ class EvalSummary(BaseModel):
     """Tokens and cost of every attempt, per run, costliest tasks and rollouts (``traces.spend``)."""
     budget_stop: str | None = None
     """Why the run's budget stopped it (spend, budget, rollouts not done), when it did (``eval_flow``)."""
+    budget_not_done: int | None = None
+    """How many rollouts the budget left not done (no row, stopped as ``budget``, an error due a retry),
+    when it stopped the run (``eval_flow``)."""
 
     def lines(self) -> list[EnvironmentSummary]:
         """Each environment followed by its categories, then the overall line (a suite)."""
