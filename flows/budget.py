@@ -157,24 +157,56 @@ async def open_shared_budget(config: EvalConfig, run_id: str) -> AsyncIterator[B
         yield shared_budget(config, run_id, client)
 
 
-async def seed_shared_budget(config: EvalConfig, root: DatasetRoot, run_id: str) -> Budget | None:
-    """Create or reset the run's counters to the spend of its durable rows (``rows_spend``) before
-    any shard runs, and return the eval's own ``Budget`` over them; None without a budget."""
+async def seed_shared_budget(config: EvalConfig, root: DatasetRoot, run_id: str, client: PrefectClient | None = None,
+                             *, local: bool = False) -> Budget | None:
+    """Create the run's counters, or raise them to the spend of its durable rows (``rows_spend``), before
+    any rollout runs, and return the eval's own ``Budget`` over them; None without a budget.
+
+    A counter is never lowered: its spend is ``max(counter, rows)`` (a killed process counted calls its
+    rows never held). ``local`` (an eval without a work pool): the budget is a ``MirroredLedger`` over the
+    counters (``client`` its open Prefect client), so the spend survives a killed eval on the server.
+    """
     budget = shared_budget(config, run_id)
     if budget is None:
         return None
     ledger = budget.ledger
     assert isinstance(ledger, GclLedger)
     slots = ledger.slots(rows_spend(root, run_id))
-    async with get_client() as client:
+    async with contextlib.nullcontext(client) if client is not None else get_client() as api:
         for kind, name in ledger.names.items():
             try:
-                await client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(
-                    limit=SLOT_MAX, active_slots=min(slots[kind], SLOT_MAX), active=True, slot_decay_per_second=0.0))
+                counted = (await api.read_global_concurrency_limit_by_name(name)).active_slots
             except ObjectNotFound:
-                await client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(
+                await api.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(
                     name=name, limit=SLOT_MAX, active_slots=min(slots[kind], SLOT_MAX), slot_decay_per_second=0.0))
-    return budget
+                continue
+            slots[kind] = max(slots[kind], counted)
+            await api.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(
+                limit=SLOT_MAX, active_slots=min(slots[kind], SLOT_MAX), active=True, slot_decay_per_second=0.0))
+    if not local:
+        return budget
+    mirrored = GclLedger(run_id, config.token_budget, config.cost_budget_usd, client)
+    return Budget(config.token_budget, config.cost_budget_usd, MirroredLedger(ledger.spend_of(slots), mirrored))
+
+
+class MirroredLedger:
+    """A local eval's ``Ledger``: the total in memory (read before each call at no cost: one process runs
+    every rollout), each addition also sent to the run's counters (``GclLedger``: one API call per model
+    call), so the spend of an eval killed before its rows were written survives on the Prefect server and a
+    resume starts from it (``seed_shared_budget``). While the API is away the counters get the sum later."""
+
+    def __init__(self, start: Spend, counters: GclLedger) -> None:
+        self._total = start
+        self.counters = counters
+
+    async def add(self, spend: Spend) -> None:
+        """See ``Ledger.add``."""
+        self._total = self._total + spend
+        await self.counters.add(spend)
+
+    async def total(self) -> Spend:
+        """See ``Ledger.total``."""
+        return self._total
 
 
 async def budget_stop(config: EvalConfig, root: DatasetRoot, run_id: str, plan: list[RolloutKey],

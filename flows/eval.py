@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from prefect import flow, get_run_logger
+from prefect import flow, get_client, get_run_logger
 from prefect.artifacts import acreate_table_artifact
 from prefect.context import SyncClientContext
 from prefect.runtime import flow_run
@@ -116,13 +116,15 @@ async def _evaluate(config: EvalConfig, resume: str | None, run_id: str, named: 
     await tag_flow_run(series_tag(series), name=None if named else run_id)   # one call: tags, the generated id
     baseline = await resolve_baseline(config, root, series, run_id)
     get_run_logger().info("%s", prepared.describe())
-    budget = await seed_shared_budget(config, root, run_id) if config.dispatch.work_pool else None
     if config.dispatch.work_pool:
+        budget = await seed_shared_budget(config, root, run_id)
         failures = await run_on_work_pool(config, root, run_id, [planned.planned_key for planned in todo],
                                           total=len(plan), budget=budget)
-    else:
-        failures = await execute(config, root, run_id, todo, total=len(plan), durable=prepared.durable,
-                                 progress_key=progress_key(run_id))
+    else:   # the spend in memory, mirrored to the run's counters so a killed eval's survives (flows/budget.py)
+        async with get_client() as client:
+            budget = await seed_shared_budget(config, root, run_id, client, local=True)
+            failures = await execute(config, root, run_id, todo, total=len(plan), durable=prepared.durable,
+                                     progress_key=progress_key(run_id), budget=budget)
     await asyncio.to_thread(compact, root, run_id, len(plan))
     summary = summarize_run(root, run_id, rollouts_per_task=config.rollouts_per_task,
                             pass_threshold=config.pass_threshold, wall_time_s=round(time.perf_counter() - started, 3))

@@ -99,3 +99,34 @@ def test_a_budget_that_cuts_off_retries_is_a_budget_stop_not_a_failure(tmp_path,
     assert len(openai_server.requests) == requests   # the budget was reached before any retry started
     runs = asyncio.run(final_flow_runs(name=FlowRunFilterName(any_=["cut-retries"])))
     assert sorted(run.state_name for run in runs) == ["BudgetReached", "BudgetReached", "Failed"]
+
+
+def test_a_resume_counts_what_a_killed_eval_spent_and_the_counter_is_never_lowered(tmp_path, openai_server):
+    """A local eval's spend is mirrored to the run's counter, so a resume after kill -9 (1,300 tokens served,
+    no row durable) starts from it; reseeding from the rows never lowers the counter."""
+    from prefect_rollouts.config.eval import load_eval_config
+    from prefect_rollouts.evals.budget import Spend
+    from prefect_rollouts.flows.budget import GclLedger, seed_shared_budget
+
+    openai_server.default = says_its_number
+    config = tmp_path / "eval.toml"
+    config.write_text(eval_toml(tmp_path / "traces", openai_server.base_url, max_concurrent=2, token_budget=1_000,
+                                taskset={"id": "tests.core.budget_tasks:chatty", "count": 4, "turns": 1}))
+    loaded = load_eval_config(config.read_text())
+
+    async def killed_eval_spent(tokens: int) -> Spend:   # what the killed process counted, then a reseed
+        budget = await seed_shared_budget(loaded, loaded.traces.dataset_root(), "killed")
+        await budget.charge(tokens, None)
+        again = await seed_shared_budget(loaded, loaded.traces.dataset_root(), "killed")   # rows: 0 tokens
+        return await again.ledger.total()
+    assert asyncio.run(killed_eval_spent(1_300)).tokens == 1_300
+    stopped = run_eval(config, "--run-id", "killed", env=eval_env(PREFECT_LOGGING_LEVEL="WARNING"))
+    output = " ".join((stopped.stdout + stopped.stderr).split())
+    assert stopped.returncode == BUDGET_EXIT, output
+    assert "budget reached: spent 1,300 tokens, $0.0000 of token_budget = 1,000: 4 of 4 rollouts not done" in output
+    assert openai_server.requests == []   # nothing spent twice
+    finished = run_eval(config, "--resume", "killed", "--set=token_budget=100000",
+                        env=eval_env(PREFECT_LOGGING_LEVEL="WARNING"))
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    counted = asyncio.run(GclLedger("killed", 100_000, None).total())
+    assert counted.tokens == 1_300 + 4 * 100   # the local eval's calls went to the counter too

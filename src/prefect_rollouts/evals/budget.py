@@ -8,9 +8,10 @@ it before starting a rollout: once reached, no new rollout starts.
 
 Where the spend is kept is a ``Ledger``:
 
-- ``MemoryLedger``: one process runs the whole run (an eval without a work pool). It starts from the
+- ``MemoryLedger``: one process runs the whole run (the inline engine without Prefect). It starts from the
   spend of the run's durable rows (``rows_spend``: every attempt, judges included), so a resume counts
-  what earlier attempts spent.
+  what earlier attempts spent. The eval flow without a work pool mirrors it to Prefect-side counters
+  (``flows/budget.py``: ``MirroredLedger``), so a killed eval's spend survives.
 - Across shards and workers (``[dispatch] work_pool``) the Prefect layer gives a ledger every process
   shares (``flows/budget.py``: a Prefect global concurrency limit used as a counter).
 
