@@ -113,9 +113,12 @@ class RolloutState:
             self.trace.segments[-1].terminated = True
         return True
 
-    async def charge(self, tokens: int, cost_usd: float | None) -> None:
-        """Count one model call's tokens and cost against the eval's budget (if any)."""
+    async def charge(self, tokens: int, cost_usd: float | None, usage_note: str | None = None) -> None:
+        """Count one model call's tokens and cost against the eval's budget (if any); ``usage_note``: its
+        usage was missing or invalid (``Budget.warn_unknown``)."""
         if self.budget is not None:
+            if usage_note:
+                self.budget.warn_unknown(usage_note)
             await self.budget.charge(tokens, cost_usd)
 
 

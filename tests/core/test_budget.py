@@ -19,7 +19,7 @@ from prefect_rollouts.pricing import call_cost_usd
 from prefect_rollouts.traces import read_rollouts, read_traces, summarize_run
 from tests.core.budget_tasks import chatty
 from tests.eval_toml import eval_toml
-from tests.fakes.openai_server import delayed, reply, tool_call
+from tests.fakes.openai_server import delayed, reply, status, tool_call
 
 pytestmark = pytest.mark.unit
 
@@ -218,3 +218,34 @@ async def test_a_judge_call_checks_the_budget_before_it_starts_and_its_rollout_e
     assert summarize_run(tmp_path / "traces", "judge-cut").spend.tokens == 4 * CALL_TOKENS + 5_000
     resumed = prepare_eval(load_eval_config(text), run_id="judge-cut", resume=True)
     assert sorted((p.key[1], p.attempt) for p in resumed.todo) == [("c1", 2), ("c2", 2), ("c3", 2)]
+
+
+async def test_usage_that_is_missing_negative_or_huge_counts_as_unknown_with_a_warning(tmp_path, openai_server,
+                                                                                        caplog):
+    usages = {"1": {"prompt_tokens": -19_800, "completion_tokens": 10, "total_tokens": -19_790},
+              "2": {"prompt_tokens": 1e20, "completion_tokens": 10, "total_tokens": 1e20}}
+
+    def answer(request):
+        number = re.search(r"say (\d+)", request.messages[-1]["content"]).group(1)
+        if number == "0":   # a body without usage
+            return status(200, {"id": "c", "object": "chat.completion", "model": "scripted", "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": "0"}, "finish_reason": "stop"}]})
+        return reply(number, usage=usages.get(number, {"prompt_tokens": 90, "completion_tokens": 10,
+                                                       "total_tokens": 100}))
+    openai_server.default = answer
+    text = budget_toml(tmp_path, openai_server.base_url, turns=1, num_tasks=4, max_concurrent=1,
+                       token_budget=100_000)
+    prepared = prepare_eval(load_eval_config(text), run_id="usage", resume=False)
+    with caplog.at_level("WARNING", logger="prefect_rollouts.budget"):
+        await run(prepared, 1)
+    rows = read_rollouts(tmp_path / "traces", run_id="usage").set_index("task_id")
+    assert len(rows) == 4 and not rows["is_error"].any()                 # no crash, every row durable
+    assert rows["total_tokens"].to_dict() == {"c0": 0, "c1": 10, "c2": 10, "c3": 100}   # unknown counts 0, never < 0
+    traces = {trace.task_id: trace for trace in read_traces(tmp_path / "traces", run_id="usage")}
+    assert traces["c0"].info["usage_unknown"] == {"calls": 1, "notes": ["the response reported no usage"]}
+    assert traces["c1"].info["usage_unknown"]["notes"] == [
+        "usage.prompt_tokens = -19800: not a whole number from 0 to 1,000,000,000, counted as 0"]
+    assert "usage.prompt_tokens = 1e+20" in traces["c2"].info["usage_unknown"]["notes"][0]
+    assert "usage_unknown" not in traces["c3"].info
+    warned = [r.getMessage() for r in caplog.records if "usage is unknown" in r.getMessage()]
+    assert len(warned) == 1 and "the response reported no usage" in warned[0]   # once per run

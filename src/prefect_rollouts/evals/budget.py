@@ -24,10 +24,13 @@ Must not import Prefect.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Protocol
 
 from prefect_rollouts.traces.store import DatasetRoot
+
+log = logging.getLogger("prefect_rollouts.budget")
 
 SPEND_COLUMNS = ["total_tokens", "judge_prompt_tokens", "judge_completion_tokens", "cost_usd"]
 """The ``rollouts`` columns a run's spend is summed from."""
@@ -93,6 +96,7 @@ class Budget:
         self.spent = Spend()
         """The last total this process read or made (``check``, ``charge``)."""
         self.is_reached = False
+        self.warned_unknown = False
 
     def over(self, spend: Spend) -> bool:
         """Whether ``spend`` reaches a budget (``>=``: a budget of 1,000 tokens is reached at 1,000)."""
@@ -111,6 +115,15 @@ class Budget:
         """Count one call's (or a rollout's judge calls') ``tokens`` and ``cost_usd`` (None: no price: 0)."""
         if tokens or cost_usd:
             await self.ledger.add(Spend(tokens, cost_usd or 0.0))
+
+    def warn_unknown(self, note: str) -> None:
+        """Log once per budget (per process) that a call's usage was missing or invalid: such a call counts
+        0 tokens (``model.client.USAGE_MAX``), so the budget may never be reached."""
+        if not self.warned_unknown:
+            self.warned_unknown = True
+            log.warning("budget: a model call's usage is unknown (%s); it counts 0 tokens against %s, and "
+                        "so may every such call (the trace's info usage_unknown lists them)", note,
+                        self.limits_text())
 
     def limits_text(self) -> str:
         """``token_budget = 10,000`` and/or ``cost_budget_usd = 0.5``, as the keys are written."""

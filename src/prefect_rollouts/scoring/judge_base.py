@@ -21,7 +21,7 @@ from prefect_rollouts.model.client import ModelClient
 from prefect_rollouts.pricing import call_cost_usd
 from prefect_rollouts.task import Task, qualname
 from prefect_rollouts.threads import note_in, run_sync
-from prefect_rollouts.trace import AttemptRecord, JudgeCall, Trace, content_text
+from prefect_rollouts.trace import AttemptRecord, JudgeCall, Trace, content_text, note_unknown_usage
 
 REPLY_CAP_CHARS = 4_000
 """Judge prompts and replies longer than this are cut on the trace (the parser sees the whole reply)."""
@@ -121,6 +121,8 @@ class Judge:
                              completion.completion_tokens, completion.cached_tokens)
         trace.judge_usage.add(completion.prompt_tokens, completion.completion_tokens, completion.cached_tokens,
                               completion.reasoning_tokens, cost)
+        if completion.usage_note:
+            note_unknown_usage(trace, f"judge {self.name!r}: {completion.usage_note}")
         if budget is not None:
             await budget.charge(completion.prompt_tokens + completion.completion_tokens, cost)
         reply = content_text(completion.message.get("content"))
