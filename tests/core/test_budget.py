@@ -249,3 +249,27 @@ async def test_usage_that_is_missing_negative_or_huge_counts_as_unknown_with_a_w
     assert "usage_unknown" not in traces["c3"].info
     warned = [r.getMessage() for r in caplog.records if "usage is unknown" in r.getMessage()]
     assert len(warned) == 1 and "the response reported no usage" in warned[0]   # once per run
+
+
+async def test_the_resume_command_prices_rollouts_not_done_at_the_finished_ones_and_replaces_the_budget(
+        tmp_path, openai_server, capsys):
+    import typer
+
+    from prefect_rollouts.cli import _finish_budget_stop
+
+    openai_server.default = numbered_reply
+    config = load_eval_config(budget_toml(tmp_path, openai_server.base_url, turns=5, max_concurrent=2,
+                                          token_budget=1_200))
+    prepared = prepare_eval(config, run_id="estimate", resume=False)
+    await run(prepared, 2)   # some finish (500 tokens each: 5 calls), the others are cut short or never start
+    summary = summarize_run(tmp_path / "traces", "estimate")
+    summary.budget_stop = "spent 1,200 tokens"
+    hint = "prefect-rollouts eval eval.toml --set=token_budget=150 --set=max_concurrent=2 --resume estimate"
+    with pytest.raises(typer.Exit):
+        _finish_budget_stop(summary, config, hint, 8)
+    shown = " ".join(capsys.readouterr().out.split())
+    said = re.search(r"resume with a larger budget: prefect-rollouts eval eval.toml --set=max_concurrent=2 --resume "
+                     r"estimate --set=token_budget=(\d+) \(an estimate: the spend so far and each rollout not done "
+                     r"at 500 tokens, \$0\.0000, the mean of the \d finished ones\)", shown)
+    assert said and int(said.group(1)) == summary.spend.tokens + 8 * 500, shown   # the text says how the number came
+    assert shown.count("token_budget=") == 1                                      # the earlier --set is replaced

@@ -25,6 +25,8 @@ Must not import Prefect.
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -131,18 +133,46 @@ class Budget:
             [f"cost_budget_usd = {self.cost_budget_usd:g}"] if self.cost_budget_usd is not None else [])
         return " and ".join(parts)
 
-    def raised_overrides(self, not_done: int, per_rollout: Spend) -> list[str]:
+    def raised_overrides(self, not_done: int, per_rollout: Spend | None) -> list[str]:
         """``--set`` items with each budget raised to an estimate of what finishing the run takes (the
-        resume command a stop prints): the spend so far plus ``not_done`` rollouts at ``per_rollout``
-        each (the costliest rollout so far, or ``max_rollout_tokens``), and at least twice the budget.
-        Only an estimate: a rollout stopped early spent less than a whole one."""
-        need = self.spent + Spend(not_done * per_rollout.tokens, not_done * per_rollout.cost_usd)
+        resume command a stop prints): the spend so far plus ``not_done`` rollouts at ``per_rollout`` each
+        (``resume_estimate``); None (nothing to go by): twice each budget. Only an estimate."""
+        if per_rollout is None:
+            need = Spend(2 * (self.token_budget or 0), 2 * (self.cost_budget_usd or 0.0))
+        else:
+            need = self.spent + Spend(not_done * per_rollout.tokens, not_done * per_rollout.cost_usd)
         items = []
         if self.token_budget is not None:
-            items.append(f"token_budget={max(2 * self.token_budget, need.tokens)}")
+            items.append(f"token_budget={max(need.tokens, self.spent.tokens + 1)}")
         if self.cost_budget_usd is not None:
-            items.append(f"cost_budget_usd={max(2 * self.cost_budget_usd, need.cost_usd):.4g}")
+            items.append(f"cost_budget_usd={max(need.cost_usd, self.spent.cost_usd * 1.01, 1e-4):.4g}")
         return items
+
+
+def resume_estimate(root: str | DatasetRoot, run_id: str, caps: Collection[int | None]) -> tuple[Spend | None, str]:
+    """What one rollout not done will spend, for the resume command, and how that was estimated (text).
+
+    The mean spend (tokens with judges, cost) of the run's finished rollouts (latest attempt without an
+    error, not stopped as ``budget``: a rollout the budget cut short spent less than a whole one); without
+    any, ``max_rollout_tokens`` when every environment sets it (``caps``; tokens only); else None (nothing
+    to go by: ``Budget.raised_overrides`` doubles the budget).
+
+    Raises:
+        TraceStoreError: the dataset cannot be read.
+    """
+    from prefect_rollouts.trace import UNFINISHED_STOPS
+    from prefect_rollouts.traces.read import read_rollouts
+
+    rows = read_rollouts(root, columns=[*SPEND_COLUMNS, "stop_condition", "is_error"], run_id=run_id)
+    finished = rows[~rows["is_error"].astype(bool) & ~rows["stop_condition"].isin(list(UNFINISHED_STOPS))]
+    if len(finished):
+        tokens = sum(finished[column].fillna(0) for column in SPEND_COLUMNS[:3])
+        per = Spend(math.ceil(float(tokens.mean())), float(finished["cost_usd"].fillna(0.0).mean()))
+        return per, f"each rollout not done at {per.text()}, the mean of the {len(finished)} finished ones"
+    if caps and None not in caps:
+        cap = max(cap for cap in caps if cap is not None)
+        return Spend(cap, 0.0), f"no rollout finished: each rollout not done at max_rollout_tokens = {cap:,}"
+    return None, "no rollout finished and no max_rollout_tokens: twice the budget"
 
 
 def rows_spend(root: str | DatasetRoot, run_id: str) -> Spend:
