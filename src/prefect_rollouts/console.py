@@ -188,7 +188,7 @@ def print_summary(console: Console, summary: EvalSummary) -> None:
     details = ", ".join(f"{name} {value}" for name, value in (("cached", summary.cached_tokens),
                                                               ("reasoning", summary.reasoning_tokens))
                         if value is not None)
-    tokens = f"total tokens: {summary.total_tokens}" + (f" ({details})" if details else "")
+    tokens = f"tokens of the latest attempts: {summary.total_tokens}" + (f" ({details})" if details else "")
     tokens += f", judge tokens: {summary.judge_tokens}" if summary.judge_tokens else ""
     wall = f"wall time: {summary.wall_time_s:.1f} s, " if summary.wall_time_s is not None else ""
     console.print(wall + tokens, markup=False, highlight=False)

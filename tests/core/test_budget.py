@@ -90,7 +90,9 @@ async def test_rows_carry_the_cost_of_the_calls_at_the_clients_price(tmp_path, o
     assert summary.environments[0].cost_usd == pytest.approx(6 * call)
     assert "cost_usd" in summary.table()[0] and f"${6 * call:.4f}" in summary.text()
     shown = CliRunner().invoke(app, ["traces", "summary", str(tmp_path / "traces"), "--run-id", "priced"]).output
-    assert f"spend: 7,200 tokens (judges 0), ${6 * call:.4f} over 2 attempts of 2 rollouts" in shown
+    assert f"spend: 7,200 tokens (judges 0), ${6 * call:.4f} over 2 attempts of 2 rollouts (every attempt)" in shown
+    summary.wall_time_s = 1.0   # as the eval prints it: the latest attempts' tokens beside the spend, each labeled
+    assert "tokens of the latest attempts: 7200" in summary.text() and "(every attempt)" in summary.text()
     assert f"per rollout 3,600 tokens, ${3 * call:.4f}" in shown and "costliest tasks:" in shown
     one = CliRunner().invoke(app, ["traces", "show", str(tmp_path / "traces"), "priced", "c0"]).output
     assert f"tokens: prompt 3000, completion 600 · cost ${3 * call:.6f}" in one

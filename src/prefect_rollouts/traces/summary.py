@@ -190,7 +190,8 @@ class EvalSummary(BaseModel):
                       for line in cells]
         if self.wall_time_s is not None:
             judged = f", judge tokens: {self.judge_tokens}" if self.judge_tokens else ""
-            lines.append(f"wall time: {self.wall_time_s:.1f} s, total tokens: {self.total_tokens}{judged}")
+            lines.append(f"wall time: {self.wall_time_s:.1f} s, tokens of the latest attempts: "
+                         f"{self.total_tokens}{judged}")
         if self.spend is not None:
             lines.append(self.spend.text())
         if self.budget_stop:
