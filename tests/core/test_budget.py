@@ -275,3 +275,12 @@ async def test_the_resume_command_prices_rollouts_not_done_at_the_finished_ones_
                      r"at 500 tokens, \$0\.0000, the mean of the \d finished ones\)", shown)
     assert said and int(said.group(1)) == summary.spend.tokens + 8 * 500, shown   # the text says how the number came
     assert shown.count("token_budget=") == 1                                      # the earlier --set is replaced
+
+
+@pytest.mark.parametrize("value", ["1e308", "inf", "nan"])
+def test_a_price_that_is_not_a_finite_sane_number_is_refused(tmp_path, value):
+    text = budget_toml(tmp_path, "http://127.0.0.1:9/v1", cost_budget_usd=1.5).replace(
+        'api_key_env = ""\n', f'api_key_env = ""\nprice = {{ input = {value}, output = 2.0 }}\n')
+    with pytest.raises(ConfigError, match=r"\[env\.agent\.client\.price\] input = .*: Input should be "
+                                          r"(less than or equal to 1000000|a finite number)"):
+        load_eval_config(text)   # 1e308 had printed a cost of $inf and suggested cost_budget_usd=inf
