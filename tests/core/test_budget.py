@@ -284,3 +284,20 @@ def test_a_price_that_is_not_a_finite_sane_number_is_refused(tmp_path, value):
     with pytest.raises(ConfigError, match=r"\[env\.agent\.client\.price\] input = .*: Input should be "
                                           r"(less than or equal to 1000000|a finite number)"):
         load_eval_config(text)   # 1e308 had printed a cost of $inf and suggested cost_budget_usd=inf
+
+
+async def test_the_progress_bar_does_not_count_budget_stopped_rollouts_as_done(tmp_path, openai_server):
+    from prefect_rollouts.evals.engine import progress_listener
+
+    openai_server.default = numbered_reply
+    config = load_eval_config(budget_toml(tmp_path, openai_server.base_url, turns=5, max_concurrent=4,
+                                          token_budget=1_000))
+    seen: list[tuple[int, int]] = []
+    token = progress_listener.set(lambda done, total: seen.append((done, total)))
+    try:
+        await run(prepare_eval(config, run_id="progress", resume=False), 4)
+    finally:
+        progress_listener.reset(token)
+    rows = read_rollouts(tmp_path / "traces", run_id="progress")
+    done = int((rows["stop_condition"] != "budget").sum())
+    assert (rows["stop_condition"] == "budget").sum() >= 2 and seen[-1] == (done, 10), seen   # "8/8" had shown
