@@ -194,6 +194,8 @@ def print_summary(console: Console, summary: EvalSummary) -> None:
     console.print(wall + tokens, markup=False, highlight=False)
     if summary.spend is not None and summary.spend.attempts:   # every attempt, judges, cost (traces/spend.py)
         console.print(summary.spend.text(), markup=False, highlight=False, soft_wrap=True)
+    if summary.unfinished and not summary.budget_stop:   # a run its budget stopped, seen later (traces summary)
+        console.print(summary.unfinished_text(), markup=False, highlight=False, soft_wrap=True)
     if summary.retried:   # --retry-errors, max_rollout_attempts: rows of the earlier attempts stay
         console.print(f"retried: {summary.retried} rollouts after an errored attempt, {summary.recovered} recovered",
                       markup=False, highlight=False)

@@ -286,7 +286,7 @@ def test_a_price_that_is_not_a_finite_sane_number_is_refused(tmp_path, value):
         load_eval_config(text)   # 1e308 had printed a cost of $inf and suggested cost_budget_usd=inf
 
 
-async def test_the_progress_bar_does_not_count_budget_stopped_rollouts_as_done(tmp_path, openai_server):
+async def test_progress_and_traces_summary_do_not_count_budget_stopped_rollouts_as_done(tmp_path, openai_server):
     from prefect_rollouts.evals.engine import progress_listener
 
     openai_server.default = numbered_reply
@@ -301,3 +301,7 @@ async def test_the_progress_bar_does_not_count_budget_stopped_rollouts_as_done(t
     rows = read_rollouts(tmp_path / "traces", run_id="progress")
     done = int((rows["stop_condition"] != "budget").sum())
     assert (rows["stop_condition"] == "budget").sum() >= 2 and seen[-1] == (done, 10), seen   # "8/8" had shown
+    stopped = int((rows["stop_condition"] == "budget").sum())
+    shown = " ".join(CliRunner().invoke(app, ["traces", "summary", str(tmp_path / "traces"), "--run-id",
+                                              "progress"]).output.split())
+    assert f"unfinished: {stopped} rollouts not done (stopped as budget;" in shown, shown   # not listed as complete
