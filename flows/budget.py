@@ -14,8 +14,8 @@ spend of the run's durable rows, every attempt, judges included, so a ``--resume
 rows hold and a larger budget goes on from there); each shard builds a ``Budget`` over them
 (``shared_budget``). A rollout reads the counter before each model call (one API call) and increments it
 after (one more); once any process sees it reached, no call starts there. Overshoot: at most the calls in
-flight when it was reached (one per rollout in flight, over every shard), and the judge calls of rollouts
-being scored; ``tests/scaleout/test_work_pool.py`` measures it. While the API is away the ledger
+flight when it was reached (one per rollout in flight over every shard, one per judge of a rollout
+being scored); ``tests/scaleout/test_work_pool.py`` measures it. While the API is away the ledger
 keeps counting in memory and sends the sum once it answers (its last read counts as the run's total).
 """
 
@@ -24,7 +24,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 
 import httpx
 from prefect import get_client
@@ -36,7 +37,7 @@ from prefect.states import Failed, State
 from prefect_rollouts.config.eval import EvalConfig
 from prefect_rollouts.errors import EvalFailedError
 from prefect_rollouts.evals.budget import Budget, Spend, rows_spend
-from prefect_rollouts.evals.plan import RolloutKey
+from prefect_rollouts.evals.plan import RolloutKey, retry_predicate
 from prefect_rollouts.flows.keys import prefect_key
 from prefect_rollouts.traces.store import DatasetRoot
 
@@ -156,35 +157,70 @@ async def open_shared_budget(config: EvalConfig, run_id: str) -> AsyncIterator[B
         yield shared_budget(config, run_id, client)
 
 
-async def seed_shared_budget(config: EvalConfig, root: DatasetRoot, run_id: str) -> Budget | None:
-    """Create or reset the run's counters to the spend of its durable rows (``rows_spend``) before
-    any shard runs, and return the eval's own ``Budget`` over them; None without a budget."""
+async def seed_shared_budget(config: EvalConfig, root: DatasetRoot, run_id: str, client: PrefectClient | None = None,
+                             *, local: bool = False) -> Budget | None:
+    """Create the run's counters, or raise them to the spend of its durable rows (``rows_spend``), before
+    any rollout runs, and return the eval's own ``Budget`` over them; None without a budget.
+
+    A counter is never lowered: its spend is ``max(counter, rows)`` (a killed process counted calls its
+    rows never held). ``local`` (an eval without a work pool): the budget is a ``MirroredLedger`` over the
+    counters (``client`` its open Prefect client), so the spend survives a killed eval on the server.
+    """
     budget = shared_budget(config, run_id)
     if budget is None:
         return None
     ledger = budget.ledger
     assert isinstance(ledger, GclLedger)
     slots = ledger.slots(rows_spend(root, run_id))
-    async with get_client() as client:
+    async with contextlib.nullcontext(client) if client is not None else get_client() as api:
         for kind, name in ledger.names.items():
             try:
-                await client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(
-                    limit=SLOT_MAX, active_slots=min(slots[kind], SLOT_MAX), active=True, slot_decay_per_second=0.0))
+                counted = (await api.read_global_concurrency_limit_by_name(name)).active_slots
             except ObjectNotFound:
-                await client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(
+                await api.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(
                     name=name, limit=SLOT_MAX, active_slots=min(slots[kind], SLOT_MAX), slot_decay_per_second=0.0))
-    return budget
+                continue
+            slots[kind] = max(slots[kind], counted)
+            await api.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(
+                limit=SLOT_MAX, active_slots=min(slots[kind], SLOT_MAX), active=True, slot_decay_per_second=0.0))
+    if not local:
+        return budget
+    mirrored = GclLedger(run_id, config.token_budget, config.cost_budget_usd, client)
+    return Budget(config.token_budget, config.cost_budget_usd, MirroredLedger(ledger.spend_of(slots), mirrored))
+
+
+class MirroredLedger:
+    """A local eval's ``Ledger``: the total in memory (read before each call at no cost: one process runs
+    every rollout), each addition also sent to the run's counters (``GclLedger``: one API call per model
+    call), so the spend of an eval killed before its rows were written survives on the Prefect server and a
+    resume starts from it (``seed_shared_budget``). While the API is away the counters get the sum later."""
+
+    def __init__(self, start: Spend, counters: GclLedger) -> None:
+        self._total = start
+        self.counters = counters
+
+    async def add(self, spend: Spend) -> None:
+        """See ``Ledger.add``."""
+        self._total = self._total + spend
+        await self.counters.add(spend)
+
+    async def total(self) -> Spend:
+        """See ``Ledger.total``."""
+        return self._total
 
 
 async def budget_stop(config: EvalConfig, root: DatasetRoot, run_id: str, plan: list[RolloutKey],
-                      budget: Budget | None) -> tuple[str, Spend] | None:
-    """Whether the run's budget stopped it: ``(message, spend)``, or None when there is no budget, it
-    was not reached, or every planned rollout is done anyway.
+                      budget: Budget | None, due: Mapping[RolloutKey, int] | None = None) -> BudgetStopped | None:
+    """Whether the run's budget stopped it (``BudgetStopped``), or None when there is no budget, it was not
+    reached, or every planned rollout is done anyway.
 
-    The spend is the larger of the rows' (``rows_spend``) and the shared counters' (work pool: a shard
-    that died spent what its rows never held). The message names the spend, the budget and how many
-    rollouts are not done, e.g. ``spent 1,234 tokens, $0.0000 of token_budget = 1,000: 3 of 8 rollouts
-    not done (2 stopped as budget, 1 not started)``.
+    A rollout is **not done** when it has no row, its latest attempt is not done (``budget``), its latest
+    attempt is older than the one this eval meant to run (``due``: the eval's ``todo``, e.g. an error
+    ``--retry-errors`` was to run again), or it errored and ``max_rollout_attempts`` still retries it
+    (``plan.retry_predicate``). The spend is the larger of the rows' (``rows_spend``) and the shared
+    counters' (work pool: a shard that died spent what its rows never held). The message names the spend,
+    the budget and how many rollouts are not done, e.g. ``spent 1,234 tokens, $0.0000 of token_budget =
+    1,000: 5 of 8 rollouts not done (2 stopped as budget, 1 not started, 2 errored and due a retry)``.
     """
     if config.token_budget is None and config.cost_budget_usd is None:
         return None
@@ -196,13 +232,28 @@ async def budget_stop(config: EvalConfig, root: DatasetRoot, run_id: str, plan: 
         counted = await budget.ledger.total()
         spent = Spend(max(spent.tokens, counted.tokens), max(spent.cost_usd, counted.cost_usd))
     latest = latest_attempts(root, run_id)
+    due, in_run = due or {}, retry_predicate(config)
     stopped = sum(1 for key in plan if key in latest and not latest[key].done)
     unstarted = sum(1 for key in plan if key not in latest)
-    if not budget.over(spent) or not (stopped or unstarted):
+    retry = sum(1 for key in plan if key in latest and latest[key].done
+                and (latest[key].attempt < due.get(key, 0) or in_run(latest[key])))
+    not_done = stopped + unstarted + retry
+    if not budget.over(spent) or not not_done:
         return None
     budget.spent = spent
-    return (f"spent {spent.text()} of {budget.limits_text()}: {stopped + unstarted} of {len(plan)} rollouts not "
-            f"done ({stopped} stopped as budget, {unstarted} not started)"), spent
+    retried = f", {retry} errored and due a retry" if retry else ""
+    return BudgetStopped(f"spent {spent.text()} of {budget.limits_text()}: {not_done} of {len(plan)} rollouts not "
+                         f"done ({stopped} stopped as budget, {unstarted} not started{retried})", spent, not_done)
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetStopped:
+    """How the budget stopped a run: ``message`` (spend, budget, rollouts not done), ``spent``, ``not_done``
+    (rollouts a resume with a larger budget runs: no row, stopped as ``budget``, or an error due a retry)."""
+
+    message: str
+    spent: Spend
+    not_done: int
 
 
 def budget_state(message: str, summary: object, spent: Spend) -> State[object]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from prefect import flow, get_run_logger
+from prefect import flow, get_client, get_run_logger
 from prefect.artifacts import acreate_table_artifact
 from prefect.context import SyncClientContext
 from prefect.runtime import flow_run
@@ -121,26 +121,29 @@ async def _evaluate(config: EvalConfig, resume: str | None, run_id: str, named: 
         get_run_logger().info("%s", retry_line)
         if (listener := preparation_listener.get()) is not None:
             listener(retry_line)
-    budget = await seed_shared_budget(config, root, run_id) if config.dispatch.work_pool else None
     if config.dispatch.work_pool:
+        budget = await seed_shared_budget(config, root, run_id)
         failures = await run_on_work_pool(config, root, run_id, [planned.planned_key for planned in todo],
                                           total=len(plan), budget=budget)
-    else:
-        failures = await execute(config, root, run_id, todo, total=len(plan), durable=prepared.durable,
-                                 progress_key=progress_key(run_id))
+    else:   # the spend in memory, mirrored to the run's counters so a killed eval's survives (flows/budget.py)
+        async with get_client() as client:
+            budget = await seed_shared_budget(config, root, run_id, client, local=True)
+            failures = await execute(config, root, run_id, todo, total=len(plan), durable=prepared.durable,
+                                     progress_key=progress_key(run_id), budget=budget)
     await asyncio.to_thread(compact, root, run_id, len(plan))
     summary = summarize_run(root, run_id, rollouts_per_task=config.rollouts_per_task,
                             pass_threshold=config.pass_threshold, wall_time_s=round(time.perf_counter() - started, 3))
     summary.flow_run_id = str(flow_run.id)
-    stopped = await budget_stop(config, root, run_id, [planned.key for planned in plan], budget)
+    stopped = await budget_stop(config, root, run_id, [planned.key for planned in plan], budget,
+                                {planned.key: planned.attempt for planned in todo})
     if stopped is not None:   # the rollouts without a row are the ones the budget did not start
-        summary.budget_stop, failures = stopped[0], []
+        summary.budget_stop, summary.budget_not_done, failures = stopped.message, stopped.not_done, []
     failure = run_failure(summary, len(plan), config.max_error_fraction)
     completed = failure is None and not failures and stopped is None
     compared = await finish_with_baseline(summary, baseline, config, root, series, completed=completed, ran=bool(todo))
     await publish_summary(summary, series, root, compared)
     if stopped is not None:
-        return budget_state(stopped[0], summary, stopped[1])  # type: ignore[return-value]  # holds its error
+        return budget_state(stopped.message, summary, stopped.spent)  # type: ignore[return-value]  # holds its error
     if failures:
         raise RuntimeError(f"{len(plan) - summary.rollouts} of {len(plan)} rollouts have no row ({failures[0]}); "
                            f"resume with --resume {run_id}") from failures[0]

@@ -145,7 +145,7 @@ def eval_command(
     else:
         console.print(f"eval flow run: {_ui_url().rstrip('/')}/runs/flow-run/{summary.flow_run_id}")
     if summary.budget_stop:
-        _finish_budget_stop(summary, eval_config, resume_hint, total - (_durable_count(eval_config, run_id) or 0))
+        _finish_budget_stop(summary, eval_config, resume_hint, summary.budget_not_done or 0)
     if failure is not None:
         _error("eval failed: ", failure)
         if summary.errored:   # --retry-errors runs them again (not the agent's own failures: not errors)
@@ -164,21 +164,25 @@ BUDGET_EXIT = 4
 
 def _finish_budget_stop(summary: Any, eval_config: Any, resume_hint: str, not_done: int) -> NoReturn:
     """Say that the budget stopped the run (spend, budget, rollouts not done) and how to finish it (the
-    resume command with each budget raised to an estimate: ``Budget.raised_overrides``), exit 4."""
-    from prefect_rollouts.evals.budget import Budget, MemoryLedger, Spend
+    resume command with each budget raised to an estimate: ``evals.budget.resume_estimate``; earlier
+    ``--set`` items of the raised keys left out), exit 4."""
+    from prefect_rollouts.evals.budget import Budget, MemoryLedger, Spend, resume_estimate
 
     spend = summary.spend
     budget = Budget(eval_config.token_budget, eval_config.cost_budget_usd, MemoryLedger())
     budget.spent = Spend(spend.tokens, spend.cost_usd or 0.0) if spend is not None else Spend()
-    top = spend.top_rollouts[0] if spend is not None and spend.top_rollouts else None
-    per_rollout = Spend(top.tokens, top.cost_usd or 0.0) if top is not None else Spend()
-    caps = {env.agent.max_rollout_tokens for env in eval_config.environments()}
-    if None not in caps:   # every rollout is capped: that bounds its agent's tokens
-        per_rollout = Spend(max(per_rollout.tokens, max(caps)), per_rollout.cost_usd)
+    caps = [env.agent.max_rollout_tokens for env in eval_config.environments()]
+    try:
+        per_rollout, basis = (resume_estimate(eval_config.traces.path, summary.run_id, caps)
+                              if not eval_config.traces.store else (None, "twice the budget"))
+    except TraceStoreError:
+        per_rollout, basis = None, "twice the budget"
     _error("budget reached: ", summary.budget_stop)
-    raised = " ".join(f"--set={item}" for item in budget.raised_overrides(not_done, per_rollout))
-    console.print(f"resume with a larger budget: {resume_hint} {raised} (an estimate: the spend so far and {not_done} "
-                  "rollouts at the costliest one's spend)", markup=False, highlight=False, soft_wrap=True)
+    raised = budget.raised_overrides(not_done, per_rollout)
+    keys = tuple(f"--set={item.split('=')[0]}=" for item in raised)
+    hint = " ".join(shlex.quote(part) for part in shlex.split(resume_hint) if not part.startswith(keys))
+    console.print(f"resume with a larger budget: {hint} {' '.join(f'--set={item}' for item in raised)} (an "
+                  f"estimate: the spend so far and {basis})", markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(BUDGET_EXIT)
 
 

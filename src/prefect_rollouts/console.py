@@ -188,12 +188,14 @@ def print_summary(console: Console, summary: EvalSummary) -> None:
     details = ", ".join(f"{name} {value}" for name, value in (("cached", summary.cached_tokens),
                                                               ("reasoning", summary.reasoning_tokens))
                         if value is not None)
-    tokens = f"total tokens: {summary.total_tokens}" + (f" ({details})" if details else "")
+    tokens = f"tokens of the latest attempts: {summary.total_tokens}" + (f" ({details})" if details else "")
     tokens += f", judge tokens: {summary.judge_tokens}" if summary.judge_tokens else ""
     wall = f"wall time: {summary.wall_time_s:.1f} s, " if summary.wall_time_s is not None else ""
     console.print(wall + tokens, markup=False, highlight=False)
     if summary.spend is not None and summary.spend.attempts:   # every attempt, judges, cost (traces/spend.py)
         console.print(summary.spend.text(), markup=False, highlight=False, soft_wrap=True)
+    if summary.unfinished and not summary.budget_stop:   # a run its budget stopped, seen later (traces summary)
+        console.print(summary.unfinished_text(), markup=False, highlight=False, soft_wrap=True)
     if summary.retried:   # --retry-errors, max_rollout_attempts: rows of the earlier attempts stay
         console.print(f"retried: {summary.retried} rollout{'' if summary.retried == 1 else 's'} after an errored "
                       f"attempt, {summary.recovered} recovered",

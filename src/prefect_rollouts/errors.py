@@ -183,6 +183,11 @@ class JudgeError(TaskError):
         self.status_code = status_code
 
 
+class BudgetStop(RolloutsError):
+    """The eval's token or cost budget was reached before a judge call started (``Judge.ask``): the
+    rollout stops as ``budget`` (not scored, not done: a resume runs it again), not a scoring error."""
+
+
 class StageTimeoutError(RolloutsError, TimeoutError):
     """A stage deadline (``[env.agent.timeouts]``) expired. ``stage`` names it."""
 

@@ -26,11 +26,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from prefect_rollouts.config.agent import AgentConfig, ScoringConfig, effective_scoring, with_task_network
-from prefect_rollouts.errors import AgentFailure, InfrastructureError, StageTimeoutError
+from prefect_rollouts.errors import AgentFailure, BudgetStop, InfrastructureError, StageTimeoutError
 from prefect_rollouts.harnesses import Harness, make_harness
 from prefect_rollouts.model.local import is_local
 from prefect_rollouts.runtimes import Runtime, make_runtime
 from prefect_rollouts.runtimes.egress import EgressProxy, mark_phase, take_network_log
+from prefect_rollouts.scoring.judge_base import JUDGE_BUDGET
 from prefect_rollouts.scoring.placement import score_isolated, score_shared
 from prefect_rollouts.task import Task, call_injected
 from prefect_rollouts.threads import note_in
@@ -112,9 +113,12 @@ class RolloutState:
             self.trace.segments[-1].terminated = True
         return True
 
-    async def charge(self, tokens: int, cost_usd: float | None) -> None:
-        """Count one model call's tokens and cost against the eval's budget (if any)."""
+    async def charge(self, tokens: int, cost_usd: float | None, usage_note: str | None = None) -> None:
+        """Count one model call's tokens and cost against the eval's budget (if any); ``usage_note``: its
+        usage was missing or invalid (``Budget.warn_unknown``)."""
         if self.budget is not None:
+            if usage_note:
+                self.budget.warn_unknown(usage_note)
             await self.budget.charge(tokens, cost_usd)
 
 
@@ -368,13 +372,16 @@ async def score(state: RolloutState) -> None:
     grades already given, e.g. a judge's None beside the other judges). An ``AgentFailure`` a scoring
     function raises (``agent_exits.box_broken``) gives reward 0 as one with ``scored = False`` does.
 
+    Judge calls check the eval's budget before they start and charge it after (``judge_base.JUDGE_BUDGET``);
+    once it is reached no judge call starts and the rollout stops as ``budget`` (reward None, not done).
+
     Raises:
         InfrastructureError: the scoring runtime failed (isolated scoring retries it).
         TaskError: a scoring function or judge failed.
         StageTimeoutError: the deadline expired (recorded on the trace: ``scoring_timeout``).
     """
     isolated = state.scoring.mode == "isolated"
-    judged = state.trace.judge_usage.model_copy()
+    gate = JUDGE_BUDGET.set(state.budget)   # each judge call checks and charges the eval's budget
     try:
         async with _timed(state, "scoring", state.config.timeouts.scoring):
             if isolated:
@@ -392,9 +399,13 @@ async def score(state: RolloutState) -> None:
         state.trace.metrics.clear()
         state.trace.reward_weights.clear()
         raise
-    finally:   # the judges' calls count against the eval's budget (not cut short: the agent had finished)
-        usage = state.trace.judge_usage
-        await state.charge(usage.total_tokens - judged.total_tokens, (usage.cost_usd or 0.0) - (judged.cost_usd or 0.0))
+    except BudgetStop:   # reached before a judge call: not scored, not done (a resume runs it again)
+        state.trace.stop("budget", override=True)
+        state.trace.rewards.clear()
+        state.trace.reward_weights.clear()
+        state.trace.reward = None
+    finally:
+        JUDGE_BUDGET.reset(gate)
 
 
 async def teardown(state: RolloutState) -> None:

@@ -355,3 +355,16 @@ def content_text(content: Any) -> str:
         return "".join(part if isinstance(part, str) else str(part.get("text", ""))
                        for part in content if isinstance(part, (str, dict)))
     return "" if content is None else str(content)
+
+
+USAGE_NOTES_MAX = 10
+"""Notes of unknown usage kept on one trace (``info["usage_unknown"]``); later ones are counted only."""
+
+
+def note_unknown_usage(trace: Trace, note: str) -> None:
+    """Record on ``trace`` that a call's usage was missing or invalid (``model.client.Completion.usage_note``):
+    ``info["usage_unknown"]`` = ``{"calls": n, "notes": [first USAGE_NOTES_MAX notes]}``."""
+    unknown = trace.info.setdefault("usage_unknown", {"calls": 0, "notes": []})
+    unknown["calls"] += 1
+    if len(unknown["notes"]) < USAGE_NOTES_MAX:
+        unknown["notes"].append(note)

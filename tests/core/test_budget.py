@@ -19,7 +19,7 @@ from prefect_rollouts.pricing import call_cost_usd
 from prefect_rollouts.traces import read_rollouts, read_traces, summarize_run
 from tests.core.budget_tasks import chatty
 from tests.eval_toml import eval_toml
-from tests.fakes.openai_server import delayed, reply, tool_call
+from tests.fakes.openai_server import delayed, reply, status, tool_call
 
 pytestmark = pytest.mark.unit
 
@@ -90,7 +90,9 @@ async def test_rows_carry_the_cost_of_the_calls_at_the_clients_price(tmp_path, o
     assert summary.environments[0].cost_usd == pytest.approx(6 * call)
     assert "cost_usd" in summary.table()[0] and f"${6 * call:.4f}" in summary.text()
     shown = CliRunner().invoke(app, ["traces", "summary", str(tmp_path / "traces"), "--run-id", "priced"]).output
-    assert f"spend: 7,200 tokens (judges 0), ${6 * call:.4f} over 2 attempts of 2 rollouts" in shown
+    assert f"spend: 7,200 tokens (judges 0), ${6 * call:.4f} over 2 attempts of 2 rollouts (every attempt)" in shown
+    summary.wall_time_s = 1.0   # as the eval prints it: the latest attempts' tokens beside the spend, each labeled
+    assert "tokens of the latest attempts: 7200" in summary.text() and "(every attempt)" in summary.text()
     assert f"per rollout 3,600 tokens, ${3 * call:.4f}" in shown and "costliest tasks:" in shown
     one = CliRunner().invoke(app, ["traces", "show", str(tmp_path / "traces"), "priced", "c0"]).output
     assert f"tokens: prompt 3000, completion 600 · cost ${3 * call:.6f}" in one
@@ -193,3 +195,113 @@ def test_the_shared_counters_count_whole_units_and_scale_a_budget_past_a_billion
     assert huge.units == {"tokens": 5.0} and huge.slots(Spend(12, 0.0)) == {"tokens": 3}
     assert 2 * 5_000_000_000 / huge.units["tokens"] < SLOT_MAX   # twice the budget still fits the counter
     assert counter_name("Run/With Slashes", "tokens").startswith("budget-tokens-run-with-slashes-")
+
+
+async def test_a_judge_call_checks_the_budget_before_it_starts_and_its_rollout_ends_budget(tmp_path, openai_server):
+    def answer(request):   # c0's agent answers at once, the others after 0.3 s; each judge call reports 5,000
+        if request.body.get("model") == "judge-model":
+            return reply("yes", usage={"prompt_tokens": 4_990, "completion_tokens": 10, "total_tokens": 5_000})
+        fast = "task 0:" in request.messages[-1]["content"]
+        return numbered_reply(request) if fast else delayed(0.3, numbered_reply)
+    openai_server.default = answer
+    text = budget_toml(tmp_path, openai_server.base_url, turns=1, num_tasks=4, max_concurrent=4, token_budget=1_000)
+    text += ('[[env.agent.scoring.judges]]\nid = "reference"\nmodel = "judge-model"\n'
+             f'[env.agent.scoring.judges.client]\nbase_url = "{openai_server.base_url}"\napi_key_env = ""\n')
+    prepared = prepare_eval(load_eval_config(text), run_id="judge-cut", resume=False)
+    await run(prepared, 4)
+    rows = read_rollouts(tmp_path / "traces", run_id="judge-cut").set_index("task_id")
+    # c0 was judged (100 + 5,000 tokens: the budget reached); c1..c3's agent calls were in flight and land,
+    # but their judge calls would start past the budget: none starts, and they end budget (not scored, not done)
+    assert tuple(rows.loc["c0", ["stop_condition", "reward"]]) == ("agent_completed", 2.0)   # task + judge
+    others = rows.loc[["c1", "c2", "c3"]]
+    assert set(others["stop_condition"]) == {"budget"} and others["reward"].isna().all()
+    assert not others["is_error"].any() and (others["judge_prompt_tokens"] == 0).all()
+    assert sum(request.body.get("model") == "judge-model" for request in openai_server.requests) == 1
+    assert summarize_run(tmp_path / "traces", "judge-cut").spend.tokens == 4 * CALL_TOKENS + 5_000
+    resumed = prepare_eval(load_eval_config(text), run_id="judge-cut", resume=True)
+    assert sorted((p.key[1], p.attempt) for p in resumed.todo) == [("c1", 2), ("c2", 2), ("c3", 2)]
+
+
+async def test_usage_that_is_missing_negative_or_huge_counts_as_unknown_with_a_warning(tmp_path, openai_server,
+                                                                                        caplog):
+    usages = {"1": {"prompt_tokens": -19_800, "completion_tokens": 10, "total_tokens": -19_790},
+              "2": {"prompt_tokens": 1e20, "completion_tokens": 10, "total_tokens": 1e20}}
+
+    def answer(request):
+        number = re.search(r"say (\d+)", request.messages[-1]["content"]).group(1)
+        if number == "0":   # a body without usage
+            return status(200, {"id": "c", "object": "chat.completion", "model": "scripted", "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": "0"}, "finish_reason": "stop"}]})
+        return reply(number, usage=usages.get(number, {"prompt_tokens": 90, "completion_tokens": 10,
+                                                       "total_tokens": 100}))
+    openai_server.default = answer
+    text = budget_toml(tmp_path, openai_server.base_url, turns=1, num_tasks=4, max_concurrent=1,
+                       token_budget=100_000)
+    prepared = prepare_eval(load_eval_config(text), run_id="usage", resume=False)
+    with caplog.at_level("WARNING", logger="prefect_rollouts.budget"):
+        await run(prepared, 1)
+    rows = read_rollouts(tmp_path / "traces", run_id="usage").set_index("task_id")
+    assert len(rows) == 4 and not rows["is_error"].any()                 # no crash, every row durable
+    assert rows["total_tokens"].to_dict() == {"c0": 0, "c1": 10, "c2": 10, "c3": 100}   # unknown counts 0, never < 0
+    traces = {trace.task_id: trace for trace in read_traces(tmp_path / "traces", run_id="usage")}
+    assert traces["c0"].info["usage_unknown"] == {"calls": 1, "notes": ["the response reported no usage"]}
+    assert traces["c1"].info["usage_unknown"]["notes"] == [
+        "usage.prompt_tokens = -19800: not a whole number from 0 to 1,000,000,000, counted as 0"]
+    assert "usage.prompt_tokens = 1e+20" in traces["c2"].info["usage_unknown"]["notes"][0]
+    assert "usage_unknown" not in traces["c3"].info
+    warned = [r.getMessage() for r in caplog.records if "usage is unknown" in r.getMessage()]
+    assert len(warned) == 1 and "the response reported no usage" in warned[0]   # once per run
+
+
+async def test_the_resume_command_prices_rollouts_not_done_at_the_finished_ones_and_replaces_the_budget(
+        tmp_path, openai_server, capsys):
+    import typer
+
+    from prefect_rollouts.cli import _finish_budget_stop
+
+    openai_server.default = numbered_reply
+    config = load_eval_config(budget_toml(tmp_path, openai_server.base_url, turns=5, max_concurrent=2,
+                                          token_budget=1_200))
+    prepared = prepare_eval(config, run_id="estimate", resume=False)
+    await run(prepared, 2)   # some finish (500 tokens each: 5 calls), the others are cut short or never start
+    summary = summarize_run(tmp_path / "traces", "estimate")
+    summary.budget_stop = "spent 1,200 tokens"
+    hint = "prefect-rollouts eval eval.toml --set=token_budget=150 --set=max_concurrent=2 --resume estimate"
+    with pytest.raises(typer.Exit):
+        _finish_budget_stop(summary, config, hint, 8)
+    shown = " ".join(capsys.readouterr().out.split())
+    said = re.search(r"resume with a larger budget: prefect-rollouts eval eval.toml --set=max_concurrent=2 --resume "
+                     r"estimate --set=token_budget=(\d+) \(an estimate: the spend so far and each rollout not done "
+                     r"at 500 tokens, \$0\.0000, the mean of the \d finished ones\)", shown)
+    assert said and int(said.group(1)) == summary.spend.tokens + 8 * 500, shown   # the text says how the number came
+    assert shown.count("token_budget=") == 1                                      # the earlier --set is replaced
+
+
+@pytest.mark.parametrize("value", ["1e308", "inf", "nan"])
+def test_a_price_that_is_not_a_finite_sane_number_is_refused(tmp_path, value):
+    text = budget_toml(tmp_path, "http://127.0.0.1:9/v1", cost_budget_usd=1.5).replace(
+        'api_key_env = ""\n', f'api_key_env = ""\nprice = {{ input = {value}, output = 2.0 }}\n')
+    with pytest.raises(ConfigError, match=r"\[env\.agent\.client\.price\] input = .*: Input should be "
+                                          r"(less than or equal to 1000000|a finite number)"):
+        load_eval_config(text)   # 1e308 had printed a cost of $inf and suggested cost_budget_usd=inf
+
+
+async def test_progress_and_traces_summary_do_not_count_budget_stopped_rollouts_as_done(tmp_path, openai_server):
+    from prefect_rollouts.evals.engine import progress_listener
+
+    openai_server.default = numbered_reply
+    config = load_eval_config(budget_toml(tmp_path, openai_server.base_url, turns=5, max_concurrent=4,
+                                          token_budget=1_000))
+    seen: list[tuple[int, int]] = []
+    token = progress_listener.set(lambda done, total: seen.append((done, total)))
+    try:
+        await run(prepare_eval(config, run_id="progress", resume=False), 4)
+    finally:
+        progress_listener.reset(token)
+    rows = read_rollouts(tmp_path / "traces", run_id="progress")
+    done = int((rows["stop_condition"] != "budget").sum())
+    assert (rows["stop_condition"] == "budget").sum() >= 2 and seen[-1] == (done, 10), seen   # "8/8" had shown
+    stopped = int((rows["stop_condition"] == "budget").sum())
+    shown = " ".join(CliRunner().invoke(app, ["traces", "summary", str(tmp_path / "traces"), "--run-id",
+                                              "progress"]).output.split())
+    assert f"unfinished: {stopped} rollouts not done (stopped as budget;" in shown, shown   # not listed as complete

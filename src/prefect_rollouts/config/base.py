@@ -87,19 +87,24 @@ class RetryConfig(ConfigModel):
     """Stop retrying once this many seconds have passed since the first attempt; None = no bound."""
 
 
+PRICE_MAX = 1_000_000.0
+"""The largest price, USD per million tokens (a dollar a token, far past any model's): a larger one is a
+typo, and one near ``1e308`` made every cost ``inf``."""
+
+
 class PriceConfig(ConfigModel):
     """What a client's tokens cost, in USD per million tokens, as the user's provider bills them
     (``[env.agent.client] price = { input = 3.0, output = 15.0, cached_input = 0.3, cache_write = 3.75 }``).
     There is no built-in price table: a cost is only ever computed from prices given here
     (``pricing.call_cost_usd``)."""
 
-    input: float = Field(ge=0)
+    input: float = Field(ge=0, le=PRICE_MAX, allow_inf_nan=False)
     """Prompt tokens not served from the cache."""
-    output: float = Field(ge=0)
+    output: float = Field(ge=0, le=PRICE_MAX, allow_inf_nan=False)
     """Completion tokens; reasoning tokens are completion tokens and bill at this price."""
-    cached_input: float | None = Field(None, ge=0)
+    cached_input: float | None = Field(None, ge=0, le=PRICE_MAX, allow_inf_nan=False)
     """Prompt tokens the server served from its cache (``cached_tokens``); None: billed as ``input``."""
-    cache_write: float | None = Field(None, ge=0)
+    cache_write: float | None = Field(None, ge=0, le=PRICE_MAX, allow_inf_nan=False)
     """Prompt tokens written to the cache, where the server reports them; None: billed as ``input``."""
 
 

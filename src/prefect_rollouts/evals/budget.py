@@ -8,25 +8,31 @@ it before starting a rollout: once reached, no new rollout starts.
 
 Where the spend is kept is a ``Ledger``:
 
-- ``MemoryLedger``: one process runs the whole run (an eval without a work pool). It starts from the
+- ``MemoryLedger``: one process runs the whole run (the inline engine without Prefect). It starts from the
   spend of the run's durable rows (``rows_spend``: every attempt, judges included), so a resume counts
-  what earlier attempts spent.
+  what earlier attempts spent. The eval flow without a work pool mirrors it to Prefect-side counters
+  (``flows/budget.py``: ``MirroredLedger``), so a killed eval's spend survives.
 - Across shards and workers (``[dispatch] work_pool``) the Prefect layer gives a ledger every process
   shares (``flows/budget.py``: a Prefect global concurrency limit used as a counter).
 
 Overshoot: a rollout checks before each call and charges after it, so once the budget is reached no
 further call starts anywhere that sees the ledger; what lands past it is at most the calls that were in
-flight then (one per rollout in flight), plus the judge calls of rollouts already being scored
-(scoring is not cut short: its rollout's agent had finished). ``tests/evals/test_budget.py`` measures it.
+flight then (one per rollout in flight, one per judge of a rollout being scored: judge calls check and
+charge like agent calls, ``scoring.judge_base.JUDGE_BUDGET``). ``tests/core/test_budget.py`` measures it.
 Must not import Prefect.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Protocol
 
 from prefect_rollouts.traces.store import DatasetRoot
+
+log = logging.getLogger("prefect_rollouts.budget")
 
 SPEND_COLUMNS = ["total_tokens", "judge_prompt_tokens", "judge_completion_tokens", "cost_usd"]
 """The ``rollouts`` columns a run's spend is summed from."""
@@ -92,6 +98,7 @@ class Budget:
         self.spent = Spend()
         """The last total this process read or made (``check``, ``charge``)."""
         self.is_reached = False
+        self.warned_unknown = False
 
     def over(self, spend: Spend) -> bool:
         """Whether ``spend`` reaches a budget (``>=``: a budget of 1,000 tokens is reached at 1,000)."""
@@ -111,24 +118,61 @@ class Budget:
         if tokens or cost_usd:
             await self.ledger.add(Spend(tokens, cost_usd or 0.0))
 
+    def warn_unknown(self, note: str) -> None:
+        """Log once per budget (per process) that a call's usage was missing or invalid: such a call counts
+        0 tokens (``model.client.USAGE_MAX``), so the budget may never be reached."""
+        if not self.warned_unknown:
+            self.warned_unknown = True
+            log.warning("budget: a model call's usage is unknown (%s); it counts 0 tokens against %s, and "
+                        "so may every such call (the trace's info usage_unknown lists them)", note,
+                        self.limits_text())
+
     def limits_text(self) -> str:
         """``token_budget = 10,000`` and/or ``cost_budget_usd = 0.5``, as the keys are written."""
         parts = ([f"token_budget = {self.token_budget:,}"] if self.token_budget is not None else []) + (
             [f"cost_budget_usd = {self.cost_budget_usd:g}"] if self.cost_budget_usd is not None else [])
         return " and ".join(parts)
 
-    def raised_overrides(self, not_done: int, per_rollout: Spend) -> list[str]:
+    def raised_overrides(self, not_done: int, per_rollout: Spend | None) -> list[str]:
         """``--set`` items with each budget raised to an estimate of what finishing the run takes (the
-        resume command a stop prints): the spend so far plus ``not_done`` rollouts at ``per_rollout``
-        each (the costliest rollout so far, or ``max_rollout_tokens``), and at least twice the budget.
-        Only an estimate: a rollout stopped early spent less than a whole one."""
-        need = self.spent + Spend(not_done * per_rollout.tokens, not_done * per_rollout.cost_usd)
+        resume command a stop prints): the spend so far plus ``not_done`` rollouts at ``per_rollout`` each
+        (``resume_estimate``); None (nothing to go by): twice each budget. Only an estimate."""
+        if per_rollout is None:
+            need = Spend(2 * (self.token_budget or 0), 2 * (self.cost_budget_usd or 0.0))
+        else:
+            need = self.spent + Spend(not_done * per_rollout.tokens, not_done * per_rollout.cost_usd)
         items = []
         if self.token_budget is not None:
-            items.append(f"token_budget={max(2 * self.token_budget, need.tokens)}")
+            items.append(f"token_budget={max(need.tokens, self.spent.tokens + 1)}")
         if self.cost_budget_usd is not None:
-            items.append(f"cost_budget_usd={max(2 * self.cost_budget_usd, need.cost_usd):.4g}")
+            items.append(f"cost_budget_usd={max(need.cost_usd, self.spent.cost_usd * 1.01, 1e-4):.4g}")
         return items
+
+
+def resume_estimate(root: str | DatasetRoot, run_id: str, caps: Collection[int | None]) -> tuple[Spend | None, str]:
+    """What one rollout not done will spend, for the resume command, and how that was estimated (text).
+
+    The mean spend (tokens with judges, cost) of the run's finished rollouts (latest attempt without an
+    error, not stopped as ``budget``: a rollout the budget cut short spent less than a whole one); without
+    any, ``max_rollout_tokens`` when every environment sets it (``caps``; tokens only); else None (nothing
+    to go by: ``Budget.raised_overrides`` doubles the budget).
+
+    Raises:
+        TraceStoreError: the dataset cannot be read.
+    """
+    from prefect_rollouts.trace import UNFINISHED_STOPS
+    from prefect_rollouts.traces.read import read_rollouts
+
+    rows = read_rollouts(root, columns=[*SPEND_COLUMNS, "stop_condition", "is_error"], run_id=run_id)
+    finished = rows[~rows["is_error"].astype(bool) & ~rows["stop_condition"].isin(list(UNFINISHED_STOPS))]
+    if len(finished):
+        tokens = sum(finished[column].fillna(0) for column in SPEND_COLUMNS[:3])
+        per = Spend(math.ceil(float(tokens.mean())), float(finished["cost_usd"].fillna(0.0).mean()))
+        return per, f"each rollout not done at {per.text()}, the mean of the {len(finished)} finished ones"
+    if caps and None not in caps:
+        cap = max(cap for cap in caps if cap is not None)
+        return Spend(cap, 0.0), f"no rollout finished: each rollout not done at max_rollout_tokens = {cap:,}"
+    return None, "no rollout finished and no max_rollout_tokens: twice the budget"
 
 
 def rows_spend(root: str | DatasetRoot, run_id: str) -> Spend:

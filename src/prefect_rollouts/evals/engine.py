@@ -104,9 +104,10 @@ class EvalRun:
             self.report()
 
     def report(self) -> None:
-        """Tell ``progress_listener`` (the CLI's progress bar) how many rollouts are durable."""
+        """Tell ``progress_listener`` (the CLI's progress bar) how many rollouts are durable and done (a
+        budget stop's row is durable but not done: ``RolloutWriter.done``)."""
         if (listener := progress_listener.get()) is not None:
-            listener(len(self.writer.durable), self.total)
+            listener(self.writer.done, self.total)
 
 
 async def run_rollouts(config: EvalConfig, root: str | DatasetRoot, run_id: str, todo: list[Planned],

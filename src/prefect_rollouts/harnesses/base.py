@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from prefect_rollouts.config.agent import AgentConfig
 from prefect_rollouts.errors import ProviderError, scrub
 from prefect_rollouts.pricing import call_cost_usd
-from prefect_rollouts.trace import ModelCall, SendRecord, Trace
+from prefect_rollouts.trace import ModelCall, SendRecord, Trace, note_unknown_usage
 
 if TYPE_CHECKING:
     from prefect_rollouts.model import ModelClient
@@ -38,7 +38,7 @@ class SegmentContext(Protocol):
     def segment_index(self) -> int: ...
     def turn_limit_reached(self) -> bool: ...
     async def budget_reached(self) -> bool: ...
-    async def charge(self, tokens: int, cost_usd: float | None) -> None: ...
+    async def charge(self, tokens: int, cost_usd: float | None, usage_note: str | None = None) -> None: ...
 
 
 class Harness(Protocol):
@@ -156,7 +156,9 @@ async def sample(ctx: SegmentContext, template: dict[str, Any]) -> dict[str, Any
                          completion.completion_tokens, completion.cached_tokens)
     trace.usage.add(completion.prompt_tokens, completion.completion_tokens, completion.cached_tokens,
                     completion.reasoning_tokens, cost)
-    await ctx.charge(completion.prompt_tokens + completion.completion_tokens, cost)
+    if completion.usage_note:
+        note_unknown_usage(trace, completion.usage_note)
+    await ctx.charge(completion.prompt_tokens + completion.completion_tokens, cost, completion.usage_note)
     ctx.turns += 1
     raw = completion.message
     # text from outside: a server or proxy may echo the request's key into the reply

@@ -19,6 +19,7 @@ import email.utils
 import functools
 import itertools
 import logging
+import math
 import os
 import random
 import socket
@@ -74,6 +75,9 @@ class Completion:
     cached_tokens: int | None = None
     reasoning_tokens: int | None = None
     attempts: list[dict[str, Any]] = field(default_factory=list)
+    usage_note: str | None = None
+    """What was wrong with the response's ``usage`` (none reported, a negative, huge or non-integer
+    count: ``USAGE_MAX``); such a count is unknown and counted as 0. None: the usage was whole."""
 
 
 class _Attempt(Exception):
@@ -262,21 +266,38 @@ def _parse(data: Any, retries: int, status_code: int) -> Completion:
     usage = data.get("usage") or {}
     if not isinstance(usage, dict):
         raise TypeError(f"usage is {type(usage).__name__}, not an object")
+    notes = [] if usage else ["the response reported no usage"]
+    prompt, completion = (_count(usage.get(key), f"usage.{key}", notes) for key in ("prompt_tokens",
+                                                                                     "completion_tokens"))
     return Completion(message=message, finish_reason=choice.get("finish_reason"),
-                      prompt_tokens=int(usage.get("prompt_tokens") or 0),
-                      completion_tokens=int(usage.get("completion_tokens") or 0),
+                      prompt_tokens=prompt or 0, completion_tokens=completion or 0,
                       retries=retries, status_code=status_code,
                       cached_tokens=_detail(usage, "prompt_tokens_details", "cached_tokens"),
-                      reasoning_tokens=_detail(usage, "completion_tokens_details", "reasoning_tokens"))
+                      reasoning_tokens=_detail(usage, "completion_tokens_details", "reasoning_tokens"),
+                      usage_note="; ".join(notes) or None)
+
+
+USAGE_MAX = 10**9
+"""The largest token count one call's ``usage`` field may report (a billion: a thousand times the largest
+context windows); a larger one, a negative or a non-integer one is unknown (``Completion.usage_note``)."""
+
+
+def _count(value: Any, where: str, notes: list[str]) -> int | None:
+    """``value`` as a token count: a whole number from 0 to ``USAGE_MAX``; None (and a note) otherwise."""
+    if value is None:
+        return None
+    if (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+            and value == int(value) and 0 <= value <= USAGE_MAX):
+        return int(value)
+    notes.append(f"{where} = {str(value)[:40]}: not a whole number from 0 to {USAGE_MAX:,}, counted as 0")
+    return None
 
 
 def _detail(usage: dict[str, Any], group: str, key: str) -> int | None:
-    """``usage[group][key]`` as an int; None when absent or not a number (the details are optional)."""
+    """``usage[group][key]`` as an int; None when absent or not a valid count (the details are optional)."""
     details = usage.get(group)
     value = details.get(key) if isinstance(details, dict) else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return int(value)
+    return _count(value, f"usage.{group}.{key}", [])
 
 
 def _retry_after(value: str | None) -> float | None:

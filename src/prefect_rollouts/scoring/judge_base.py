@@ -12,21 +12,41 @@ import json
 import re
 import time
 from collections.abc import Callable
-from typing import Any
+from contextvars import ContextVar
+from typing import Any, Protocol
 
 from prefect_rollouts.config.judge import JudgeConfig
-from prefect_rollouts.errors import JudgeError, ProviderError, scrub, scrub_cut
+from prefect_rollouts.errors import BudgetStop, JudgeError, ProviderError, scrub, scrub_cut
 from prefect_rollouts.model.client import ModelClient
 from prefect_rollouts.pricing import call_cost_usd
 from prefect_rollouts.task import Task, qualname
 from prefect_rollouts.threads import note_in, run_sync
-from prefect_rollouts.trace import AttemptRecord, JudgeCall, Trace, content_text
+from prefect_rollouts.trace import AttemptRecord, JudgeCall, Trace, content_text, note_unknown_usage
 
 REPLY_CAP_CHARS = 4_000
 """Judge prompts and replies longer than this are cut on the trace (the parser sees the whole reply)."""
 
 TOOL_OUTPUT_CAP_CHARS = 500
 """Tool results longer than this are cut in the transcript a judge reads."""
+
+
+
+class JudgeBudget(Protocol):
+    """What a judge call asks of the eval's budget (``evals.budget.Budget``), as an agent call does."""
+
+    async def check(self) -> bool:
+        """True when the run's spend has reached the budget (then no call starts)."""
+        ...
+
+    async def charge(self, tokens: int, cost_usd: float | None) -> None:
+        """Count one call's tokens and cost."""
+        ...
+
+
+JUDGE_BUDGET: ContextVar[JudgeBudget | None] = ContextVar("judge_budget", default=None)
+"""The eval's budget while a rollout is scored (``stages.score`` sets it); None outside an eval with a budget.
+Every judge call checks it before it starts and charges it after, so judges stop at the budget as agent
+calls do (``docs/budgets.md``)."""
 
 
 class Judge:
@@ -61,11 +81,17 @@ class Judge:
         other rollouts, and the scoring deadline still holds. The verdict is stored on the
         ``JudgeCall`` as JSON data (other values as their ``repr``).
 
+        With an eval budget (``JUDGE_BUDGET``) the call checks it first and charges its tokens and cost after.
+
         Raises:
             JudgeError: the endpoint failed (after the client's retries) or ``parse`` raised;
                 the call is on the trace either way, its tokens (and cost, with a ``price`` on the judge's
                 client) in ``trace.judge_usage``.
+            BudgetStop: the eval's budget was reached before the call (no call is made or recorded).
         """
+        budget = JUDGE_BUDGET.get()
+        if budget is not None and await budget.check():
+            raise BudgetStop(f"judge {self.name!r}: the eval's budget was reached before its call")
         body = {**sampling_body(self.config), "model": self.config.model,
                 "messages": [{"role": "user", "content": prompt}]}
         record = JudgeCall(judge=self.name, model=self.config.model, started_at=time.time(), latency_ms=0.0,
@@ -91,10 +117,14 @@ class Judge:
         record.attempts = [AttemptRecord.model_validate(a) for a in completion.attempts]
         record.prompt_tokens, record.completion_tokens = completion.prompt_tokens, completion.completion_tokens
         record.cached_tokens, record.reasoning_tokens = completion.cached_tokens, completion.reasoning_tokens
+        cost = call_cost_usd(getattr(self.client.config, "price", None), completion.prompt_tokens,
+                             completion.completion_tokens, completion.cached_tokens)
         trace.judge_usage.add(completion.prompt_tokens, completion.completion_tokens, completion.cached_tokens,
-                              completion.reasoning_tokens,
-                              call_cost_usd(getattr(self.client.config, "price", None), completion.prompt_tokens,
-                                            completion.completion_tokens, completion.cached_tokens))
+                              completion.reasoning_tokens, cost)
+        if completion.usage_note:
+            note_unknown_usage(trace, f"judge {self.name!r}: {completion.usage_note}")
+        if budget is not None:
+            await budget.charge(completion.prompt_tokens + completion.completion_tokens, cost)
         reply = content_text(completion.message.get("content"))
         record.reply = scrub_cut(reply, REPLY_CAP_CHARS, note=False)
         try:   # parsers are plugin code: off the loop, like sync rewards (threads.py)

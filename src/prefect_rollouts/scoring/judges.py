@@ -25,7 +25,7 @@ from typing import Any
 
 from prefect_rollouts.config.agent import ClientConfig
 from prefect_rollouts.config.judge import JudgeConfig
-from prefect_rollouts.errors import ConfigError, JudgeError, TaskError
+from prefect_rollouts.errors import BudgetStop, ConfigError, JudgeError, TaskError
 from prefect_rollouts.model.client import ModelClient
 from prefect_rollouts.model.open import open_client
 from prefect_rollouts.scoring.judge_base import (  # noqa: F401  (Judge: plugins subclass it from here)
@@ -143,6 +143,7 @@ async def run_judges(judges: Sequence[JudgeConfig], task: Task, trace: Trace, cl
         JudgeError: a judge failed; the message names every failed judge.
         TaskError: a judge's name clashes with a task reward, or a rubric metric with a task metric.
         ConfigError: a plugin does not import, or its endpoint cannot be loaded.
+        BudgetStop: the eval's budget was reached before a judge call (``judge_base.JUDGE_BUDGET``).
     """
     if not judges:
         return
@@ -166,6 +167,9 @@ async def run_judges(judges: Sequence[JudgeConfig], task: Task, trace: Trace, cl
     finally:
         if own:
             await registry.aclose()
+    stopped = next((result for result in results if isinstance(result, BudgetStop)), None)
+    if stopped is not None:   # the budget, not a judge, ended scoring: the rollout is not done
+        raise stopped
     failed = []
     for config, result in zip(judges, results, strict=True):
         if isinstance(result, BaseException):
@@ -219,7 +223,7 @@ async def _judge(config: JudgeConfig, task: Task, trace: Trace, clients: JudgeCl
                                    f"judge {name!r} ({qualname(judge.score)})", note_in(trace.info))
             if inspect.isawaitable(value):
                 value = await value
-    except (JudgeError, TaskError):
+    except (JudgeError, TaskError, BudgetStop):
         raise
     except Exception as exc:
         raise JudgeError(f"judge {name!r}: score() raised {type(exc).__name__}: {cap_text(str(exc))}") from None

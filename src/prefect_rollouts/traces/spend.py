@@ -59,7 +59,7 @@ class RunSpend(BaseModel):
         per = "" if self.tokens_per_rollout is None else f"; per rollout {self.tokens_per_rollout:,.0f} tokens" + (
             f", ${self.cost_per_rollout_usd:.4f}" if self.cost_per_rollout_usd is not None else "")
         lines = [f"spend: {self.tokens:,} tokens (judges {self.judge_tokens:,}){cost} over {self.attempts} "
-                 f"attempts of {self.rollouts} rollouts{per}"]
+                 f"attempts of {self.rollouts} rollouts (every attempt){per}"]
         for title, items in (("tasks", self.tasks), ("rollouts", self.top_rollouts)):
             if items:
                 lines.append(f"costliest {title}:")

@@ -131,6 +131,12 @@ class EvalSummary(BaseModel):
     """Tokens and cost of every attempt, per run, costliest tasks and rollouts (``traces.spend``)."""
     budget_stop: str | None = None
     """Why the run's budget stopped it (spend, budget, rollouts not done), when it did (``eval_flow``)."""
+    unfinished: int = 0
+    """Rollouts whose latest attempt is not done (``trace.UNFINISHED_STOPS``: stopped as ``budget``): the run is
+    unfinished, a resume runs them again (``summarize_run``; rollouts never started have no row to count)."""
+    budget_not_done: int | None = None
+    """How many rollouts the budget left not done (no row, stopped as ``budget``, an error due a retry),
+    when it stopped the run (``eval_flow``)."""
 
     def lines(self) -> list[EnvironmentSummary]:
         """Each environment followed by its categories, then the overall line (a suite)."""
@@ -172,6 +178,11 @@ class EvalSummary(BaseModel):
             rows.append(row)
         return rows
 
+    def unfinished_text(self) -> str:
+        """``unfinished: 3 rollouts not done (stopped as budget; ...)``, for a run its budget stopped."""
+        return (f"unfinished: {self.unfinished} rollouts not done (stopped as budget; rollouts never started are "
+                f"not counted here): prefect-rollouts eval CONFIG --resume {self.run_id} with a larger budget")
+
     def text(self) -> str:
         """The summary as plain text (the eval flow run's log): a title line, ``table()`` as
         aligned columns (None as ``—``), the wall time and tokens, then the top errors, one line
@@ -187,11 +198,14 @@ class EvalSummary(BaseModel):
                       for line in cells]
         if self.wall_time_s is not None:
             judged = f", judge tokens: {self.judge_tokens}" if self.judge_tokens else ""
-            lines.append(f"wall time: {self.wall_time_s:.1f} s, total tokens: {self.total_tokens}{judged}")
+            lines.append(f"wall time: {self.wall_time_s:.1f} s, tokens of the latest attempts: "
+                         f"{self.total_tokens}{judged}")
         if self.spend is not None:
             lines.append(self.spend.text())
         if self.budget_stop:
             lines.append(f"budget: {self.budget_stop}")
+        elif self.unfinished:
+            lines.append(self.unfinished_text())
         if self.retried:
             lines.append(f"retried: {self.retried} rollout{'' if self.retried == 1 else 's'} after an errored "
                          f"attempt, {self.recovered} recovered")
@@ -421,6 +435,7 @@ def summarize_run(root: str | Path | DatasetRoot, run_id: str, *, rollouts_per_t
     Raises:
         TraceStoreError: the dataset cannot be read.
     """
+    from prefect_rollouts.trace import UNFINISHED_STOPS
     from prefect_rollouts.traces.read import read_rollouts_with_categories
     from prefect_rollouts.traces.run_config import with_harness
 
@@ -429,4 +444,5 @@ def summarize_run(root: str | Path | DatasetRoot, run_id: str, *, rollouts_per_t
                         wall_time_s=wall_time_s)
     summary.spend = read_spend(root, run_id)
     summary.retried, summary.recovered = retry_counts(root, run_id)
+    summary.unfinished = int(rows["stop_condition"].isin(list(UNFINISHED_STOPS)).sum()) if len(rows) else 0
     return summary

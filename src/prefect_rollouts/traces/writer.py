@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from prefect_rollouts.errors import TraceStoreError
-from prefect_rollouts.trace import Trace
+from prefect_rollouts.trace import UNFINISHED_STOPS, Trace
 from prefect_rollouts.traces.schema import FIRST_ATTEMPT, MODEL_CALLS, ROLLOUTS, model_call_rows, rollout_row
 from prefect_rollouts.traces.store import DatasetRoot, dataset_root
 
@@ -55,6 +55,14 @@ class TraceWriter:
         self._lock = asyncio.Lock()
         self.durable: set[tuple[str, str, int]] = set(durable or ())
         """``(environment, task_id, rollout_index)`` of every durable rollout of the run (resume keys included)."""
+        self.unfinished: set[tuple[str, str, int]] = set()
+        """Durable rollouts whose latest row written here is not done (``trace.UNFINISHED_STOPS``: a budget
+        stop): a resume runs them again, so the progress bar does not count them (``done``)."""
+
+    @property
+    def done(self) -> int:
+        """Durable rollouts that are done (``durable`` less ``unfinished``): the progress bar's count."""
+        return len(self.durable) - len(self.unfinished)
 
     @property
     def pending(self) -> int:
@@ -140,7 +148,10 @@ class TraceWriter:
         del self._rollouts[:len(rollouts)]
         del self._calls[:len(calls)]
         if error is None:
-            self.durable.update((row["environment"], row["task_id"], row["rollout_index"]) for row in rollouts)
+            for row in rollouts:
+                key = (row["environment"], row["task_id"], row["rollout_index"])
+                self.durable.add(key)
+                (self.unfinished.add if row["stop_condition"] in UNFINISHED_STOPS else self.unfinished.discard)(key)
             self.written += len(rollouts)
 
     def _write(self, rollouts: list[dict[str, Any]], calls: list[dict[str, Any]]) -> int:
