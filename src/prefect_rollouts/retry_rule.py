@@ -53,9 +53,9 @@ def known_error_types() -> list[str]:
                          if isinstance(value, type) and issubclass(value, BaseException) and name not in ours)
 
 
-_NEVER_RECORDED = {"RolloutsError", "AgentFailure", "EvalFailedError", "RunInUseError"}
-"""Classes of ``errors.py`` no attempt records as its error (a base class; the agent's failure, a stop
-condition; errors of a whole eval)."""
+_NEVER_RECORDED = {"RolloutsError", "AgentFailure", "BudgetStop", "EvalFailedError", "RunInUseError"}
+"""Classes of ``errors.py`` no attempt records as its error (a base class; the agent's failure and the
+budget's stop, stop conditions; errors of a whole eval)."""
 
 
 def _subclasses(cls: type) -> set[str]:
