@@ -67,7 +67,10 @@ def test_an_eval_against_an_endpoint_that_is_down_fails_everywhere_and_exits_1(t
               f"127.0.0.1:{port} (after 1 attempt)"
     assert result.exit_code == 1, result.output
     assert f"top errors: ProviderError x3, e.g.: {refused}" in output
-    assert output.endswith(f"eval failed: 3 of 3 rollouts errored (ProviderError: {refused})")
+    assert f"eval failed: 3 of 3 rollouts errored (ProviderError: {refused})" in output
+    # then the way to finish the run: its errored rollouts again, as new attempts
+    assert output.endswith("run the 3 errored rollouts again (as new attempts) with: "
+                           f"prefect-rollouts eval {config} --resume endpoint-down --retry-errors"), output
 
     rows = read_rollouts(tmp_path / "traces", run_id="endpoint-down")     # the rows are the record
     assert len(rows) == 3 and rows["is_error"].all() and set(rows["stop_condition"]) == {"provider_error"}
@@ -108,7 +111,9 @@ def test_scored_zero_is_completed_and_max_error_fraction_is_the_line_between_exi
     message = eval_run("over-limit").state.message
     assert re.fullmatch(r"1 of 10 rollouts errored, more than max_error_fraction = 0.09 allows "
                         r"\(ProviderError: model endpoint: POST .* returned 400: .*\)", message), message
-    assert output.endswith(f"eval failed: {message}")
+    assert f"eval failed: {message}" in output
+    assert f"run the 1 errored rollout again (as new attempts) with: prefect-rollouts eval {config} " in output
+    assert output.endswith("--set=max_error_fraction=0.09 --resume over-limit --retry-errors"), output
 
 
 @pytest.mark.parametrize("granularity", ["task", "batch"])

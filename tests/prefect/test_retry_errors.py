@@ -219,7 +219,7 @@ def test_a_second_retry_of_a_live_run_is_refused_by_the_run_lock(tmp_path, opena
     config = tmp_path / "eval.toml"
     config.write_text(eval_toml(tmp_path / "traces", openai_server.base_url, max_concurrent=1)
                       .replace("count = 10", "count = 6"))
-    assert run_eval(config, "--run-id", "held", env=eval_env(PREFECT_LOGGING_LEVEL="WARNING")).returncode == 1
+    assert run_eval(config, "--run-id", "held-retry", env=eval_env(PREFECT_LOGGING_LEVEL="WARNING")).returncode == 1
     go_on = threading.Event()   # the retries wait at the model until the second eval has ended
 
     def answer(request):
@@ -227,10 +227,10 @@ def test_a_second_retry_of_a_live_run_is_refused_by_the_run_lock(tmp_path, opena
         return provider_down_for(set())(request)
     openai_server.reset()
     openai_server.default = answer
-    first = start_eval(config, "--resume", "held", "--retry-errors", new_session=True)
+    first = start_eval(config, "--resume", "held-retry", "--retry-errors", new_session=True)
     try:
-        wait_running("held", first, openai_server)
-        second = start_eval(config, "--resume", "held", "--retry-errors", new_session=True)
+        wait_running("held-retry", first, openai_server)
+        second = start_eval(config, "--resume", "held-retry", "--retry-errors", new_session=True)
         output = finish(second, 300)
         still_running = first.poll() is None
     finally:
@@ -239,5 +239,5 @@ def test_a_second_retry_of_a_live_run_is_refused_by_the_run_lock(tmp_path, opena
     assert second.returncode == 2 and "another eval is running this run" in output, output
     assert still_running and first.returncode == 0, first_output
     assert len(openai_server.requests) == 6, "each errored rollout ran again once"
-    every = read_rollouts(tmp_path / "traces", run_id="held", attempts="all")
+    every = read_rollouts(tmp_path / "traces", run_id="held-retry", attempts="all")
     assert Counter(every["attempt"]) == {1: 6, 2: 6}
