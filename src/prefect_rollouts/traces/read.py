@@ -110,8 +110,8 @@ def pick_attempts(table: pa.Table, attempts: Attempts = "latest") -> pa.Table:
         index = table.column_names.index("attempt")
         table = table.set_column(index, "attempt", pc.fill_null(table.column("attempt"), FIRST_ATTEMPT))
     table = first_rows(table, ATTEMPT_KEY)
-    if attempts == "all" or table.num_rows == 0:
-        return table
+    if attempts == "all" or table.num_rows == 0 or pc.max(table.column("attempt")).as_py() == FIRST_ATTEMPT:
+        return table   # a run without retries (most): each row is its rollout's only attempt after first_rows
     keys = table.select(ATTEMPT_KEY).to_pandas()
     latest = keys["attempt"].to_numpy() == keys.groupby(ROLLOUT_KEY, sort=False)["attempt"].transform("max").to_numpy()
     return table if latest.all() else table.filter(pa.array(latest))
