@@ -76,9 +76,9 @@ def gguf_path(model: str) -> Path:
 class LocalModelServer:
     """One llama.cpp server process for a GGUF model, on 127.0.0.1.
 
-    It runs with flash attention: on this 2-core machine SmolLM2-135M (Q4_1) read a 7,900-token prompt
-    (Claude Code's) in 49 s with it and 76 s without (``benchmarks/local_prompt.py``); batch sizes of
-    256-2048 and 1 or 2 threads changed nothing.
+    It runs without flash attention: it read a 7,900-token prompt in 49 s instead of 76 s with the prebuilt
+    wheel (``benchmarks/local_prompt.py``), but a llama-cpp-python 0.3.36 built from source here dropped
+    every request with it on (the server closed the connection): not on until that is understood.
 
     Args:
         model: ``local/<name>`` or ``local/<path>.gguf``; also the name the server answers to.
@@ -117,7 +117,7 @@ class LocalModelServer:
         port = _free_port()
         command = [sys.executable, "-m", "prefect_rollouts.model.llama_server", "--model", str(self.path),
                    "--model_alias", self.model, "--host", "127.0.0.1", "--port", str(port),
-                   "--n_ctx", str(self.n_ctx), "--flash_attn", "true", "--chat_format", CHAT_FORMAT]
+                   "--n_ctx", str(self.n_ctx), "--chat_format", CHAT_FORMAT]
         descriptor, log_name = tempfile.mkstemp(prefix="prefect-rollouts-llama-", suffix=".log")
         self.log_path = Path(log_name)
         with os.fdopen(descriptor, "wb") as log:   # the server process keeps its own copy
