@@ -71,6 +71,13 @@ class _Delayed:
     step: Any
 
 
+@dataclass(frozen=True)
+class _Gathered:
+    in_flight: int
+    timeout_s: float
+    step: Any
+
+
 def reply(content: str = "", finish_reason: str = "stop", usage: dict[str, Any] | None = None,
           model: str = "scripted") -> _Reply:
     """A 200 assistant message; default usage: 10 prompt tokens per request message. ``usage`` is
@@ -98,6 +105,14 @@ def status(code: int, body: Any = None, headers: dict[str, str] | None = None) -
 def delayed(seconds: float, step: Any) -> _Delayed:
     """Sleep ``seconds`` in the handler thread, then answer with ``step``."""
     return _Delayed(seconds, step)
+
+
+def gathered(in_flight: int, step: Any, timeout_s: float = 5.0) -> _Gathered:
+    """Hold the answer until ``in_flight`` requests have been in the server at once (``max_in_flight``;
+    or until ``timeout_s`` passed), then answer with ``step``. A test of a concurrency limit uses it
+    so that requests the limit lets overlap do overlap however slowly the machine starts them; a
+    limit that serialises them costs ``timeout_s`` per request and shows as ``max_in_flight`` 1."""
+    return _Gathered(in_flight, timeout_s, step)
 
 
 def malformed(text: str = "not json") -> _Status:
@@ -295,6 +310,11 @@ class ScriptedOpenAIServer:
             step = step(request)
         if isinstance(step, _Delayed):
             time.sleep(step.seconds)
+            return self._respond(step.step, request)
+        if isinstance(step, _Gathered):
+            deadline = time.monotonic() + step.timeout_s
+            while self.max_in_flight < step.in_flight and time.monotonic() < deadline:
+                time.sleep(0.01)
             return self._respond(step.step, request)
         if isinstance(step, _Status):
             if isinstance(step.body, str):  # sent verbatim (malformed JSON, HTML error page, ...)

@@ -18,7 +18,7 @@ from prefect_rollouts.limits import endpoint_limit_name
 from prefect_rollouts.runtimes.docker import LABEL
 from prefect_rollouts.traces import read_rollouts
 from tests.eval_toml import eval_toml
-from tests.fakes.openai_server import delayed, reply
+from tests.fakes.openai_server import delayed, gathered, reply
 
 
 def limited_toml(tmp_path, base_url: str, limits: str, **top) -> str:
@@ -32,7 +32,7 @@ async def read_limit(name: str):
 
 @pytest.mark.prefect
 async def test_an_endpoint_limit_of_2_holds_requests_in_flight_to_2_at_concurrency_8(tmp_path, openai_server):
-    openai_server.default = delayed(0.1, reply("ok"))
+    openai_server.default = gathered(2, delayed(0.05, reply("ok")))
     name = f"model-requests-test-{uuid.uuid4().hex[:8]}"
     config = load_eval_config(limited_toml(tmp_path, openai_server.base_url,
                                            f'model_requests = 2\nmodel_requests_name = "{name}"', num_tasks=10))
@@ -47,7 +47,7 @@ async def test_an_endpoint_limit_of_2_holds_requests_in_flight_to_2_at_concurren
 
 @pytest.mark.prefect
 async def test_without_limits_the_same_eval_has_more_requests_in_flight(tmp_path, openai_server):
-    openai_server.default = delayed(0.1, reply("ok"))
+    openai_server.default = gathered(3, delayed(0.05, reply("ok")))
     await eval_flow(load_eval_config(eval_toml(tmp_path, openai_server.base_url, max_concurrent=8, num_tasks=10)),
                     run_id="unlimited")
     assert openai_server.max_in_flight > 2

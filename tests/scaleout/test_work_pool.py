@@ -16,7 +16,7 @@ from prefect_rollouts.config.eval import load_eval_config
 from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.traces import read_rollouts
 from tests.eval_toml import eval_toml
-from tests.fakes.openai_server import delayed, reply
+from tests.fakes.openai_server import delayed, gathered, reply
 from tests.scaleout.conftest import raw_keys
 from tests.support.cli import run_eval, start_eval
 from tests.support.processes import descendants
@@ -215,7 +215,7 @@ def test_the_endpoint_limit_holds_across_the_workers(work_pool, openai_server, t
     """``[limits] model_requests = 2``: 4 shards on two workers, 4 rollouts in flight in each, and
     the scripted server never sees more than 2 requests at once."""
     pool, _ = work_pool
-    openai_server.default = answer(0.3)
+    openai_server.default = gathered(2, answer(0.3))
     text = eval_toml(tmp_path / "traces", openai_server.base_url, rollout_granularity="task", max_concurrent=4,
                      taskset={"id": "tests.prefect.tasksets:numbered", "count": 24})
     text += f'[dispatch]\nwork_pool = "{pool}"\nshard_size = 6\nmax_shards_in_flight = 4\n'
