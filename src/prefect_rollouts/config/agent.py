@@ -56,9 +56,9 @@ _VERSION = re.compile(r"\d+\.\d+\.\d+(?:-[0-9A-Za-z.-]+)?")
 class HarnessConfig(ConfigModel):
     """Which harness drives the model. TOML and Python also accept the id alone as a string (``"tools"``).
 
-    ``chat`` and ``tools`` are loops in this process. ``program``, ``bash`` and ``mini-swe-agent``
-    run an agent program *in the runtime*, whose model calls go through the agent's interception
-    endpoint into the trace (docs/agents.md); the keys from ``command`` on apply to them.
+    ``chat`` and ``tools`` are loops in this process. ``program``, ``bash``, ``mini-swe-agent``, ``codex``
+    and ``claude-code`` run an agent program *in the runtime*, whose model calls go through the agent's
+    interception endpoint into the trace (docs/agents.md); the keys from ``command`` on apply to them.
     """
 
     id: HarnessId = "tools"
