@@ -1,5 +1,6 @@
-"""The README's shell commands run as written from a fresh clone (once its Install step made
-`.venv`), and nothing in the repository points at one machine's paths."""
+"""The shell commands of the README and of every page under docs/ run as written from a fresh clone
+(once the README's Install step made `.venv`), and nothing in the repository points at one machine's
+paths. tests/test_docs.py checks the pages' TOML and Python blocks and their links."""
 
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
+#: The README and every docs page, by path relative to the checkout: each one's blocks are checked alike.
+PAGES = {name: (REPO / name).read_text()
+         for name in ["README.md", *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").glob("*.md"))]}
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.DOTALL | re.MULTILINE)
 #: Programs a fresh Debian or Ubuntu machine has; anything else must come from the checkout or .venv.
 SYSTEM = {"python3", "export"}
@@ -33,11 +37,12 @@ MACHINE_PATH = re.compile(r"(?<![\w.~-])/(?:work|home|root|opt|srv|mnt)/\S*")
 ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*")
 
 
-def readme_commands() -> list[list[str]]:
-    """Each simple command of the README's ``bash`` blocks as its words, environment
-    assignments in front of it included; a line of assignments only is no command."""
+def readme_commands(text: str | None = None) -> list[list[str]]:
+    """Each simple command of the ``bash`` blocks of ``text`` (default: the README and every docs page)
+    as its words, environment assignments in front of it included; a line of assignments only is no
+    command."""
     commands = []
-    for language, body in FENCE.findall(README):
+    for language, body in FENCE.findall("\n".join(PAGES.values()) if text is None else text):
         if language != "bash":
             continue
         for line in body.splitlines():
@@ -60,7 +65,9 @@ COMMANDS = [without_assignments(words) for words in readme_commands()]
 
 
 def test_the_readme_has_the_commands_this_test_checks():
-    programs = {words[0] for words in COMMANDS}
+    in_readme = {without_assignments(words)[0] for words in readme_commands(README)}
+    assert {"scripts/run-main", "scripts/test", ".venv/bin/prefect-rollouts", ".venv/bin/pip"} <= in_readme
+    programs = {words[0] for words in COMMANDS}   # the docs pages' too
     assert {"scripts/run-main", ".venv/bin/prefect-rollouts", ".venv/bin/prefect", ".venv/bin/pip"} <= programs
 
 
@@ -84,7 +91,7 @@ def test_every_extra_the_readme_installs_exists():
     named = {extra for words in COMMANDS if words[0] == ".venv/bin/pip" for word in words
              for group in re.findall(r"^\.\[([\w,]+)\]$", word) for extra in group.split(",")}
     assert {"local", "bfcl", "humaneval", "notebook"} <= named <= extras
-    install = README[README.index("## Install"):README.index("### Local models")]
+    install = README[README.index("## Install"):README.index("\n## ", README.index("## Install"))]
     assert ".venv/bin/pip install -e '.[humaneval]'" in install
 
 
@@ -100,8 +107,8 @@ def split(words: list[str]) -> tuple[list[str], list[str], list[str]]:
     return leading, sub, [word.split("=", 1)[0] for word in rest if word.startswith("--")]
 
 
-@pytest.mark.parametrize("words", [w for w in COMMANDS if w[0] == ".venv/bin/prefect-rollouts"],
-                         ids=lambda words: " ".join(words[1:3]))
+@pytest.mark.parametrize("words", list({" ".join(w): w for w in COMMANDS if w[0] == ".venv/bin/prefect-rollouts"}
+                                      .values()), ids=lambda words: " ".join(words[1:3]))
 def test_each_prefect_rollouts_command_has_its_subcommand_and_options(words):
     leading, sub, options = split(words)
     assert not leading
@@ -155,8 +162,9 @@ def test_each_prefect_command_has_its_subcommand_and_options(words, prefect_help
             assert option in shown, f"prefect {' '.join(args)} has no option {option}"
 
 
-def test_no_inline_command_calls_a_bare_prefect():
-    prose = FENCE.sub("", README)
+@pytest.mark.parametrize("page", PAGES)
+def test_no_inline_command_calls_a_bare_prefect(page):
+    prose = FENCE.sub("", PAGES[page])
     bare = [span for span in re.findall(r"`([^`\n]+)`", prose) if re.match(r"(prefect|prefect-rollouts) \S", span)]
     assert not bare, f"write these as .venv/bin/...: {bare}"
 

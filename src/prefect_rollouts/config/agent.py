@@ -56,9 +56,9 @@ _VERSION = re.compile(r"\d+\.\d+\.\d+(?:-[0-9A-Za-z.-]+)?")
 class HarnessConfig(ConfigModel):
     """Which harness drives the model. TOML and Python also accept the id alone as a string (``"tools"``).
 
-    ``chat`` and ``tools`` are loops in this process. ``program``, ``bash`` and ``mini-swe-agent``
-    run an agent program *in the runtime*, whose model calls go through the agent's interception
-    endpoint into the trace (README "Program harnesses"); the keys from ``command`` on apply to them.
+    ``chat`` and ``tools`` are loops in this process. ``program``, ``bash``, ``mini-swe-agent``, ``codex``
+    and ``claude-code`` run an agent program *in the runtime*, whose model calls go through the agent's
+    interception endpoint into the trace (docs/agents.md); the keys from ``command`` on apply to them.
     """
 
     id: HarnessId = "tools"
@@ -179,7 +179,7 @@ class RuntimeConfig(ConfigModel):
     network: NetworkPolicy = NetworkPolicy()
     """Network policy while the agent runs (and while scoring, unless ``scoring.network`` says
     otherwise): ``"open"``, ``"none"`` (loopback only) or ``{ allow = [...], block = [...] }``
-    (docker only; README "Network policies", ``config/network.py``)."""
+    (docker only; docs/network.md, ``config/network.py``)."""
     exec_timeout_s: float = Field(120.0, gt=0, le=MAX_DEADLINE_S)
     """Default timeout of one command (``runtime.exec`` and the ``bash`` tool), in seconds."""
     output_cap_bytes: int = Field(64 * 1024, ge=1024)
@@ -252,10 +252,15 @@ class TimeoutConfig(ConfigModel):
     Each is at most a week (``bounds.MAX_DEADLINE_S``)."""
 
     setup: float | None = Field(None, gt=0, le=MAX_DEADLINE_S)
+    """Setup: ``Task.prepare``, starting the runtime, writing ``TaskData.files``, ``Task.setup`` and
+    opening the harness (a program harness's ``files`` and ``setup`` commands); expiry: ``setup_timeout``."""
     agent: float | None = Field(None, gt=0, le=MAX_DEADLINE_S)
     """Budget of all harness segments together; time waiting on an interaction's caller is not counted."""
     finalize: float | None = Field(None, gt=0, le=MAX_DEADLINE_S)
+    """``Task.finalize`` (e.g. writing the answer into the workspace); expiry: ``finalize_timeout``."""
     scoring: float | None = Field(None, gt=0, le=MAX_DEADLINE_S)
+    """Scoring: the task's metrics and rewards and the judges, shared or isolated (every isolated attempt
+    together); expiry: ``scoring_timeout``."""
 
 
 class ScoringConfig(ConfigModel):

@@ -148,10 +148,13 @@ class SamplingConfig(ConfigModel):
     """Sampling parameters sent with every request; None leaves the server default."""
 
     temperature: float | None = None
+    """Sampling temperature sent with each request (the server's range, usually 0 to 2)."""
     top_p: float | None = None
+    """Nucleus sampling: the probability mass of the tokens sampled from (0 to 1)."""
     max_tokens: int | None = Field(None, ge=1)
     """Completion token cap per request; ``max_turn_tokens`` wins when both are set."""
     seed: int | None = None
+    """Sampling seed sent with each request, for servers that honour one."""
     tool_choice: str | dict[str, Any] | None = None
     """``"auto"``, ``"required"``, ``"none"`` or a named function; sent only when tools are offered."""
     extra: dict[str, Any] = {}

@@ -177,7 +177,7 @@ class LimitsConfig(ConfigModel):
     Each limit is created on the Prefect server with the size given here when it is missing. An
     existing limit keeps its size on the server (other evals share it); a different size here
     logs a warning that names the command to change it. A slot of a shared limit costs Prefect
-    API calls (see README, "Shared limits"); without these keys nothing is asked of Prefect.
+    API calls (docs/scale-out.md, "Shared limits"); without these keys nothing is asked of Prefect.
     """
 
     model_requests: int | None = Field(None, ge=1)

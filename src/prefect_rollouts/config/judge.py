@@ -25,15 +25,18 @@ class JudgeConfig(ConfigModel):
     """
 
     id: str
+    """``"reference"``, ``"rubric"``, or the import path ``"pkg.module:Class"`` of a ``Judge`` subclass."""
     name: str | None = None
     """Reward key of the judge's score; default ``id``. Must not clash with another reward."""
     weight: float = Field(1.0, ge=0)
+    """Weight of the judge's reward in ``trace.reward`` (the weighted sum of the rewards)."""
     model: str = Field(min_length=1)
     """The judge's model (``local/smollm2`` and ``local/PATH.gguf`` start a local server)."""
     client: ClientConfig | None = None
     """The judge's own endpoint (``base_url``/``api_key_env`` or a ``ModelEndpoint`` block in
     ``endpoint``), independent of the agent's; None: the agent's endpoint."""
     sampling: SamplingConfig = SamplingConfig(temperature=0.0)
+    """The judge's sampling (``[env.agent.sampling]``'s keys); temperature 0 by default."""
     prompt: str | None = None
     """Prompt template replacing the plugin's; ``{field}`` placeholders as the plugin documents."""
 
@@ -61,8 +64,11 @@ class RubricCriterion(ConfigModel):
     name: str = Field(min_length=1, pattern=r"^\S(.*\S)?$")
     """The criterion's key in the verdict (no leading or trailing space)."""
     text: str = Field(min_length=1)
+    """The question the judge answers for this criterion."""
     weight: float = Field(1.0, gt=0)
+    """Weight of the criterion in the rubric's weighted mean."""
     choices: list[str] = Field(["no", "yes"], min_length=2)
+    """The answers the judge may give, worst first; they score evenly from 0 to 1."""
 
     @model_validator(mode="after")
     def _distinct_choices(self) -> RubricCriterion:
@@ -82,7 +88,9 @@ class RubricJudgeConfig(JudgeConfig):
 
     id: Literal["rubric"] = "rubric"
     view: Literal["last_reply", "full_trace"] = "full_trace"
+    """What the judge sees as the response: the whole transcript, or the last assistant reply."""
     criteria: list[RubricCriterion] = []
+    """The criteria (``RubricCriterion``), inline; or read from ``rubric``."""
     rubric: Path | None = Field(None, exclude=True)
     """A TOML or JSON file holding ``criteria = [{name, text, weight, choices}, ...]``; a relative
     path is relative to the config file. Read once, into ``criteria`` (which is what a dump keeps)."""
@@ -113,6 +121,7 @@ class PluginJudgeConfig(JudgeConfig):
     """``id = "pkg.module:Class"``: a ``Judge`` subclass of your own; ``options`` go to it as they are."""
 
     options: dict[str, Any] = {}
+    """Anything the plugin takes, passed as it is (``self.config.options``)."""
 
     @model_validator(mode="before")
     @classmethod

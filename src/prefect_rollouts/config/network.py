@@ -1,4 +1,4 @@
-"""Network policies: ``"open"``, ``"none"``, or ``allow`` / ``block`` rules (README "Network policies").
+"""Network policies: ``"open"``, ``"none"``, or ``allow`` / ``block`` rules (docs/network.md).
 
 A policy is one of:
 
