@@ -69,8 +69,10 @@ def test_runs_carry_the_summary_with_its_interval_and_plots(dataset):
     assert (a["rollouts"], a["mean"], a["errors"]) == (4, 0.5, 0)
     assert a["ci"] == pytest.approx([0.5 - 1.96 * a["stderr"], 0.5 + 1.96 * a["stderr"]])
     assert a["summary"]["total_tokens"] > 0 and a["summary"]["timed_out"] == 0
-    assert all(uri.startswith("data:image/svg+xml;base64,") for uri in a["plots"].values())
-    svg = base64.b64decode(a["plots"]["rewards"].split(",", 1)[1]).decode()
+    drawn = dataset.plots("run-a")
+    assert sorted(drawn) == ["rewards", "tokens"]
+    assert all(uri.startswith("data:image/svg+xml;base64,") for uri in drawn.values())
+    svg = base64.b64decode(drawn["rewards"].split(",", 1)[1]).decode()
     assert "<svg" in svg and "<script" not in svg
 
 
@@ -129,6 +131,7 @@ def test_the_server_answers_only_its_token_on_a_loopback_host(dataset):
 def test_the_html_file_caps_what_it_embeds_and_names_a_bad_cap(dataset, tmp_path):
     data = file_data(dataset, max_rollouts=2)
     assert data["capped"] == {"run-a": 2, "run-b": 4} and len(data["details"]) == 4
+    assert sorted(data["plots"]) == ["run-a", "run-b"]
     assert list(data["comparisons"]) == ["run-a\0run-b"]
     one = file_data(dataset, "run-a", max_rollouts=0)
     assert list(one["rollouts"]) == ["run-a"] and one["details"] == {} and one["run"] == "run-a"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +18,11 @@ from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.trace import Trace
 from prefect_rollouts.traces.by_task import run_task_lines, task_changes
 from prefect_rollouts.traces.compare import compare_runs
-from prefect_rollouts.traces.read import ROLLOUT_KEY, read_rollouts, trace_of_row
+from prefect_rollouts.traces.files import run_ids
+from prefect_rollouts.traces.read import read_rollouts, trace_of_row
 from prefect_rollouts.traces.report import run_rows
 from prefect_rollouts.traces.run_config import with_harness
+from prefect_rollouts.traces.store import dataset_root
 from prefect_rollouts.traces.summary import summarize_run
 from prefect_rollouts.traces.view import plots
 from prefect_rollouts.traces.view.conversation import conversation
@@ -28,6 +31,7 @@ TABLE_COLUMNS = ["rollout_id", "environment", "task_id", "rollout_index", "attem
                  "stop_condition", "is_error", "error_type", "is_truncated", "is_timeout", "scoring_skipped",
                  "total_tokens", "cached_tokens", "cost_usd", "elapsed_s", "num_model_calls", "num_tool_calls"]
 """The columns of the rollouts table, in order (``rollouts`` gives each row as a list in this order)."""
+_KEY = ("environment", "task_id", "rollout_index")
 _READ = [c for c in TABLE_COLUMNS if c not in ("harness", "run_id")] + ["started_at"]
 
 
@@ -43,23 +47,27 @@ class Dataset:
     def __init__(self, root: str | Path, *, pass_threshold: float = 1.0) -> None:
         self.root, self.pass_threshold = str(root), pass_threshold
         self._tables: dict[str, pd.DataFrame] = {}
+        self._harness: dict[str, dict[str, Any]] = {}
+        self._plots: dict[str, dict[str, str]] = {}
+        self._locks = {name: threading.RLock() for name in ("runs", "table", "plots")}   # a server's threads
         self._runs: list[dict[str, Any]] | None = None
         self._comparisons: dict[tuple[str, str], dict[str, Any]] = {}
 
     def runs(self) -> list[dict[str, Any]]:
         """One dict per run, oldest first: ``run_rows``' keys, the ``EvalSummary`` figures (``summary``:
         rollouts, errored, timed_out, truncated, tokens, cost, retried, pass@k), ``ci`` (mean ± 1.96
-        stderr), ``wall_time_s`` (first start to last end) and ``plots`` (SVG data URIs)."""
-        if self._runs is None:
-            self._runs = [self._run(run) for run in run_rows(self.root)]
-        return self._runs
+        stderr) and ``wall_time_s`` (first start to last end). (``plots`` draws a run's plots.)"""
+        with self._locks["runs"]:
+            if self._runs is None:
+                self._runs = [self._run(run) for run in run_rows(self.root)]
+            return self._runs
 
     def run_ids(self) -> list[str]:
         """The runs' ids, oldest first."""
         return [run["run_id"] for run in self.runs()]
 
     def _run(self, run: dict[str, Any]) -> dict[str, Any]:
-        summary = summarize_run(self.root, run["run_id"], pass_threshold=self.pass_threshold)
+        summary = summarize_run(self.root, run["run_id"], pass_threshold=self.pass_threshold, spend=False)
         envs = summary.environments
         table = self.table(run["run_id"])
         mean, stderr = run["mean"], run["stderr"]
@@ -77,11 +85,23 @@ class Dataset:
                    else None,
                    "pass_at_k": {str(k): v for k, v in (envs[0].pass_at_k if len(envs) == 1 else {}).items()},
                    "errors": [error.model_dump() for error in summary.errors]}
-        rewards = table["reward"].dropna().astype(float).tolist()
-        return {**{k: _plain(v) for k, v in run.items()}, "ci": ci, "wall_time_s": _plain(wall), "summary": figures,
-                "plots": {"rewards": plots.reward_histogram(rewards, run["run_id"]),
-                          "tokens": plots.tokens_and_time(table["total_tokens"].fillna(0).tolist(),
-                                                          table["elapsed_s"].fillna(0).tolist())}}
+        return {**{k: _plain(v) for k, v in run.items()}, "ci": ci, "wall_time_s": _plain(wall), "summary": figures}
+
+    def plots(self, run_id: str) -> dict[str, str]:
+        """Run ``run_id``'s plots as SVG data URIs: ``rewards`` (the distribution of its rewards) and
+        ``tokens`` (tokens against wall time, a point per rollout).
+
+        Raises:
+            ConfigError: the dataset holds no rollout of ``run_id``.
+        """
+        with self._locks["plots"]:
+            if run_id not in self._plots:
+                table = self.table(run_id)
+                self._plots[run_id] = {
+                    "rewards": plots.reward_histogram(table["reward"].dropna().astype(float).tolist(), run_id),
+                    "tokens": plots.tokens_and_time(table["total_tokens"].fillna(0).tolist(),
+                                                    table["elapsed_s"].fillna(0).tolist())}
+            return self._plots[run_id]
 
     def table(self, run_id: str) -> pd.DataFrame:
         """The rows of run ``run_id`` (latest attempts) with ``TABLE_COLUMNS`` and ``started_at``.
@@ -89,11 +109,15 @@ class Dataset:
         Raises:
             ConfigError: the dataset holds no rollout of ``run_id`` (the message lists its runs).
         """
+        with self._locks["table"]:
+            return self._table(run_id)
+
+    def _table(self, run_id: str) -> pd.DataFrame:
         if run_id not in self._tables:
             rows = read_rollouts(self.root, columns=_READ, run_id=run_id)
             if rows.empty:
                 raise ConfigError(f"RUN = {run_id!r}: no rollouts of this run in the trace dataset at {self.root}. "
-                                  f"Runs in it: {', '.join(self.run_ids()) or 'none'}")
+                                  f"Runs in it: {', '.join(run_ids(dataset_root(self.root))) or 'none'}")
             rows = with_harness(rows, self.root).sort_values(["environment", "task_id", "rollout_index"])
             self._tables[run_id] = rows.reset_index(drop=True)
         return self._tables[run_id]
@@ -101,9 +125,8 @@ class Dataset:
     def rollouts(self, run_id: str) -> dict[str, Any]:
         """The rollouts table of run ``run_id``: ``{"columns": TABLE_COLUMNS, "rows": [[...], ...]}``, one
         list per rollout (its latest attempt), None for a missing value."""
-        frame = self.table(run_id)[TABLE_COLUMNS]
-        return {"columns": TABLE_COLUMNS,
-                "rows": [[_plain(value) for value in row] for row in frame.itertuples(index=False, name=None)]}
+        frame = self.table(run_id)[TABLE_COLUMNS]   # pandas' JSON encoder: NaN and NA as null, 10x a Python loop
+        return {"columns": TABLE_COLUMNS, "rows": json.loads(frame.to_json(orient="values"))}
 
     def rollout(self, run_id: str, rollout_id: str) -> dict[str, Any] | None:
         """One attempt of a rollout of run ``run_id`` (by its ``rollout_id``, of any attempt) as the page
@@ -117,37 +140,42 @@ class Dataset:
         key = match.iloc[0]
         rows = read_rollouts(self.root, attempts="all", run_id=run_id, environment=key["environment"],
                              task_id=key["task_id"], rollout_index=int(key["rollout_index"]))
-        return self._view(run_id, rows, rollout_id)
+        return self._view(run_id, rows.to_dict("records"), rollout_id)
 
     def rollout_views(self, run_id: str, rollout_ids: list[str]) -> dict[str, dict[str, Any]]:
         """``rollout`` of each of ``rollout_ids`` (latest attempts of run ``run_id``), reading the run once."""
-        rows = read_rollouts(self.root, attempts="all", run_id=run_id)
         wanted = set(rollout_ids)
-        keys = rows.loc[rows["rollout_id"].isin(wanted), ROLLOUT_KEY[1:]].drop_duplicates()
-        rows = rows.merge(keys, on=ROLLOUT_KEY[1:])
-        views = {}
-        for _, group in rows.groupby(ROLLOUT_KEY[1:], sort=False):
-            for rollout_id in group["rollout_id"]:
-                if rollout_id in wanted:
-                    views[rollout_id] = self._view(run_id, group, rollout_id)
-        return views
+        frame = read_rollouts(self.root, attempts="all", run_id=run_id)
+        keys = frame.loc[frame["rollout_id"].isin(wanted), list(_KEY)].drop_duplicates()
+        rows = frame.merge(keys, on=list(_KEY)).to_dict("records")   # the wanted rollouts' attempts only
+        attempts: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+        for row in rows:
+            attempts.setdefault(tuple(row[k] for k in _KEY), []).append(row)
+        return {row["rollout_id"]: self._view(run_id, attempts[tuple(row[k] for k in _KEY)], row["rollout_id"])
+                for row in rows if row["rollout_id"] in wanted}
 
-    def _view(self, run_id: str, rows: pd.DataFrame, rollout_id: str) -> dict[str, Any]:
-        """``rollout_view`` of the row ``rollout_id`` of ``rows`` (every attempt of one rollout)."""
-        rows = rows.sort_values("attempt")
-        latest = int(rows["attempt"].max())
-        row = rows[rows["rollout_id"] == rollout_id].iloc[0]
-        table = self.table(run_id)
-        harness = table.loc[table["environment"] == row["environment"], "harness"]
-        view = rollout_view(trace_of_row(row.to_dict()))
+    def _view(self, run_id: str, rows: list[dict[str, Any]], rollout_id: str) -> dict[str, Any]:
+        """``rollout_view`` of the row ``rollout_id`` of ``rows`` (every attempt of one rollout, as records)."""
+        rows = sorted(rows, key=lambda r: int(r["attempt"]))
+        latest = int(rows[-1]["attempt"])
+        row = next(r for r in rows if r["rollout_id"] == rollout_id)
+        view = rollout_view(trace_of_row(row))
         view["key"] = {"run_id": run_id, "environment": row["environment"], "task_id": row["task_id"],
                        "rollout_index": int(row["rollout_index"]), "attempt": int(row["attempt"]),
-                       "harness": _plain(harness.iloc[0]) if len(harness) else None,
+                       "harness": self._harnesses(run_id).get(row["environment"]),
                        "elapsed_s": _plain(row["elapsed_s"])}
         view["attempts"] = [{"attempt": int(r["attempt"]), "rollout_id": r["rollout_id"], "reward": _plain(r["reward"]),
                              "stop_condition": r["stop_condition"], "error_type": _plain(r["error_type"]),
-                             "latest": int(r["attempt"]) == latest} for _, r in rows.iterrows()]
+                             "latest": int(r["attempt"]) == latest} for r in rows]
         return view
+
+    def _harnesses(self, run_id: str) -> dict[str, Any]:
+        """Each environment's harness in run ``run_id`` (from its stored config; None when unknown)."""
+        if run_id not in self._harness:
+            table = self.table(run_id).drop_duplicates("environment")
+            self._harness[run_id] = {env: _plain(harness)
+                                     for env, harness in zip(table["environment"], table["harness"], strict=True)}
+        return self._harness[run_id]
 
     def compare(self, run_a: str, run_b: str) -> dict[str, Any]:
         """Run B against run A, as ``traces compare --by-task --json`` gives it (``comparison``: the

@@ -22,9 +22,9 @@ each run with the run before it."""
 
 def file_data(dataset: Dataset, run_id: str | None = None, *, max_rollouts: int = MAX_ROLLOUTS) -> dict[str, Any]:
     """What a file embeds: ``runs`` (every run's summary), ``rollouts`` (the table of ``run_id``, or of
-    every run), ``details`` (the full view of the first ``max_rollouts`` rollouts of each, by rollout id),
-    ``comparisons`` (keyed ``"<A>\\0<B>"``: pairs with ``run_id`` when given, else ``MAX_COMPARED_RUNS``'
-    rule) and ``capped`` (per run, how many rollouts have no full view here).
+    every run), ``plots`` (of those runs), ``details`` (the full view of the first ``max_rollouts``
+    rollouts of each, by rollout id), ``comparisons`` (keyed ``"<A>\\0<B>"``: pairs with ``run_id`` when
+    given, else ``MAX_COMPARED_RUNS``' rule) and ``capped`` (per run, how many rollouts have no full view here).
 
     Raises:
         ConfigError: ``run_id`` has no rollouts in the dataset; ``max_rollouts`` is negative.
@@ -37,8 +37,10 @@ def file_data(dataset: Dataset, run_id: str | None = None, *, max_rollouts: int 
     tables: dict[str, Any] = {}
     details: dict[str, Any] = {}
     capped: dict[str, int] = {}
+    drawn: dict[str, dict[str, str]] = {}
     for run in shown:
         tables[run] = dataset.rollouts(run)
+        drawn[run] = dataset.plots(run)
         ids = [row[0] for row in tables[run]["rows"]]   # rollout_id is TABLE_COLUMNS[0]
         details |= dataset.rollout_views(run, ids[:max_rollouts]) if max_rollouts else {}
         capped[run] = max(0, len(ids) - max_rollouts)
@@ -54,8 +56,8 @@ def file_data(dataset: Dataset, run_id: str | None = None, *, max_rollouts: int 
             comparisons[f"{a}\0{b}"] = dataset.compare(a, b)
         except (ConfigError, ValueError):   # runs with no rollout in common: nothing to pair
             continue
-    return {"mode": "file", "run": run_id, "runs": dataset.runs(), "rollouts": tables, "details": details,
-            "comparisons": comparisons, "capped": capped}
+    return {"mode": "file", "run": run_id, "runs": dataset.runs(), "rollouts": tables, "plots": drawn,
+            "details": details, "comparisons": comparisons, "capped": capped}
 
 
 def write_html(dataset: Dataset, out: str | Path, run_id: str | None = None, *,

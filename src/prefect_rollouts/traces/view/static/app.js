@@ -28,6 +28,7 @@
   function fromFile(kind, p) {
     if (kind === "runs") return DATA.runs;
     if (kind === "rollouts") return DATA.rollouts[p.run];
+    if (kind === "plots") return DATA.plots[p.run] || {};
     if (kind === "rollout") return DATA.details[p.id] || null;
     if (kind === "compare") {
       const found = DATA.comparisons[p.a + "\u0000" + p.b];
@@ -110,9 +111,8 @@
   }
 
   async function runView(run) {
-    const [runs, data] = await Promise.all([get("runs", {}), get("rollouts", { run: run })]);
-    if (!data) throw new Error("no rollouts of run " + run + " here");
-    const info = runs.find((r) => r.run_id === run) || { summary: {}, plots: {} };
+    const data = await get("rollouts", { run: run });   // the table first; the summary and plots as they come
+    if (!data) throw new Error("no rollouts of run " + run + " in this file (it holds the run it was written for)");
     const col = Object.fromEntries(data.columns.map((c, i) => [c, i]));
     const values = (name) => [...new Set(data.rows.map((r) => r[col[name]]).filter((v) => v !== null))].sort();
     const state = { sort: null, desc: false, page: 0 };
@@ -163,16 +163,26 @@
         el("button", { type: "button", id: "next-page", disabled: state.page >= pages - 1 ? "disabled" : null, onclick: turn(1) }, "next"));
     }
     update();
+    const summary = el("div", { id: "run-summary" }, el("p", { class: "muted" }, "summary loading…"));
+    const plots = el("div", { class: "plots" });
+    get("runs", {}).then((runs) => summary.replaceChildren(runSummary(runs.find((r) => r.run_id === run))),
+      (error) => summary.replaceChildren(el("p", { class: "error" }, String(error.message || error))));
+    get("plots", { run: run }).then((p) => plots.replaceChildren(plot(p.rewards, "reward distribution") || "",
+      plot(p.tokens, "tokens and wall time") || ""), (error) => plots.replaceChildren(el("p", { class: "error" }, String(error.message || error))));
+    return el("div", {}, el("h1", {}, "Run " + run), summary, plots,
+      section("Rollouts", filters, count, el("table", { id: "rollouts" }, el("thead", {}, head), body), pager));
+  }
+
+  function runSummary(info) {
+    if (!info) return el("p", {}, "no summary");
     const s = info.summary || {};
-    return el("div", {}, el("h1", {}, "Run " + run),
+    return el("div", {},
       keyValues({ rollouts: s.rollouts, "mean reward": info.mean, "95% CI": info.ci ? fmt(info.ci[0]) + " – " + fmt(info.ci[1]) : null,
         errored: s.errored, "timed out": s.timed_out, truncated: s.truncated, skipped: s.skipped, "not finished (budget)": s.unfinished,
         retried: s.retried, recovered: s.recovered, tokens: s.total_tokens, "cached tokens": s.cached_tokens,
         "reasoning tokens": s.reasoning_tokens, "judge tokens": s.judge_tokens, "cost (USD)": s.cost_usd,
         "wall time (s)": info.wall_time_s, "pass@k": s.pass_at_k }),
-      (s.errors || []).length ? section("Most frequent errors", table(["type", "count", "example"], s.errors.map((e) => [e.type, fmt(e.count), e.example || e.message || ""]))) : null,
-      el("div", { class: "plots" }, plot(info.plots && info.plots.rewards, "reward distribution"), plot(info.plots && info.plots.tokens, "tokens and wall time")),
-      section("Rollouts", filters, count, el("table", { id: "rollouts" }, el("thead", {}, head), body), pager));
+      (s.errors || []).length ? section("Most frequent errors", table(["type", "count", "example"], s.errors.map((e) => [e.type, fmt(e.count), e.example || ""]))) : null);
   }
 
   function compare(a, b) {
