@@ -77,6 +77,12 @@
       [k, typeof v === "object" && v !== null ? pre(JSON.stringify(v, null, 2)) : fmt(v)]), { class: "kv" });
   }
 
+  // A summary as a grid of small figures; a missing value (null) is left out.
+  function figures(object) {
+    return el("div", { class: "figures" }, Object.entries(object).filter(([, v]) => v !== null && v !== undefined && v !== "")
+      .map(([k, v]) => el("div", { class: "figure" }, el("div", { class: "label" }, k), el("div", { class: "value" }, fmt(v)))));
+  }
+
   async function render() {
     const parts = location.hash.replace(/^#\/?/, "").split("/").filter((p) => p !== "").map(decodeURIComponent);
     app.replaceChildren(el("p", { class: "muted" }, "loading…"));
@@ -176,12 +182,13 @@
   function runSummary(info) {
     if (!info) return el("p", {}, "no summary");
     const s = info.summary || {};
+    const passAt = Object.fromEntries(Object.entries(s.pass_at_k || {}).map(([k, v]) => ["pass@" + k, v]));
     return el("div", {},
-      keyValues({ rollouts: s.rollouts, "mean reward": info.mean, "95% CI": info.ci ? fmt(info.ci[0]) + " – " + fmt(info.ci[1]) : null,
-        errored: s.errored, "timed out": s.timed_out, truncated: s.truncated, skipped: s.skipped, "not finished (budget)": s.unfinished,
-        retried: s.retried, recovered: s.recovered, tokens: s.total_tokens, "cached tokens": s.cached_tokens,
-        "reasoning tokens": s.reasoning_tokens, "judge tokens": s.judge_tokens, "cost (USD)": s.cost_usd,
-        "wall time (s)": info.wall_time_s, "pass@k": s.pass_at_k }),
+      figures(Object.assign({ rollouts: s.rollouts, "mean reward": info.mean, "95% CI": info.ci ? fmt(info.ci[0]) + " – " + fmt(info.ci[1]) : null },
+        passAt, { errored: s.errored, "timed out": s.timed_out, truncated: s.truncated, skipped: s.skipped,
+          "not finished (budget)": s.unfinished || null, retried: s.retried || null, recovered: s.retried ? s.recovered : null,
+          tokens: s.total_tokens, "cached tokens": s.cached_tokens, "reasoning tokens": s.reasoning_tokens,
+          "judge tokens": s.judge_tokens || null, "cost (USD)": s.cost_usd, "wall time (s)": info.wall_time_s, harness: info.harness, model: info.model })),
       (s.errors || []).length ? section("Most frequent errors", table(["type", "count", "example"], s.errors.map((e) => [e.type, fmt(e.count), e.example || ""]))) : null);
   }
 
@@ -203,11 +210,11 @@
     const u = r.usage;
     return el("div", {}, el("p", {}, link("run " + run, "run", run)),
       el("h1", {}, "Task " + k.task_id + " · rollout " + k.rollout_index + " · attempt " + k.attempt),
-      keyValues({ environment: k.environment, harness: k.harness, model: r.model, reward: r.reward, "stop condition": r.stop_condition,
+      figures({ environment: k.environment, harness: k.harness, model: r.model, reward: r.reward, "stop condition": r.stop_condition,
         truncated: r.is_truncated, "timed out": r.is_timeout, "scoring skipped": r.scoring_skipped, "expected answer": r.expected,
         tokens: u.prompt_tokens + " prompt + " + u.completion_tokens + " completion" + (u.cached_tokens !== null ? " (" + u.cached_tokens + " cached)" : "") +
           (u.reasoning_tokens !== null ? " (" + u.reasoning_tokens + " reasoning)" : ""),
-        "cost (USD)": u.cost_usd, "judge tokens": r.judge_usage.total_tokens, "wall time (s)": k.elapsed_s }),
+        "cost (USD)": u.cost_usd, "judge tokens": r.judge_usage.total_tokens || null, "wall time (s)": k.elapsed_s }),
       attempts,
       r.errors.length ? section("Errors", table(["type", "stage", "status", "message"], r.errors.map((e) => [e.type, e.stage, fmt(e.status_code), pre(e.message)])), { class: "errors" }) : null,
       section("Conversation", el("div", { id: "conversation" }, r.conversation.map(message))),
