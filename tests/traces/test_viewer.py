@@ -149,3 +149,31 @@ def test_the_html_file_caps_what_it_embeds_and_names_a_bad_cap(dataset, tmp_path
 def test_the_view_command_is_quoted_for_a_shell():
     assert view_command("/data/traces", "nightly-1") == "prefect-rollouts traces view /data/traces nightly-1"
     assert view_command("/my data", "a;b") == "prefect-rollouts traces view '/my data' 'a;b'"
+
+
+def test_thinking_and_reasoning_parts_are_shown_apart_from_the_text_and_go_to_atif_as_reasoning():
+    from prefect_rollouts.trace import ModelCall, Trace
+    from prefect_rollouts.traces.atif import trajectory
+    from prefect_rollouts.traces.view.conversation import conversation
+
+    trace = Trace(task_id="t", model="m", messages=[
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "let me think", "signature": "sig"},
+                                          {"type": "text", "text": "hello"}]},
+        {"role": "user", "content": "again"},
+        {"role": "assistant", "content": [{"type": "reasoning", "id": "r1", "summary": [{"text": "short"}],
+                                           "encrypted_content": "xyz"}, {"type": "text", "text": "bye"}]}],
+        model_calls=[ModelCall(segment=0, started_at=1.8e9, latency_ms=5, prompt_tokens=7, completion_tokens=3,
+                               cached_tokens=4, finish_reason="stop")] * 2)
+    shown = conversation(trace)
+    assert [(m["text"], m["parts"]) for m in shown if m["role"] == "assistant"] == [
+        ("hello", [{"type": "thinking", "text": "let me think"}]), ("bye", [{"type": "reasoning", "text": "short"}])]
+    document = trajectory(trace)
+    assert [(s.source, s.message, s.reasoning_content) for s in document.steps] == [
+        ("user", "hi", None), ("agent", "hello", "let me think"), ("user", "again", None), ("agent", "bye", "short")]
+    assert document.steps[1].metrics.cached_tokens == 4 and document.steps[1].timestamp == "2027-01-15T08:00:00Z"
+
+
+def test_viewing_an_empty_dataset_says_so_and_serves_nothing(tmp_path):
+    result = CliRunner().invoke(app, ["traces", "view", str(tmp_path), "--no-open"])
+    assert result.exit_code == 1 and f"no rollouts in {tmp_path}" in result.output
