@@ -84,6 +84,11 @@ def check_views(browser, start: str) -> None:
     count = wait_for(browser, "#rows-count", "6 of 6 rollouts")
     WebDriverWait(browser, 30).until(lambda b: plot_drawn(b))
     shoot(browser, "viewer-run.png")
+    header = browser.find_element(By.XPATH, "//table[@id='rollouts']//th[normalize-space()='task_id']")
+    header.click()
+    header.click()   # twice: descending
+    first_column = [row.text.split()[0] for row in browser.find_elements(By.CSS_SELECTOR, "#rollouts tbody tr")]
+    assert first_column == ["t4", "t3", "t2", "t1", "steered", "hostile"]
     browser.find_element(By.ID, "f-task").send_keys("s")
     assert count.text == "2 of 6 rollouts"   # hostile and steered (of t1-t4 too)
     Select(browser.find_element(By.ID, "f-stop")).select_by_visible_text("user_closed")
