@@ -17,7 +17,7 @@ MAX_ROLLOUTS = 500
 order: every rollout is in the table, the first ``MAX_ROLLOUTS`` open (``--max-rollouts``)."""
 MAX_COMPARED_RUNS = 8
 """A file embeds the comparison of every pair of its runs (A older than B) up to this many runs; past it,
-each run with the run before it."""
+each run with the run before it. A file of one run compares it with this many of the latest other runs."""
 
 
 def file_data(dataset: Dataset, run_id: str | None = None, *, max_rollouts: int = MAX_ROLLOUTS) -> dict[str, Any]:
@@ -45,7 +45,8 @@ def file_data(dataset: Dataset, run_id: str | None = None, *, max_rollouts: int 
         details |= dataset.rollout_views(run, ids[:max_rollouts]) if max_rollouts else {}
         capped[run] = max(0, len(ids) - max_rollouts)
     if run_id:
-        pairs = [(a, b) for a, b in combinations(order, 2) if run_id in (a, b)]
+        others = set([r for r in order if r != run_id][-MAX_COMPARED_RUNS:])   # the latest others
+        pairs = [(a, b) for a, b in combinations(order, 2) if run_id in (a, b) and ({a, b} & others)]
     elif len(order) <= MAX_COMPARED_RUNS:
         pairs = list(combinations(order, 2))
     else:
