@@ -55,6 +55,15 @@ def served(dataset):
         process.wait(timeout=30)
 
 
+@pytest.fixture(scope="module")
+def html_file(dataset, tmp_path_factory):
+    """``prefect-rollouts traces view ROOT --html FILE``: the file."""
+    page = tmp_path_factory.mktemp("viewer-html") / "run.html"
+    subprocess.run([sys.executable, "-m", "prefect_rollouts.cli", "traces", "view", str(dataset), "--html", str(page)],
+                   check=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")}, capture_output=True)
+    return page
+
+
 def wait_for(browser, css: str, text: str | None = None):
     """The first element matching ``css`` (whose text contains ``text``), waiting up to 30 s."""
     wait = WebDriverWait(browser, 30)
@@ -120,15 +129,12 @@ def test_the_served_viewer_shows_runs_rollouts_a_filter_a_rollout_and_a_comparis
     assert "a token is required" in browser.find_element(By.TAG_NAME, "body").text
 
 
-def test_the_html_file_from_disk_shows_the_same_with_the_network_off(browser, dataset, tmp_path):
-    page = tmp_path / "run.html"
-    subprocess.run([sys.executable, "-m", "prefect_rollouts.cli", "traces", "view", str(dataset), "--html", str(page)],
-                   check=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")}, capture_output=True)
+def test_the_html_file_from_disk_shows_the_same_with_the_network_off(browser, html_file):
     browser.execute_cdp_cmd("Network.enable", {})
     browser.execute_cdp_cmd("Network.emulateNetworkConditions", {
         "offline": True, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1})
     try:
-        check_views(browser, page.as_uri())
+        check_views(browser, html_file.as_uri())
         fetched = browser.execute_script("return performance.getEntriesByType('resource').map((e) => e.name);")
         assert [name for name in fetched if not name.startswith("data:")] == []
     finally:
@@ -136,8 +142,10 @@ def test_the_html_file_from_disk_shows_the_same_with_the_network_off(browser, da
             "offline": False, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1})
 
 
-def test_a_hostile_rollout_is_shown_as_text_and_runs_nothing(browser, served):
-    browser.get(served + "#/run/run-b")
+@pytest.mark.parametrize("where", ["served", "file"])
+def test_a_hostile_rollout_is_shown_as_text_and_runs_nothing(browser, served, html_file, where):
+    start = served if where == "served" else html_file.as_uri()
+    browser.get(start + "#/run/run-b")
     wait_for(browser, "#rows-count", "6 of 6")
     browser.find_element(By.LINK_TEXT, "hostile").click()
     conversation = wait_for(browser, "#conversation", "click me")
