@@ -7,7 +7,8 @@ a tool call with its result, a reply of about 1 KB and two model calls; a tenth 
 
 - served (``prefect-rollouts traces view``, a process of its own, opened as soon as it prints its URL): the
   time from asking a headless Chromium for the run's page to its first table rows, and from a task filter
-  (one input event) to the filtered rows; then each ``api/`` answer the page uses, once computed;
+  (one input event) to the filtered rows; then each ``api/`` answer the page uses, once computed, and one
+  rollout opened in full;
 - ``--html`` (``--max-rollouts`` of them embedded in full): the time to write it, its size, and the same
   two browser times opened from disk.
 
@@ -129,6 +130,11 @@ def main() -> None:
                 answer = httpx.get(base + path, params={"token": token, **params}, timeout=300)
                 print(f"served {path} (computed once, then kept): {time.perf_counter() - start:.3f} s, "
                       f"{len(answer.content) / 1e6:.2f} MB")
+                if path == "api/rollouts":
+                    middle = answer.json()["rows"][args.rollouts // 2][0]   # rollout_id: TABLE_COLUMNS[0]
+            start = time.perf_counter()
+            httpx.get(base + "api/rollout", params={"token": token, "run": RUN, "id": middle}, timeout=300)
+            print(f"served api/rollout (one rollout in full, first time): {time.perf_counter() - start:.3f} s")
         finally:
             server.terminate()
             server.wait(timeout=30)
