@@ -177,13 +177,15 @@ def traces_view(
     import secrets
     import webbrowser
 
+    from prefect_rollouts.traces.files import run_ids
+    from prefect_rollouts.traces.store import dataset_root
     from prefect_rollouts.traces.view.data import Dataset
     from prefect_rollouts.traces.view.render import write_html
     from prefect_rollouts.traces.view.server import LOOPBACK_NAMES, bind, serve, url
 
     dataset = Dataset(path, pass_threshold=pass_threshold)
     with _exits(config_code=1):
-        if not dataset.run_ids():
+        if not run_ids(dataset_root(path)):   # directory names only: the summaries are computed when served
             raise TraceStoreError(f"no rollouts in {path}")
         if run_id is not None:
             dataset.table(run_id)   # an unknown run fails here, naming the runs
