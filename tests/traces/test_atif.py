@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from prefect_rollouts.cli import app
+from prefect_rollouts.traces.view.data import rollout_view
 from tests.traces.viewer_runs import bash_rollout, steered_rollout, tools_rollout, write_run
 
 pytestmark = pytest.mark.unit
@@ -64,6 +65,9 @@ async def test_a_program_rollout_keeps_its_command_its_output_and_its_launch(tmp
     assert document.steps[2].message == "done"
     (launch,) = document.agent.extra["program"]
     assert launch["exit_code"] == 0 and launch["model_calls"] == 2
+    shown = rollout_view(trace)   # the viewer's rollout page: the launch with its output's tail
+    assert [(p["exit_code"], p["stdout_tail"]) for p in shown["programs"]] == [(0, "done\n")]
+    assert '"program":' not in (shown["info"] or "")   # shown once, as a launch
 
 
 async def test_a_steer_is_a_user_step_marked_with_its_provenance_after_the_observation(tmp_path, openai_server):
