@@ -44,6 +44,7 @@ from prefect_rollouts.flows.ownership import tag_flow_run
 from prefect_rollouts.flows.run_lock import hold_run
 from prefect_rollouts.flows.work_pool import run_on_work_pool
 from prefect_rollouts.traces import DatasetRoot, EvalSummary, compact_run, run_failure, summarize_run
+from prefect_rollouts.traces.view import view_command
 
 __all__ = ["eval_flow", "run_eval"]
 
@@ -175,7 +176,7 @@ async def publish_summary(summary: EvalSummary, series: str, root: DatasetRoot, 
     retried = f", {summary.retried} retried, {summary.recovered} recovered" if summary.retried else ""
     await acreate_table_artifact(table=summary.table(), key=artifacts[0], description=(
         f"Summary of run {summary.run_id} ({summary.rollouts} rollouts of {models or 'no model'}{retried}, "
-        f"traces in {root})" + spent + stop))
+        f"traces in {root})" + spent + stop + f". Read its rollouts: `{view_command(str(root), summary.run_id)}`"))
     if spend is not None and spend.tasks:   # the costliest tasks and rollouts, every attempt counted
         await acreate_table_artifact(table=spend.table(), key=spend_key(series), description=(
             f"Spend of run {summary.run_id}: {spend.text().splitlines()[0].removeprefix('spend: ')}; its costliest "

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import sys
 from collections.abc import Iterator
 from typing import Annotated
@@ -152,6 +153,75 @@ def traces_compare(
     typer.echo(format_comparison(result))
     if changes is not None:
         typer.echo("\nper task (difference = B - A):\n" + format_lines(changes))
+
+
+@traces_app.command("view")
+def traces_view(
+    path: Annotated[str, typer.Argument(help="Dataset root: a directory or a URI such as s3://bucket/prefix.")],
+    run_id: Annotated[str | None, typer.Argument(help="Open this run (default: the list of runs).")] = None,
+    html: Annotated[str | None, typer.Option(
+        "--html", help="Write the views as one self-contained HTML file here (no network needed to read it) "
+                       "instead of serving them.")] = None,
+    max_rollouts: Annotated[int, typer.Option(
+        help="With --html: rollouts of each run embedded in full, in table order (every one is in the table; "
+             "0: the table only).")] = 500,
+    host: Annotated[str, typer.Option(help="Address to serve on: loopback unless you choose otherwise.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to serve on (0: a free one).")] = 0,
+    open_browser: Annotated[bool, typer.Option("--open/--no-open", help="Open the page in a browser, where one "
+                                                                        "exists.")] = True,
+    pass_threshold: Annotated[float, typer.Option(help="Reward at which a rollout passes (flipped tasks).")] = 1.0,
+) -> None:
+    """Look at a run in a browser: the runs with their summaries, a comparison of two, a run's rollouts
+    (filter, sort) and each rollout in full, with plots. Served on loopback with a token in the URL it
+    prints, or written as one offline HTML file with --html."""
+    import secrets
+    import webbrowser
+
+    from prefect_rollouts.traces.files import run_ids
+    from prefect_rollouts.traces.store import dataset_root
+    from prefect_rollouts.traces.view.data import Dataset
+    from prefect_rollouts.traces.view.render import write_html
+    from prefect_rollouts.traces.view.server import LOOPBACK_NAMES, bind, serve, url
+
+    dataset = Dataset(path, pass_threshold=pass_threshold)
+    with _exits(config_code=1):
+        if not run_ids(dataset_root(path)):   # directory names only: the summaries are computed when served
+            raise TraceStoreError(f"no rollouts in {path}")
+        if run_id is not None:
+            dataset.table(run_id)   # an unknown run fails here, naming the runs
+        if html is not None:
+            size = write_html(dataset, html, run_id, max_rollouts=max_rollouts)
+            console.print(f"wrote {html} ({size / 1e6:.1f} MB)", markup=False, highlight=False)
+            return
+        sock = bind(host, port)
+    token = secrets.token_urlsafe(24)
+    address = url(sock, token, run_id)
+    console.print(f"viewer of {path}: {address}\n(Ctrl-C stops it)", markup=False, highlight=False, soft_wrap=True)
+    with contextlib.suppress(webbrowser.Error):
+        if open_browser and webbrowser.get():
+            webbrowser.open(address)
+    hosts = None if host in LOOPBACK_NAMES else [*LOOPBACK_NAMES, host, socket.gethostname(), socket.getfqdn()]
+    serve(dataset, sock, token, run_id=run_id, allowed_hosts=hosts)
+
+
+@traces_app.command("export")
+def traces_export(
+    path: Annotated[str, typer.Argument(help="Dataset root: a directory or a URI such as s3://bucket/prefix.")],
+    run_id: Annotated[str, typer.Argument(help="The run whose rollouts to export.")],
+    out: Annotated[str, typer.Option(help="Directory to write the files under.")],
+    export_format: Annotated[str, typer.Option("--format", help="The file format: atif (Harbor's Agent "
+                                                                "Trajectory Interchange Format).")] = "atif",
+) -> None:
+    """Write each rollout of RUN (its latest attempt) as a trajectory file: OUT/RUN/ENVIRONMENT/TASK__INDEX/agent/
+    trajectory.json, validated by the atif package's models."""
+    from prefect_rollouts.traces.atif import export_run
+
+    if export_format != "atif":
+        _error("", f"--format = {export_format!r}: not a format this command writes. Use --format atif")
+        raise typer.Exit(2)
+    with _exits(config_code=1):
+        written = export_run(path, run_id, out)
+    console.print(f"wrote {len(written)} ATIF trajectories under {out}", markup=False, highlight=False)
 
 
 @traces_app.command("compact")

@@ -105,6 +105,9 @@ async def test_rollout_runs_are_named_and_end_with_their_outcome_and_the_summary
     assert all('"model": "scripted"' in a.data and '"reward.correct": 0.0, "reward.judge": 1.0' in a.data
                for a in artifacts)
     assert "6 rollouts of scripted" in artifacts[0].description
+    for artifact in artifacts:   # the command that opens the run in the viewer (issue 39)
+        run = artifact.description.split(" (")[0].removeprefix("Summary of run ")
+        assert artifact.description.endswith(f"Read its rollouts: `prefect-rollouts traces view {tmp_path} {run}`")
 
 
 def cli_env() -> dict[str, str]:

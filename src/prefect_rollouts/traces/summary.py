@@ -427,10 +427,11 @@ def _round(value: float | None) -> float | None:
 
 
 def summarize_run(root: str | Path | DatasetRoot, run_id: str, *, rollouts_per_task: int | None = None,
-                  pass_threshold: float = 1.0, wall_time_s: float | None = None) -> EvalSummary:
+                  pass_threshold: float = 1.0, wall_time_s: float | None = None, spend: bool = True) -> EvalSummary:
     """``summarize`` the durable rows of run ``run_id`` in the dataset at ``root`` (a path, an object-store
     URI or a ``DatasetRoot``), whoever wrote them, reading only ``SUMMARY_COLUMNS``, with each
-    environment's harness from the run's stored config (``run_config.with_harness``).
+    environment's harness from the run's stored config (``run_config.with_harness``). ``spend=False``
+    leaves ``spend`` None (it reads every attempt's model calls: seconds on a large run).
 
     Raises:
         TraceStoreError: the dataset cannot be read.
@@ -442,7 +443,7 @@ def summarize_run(root: str | Path | DatasetRoot, run_id: str, *, rollouts_per_t
     rows = with_harness(read_rollouts_with_categories(root, columns=SUMMARY_COLUMNS, run_id=run_id), root)
     summary = summarize(rows, run_id=run_id, rollouts_per_task=rollouts_per_task, pass_threshold=pass_threshold,
                         wall_time_s=wall_time_s)
-    summary.spend = read_spend(root, run_id)
+    summary.spend = read_spend(root, run_id) if spend else None
     summary.retried, summary.recovered = retry_counts(root, run_id)
     summary.unfinished = int(rows["stop_condition"].isin(list(UNFINISHED_STOPS)).sum()) if len(rows) else 0
     return summary
