@@ -152,6 +152,7 @@ def prefect_helps() -> dict[str, str]:
     return json.loads(result.stdout)
 
 
+@pytest.mark.timeout(60)   # the first one sets up prefect_helps: 5-6 s quiet, past 10 s beside the other unit workers
 @pytest.mark.parametrize("words", PREFECT_COMMANDS, ids=lambda words: " ".join(words[1:4]))
 def test_each_prefect_command_has_its_subcommand_and_options(words, prefect_helps):
     leading, sub, options = split(words)

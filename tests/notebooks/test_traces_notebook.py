@@ -20,7 +20,10 @@ from prefect_rollouts.trace import ErrorRecord, ModelCall
 from prefect_rollouts.traces import TraceWriter
 from prefect_rollouts.traces.schema import ROLLOUTS
 
-pytestmark = pytest.mark.unit
+# Unit tier, with a minute per test instead of its 10 s: a test here executes the notebook in a Jupyter
+# kernel (a module fixture, set up in the test that first needs it), 2-3 s on a quiet machine and 7-10 s
+# beside two other unit workers and the serial tests (a CI run timed out three of them at 10.04 s).
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 NOTEBOOK = NOTEBOOKS / "traces.ipynb"
