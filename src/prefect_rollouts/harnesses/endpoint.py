@@ -322,7 +322,7 @@ class InterceptionEndpoint:
             status = getattr(exc, "status", 400)
             return self._refuse(request, session, status, str(exc),
                                 "request_too_large" if status == 413 else "invalid_request", dialect)
-        translated = None if dialect is chat_dialect.DIALECT else {"dialect": dialect.name, **lost, **{
+        translated = None if dialect is chat_dialect.DIALECT and not lost else {"dialect": dialect.name, **lost, **{
             name: _header(request.headers[name], session.secret) for name in dialect.recorded_headers
             if name in request.headers}}
         status, payload = await session.exchange(chat, raw, request.headers, translated, dialect.alternates)

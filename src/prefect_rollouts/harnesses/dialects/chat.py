@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from prefect_rollouts.harnesses.dialects import Dialect
+from prefect_rollouts.model.apis.base import NATIVE_KEY
 
 
 class ChatDialect(Dialect):
@@ -20,7 +21,11 @@ class ChatDialect(Dialect):
     paths = ("/v1/chat/completions", "/chat/completions")
 
     def to_chat(self, body: Any) -> tuple[Any, dict[str, Any]]:
-        """The body itself (``exchange`` checks it) and no loss."""
+        """The body itself (``exchange`` checks it) and no loss; a body bearing ``NATIVE_KEY`` has it
+        removed (only a translating dialect sets it: a program must not choose another API's native
+        fields), and the removal is the loss (``{"ignored": ["_native"]}``)."""
+        if isinstance(body, dict) and NATIVE_KEY in body:
+            return {key: value for key, value in body.items() if key != NATIVE_KEY}, {"ignored": [NATIVE_KEY]}
         return body, {}
 
     def from_chat(self, completion: dict[str, Any], body: Any) -> dict[str, Any]:
