@@ -317,7 +317,7 @@ class InterceptionEndpoint:
                                 f"at most {MAX_BODY_BYTES} (MAX_BODY_BYTES)", "request_too_large", dialect)
         try:
             body = read_json(raw, session.secret)   # the launch key scrubbed from every string and key
-            chat, lost = dialect.to_chat(body)
+            chat, lost = dialect.to_chat(body, session.upstream_api)
         except ValueError as exc:   # a JSONRefused names its status: 413 for too many values
             status = getattr(exc, "status", 400)
             return self._refuse(request, session, status, str(exc),

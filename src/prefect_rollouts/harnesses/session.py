@@ -80,6 +80,13 @@ class ProgramSession:
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _template: dict[str, Any] | None = None
 
+    @property
+    def upstream_api(self) -> str:
+        """The wire API the agent's client speaks upstream (``ClientConfig.api``; ``"chat"`` for a client
+        without one, e.g. a harness that needs no model)."""
+        api = getattr(self.ctx.client, "api", None)
+        return getattr(api, "name", "chat")
+
     def refused(self, method: str, path: str, status: int, reason: str) -> None:
         """Record a request the endpoint refused or does not serve on the trace:
         ``trace.info["endpoint"]["refused"]``, a list of ``{"method", "path", "status", "reason"}``

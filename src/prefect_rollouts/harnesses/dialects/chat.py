@@ -20,7 +20,7 @@ class ChatDialect(Dialect):
     name = "chat"
     paths = ("/v1/chat/completions", "/chat/completions")
 
-    def to_chat(self, body: Any) -> tuple[Any, dict[str, Any]]:
+    def to_chat(self, body: Any, upstream: str = "chat") -> tuple[Any, dict[str, Any]]:
         """The body itself (``exchange`` checks it) and no loss; a body bearing ``NATIVE_KEY`` has it
         removed (only a translating dialect sets it: a program must not choose another API's native
         fields), and the removal is the loss (``{"ignored": ["_native"]}``)."""

@@ -44,7 +44,7 @@ class ResponsesDialect(Dialect):
     name = "responses"
     paths = ("/v1/responses", "/responses")
 
-    def to_chat(self, body: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    def to_chat(self, body: Any, upstream: str = "chat") -> tuple[dict[str, Any], dict[str, Any]]:
         """The chat-completions request for ``body`` and the loss report: ``ignored`` (the unused
         keys), ``reasoning_items`` (kept on the trace, not sent), ``strict_tools``, ``dropped_tools``,
         ``dropped_items`` and ``dropped_parts`` (by type), each only when there is one.

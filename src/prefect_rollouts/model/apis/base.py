@@ -45,6 +45,12 @@ class WireApi:
         reports a malformed body, 502)."""
         raise NotImplementedError
 
+    def parse_events(self, events: list[tuple[str, str]], retries: int, status_code: int) -> Completion:
+        """The ``Completion`` of a streamed 2xx response (``ClientConfig.stream``): its server-sent
+        events as ``(event name, data text)`` pairs, in order (the name ``""`` where none was given).
+        Raises as ``parse`` does on any shape error."""
+        raise NotImplementedError
+
     def retry_after(self, headers: Mapping[str, str]) -> float | None:
         """Seconds the provider asks to wait before a retry (``Retry-After``: delta-seconds or an HTTP
         date); None when it says nothing usable."""
