@@ -121,6 +121,11 @@ class ClientConfig(ConfigModel):
     OpenAI-compatible server), ``"responses"`` (OpenAI Responses: reasoning items resent as they came),
     ``"messages"`` (Anthropic Messages, ``x-api-key`` auth: thinking blocks and cache marks resent as
     they came). docs/providers.md says which to choose."""
+    stream: bool = False
+    """Ask for a streamed response (server-sent events) and assemble it (``model.sse``). The result and
+    the trace are the same; turn it on for a provider or gateway that cuts a long non-streamed request
+    (an idle read past its proxy's timeout: long reasoning, large ``max_tokens``) or serves some models
+    only streamed. ``timeout`` still bounds the whole response."""
     api_key_env: str | None = Field("OPENAI_API_KEY", pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$")
     """Name of the environment variable holding the API key, read at each request. None or ``""``:
     a keyless server. A named variable that is unset sends no auth header and logs a warning once."""

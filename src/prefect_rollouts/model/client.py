@@ -5,6 +5,9 @@ The pool is split into lanes of at most 16 connections (one ``httpx.AsyncClient`
 round-robin), because httpcore's per-request pool bookkeeping grows with the square of the
 connections in one client (see ``_LANE_CONNECTIONS``).
 
+With ``ClientConfig.stream`` the request asks for a stream and its server-sent events (``model.sse``)
+go to the API's ``parse_events``, under the same timeout, retry and error rules as a plain response.
+
 Retries (tenacity) on 429, 5xx, connect and read errors with exponential backoff and jitter,
 honouring ``Retry-After``, bounded by ``ClientConfig.retries`` (count and total time). Each
 failed attempt is kept (status, error) for the call's record. The API key is read from
@@ -34,6 +37,7 @@ from prefect_rollouts.config.agent import ClientConfig
 from prefect_rollouts.errors import InfrastructureError, ProviderError, register_secret, scrub
 from prefect_rollouts.model.apis import wire_api
 from prefect_rollouts.model.completion import Completion
+from prefect_rollouts.model.sse import read_events
 from prefect_rollouts.nesting import loads
 
 #: Connections per httpx client. httpcore's pool does work per request that grows with the
@@ -124,6 +128,8 @@ class ModelClient:
                 it as well.
         """
         body = self.api.request(body)
+        if self.config.stream:
+            body = self.api.streamed(body)
         failed: list[dict[str, Any]] = []
         try:
             async for attempt in self._retrying.copy():  # per call: the iterator keeps state
@@ -153,7 +159,10 @@ class ModelClient:
         try:
             async with limits.request_slot(self.config, local=self._local):   # [limits] model_requests
                 async with asyncio.timeout(self.config.timeout):  # httpx's timeouts are per read, not total
-                    response = await self._next_lane().post(self.url, json=body, headers=headers)
+                    if self.config.stream:
+                        response, events = await self._stream(body, headers)
+                    else:
+                        response, events = await self._next_lane().post(self.url, json=body, headers=headers), None
         except InfrastructureError as exc:   # no slot of the endpoint's limit could be asked for
             raise _Attempt(f"could not take a slot of its concurrency limit: {exc}", 503) from None
         except (httpx.TimeoutException, TimeoutError):
@@ -166,11 +175,28 @@ class ModelClient:
             raise _Attempt(f"returned {response.status_code}: {body_text}{hint}",
                            response.status_code, self.api.retry_after(response.headers))
         try:
+            if events is not None:
+                return self.api.parse_events(events, retries, response.status_code)
             return self.api.parse(loads(response.content, "the body"), retries, response.status_code)   # depth bounded
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
-            body_text = self._scrub(response.text, key)[:_MALFORMED_CHARS]
+            text = response.text if events is None else "\n".join(data for _, data in events[-3:])
+            body_text = self._scrub(text, key)[:_MALFORMED_CHARS]
             raise _Attempt(self._scrub(f"returned a malformed body ({type(exc).__name__}: {exc}): "
                                        f"{body_text!r}", key), 502) from None
+
+    async def _stream(self, body: dict[str, Any],
+                      headers: dict[str, str] | None) -> tuple[httpx.Response, list[tuple[str, str]] | None]:
+        """POST ``body`` for a stream: ``(the response, its server-sent events)``; the events None for a
+        non-2xx answer (its body read whole, as a plain one) or a 2xx one that is not ``text/event-stream``
+        (a server that ignored ``stream``: parsed as a plain body)."""
+        async with self._next_lane().stream("POST", self.url, json=body, headers=headers) as response:
+            if response.status_code >= 300 or "text/event-stream" not in response.headers.get("content-type", ""):
+                await response.aread()
+                return response, None
+            try:
+                return response, await read_events(response.aiter_lines())
+            except ValueError as exc:   # longer than MAX_STREAM_CHARS
+                raise _Attempt(f"returned a malformed body ({exc})", 502) from None
 
     def _scrub(self, text: str, key: str | None) -> str:
         """``text`` with the API key, every header value and every other registered secret

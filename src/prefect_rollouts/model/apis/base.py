@@ -39,6 +39,17 @@ class WireApi:
         field) for what this API cannot express."""
         raise NotImplementedError
 
+    def streamed(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` (this API's request) asking for a stream (``ClientConfig.stream``): ``"stream": true``
+        here; a copy, ``body`` unchanged."""
+        return {**body, "stream": True}
+
+    def unsent_keys(self, body: dict[str, Any]) -> list[str]:
+        """The top-level keys of ``body`` (a chat-completions request) this API has no place for and does
+        not send, sorted: the endpoint records them as lost for a program whose request is translated to it
+        (none here)."""
+        return []
+
     def parse(self, data: Any, retries: int, status_code: int) -> Completion:
         """The ``Completion`` of a 2xx response body ``data`` (decoded JSON). Raises ``ValueError``,
         ``KeyError``, ``IndexError``, ``TypeError`` or ``AttributeError`` on any shape error (the client

@@ -7,11 +7,14 @@ The trace's messages are in this API's form already; typed parts only another AP
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from prefect_rollouts.model.apis.base import NATIVE_KEY, WireApi
+from prefect_rollouts.model.apis.responses import openai_retry_after
 from prefect_rollouts.model.completion import Completion, count, detail
 from prefect_rollouts.model.wire import chat_messages
+from prefect_rollouts.nesting import loads
 
 
 class ChatApi(WireApi):
@@ -50,6 +53,59 @@ class ChatApi(WireApi):
                           cached_tokens=detail(usage, "prompt_tokens_details", "cached_tokens"),
                           reasoning_tokens=detail(usage, "completion_tokens_details", "reasoning_tokens"),
                           usage_note="; ".join(notes) or None)
+
+    def streamed(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` with ``"stream": true`` and ``stream_options.include_usage`` (without it a chat stream
+        reports no usage)."""
+        options = body.get("stream_options")
+        options = options if isinstance(options, dict) else {}
+        return {**body, "stream": True, "stream_options": {**options, "include_usage": True}}
+
+    def parse_events(self, events: list[tuple[str, str]], retries: int, status_code: int) -> Completion:
+        """The ``Completion`` of a ``chat.completion.chunk`` stream: the first choice's ``delta`` content
+        (and ``refusal``) joined, tool calls assembled by ``index`` (``id`` as given, ``name`` and
+        ``arguments`` joined), the last ``finish_reason``, the ``usage`` chunk's usage; ``[DONE]`` ends it.
+        A chunk holding ``error`` raises ``ValueError`` with its message."""
+        text: list[str] = []
+        refusal: list[str] = []
+        calls: dict[int, dict[str, Any]] = {}
+        finish, usage = None, None
+        for _, data_text in events:
+            if data_text.strip() == "[DONE]":
+                break
+            chunk = loads(data_text, "a chunk")
+            if chunk.get("error") is not None:
+                error = chunk["error"]
+                raise ValueError(f"the stream failed: {error.get('message') if isinstance(error, dict) else error}")
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices") or []:
+                if choice.get("index", 0) != 0:
+                    continue
+                delta = choice.get("delta") or {}
+                if isinstance(delta.get("content"), str):
+                    text.append(delta["content"])
+                if isinstance(delta.get("refusal"), str):
+                    refusal.append(delta["refusal"])
+                for part in delta.get("tool_calls") or []:
+                    call = calls.setdefault(int(part.get("index", len(calls))), {
+                        "id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+                    call["id"] = part.get("id") or call["id"]
+                    function = part.get("function") or {}
+                    call["function"]["name"] += function.get("name") or ""
+                    call["function"]["arguments"] += function.get("arguments") or ""
+                finish = choice.get("finish_reason") or finish
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(text) or (None if calls else "")}
+        if calls:
+            message["tool_calls"] = [calls[index] for index in sorted(calls)]
+        if refusal:
+            message["refusal"] = "".join(refusal)
+        return self.parse({"choices": [{"message": message, "finish_reason": finish}], "usage": usage},
+                          retries, status_code)
+
+    def retry_after(self, headers: Mapping[str, str]) -> float | None:
+        """``responses.openai_retry_after`` (``retry-after-ms``, ``Retry-After``, ``x-ratelimit-reset-*``):
+        OpenAI's headers; a server that sends none of them gets the plain ``Retry-After`` rule."""
+        return openai_retry_after(headers)
 
 
 API = ChatApi()
