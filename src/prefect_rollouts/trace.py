@@ -34,6 +34,14 @@ chat-completions upstream (``model.wire.chat_messages`` drops them)."""
 KEPT_PART_KEYS = frozenset({"cache_control"})
 """Keys of a content part kept on the trace and left out of a chat-completions request."""
 
+RESPONSES_ITEM = "responses_item"
+"""Key, on a message or a tool call, of the fields its OpenAI Responses item had beside those the chat form
+carries (``{"id": "fc_1", "status": "completed"}``): resent as they came to a Responses upstream
+(``model.apis.responses``), kept on the reply a Responses program gets back."""
+
+KEPT_MESSAGE_KEYS = frozenset({RESPONSES_ITEM})
+"""Keys of a message that ``harnesses.base.sample`` keeps on a reply, beside ``content`` and ``tool_calls``."""
+
 #: Stop conditions that mean a turn or token cap cut the run short.
 TRUNCATING_STOPS = frozenset({"max_turns", "max_turn_tokens", "max_rollout_tokens"})
 

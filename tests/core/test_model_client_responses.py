@@ -67,7 +67,8 @@ async def test_the_chat_form_goes_as_responses_items_with_bearer_auth(openai_ser
             {"type": "function_call_output", "call_id": "call_1", "output": "a.txt"}],
         "tools": [{"type": "function", "name": "shell", "description": "run a command",
                    "parameters": TOOLS[0]["function"]["parameters"], "strict": False}]}
-    assert completion.message == {"role": "assistant", "content": "a.txt is there"}
+    assert completion.message == {"role": "assistant", "content": "a.txt is there",
+                                  "responses_item": {"id": "msg_1", "status": "completed"}}
     assert body["messages"] is CONVERSATION and CONVERSATION[2]["content"] == [REASONING]   # not mutated
 
 
@@ -75,12 +76,26 @@ async def test_reasoning_items_are_kept_as_typed_parts_with_usage_from_responses
     items = (reasoning("plan", "gAAAA-kept", "rs_9"), message("checking"), function_call("shell", {"cmd": "ls"}))
     openai_server.play([output(*items, usage=usage_of(1200, 80, cached=1024, reasoning_tokens=48, cache_write=100))])
     completion = await client().complete({"model": "m", "messages": [{"role": "user", "content": "go"}]})
-    assert completion.message == {"role": "assistant", "content": [items[0], {"type": "text", "text": "checking"}],
-                                  "tool_calls": [{"id": "call_0", "type": "function", "function": {
-                                      "name": "shell", "arguments": '{"cmd": "ls"}'}}]}
+    assert completion.message == {
+        "role": "assistant", "content": [items[0], {"type": "text", "text": "checking"}],
+        "responses_item": {"id": "msg_0", "status": "completed"},
+        "tool_calls": [{"id": "call_0", "type": "function", "function": {"name": "shell", "arguments": '{"cmd": "ls"}'},
+                        "responses_item": {"id": "fc_0", "status": "completed"}}]}
     assert (completion.finish_reason, completion.prompt_tokens, completion.completion_tokens) == (
         "tool_calls", 1200, 80)
     assert (completion.cached_tokens, completion.reasoning_tokens, completion.cache_write_tokens) == (1024, 48, 100)
+
+
+def test_an_items_id_and_status_go_back_as_they_came():
+    reply_message = {"role": "assistant", "content": "ok", "responses_item": {"id": "msg_7", "status": "completed"},
+                     "tool_calls": [{"id": "call_7", "type": "function", "function": {"name": "f", "arguments": "{}"},
+                                     "responses_item": {"id": "fc_7", "status": "completed"}}]}
+    sent = API.request({"model": "m", "messages": [{"role": "user", "content": "go"}, reply_message]})
+    assert sent["input"][1:] == [
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok"}], "id": "msg_7",
+         "status": "completed"},
+        {"type": "function_call", "call_id": "call_7", "name": "f", "arguments": "{}", "id": "fc_7",
+         "status": "completed"}]
 
 
 async def test_an_incomplete_response_is_a_length_finish(openai_server, client):
@@ -100,8 +115,10 @@ async def test_a_streamed_response_parses_as_the_plain_one(openai_server, client
     if api == "chat":
         assert openai_server.requests[1].body["stream_options"] == {"include_usage": True}
     for one, other in (answers[:2], answers[2:]):
-        one.message["tool_calls"] = [{**call, "id": "x"} for call in one.message.get("tool_calls", [])] or None
-        other.message["tool_calls"] = [{**call, "id": "x"} for call in other.message.get("tool_calls", [])] or None
+        for said in (one.message, other.message):   # each request gets new ids
+            said.pop("responses_item", None)
+            said["tool_calls"] = [{"id": "x", "function": call["function"]} for call in said.get("tool_calls", [])] \
+                or None
         assert (one.message, one.finish_reason, one.prompt_tokens, one.completion_tokens) == (
             other.message, other.finish_reason, other.prompt_tokens, other.completion_tokens)
     assert answers[1].message["tool_calls"][0]["function"] == {"name": "shell", "arguments": '{"cmd": "ls"}'}

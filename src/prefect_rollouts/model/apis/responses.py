@@ -5,7 +5,9 @@ role (the first system message is ``instructions`` when the program sent it so: 
 ``INSTRUCTIONS``); a user message an item with ``input_text`` and ``input_image`` parts (a string
 content stays a string); an assistant message its kept ``reasoning`` items, verbatim
 (``encrypted_content`` and all), a ``message`` item of ``output_text`` parts and a ``function_call`` item
-per tool call (``call_id`` = the chat tool call's id); a tool message a ``function_call_output``. Chat's
+per tool call (``call_id`` = the chat tool call's id); a tool message a ``function_call_output``; an
+item's own fields the chat form has no place for (its ``id``, ``status``: ``trace.RESPONSES_ITEM`` on the
+message or tool call) go back on it as they came. Chat's
 nested function tools are flattened (``strict`` false unless set: Responses makes it true by default),
 ``tool_choice`` likewise, ``max_tokens`` is ``max_output_tokens``, ``response_format`` ``text.format``,
 ``reasoning_effort`` ``reasoning.effort``; chat-only keys (``CHAT_ONLY``: ``seed``, ``stop``, ...) are
@@ -23,7 +25,8 @@ Codex sends it).
 
 Response: ``output`` items in order: ``reasoning`` items kept verbatim as typed parts of the assistant
 message (``trace.KEPT_PART_TYPES``), ``message`` items' ``output_text`` as its text (a ``refusal`` as
-``refusal``), ``function_call`` items as ``tool_calls``; other item types are kept as parts too and resent.
+``refusal``), ``function_call`` items as ``tool_calls``, their ids and statuses under ``trace.RESPONSES_ITEM``;
+other item types are kept as parts too and resent.
 ``status`` ``incomplete`` with ``max_output_tokens`` (or ``content_filter``) is finish ``length`` (or
 ``content_filter``); ``failed`` raises. Usage: ``input_tokens`` (cache reads included, as chat counts),
 ``output_tokens`` (reasoning included), ``input_tokens_details.cached_tokens`` (and
@@ -41,6 +44,7 @@ from typing import Any
 from prefect_rollouts.model.apis.base import NATIVE_KEY, WireApi, retry_after_header
 from prefect_rollouts.model.completion import Completion, count, detail
 from prefect_rollouts.nesting import loads
+from prefect_rollouts.trace import RESPONSES_ITEM
 
 IMPOSED = frozenset({"model", "input", "instructions", "temperature", "top_p", "max_output_tokens", "stream",
                      "stream_options"})
@@ -108,10 +112,13 @@ class ResponsesApi(WireApi):
             raise ValueError(f"the response failed: {error.get('code')}: {error.get('message')}")
         parts: list[dict[str, Any]] = []
         calls: list[dict[str, Any]] = []
+        message: dict[str, Any] = {"role": "assistant"}
         refusal = None
         for index, item in enumerate(data["output"]):
             kind = item["type"]
             if kind == "message":
+                if RESPONSES_ITEM not in message:
+                    message[RESPONSES_ITEM] = _fields(item, _MESSAGE_CARRIED)
                 for part in item.get("content") or []:
                     if part["type"] == "output_text":
                         parts.append({"type": "text", "text": str(part["text"])})
@@ -119,12 +126,15 @@ class ResponsesApi(WireApi):
                         refusal = (refusal or "") + str(part["refusal"])
             elif kind == "function_call":
                 calls.append({"id": str(item["call_id"]), "type": "function",
-                              "function": {"name": str(item["name"]), "arguments": str(item["arguments"])}})
+                              "function": {"name": str(item["name"]), "arguments": str(item["arguments"])},
+                              RESPONSES_ITEM: _fields(item, _CALL_CARRIED)})
             elif isinstance(kind, str):
                 parts.append(dict(item))   # a reasoning item (or another kind) resent as it came
             else:
                 raise TypeError(f"output.{index}.type is {type(kind).__name__}, not a string")
-        message: dict[str, Any] = {"role": "assistant", "content": _joined(parts)}
+        message["content"] = _joined(parts)
+        if not message.get(RESPONSES_ITEM):
+            message.pop(RESPONSES_ITEM, None)
         if calls:
             message["tool_calls"] = calls
         if refusal is not None:
@@ -202,6 +212,17 @@ def duration_s(value: str | None) -> float | None:
     return sum(float(match.group(1)) * _UNIT_S[match.group(2)] for match in matches)
 
 
+_MESSAGE_CARRIED = frozenset({"type", "role", "content"})
+_CALL_CARRIED = frozenset({"type", "call_id", "name", "arguments"})
+#: The fields of a ``function_call_output`` item the chat form's tool message carries.
+OUTPUT_CARRIED = frozenset({"type", "call_id", "output"})
+
+
+def _fields(item: dict[str, Any], carried: frozenset[str]) -> dict[str, Any]:
+    """``item``'s fields the chat form has no place for (``trace.RESPONSES_ITEM``: its ``id``, ``status``)."""
+    return {key: value for key, value in item.items() if key not in carried}
+
+
 def _joined(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
     """Text parts only: their text, joined (chat's string content); else the parts as they are."""
     if all(part.get("type") == "text" for part in parts):
@@ -228,12 +249,14 @@ def _input(messages: list[dict[str, Any]], instructions_first: bool,
         if index == 0 and instructions_first and role == "system":
             instructions = content if isinstance(content, str) else _text(content)
         elif role in ("system", "developer", "user"):
-            items.append({"type": "message", "role": role, "content": _parts(content, "input_text")})
+            items.append({"type": "message", "role": role, "content": _parts(content, "input_text"),
+                          **(message.get(RESPONSES_ITEM) or {})})
         elif role == "assistant":
             items.extend(_assistant(message, keep_bare_reasoning))
         elif role == "tool":
             output = content if isinstance(content, str) else _parts(content, "input_text")
-            items.append({"type": "function_call_output", "call_id": message.get("tool_call_id"), "output": output})
+            items.append({"type": "function_call_output", "call_id": message.get("tool_call_id"), "output": output,
+                          **(message.get(RESPONSES_ITEM) or {})})
         else:
             raise ValueError(f"messages.{index}.role = {role!r}: the Responses API takes system, developer, "
                              "user, assistant and tool messages")
@@ -249,7 +272,8 @@ def _assistant(message: dict[str, Any], keep_bare_reasoning: bool) -> list[dict[
 
     def flush() -> None:
         if texts:
-            items.append({"type": "message", "role": "assistant", "content": list(texts)})
+            items.append({"type": "message", "role": "assistant", "content": list(texts),
+                          **(message.get(RESPONSES_ITEM) or {})})
             texts.clear()
 
     for part in [{"type": "text", "text": content}] if isinstance(content, str) and content else \
@@ -268,7 +292,7 @@ def _assistant(message: dict[str, Any], keep_bare_reasoning: bool) -> list[dict[
     for call in message.get("tool_calls") or []:
         function = call.get("function") or {}
         items.append({"type": "function_call", "call_id": call.get("id"), "name": function.get("name"),
-                      "arguments": function.get("arguments")})
+                      "arguments": function.get("arguments"), **(call.get(RESPONSES_ITEM) or {})})
     return items
 
 
