@@ -91,6 +91,13 @@ class ResponsesDialect(Dialect):
             if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
                 raise ValueError(f"max_output_tokens = {echo(limit)}: must be a positive integer")
             chat["max_tokens"] = limit
+        if native:   # tools, tool_choice, text... go upstream as they came; the chat form needs only the tools
+            if isinstance(body.get("tools"), list) and body["tools"]:   # ProgramSession.side looks at them
+                chat["tools"] = body["tools"]
+            chat[NATIVE_KEY] = {"api": self.name, "params": {key: value for key, value in body.items()
+                                                              if key not in NATIVE_TAKEN},
+                                INSTRUCTIONS: body.get("instructions") is not None}
+            return chat, lost
         tools = tools_of(body["tools"], lost) if body.get("tools") is not None else []
         if tools:
             chat["tools"] = tools
@@ -104,14 +111,6 @@ class ResponsesDialect(Dialect):
             form = response_format_of(body["text"], lost)
             if form is not None:
                 chat["response_format"] = form
-        if native:
-            chat[NATIVE_KEY] = {"api": self.name, "params": {key: value for key, value in body.items()
-                                                              if key not in NATIVE_TAKEN},
-                                INSTRUCTIONS: body.get("instructions") is not None}
-            for key in ("strict_tools", "dropped_tools", "dropped_tool_choice", "text_verbosity",
-                        "dropped_text_format"):
-                lost.pop(key, None)   # sent as they came
-            return chat, lost
         ignored = sorted(key for key in body if key not in HANDLED)
         if ignored:
             lost["ignored"] = ignored
