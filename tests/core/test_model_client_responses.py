@@ -193,3 +193,12 @@ def test_chat_only_keys_are_not_sent_and_named():
     sent = API.request(body)
     assert "seed" not in sent and "stop" not in sent and API.unsent_keys(body) == ["seed", "stop"]
     assert sent["text"] == {"format": {"type": "json_schema", "name": "n", "schema": {}}}
+
+
+async def test_a_stream_request_answered_with_an_error_or_plain_json_is_handled_as_a_plain_one(openai_server, client):
+    plain = {"id": "resp_p", "object": "response", "created_at": 1, "status": "completed", "model": "m",
+             "output": [message("plain")], "usage": usage_of(7, 1)}
+    openai_server.play([status(503, {"error": {"message": "overloaded"}}), status(200, plain)])
+    completion = await client(stream=True).complete({"model": "m", "messages": [{"role": "user", "content": "go"}]})
+    assert (completion.message["content"], completion.prompt_tokens, completion.retries) == ("plain", 7, 1)
+    assert completion.attempts[0]["status_code"] == 503 and "overloaded" in completion.attempts[0]["error"]
