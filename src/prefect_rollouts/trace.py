@@ -10,7 +10,8 @@ block, verbatim: a Responses ``reasoning`` item (``{"type": "reasoning", "id", "
 ``redacted_thinking`` block. Their types are ``KEPT_PART_TYPES``; a part may also carry keys of
 ``KEPT_PART_KEYS`` (Anthropic's ``cache_control``). The chat-completions client sends neither
 (``model.wire.chat_messages``); the endpoint records what it kept back in
-``info["program_rewrites"]``. A message without such parts is as before.
+``info["program_rewrites"]``. A message or tool call from a Responses item may carry that item's own
+fields (its ``id``, ``status``) under ``RESPONSES_ITEM``. A message without such parts is as before.
 """
 
 from __future__ import annotations
