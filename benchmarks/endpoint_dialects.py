@@ -17,7 +17,8 @@ answer per upstream API.
 
     .venv/bin/python benchmarks/endpoint_dialects.py [--calls 300] [--pairs responses:responses,chat:chat]
 
-Prints, per pair and stream mode: the body size and this process's CPU per call (``time.process_time``
+Prints, per pair and stream mode: the body size, the size of what goes upstream (a translation sends less:
+what it drops) and this process's CPU per call (``time.process_time``
 over the timed calls, after 20 warm-up calls), beside the target (<= 3 ms, the issue's, as for chat); then,
 per program dialect, pass-through (its own API upstream) beside the cheapest translation.
 """
@@ -80,9 +81,11 @@ class InstantClient:
         self.api = wire_api(api)
         self.config = vf.ClientConfig(api=api)   # type: ignore[arg-type]
         self.answer = json.dumps(ANSWERS[api]).encode()
+        self.sent = 0
+        """Bytes of the last request it would have sent upstream."""
 
     async def complete(self, body: dict[str, Any]) -> Completion:
-        json.dumps(self.api.request(body)).encode()
+        self.sent = len(json.dumps(self.api.request(body)).encode())
         return self.api.parse(json.loads(self.answer), 0, 200)
 
 
@@ -158,10 +161,12 @@ async def _uncharged(*args: Any) -> None:
 
 
 async def measure(endpoint: InterceptionEndpoint, name: str, body: dict[str, Any], calls: int,
-                  upstream: str) -> tuple[int, float]:
-    """``(body bytes, CPU ms per call)`` of ``calls`` requests of ``body`` to an ``upstream`` API."""
+                  upstream: str) -> tuple[int, int, float]:
+    """``(body bytes, bytes sent upstream, CPU ms per call)`` of ``calls`` requests of ``body`` to an
+    ``upstream`` API."""
     trace = vf.Trace(task_id="t", model="m")
-    ctx = SimpleNamespace(config=vf.AgentConfig(model="m"), trace=trace, client=InstantClient(upstream), stopped=False,
+    stand_in = InstantClient(upstream)
+    ctx = SimpleNamespace(config=vf.AgentConfig(model="m"), trace=trace, client=stand_in, stopped=False,
                           turn_limit_reached=lambda: False, steer_inbox=[], turns=0, segment_index=0, segment_inputs=0,
                           budget_reached=_never, charge=_uncharged)
     session = ProgramSession(ctx, "p", None, carried=[])   # type: ignore[arg-type]
@@ -181,7 +186,7 @@ async def measure(endpoint: InterceptionEndpoint, name: str, body: dict[str, Any
     cpu = time.process_time() - cpu
     child.join()
     endpoint.close_session(session)
-    return len(raw), cpu / calls * 1e3
+    return len(raw), stand_in.sent, cpu / calls * 1e3
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -196,11 +201,11 @@ async def main(args: argparse.Namespace) -> None:
             for name, body in bodies().items():
                 if name.split()[0] != dialect:
                     continue
-                size, per_call = await measure(endpoint, name, body, args.calls, upstream)
+                size, sent, per_call = await measure(endpoint, name, body, args.calls, upstream)
                 costs[(name, upstream)] = per_call
                 verdict = "ok" if per_call <= TARGET_MS else "over"
-                print(f"  {name:26} -> {upstream:10} {size / 1024:6.1f} KiB  {per_call:6.2f} ms CPU per call  "
-                      f"(target <= {TARGET_MS:g} ms: {verdict})")
+                print(f"  {name:26} -> {upstream:10} {size / 1024:6.1f} KiB in, {sent / 1024:6.1f} KiB upstream  "
+                      f"{per_call:6.2f} ms CPU per call  (target <= {TARGET_MS:g} ms: {verdict})")
         for (name, upstream), own in costs.items():
             if name.split()[0] != upstream:
                 continue
