@@ -215,3 +215,25 @@ async def test_a_chat_program_to_a_responses_upstream_records_the_keys_it_cannot
     assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"] == "ok"
     assert "seed" not in openai_server.requests[0].body and "stop" not in openai_server.requests[0].body
     assert rewrites_of(trace, 0)["translated"] == {"dialect": "chat", "ignored": ["seed", "stop"]}
+
+
+async def test_a_later_turn_drops_the_programs_own_developer_messages_before_the_carried_ones(
+        openai_server, responses_config, tmp_path):
+    """Codex resends its developer messages on every launch; a later turn's conversation already holds
+    them (carried), so they go upstream once, as the leading system message of a chat upstream does."""
+    openai_server.play([reply("first"), reply("second")])
+    wire = next(wire for wire in WIRES if wire.name == "responses")
+    developer = {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "rules"}]}
+
+    def ask(text: str) -> dict[str, Any]:
+        return {"input": [developer, {"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": text}]}]}
+    async with launched(responses_config, tmp_path, wire) as launch:
+        assert (await launch.post(ask("go"))).status_code == 200
+        await launch.next_turn("two")
+        answer = await launch.post(ask("two"))
+        trace = launch.interaction.trace
+    assert answer.status_code == 200
+    roles = [(item.get("role"), item["content"][0]["text"]) for item in openai_server.requests[1].body["input"]]
+    assert roles == [("developer", "rules"), ("user", "go"), ("assistant", "first"), ("user", "two")]
+    assert rewrites_of(trace, 1)["dropped_system_messages"] == 1
