@@ -189,10 +189,12 @@ def test_a_reasoning_item_without_encrypted_content_is_not_resent_unless_stored(
 
 def test_chat_only_keys_are_not_sent_and_named():
     body = {"model": "m", "seed": 1, "stop": ["x"], "messages": [{"role": "user", "content": "go"}],
-            "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {}}}}
+            "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {}}},
+            "reasoning_effort": "low", "verbosity": "high"}
     sent = API.request(body)
     assert "seed" not in sent and "stop" not in sent and API.unsent_keys(body) == ["seed", "stop"]
-    assert sent["text"] == {"format": {"type": "json_schema", "name": "n", "schema": {}}}
+    assert sent["text"] == {"format": {"type": "json_schema", "name": "n", "schema": {}}, "verbosity": "high"}
+    assert sent["reasoning"] == {"effort": "low"} and "verbosity" not in sent and "reasoning_effort" not in sent
 
 
 async def test_a_stream_request_answered_with_an_error_or_plain_json_is_handled_as_a_plain_one(openai_server, client):

@@ -7,11 +7,11 @@ content stays a string); an assistant message its kept ``reasoning`` items, verb
 (``encrypted_content`` and all), a ``message`` item of ``output_text`` parts and a ``function_call`` item
 per tool call (``call_id`` = the chat tool call's id); a tool message a ``function_call_output``; an
 item's own fields the chat form has no place for (its ``id``, ``status``: ``trace.RESPONSES_ITEM`` on the
-message or tool call) go back on it as they came. Chat's
-nested function tools are flattened (``strict`` false unless set: Responses makes it true by default),
-``tool_choice`` likewise, ``max_tokens`` is ``max_output_tokens``, ``response_format`` ``text.format``,
-``reasoning_effort`` ``reasoning.effort``; chat-only keys (``CHAT_ONLY``: ``seed``, ``stop``, ...) are
-not sent (the endpoint records them as lost). A request the endpoint received in Responses carries the
+message or tool call) go back on it as they came. Chat's nested function tools are flattened (``strict``
+false unless set: Responses makes it true by default), ``tool_choice`` likewise, ``max_tokens`` is
+``max_output_tokens``, ``response_format`` ``text.format``, ``reasoning_effort`` ``reasoning.effort``,
+``verbosity`` ``text.verbosity``; chat-only keys (``CHAT_ONLY``: ``seed``, ``stop``, ...) are not sent
+(the endpoint records them as lost). A request the endpoint received in Responses carries the
 program's own top-level fields under ``NATIVE_KEY`` (``include``, ``reasoning``, ``store``, its tools as
 it sent them, ``text``, ``prompt_cache_key``...): they are sent as they came, under the imposed ones
 (``IMPOSED``: model, sampling, the token cap).
@@ -59,7 +59,7 @@ CHAT_ONLY = frozenset({"seed", "stop", "n", "frequency_penalty", "presence_penal
 """Chat-completions request keys Responses has no place for: not sent (``unsent_keys``)."""
 
 _MAPPED = frozenset({"messages", "max_tokens", "max_completion_tokens", "response_format", "reasoning_effort",
-                     "tools", "tool_choice", NATIVE_KEY})
+                     "verbosity", "tools", "tool_choice", NATIVE_KEY})
 
 
 class ResponsesApi(WireApi):
@@ -96,6 +96,8 @@ class ResponsesApi(WireApi):
             out["text"] = {"format": _text_format(body["response_format"])}
         if "reasoning" not in params and body.get("reasoning_effort") is not None:
             out["reasoning"] = {"effort": body["reasoning_effort"]}
+        if "text" not in params and body.get("verbosity") is not None:
+            out["text"] = {**out.get("text", {}), "verbosity": body["verbosity"]}
         return out
 
     def unsent_keys(self, body: dict[str, Any]) -> list[str]:
