@@ -1,19 +1,26 @@
-"""Endpoint CPU per model call, per wire dialect: the same conversation sent as chat completions and as
-OpenAI Responses (what Codex sends: two developer messages, a 17 KB one among them, eight function
+"""Endpoint CPU per model call, per (program dialect, upstream API) pair: the same conversation sent as
+chat completions and as OpenAI Responses (what Codex sends: two developer messages, a 17 KB one among them, eight function
 tools, a tool round trip resent with a reasoning item; streamed as Codex streams), and Claude Code's
 conversation as Anthropic Messages (three system blocks, a system turn among the messages, twelve tools,
 a tool round trip with a thinking block and cache_control marks; about 50 KB as its first request).
 
 Setup: one ``InterceptionEndpoint`` in this process with one ``ProgramSession`` whose model client is a
-stand-in answering at once (no upstream, so this process's CPU is the endpoint's: HTTP parsing, the
-body read, ``read_json``, the dialect's ``to_chat``, ``exchange`` with its rewrites and the recording in
-``sample``, ``from_chat`` and the JSON or SSE answer). The requests come from a child process over the
-endpoint's Unix socket, one at a time on one keep-alive connection, so the client's CPU is not counted.
+stand-in answering at once in its upstream API (no socket, so this process's CPU is the endpoint's and the
+wire API's: HTTP parsing, the body read, ``read_json``, the dialect's ``to_chat`` for that upstream,
+``exchange`` with its rewrites and the recording in ``sample``, the API's ``request`` and the JSON
+encoding of what would be sent, the decoding and ``parse`` of a canned answer (``ANSWERS``), ``from_chat``
+and the JSON or SSE answer). The requests come from a child process over the endpoint's Unix socket, one
+at a time on one keep-alive connection, so the client's CPU is not counted.
 
-    .venv/bin/python benchmarks/endpoint_dialects.py [--calls 300]
+``PAIRS`` lists the (program dialect, upstream API) pairs measured, one line each; ``ANSWERS`` one canned
+answer per upstream API.
 
-Prints, per dialect and stream mode: the body size and this process's CPU per call (``time.process_time``
-over the timed calls, after 20 warm-up calls), beside the target (<= 3 ms, the issue's, as for chat).
+    .venv/bin/python benchmarks/endpoint_dialects.py [--calls 300] [--pairs responses:responses,chat:chat]
+
+Prints, per pair and stream mode: the body size, the size of what goes upstream (a translation sends less:
+what it drops) and this process's CPU per call (``time.process_time``
+over the timed calls, after 20 warm-up calls), beside the target (<= 3 ms, the issue's, as for chat); then,
+per program dialect, pass-through (its own API upstream) beside the cheapest translation.
 """
 
 from __future__ import annotations
@@ -33,18 +40,53 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import prefect_rollouts as vf
 from prefect_rollouts.harnesses.endpoint import InterceptionEndpoint
 from prefect_rollouts.harnesses.session import ProgramSession
+from prefect_rollouts.model.apis import wire_api
 from prefect_rollouts.model.client import Completion
 
 TARGET_MS = 3.0
 WARMUP = 20
 
+PAIRS: list[tuple[str, str]] = [
+    ("chat", "chat"),
+    ("chat", "responses"),
+    ("responses", "chat"),
+    ("responses", "responses"),
+    ("messages", "chat"),
+    ("messages", "responses"),
+]
+"""(program dialect, upstream API) pairs measured: one line per pair."""
+
+ANSWERS: dict[str, dict[str, Any]] = {
+    "chat": {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "done"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 9000, "completion_tokens": 3, "total_tokens": 9003,
+                  "prompt_tokens_details": {"cached_tokens": 8000}}},
+    "responses": {"id": "resp_1", "object": "response", "created_at": 1, "status": "completed", "model": "m",
+                  "output": [{"type": "message", "id": "msg_2", "status": "completed", "role": "assistant",
+                              "content": [{"type": "output_text", "text": "done", "annotations": []}]}],
+                  "usage": {"input_tokens": 9000, "output_tokens": 3, "total_tokens": 9003,
+                            "input_tokens_details": {"cached_tokens": 8000, "cache_write_tokens": 0},
+                            "output_tokens_details": {"reasoning_tokens": 0}}},
+}
+"""A canned answer per upstream API, decoded and parsed on every call as the client would: the same reply
+("done", the same usage) in each API's form, so a pair's cost is the endpoint's and the API's work, not the
+answer's size (a reasoning item in a Responses answer, which chat cannot carry, adds its bytes)."""
+
 
 class InstantClient:
-    """A model client that answers every call at once with one text message."""
+    """A model client in ``api`` that answers every call at once: it builds and encodes the request as
+    the real client does, then decodes and parses ``ANSWERS[api]``."""
+
+    def __init__(self, api: str) -> None:
+        self.api = wire_api(api)
+        self.config = vf.ClientConfig(api=api)   # type: ignore[arg-type]
+        self.answer = json.dumps(ANSWERS[api]).encode()
+        self.sent = 0
+        """Bytes of the last request it would have sent upstream."""
 
     async def complete(self, body: dict[str, Any]) -> Completion:
-        return Completion(message={"role": "assistant", "content": "done"}, finish_reason="stop",
-                          prompt_tokens=9000, completion_tokens=3, retries=0, status_code=200, cached_tokens=8000)
+        self.sent = len(json.dumps(self.api.request(body)).encode())
+        return self.api.parse(json.loads(self.answer), 0, 200)
 
 
 def bodies() -> dict[str, dict[str, Any]]:
@@ -110,11 +152,23 @@ def client(socket_path: str, secret: str, path: str, body: bytes, calls: int, re
     ready.send("done")
 
 
-async def measure(endpoint: InterceptionEndpoint, name: str, body: dict[str, Any], calls: int) -> tuple[int, float]:
-    """``(body bytes, CPU ms per call)`` of ``calls`` requests of ``body``."""
+async def _never() -> bool:
+    return False
+
+
+async def _uncharged(*args: Any) -> None:
+    return None
+
+
+async def measure(endpoint: InterceptionEndpoint, name: str, body: dict[str, Any], calls: int,
+                  upstream: str) -> tuple[int, int, float]:
+    """``(body bytes, bytes sent upstream, CPU ms per call)`` of ``calls`` requests of ``body`` to an
+    ``upstream`` API."""
     trace = vf.Trace(task_id="t", model="m")
-    ctx = SimpleNamespace(config=vf.AgentConfig(model="m"), trace=trace, client=InstantClient(), stopped=False,
-                          turn_limit_reached=lambda: False, steer_inbox=[], turns=0, segment_index=0, segment_inputs=0)
+    stand_in = InstantClient(upstream)
+    ctx = SimpleNamespace(config=vf.AgentConfig(model="m"), trace=trace, client=stand_in, stopped=False,
+                          turn_limit_reached=lambda: False, steer_inbox=[], turns=0, segment_index=0, segment_inputs=0,
+                          budget_reached=_never, charge=_uncharged)
     session = ProgramSession(ctx, "p", None, carried=[])   # type: ignore[arg-type]
     endpoint.open_session(session)
     raw = json.dumps(body).encode()
@@ -132,7 +186,7 @@ async def measure(endpoint: InterceptionEndpoint, name: str, body: dict[str, Any
     cpu = time.process_time() - cpu
     child.join()
     endpoint.close_session(session)
-    return len(raw), cpu / calls * 1e3
+    return len(raw), stand_in.sent, cpu / calls * 1e3
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -141,11 +195,26 @@ async def main(args: argparse.Namespace) -> None:
     try:
         print(f"{args.calls} calls per row after {WARMUP} warm-up calls; load average "
               f"{os.getloadavg()[0]:.2f}, cores {os.cpu_count()}")
-        for name, body in bodies().items():
-            size, per_call = await measure(endpoint, name, body, args.calls)
-            verdict = "ok" if per_call <= TARGET_MS else "over"
-            print(f"  {name:26} {size / 1024:6.1f} KiB  {per_call:6.2f} ms CPU per call  "
-                  f"(target <= {TARGET_MS:g} ms: {verdict})")
+        pairs = [tuple(pair.split(":")) for pair in args.pairs.split(",")] if args.pairs else PAIRS
+        costs: dict[tuple[str, str], float] = {}
+        for dialect, upstream in pairs:
+            for name, body in bodies().items():
+                if name.split()[0] != dialect:
+                    continue
+                size, sent, per_call = await measure(endpoint, name, body, args.calls, upstream)
+                costs[(name, upstream)] = per_call
+                verdict = "ok" if per_call <= TARGET_MS else "over"
+                print(f"  {name:26} -> {upstream:10} {size / 1024:6.1f} KiB in, {sent / 1024:6.1f} KiB upstream  "
+                      f"{per_call:6.2f} ms CPU per call  (target <= {TARGET_MS:g} ms: {verdict})")
+        for (name, upstream), own in costs.items():
+            if name.split()[0] != upstream:
+                continue
+            others = {up: cost for (other, up), cost in costs.items() if other == name and up != upstream}
+            if others:
+                cheapest = min(others, key=others.__getitem__)
+                verdict = "no more" if own <= others[cheapest] else "MORE"
+                print(f"  pass-through {name:26} {own:6.2f} ms vs translated to {cheapest}: "
+                      f"{others[cheapest]:6.2f} ms ({verdict})")
     finally:
         await endpoint.stop()
 
@@ -153,4 +222,5 @@ async def main(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--pairs", default="", help="dialect:upstream pairs, comma-separated (default: PAIRS)")
     asyncio.run(main(parser.parse_args()))

@@ -10,7 +10,8 @@ block, verbatim: a Responses ``reasoning`` item (``{"type": "reasoning", "id", "
 ``redacted_thinking`` block. Their types are ``KEPT_PART_TYPES``; a part may also carry keys of
 ``KEPT_PART_KEYS`` (Anthropic's ``cache_control``). The chat-completions client sends neither
 (``model.wire.chat_messages``); the endpoint records what it kept back in
-``info["program_rewrites"]``. A message without such parts is as before.
+``info["program_rewrites"]``. A message or tool call from a Responses item may carry that item's own
+fields (its ``id``, ``status``) under ``RESPONSES_ITEM``. A message without such parts is as before.
 """
 
 from __future__ import annotations
@@ -33,6 +34,14 @@ chat-completions upstream (``model.wire.chat_messages`` drops them)."""
 
 KEPT_PART_KEYS = frozenset({"cache_control"})
 """Keys of a content part kept on the trace and left out of a chat-completions request."""
+
+RESPONSES_ITEM = "responses_item"
+"""Key, on a message or a tool call, of the fields its OpenAI Responses item had beside those the chat form
+carries (``{"id": "fc_1", "status": "completed"}``): resent as they came to a Responses upstream
+(``model.apis.responses``), kept on the reply a Responses program gets back."""
+
+KEPT_MESSAGE_KEYS = frozenset({RESPONSES_ITEM})
+"""Keys of a message that ``harnesses.base.sample`` keeps on a reply, beside ``content`` and ``tool_calls``."""
 
 #: Stop conditions that mean a turn or token cap cut the run short.
 TRUNCATING_STOPS = frozenset({"max_turns", "max_turn_tokens", "max_rollout_tokens"})

@@ -403,3 +403,16 @@ async def test_a_streamed_chat_completion_is_the_chunks_the_sdk_parses(openai_se
     chunks = [ChatCompletionChunk.model_validate_json(line.removeprefix("data: ")) for line in lines[:-1]]
     assert chunks[1].choices[0].delta.tool_calls[0].function.name == "shell"
     assert chunks[2].choices[0].finish_reason == "tool_calls" and chunks[3].usage.total_tokens == 11
+
+
+async def test_a_chat_program_cannot_choose_another_apis_native_fields(openai_server, agent_config, tmp_path):
+    """``_native`` is set only by a translating dialect (``model.apis``): from a chat program it is
+    removed before anything goes upstream, and the removal is recorded."""
+    openai_server.play([reply("ok")])
+    wire = next(wire for wire in WIRES if wire.name == "chat")
+    async with launched(agent_config, tmp_path, wire) as launch:
+        answer = await launch.ask([("user", "go")], _native={"api": "chat", "params": {"model": "other"}})
+        trace = launch.interaction.trace
+    assert answer.status_code == 200
+    assert "_native" not in openai_server.requests[0].body
+    assert rewrites_of(trace, 0)["translated"] == {"dialect": "chat", "ignored": ["_native"]}

@@ -248,3 +248,11 @@ async def test_parts_only_another_dialect_takes_stay_off_the_chat_request(openai
         {"role": "assistant", "content": "", "tool_calls": messages[2]["tool_calls"]},
         messages[3], messages[4]]
     assert messages == kept   # the trace's messages are not touched
+
+
+def test_the_wire_api_is_one_the_client_speaks():
+    """``api`` is validated with the config (a clear error naming the field), and chat is the default."""
+    from pydantic import ValidationError
+    assert vf.ClientConfig().api == "chat"
+    with pytest.raises(ValidationError, match="api"):
+        vf.ClientConfig(api="grpc")

@@ -31,6 +31,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 CHAT_PATH = "/v1/chat/completions"
+ROUTES: dict[str, Any] = {}
+"""Further POST routes, each ``path -> render(server, step, request) -> (status, headers, body)`` for a
+step that is not ``status``/``delayed``/``gathered`` (a sibling module registers its API's:
+``responses_server``). The script, recording and counting are shared with chat completions."""
 MODELS = {"object": "list", "data": [{"id": "scripted", "object": "model"}]}
 Response = tuple[int, dict[str, str], bytes]
 
@@ -287,7 +291,7 @@ class ScriptedOpenAIServer:
     def _handle(self, request: RecordedRequest) -> Response:
         with self._lock:
             self.requests.append(request)
-            if request.path != CHAT_PATH:
+            if request.path != CHAT_PATH and request.path not in ROUTES:
                 return _json(404, {"error": {"message": f"no route for POST {request.path}"}})
             step = self._script.popleft() if self._script else self.default
             self.in_flight += 1
@@ -322,6 +326,8 @@ class ScriptedOpenAIServer:
                 return step.code, headers, step.body.encode()
             body = step.body if step.body is not None else {"error": {"message": f"scripted {step.code}"}}
             return _json(step.code, body, step.headers)
+        if request.path in ROUTES:
+            return ROUTES[request.path](self, step, request)
         if not isinstance(step, _Reply):
             raise TypeError(f"not a step: {step!r}")
         message: dict[str, Any] = {"role": "assistant", "content": step.content}
@@ -330,9 +336,37 @@ class ScriptedOpenAIServer:
                                       "function": {"name": name, "arguments": args}}
                                      for name, args in step.calls]
         prompt, completion = len(request.messages) * 10, max(1, len((step.content or "").split()))
-        return _json(200, {
+        body = {
             "id": f"chatcmpl-{self._next_id('chatcmpl')}", "object": "chat.completion",
             "created": int(time.time()), "model": step.model,
             "choices": [{"index": 0, "message": message, "finish_reason": step.finish_reason}],
             "usage": step.usage or {"prompt_tokens": prompt, "completion_tokens": completion,
-                                    "total_tokens": prompt + completion}})
+                                    "total_tokens": prompt + completion}}
+        return _chat_stream(body, request) if request.body.get("stream") is True else _json(200, body)
+
+
+def _chat_stream(body: dict[str, Any], request: RecordedRequest) -> Response:
+    """``body`` (a chat.completion) as ``chat.completion.chunk`` events, as OpenAI streams: the role,
+    the content in two pieces, each tool call's id and name then its arguments in two pieces, the finish
+    reason, the usage chunk when ``stream_options.include_usage``, ``[DONE]``."""
+    base = {key: body[key] for key in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    choice, chunks = body["choices"][0], []
+    message, text = choice["message"], choice["message"]["content"] or ""
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> None:
+        chunks.append({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+    chunk({"role": "assistant", "content": ""})
+    for piece in (text[:len(text) // 2], text[len(text) // 2:]) if text else ():
+        chunk({"content": piece})
+    for index, call in enumerate(message.get("tool_calls") or []):
+        arguments = call["function"]["arguments"]
+        chunk({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
+                               "function": {"name": call["function"]["name"], "arguments": ""}}]})
+        for piece in (arguments[:len(arguments) // 2], arguments[len(arguments) // 2:]):
+            chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+    chunk({}, choice["finish_reason"])
+    if (request.body.get("stream_options") or {}).get("include_usage"):
+        chunks.append({**base, "choices": [], "usage": body["usage"]})
+    text_body = "".join(f"data: {json.dumps(item)}\n\n" for item in chunks) + "data: [DONE]\n\n"
+    return 200, {"Content-Type": "text/event-stream"}, text_body.encode()

@@ -7,7 +7,7 @@ sampling) both build on it, so neither imports the other's internals.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, SecretStr, SerializationInfo, field_validator
@@ -109,11 +109,23 @@ class PriceConfig(ConfigModel):
 
 
 class ClientConfig(ConfigModel):
-    """An OpenAI-compatible endpoint. The API key is read from ``api_key_env`` at request time."""
+    """A model provider's endpoint and the wire API spoken to it. The API key is read from
+    ``api_key_env`` at request time."""
 
     base_url: str = "http://127.0.0.1:8000/v1"
-    """Endpoint root; requests go to ``{base_url}/chat/completions``. Usually ends in ``/v1``. An
-    ``http(s)`` URL without user name or password (a key goes in ``api_key_env`` or a block)."""
+    """Endpoint root; requests go to ``{base_url}/chat/completions``, ``/responses`` or ``/messages``
+    (``api``). Usually ends in ``/v1``. An ``http(s)`` URL without user name or password (a key goes in
+    ``api_key_env`` or a block)."""
+    api: Literal["chat", "responses", "messages"] = "chat"
+    """The wire API spoken to the provider (``model.apis``): ``"chat"`` (OpenAI chat completions: every
+    OpenAI-compatible server), ``"responses"`` (OpenAI Responses: reasoning items resent as they came),
+    ``"messages"`` (Anthropic Messages, ``x-api-key`` auth: thinking blocks and cache marks resent as
+    they came). docs/providers.md says which to choose."""
+    stream: bool = False
+    """Ask for a streamed response (server-sent events) and assemble it (``model.sse``). The result and
+    the trace are the same; turn it on for a provider or gateway that cuts a long non-streamed request
+    (an idle read past its proxy's timeout: long reasoning, large ``max_tokens``) or serves some models
+    only streamed. ``timeout`` still bounds the whole response."""
     api_key_env: str | None = Field("OPENAI_API_KEY", pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$")
     """Name of the environment variable holding the API key, read at each request. None or ``""``:
     a keyless server. A named variable that is unset sends no auth header and logs a warning once."""

@@ -120,7 +120,7 @@ class Budget:
 
     def warn_unknown(self, note: str) -> None:
         """Log once per budget (per process) that a call's usage was missing or invalid: such a call counts
-        0 tokens (``model.client.USAGE_MAX``), so the budget may never be reached."""
+        0 tokens (``model.completion.USAGE_MAX``), so the budget may never be reached."""
         if not self.warned_unknown:
             self.warned_unknown = True
             log.warning("budget: a model call's usage is unknown (%s); it counts 0 tokens against %s, and "

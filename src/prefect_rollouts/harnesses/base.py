@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from prefect_rollouts.config.agent import AgentConfig
 from prefect_rollouts.errors import ProviderError, scrub
 from prefect_rollouts.pricing import call_cost_usd
-from prefect_rollouts.trace import ModelCall, SendRecord, Trace, note_unknown_usage
+from prefect_rollouts.trace import KEPT_MESSAGE_KEYS, ModelCall, SendRecord, Trace, note_unknown_usage
 
 if TYPE_CHECKING:
     from prefect_rollouts.model import ModelClient
@@ -165,6 +165,7 @@ async def sample(ctx: SegmentContext, template: dict[str, Any]) -> dict[str, Any
     message: dict[str, Any] = {"role": "assistant", "content": raw.get("content") or ""}
     if raw.get("tool_calls"):
         message["tool_calls"] = raw["tool_calls"]
+    message.update((key, raw[key]) for key in KEPT_MESSAGE_KEYS if key in raw)
     message = scrub_message(message)
     trace.messages.append(message)
     if config.max_turn_tokens is not None and completion.finish_reason == "length":

@@ -317,12 +317,12 @@ class InterceptionEndpoint:
                                 f"at most {MAX_BODY_BYTES} (MAX_BODY_BYTES)", "request_too_large", dialect)
         try:
             body = read_json(raw, session.secret)   # the launch key scrubbed from every string and key
-            chat, lost = dialect.to_chat(body)
+            chat, lost = dialect.to_chat(body, session.upstream_api)
         except ValueError as exc:   # a JSONRefused names its status: 413 for too many values
             status = getattr(exc, "status", 400)
             return self._refuse(request, session, status, str(exc),
                                 "request_too_large" if status == 413 else "invalid_request", dialect)
-        translated = None if dialect is chat_dialect.DIALECT else {"dialect": dialect.name, **lost, **{
+        translated = None if dialect is chat_dialect.DIALECT and not lost else {"dialect": dialect.name, **lost, **{
             name: _header(request.headers[name], session.secret) for name in dialect.recorded_headers
             if name in request.headers}}
         status, payload = await session.exchange(chat, raw, request.headers, translated, dialect.alternates)

@@ -80,6 +80,13 @@ class ProgramSession:
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _template: dict[str, Any] | None = None
 
+    @property
+    def upstream_api(self) -> str:
+        """The wire API the agent's client speaks upstream (``ClientConfig.api``; ``"chat"`` for a client
+        without one, e.g. a harness that needs no model)."""
+        api = getattr(self.ctx.client, "api", None)
+        return getattr(api, "name", "chat")
+
     def refused(self, method: str, path: str, status: int, reason: str) -> None:
         """Record a request the endpoint refused or does not serve on the trace:
         ``trace.info["endpoint"]["refused"]``, a list of ``{"method", "path", "status", "reason"}``
@@ -122,8 +129,9 @@ class ProgramSession:
         eval's ``budget``); a body that is not a chat-completions request (no
         ``messages``, a field of the wrong type: ``_Request``) is a 400 naming the fields.
         Otherwise the request is rewritten and sent upstream through the agent's client: the
-        carried conversation ahead of the program's messages (the program's own system messages
-        dropped when the carried one has one; their text and tool-call arguments scrubbed of secrets,
+        carried conversation ahead of the program's messages (the program's own leading system and
+        developer messages dropped when the carried one starts with one; their text and tool-call
+        arguments scrubbed of secrets,
         as the in-process loop scrubs its tool results), steer messages spliced as user messages (a new one
         after the program's last message, and every earlier one at its place again), ``model``
         and ``[env.agent.sampling]`` imposed, ``max_tokens`` capped at ``max_turn_tokens``. The
@@ -225,9 +233,9 @@ class ProgramSession:
             self._template = request_template(ctx.config)
         template = self._template
         own = [scrub_message(message, (self.secret,)) for message in body["messages"]]
-        if carried and carried[0].get("role") == "system":
+        if carried and carried[0].get("role") in _INSTRUCTING:
             dropped = 0
-            while own and own[0].get("role") == "system":
+            while own and own[0].get("role") in _INSTRUCTING:
                 own.pop(0)
                 dropped += 1
             if dropped:
@@ -276,6 +284,11 @@ class ProgramSession:
         if imposed:
             rewrites["imposed"] = imposed
         return request, [*carried, *spliced], rewrites
+
+
+_INSTRUCTING = ("system", "developer")
+"""Roles of the leading messages a program resends on every launch (its instructions: a Responses program
+to a Responses upstream keeps ``developer`` as it is), dropped when the carried conversation has them."""
 
 
 def _joined(message: dict[str, Any], text: str) -> dict[str, Any]:

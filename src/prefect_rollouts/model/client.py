@@ -1,8 +1,12 @@
-"""OpenAI-compatible chat-completions client: one connection pool per agent.
+"""The model client: one connection pool per agent, speaking the wire API its config names
+(``ClientConfig.api``: chat completions, Responses or Messages; ``model.apis``).
 
 The pool is split into lanes of at most 16 connections (one ``httpx.AsyncClient`` each, used
 round-robin), because httpcore's per-request pool bookkeeping grows with the square of the
 connections in one client (see ``_LANE_CONNECTIONS``).
+
+With ``ClientConfig.stream`` the request asks for a stream and its server-sent events (``model.sse``)
+go to the API's ``parse_events``, under the same timeout, retry and error rules as a plain response.
 
 Retries (tenacity) on 429, 5xx, connect and read errors with exponential backoff and jitter,
 honouring ``Retry-After``, bounded by ``ClientConfig.retries`` (count and total time). Each
@@ -15,17 +19,13 @@ a config, a trace or a log line; the key and header values are registered with
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import functools
 import itertools
 import logging
-import math
 import os
 import random
 import socket
 import ssl
-import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import certifi
@@ -35,7 +35,9 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 from prefect_rollouts import limits
 from prefect_rollouts.config.agent import ClientConfig
 from prefect_rollouts.errors import InfrastructureError, ProviderError, register_secret, scrub
-from prefect_rollouts.model.wire import chat_messages
+from prefect_rollouts.model.apis import wire_api
+from prefect_rollouts.model.completion import Completion
+from prefect_rollouts.model.sse import read_events
 from prefect_rollouts.nesting import loads
 
 #: Connections per httpx client. httpcore's pool does work per request that grows with the
@@ -56,30 +58,6 @@ _WARNED_UNSET: set[str] = set()
 once per client (an eval makes an agent, and a client, per rollout)."""
 
 
-@dataclass(slots=True)
-class Completion:
-    """One parsed response: the assistant ``message`` (wire dict) and its bookkeeping.
-
-    ``cached_tokens`` (``usage.prompt_tokens_details.cached_tokens``) and ``reasoning_tokens``
-    (``usage.completion_tokens_details.reasoning_tokens``) are None when the server does not
-    report them. ``attempts`` lists the failed attempts before this response, in order:
-    ``{"status_code": int, "error": str}``.
-    """
-
-    message: dict[str, Any]
-    finish_reason: str | None
-    prompt_tokens: int
-    completion_tokens: int
-    retries: int
-    status_code: int
-    cached_tokens: int | None = None
-    reasoning_tokens: int | None = None
-    attempts: list[dict[str, Any]] = field(default_factory=list)
-    usage_note: str | None = None
-    """What was wrong with the response's ``usage`` (none reported, a negative, huge or non-integer
-    count: ``USAGE_MAX``); such a count is unknown and counted as 0. None: the usage was whole."""
-
-
 class _Attempt(Exception):
     """A failed attempt; carries what the retry policy and the final ProviderError need."""
 
@@ -95,7 +73,8 @@ class _Attempt(Exception):
 
 
 class ModelClient:
-    """Posts chat-completions requests for one agent; share it across that agent's rollouts.
+    """Posts model requests for one agent in its wire API (``config.api``); share it across that
+    agent's rollouts.
 
     Args:
         config: Endpoint, headers, per-request timeout (s), retries and pool size
@@ -110,7 +89,8 @@ class ModelClient:
         self.config = config
         self._api_key = api_key
         self._local = local
-        self.url = config.base_url.rstrip("/") + "/chat/completions"
+        self.api = wire_api(config.api)
+        self.url = config.base_url.rstrip("/") + self.api.path
         self._shown_url = str(httpx.URL(self.url).copy_with(username=None, password=None))  # for messages
         self._address = _address(httpx.URL(self.url))
         lanes = -(-config.max_connections // _LANE_CONNECTIONS)
@@ -129,11 +109,12 @@ class ModelClient:
                                        retry=retry_if_exception(lambda e: isinstance(e, _Attempt) and e.retryable))
 
     async def complete(self, body: dict[str, Any]) -> Completion:
-        """POST ``body`` to ``{base_url}/chat/completions`` and parse the first choice.
+        """POST ``body``, in the client's wire API, to ``{base_url}{api.path}`` and parse the response.
 
         Args:
-            body: The request body (``model``, ``messages``, sampling keys, ``tools``...); typed parts
-                of the messages that chat completions cannot take are left out (``wire.chat_messages``).
+            body: A chat-completions request (``model``, ``messages``, sampling keys, ``tools``...) whose
+                messages are the trace's; ``self.api.request`` turns it into the wire API's own request
+                (typed parts another API needs are left out; ``model.apis``).
 
         Returns:
             ``Completion``; ``retries`` counts attempts beyond the first, ``attempts`` holds
@@ -146,9 +127,9 @@ class ModelClient:
                 ``retries`` and ``attempts`` (every failed attempt, the last included) are set on
                 it as well.
         """
-        messages = body.get("messages")
-        if isinstance(messages, list) and (sent := chat_messages(messages)) is not messages:
-            body = {**body, "messages": sent}   # parts only another dialect takes stay on the trace
+        body = self.api.request(body)
+        if self.config.stream:
+            body = self.api.streamed(body)
         failed: list[dict[str, Any]] = []
         try:
             async for attempt in self._retrying.copy():  # per call: the iterator keeps state
@@ -174,11 +155,14 @@ class ModelClient:
 
     async def _post(self, body: dict[str, Any], retries: int) -> Completion:
         key = self._key()
-        headers = {"Authorization": f"Bearer {key}"} if key else None
+        headers = self.api.auth_headers(key) or None
         try:
             async with limits.request_slot(self.config, local=self._local):   # [limits] model_requests
                 async with asyncio.timeout(self.config.timeout):  # httpx's timeouts are per read, not total
-                    response = await self._next_lane().post(self.url, json=body, headers=headers)
+                    if self.config.stream:
+                        response, events = await self._stream(body, headers)
+                    else:
+                        response, events = await self._next_lane().post(self.url, json=body, headers=headers), None
         except InfrastructureError as exc:   # no slot of the endpoint's limit could be asked for
             raise _Attempt(f"could not take a slot of its concurrency limit: {exc}", 503) from None
         except (httpx.TimeoutException, TimeoutError):
@@ -189,13 +173,30 @@ class ModelClient:
             hint = "; base_url usually ends in /v1" if response.status_code == 404 else ""
             body_text = self._scrub(response.text, key)[:_BODY_CHARS]   # scrub first: a cut could halve a key
             raise _Attempt(f"returned {response.status_code}: {body_text}{hint}",
-                           response.status_code, _retry_after(response.headers.get("retry-after")))
+                           response.status_code, self.api.retry_after(response.headers))
         try:
-            return _parse(loads(response.content, "the body"), retries, response.status_code)   # depth bounded
+            if events is not None:
+                return self.api.parse_events(events, retries, response.status_code)
+            return self.api.parse(loads(response.content, "the body"), retries, response.status_code)   # depth bounded
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
-            body_text = self._scrub(response.text, key)[:_MALFORMED_CHARS]
+            text = response.text if events is None else "\n".join(data for _, data in events[-3:])
+            body_text = self._scrub(text, key)[:_MALFORMED_CHARS]
             raise _Attempt(self._scrub(f"returned a malformed body ({type(exc).__name__}: {exc}): "
                                        f"{body_text!r}", key), 502) from None
+
+    async def _stream(self, body: dict[str, Any],
+                      headers: dict[str, str] | None) -> tuple[httpx.Response, list[tuple[str, str]] | None]:
+        """POST ``body`` for a stream: ``(the response, its server-sent events)``; the events None for a
+        non-2xx answer (its body read whole, as a plain one) or a 2xx one that is not ``text/event-stream``
+        (a server that ignored ``stream``: parsed as a plain body)."""
+        async with self._next_lane().stream("POST", self.url, json=body, headers=headers) as response:
+            if response.status_code >= 300 or "text/event-stream" not in response.headers.get("content-type", ""):
+                await response.aread()
+                return response, None
+            try:
+                return response, await read_events(response.aiter_lines())
+            except ValueError as exc:   # longer than MAX_STREAM_CHARS
+                raise _Attempt(f"returned a malformed body ({exc})", 502) from None
 
     def _scrub(self, text: str, key: str | None) -> str:
         """``text`` with the API key, every header value and every other registered secret
@@ -255,60 +256,3 @@ def _transport_failure(exc: httpx.TransportError, address: str) -> str:
             return f"cannot resolve host {address.rsplit(':', 1)[0]} ({cause.strerror or cause})"
         cause = cause.__cause__ or cause.__context__
     return f"{type(exc).__name__}: {exc}"
-
-
-def _parse(data: Any, retries: int, status_code: int) -> Completion:
-    """The first choice of a chat.completion body; raises on any shape error (a malformed body)."""
-    choice = data["choices"][0]
-    message = choice["message"]
-    if not isinstance(message, dict):
-        raise TypeError(f"choices[0].message is {type(message).__name__}, not an object")
-    usage = data.get("usage") or {}
-    if not isinstance(usage, dict):
-        raise TypeError(f"usage is {type(usage).__name__}, not an object")
-    notes = [] if usage else ["the response reported no usage"]
-    prompt, completion = (_count(usage.get(key), f"usage.{key}", notes) for key in ("prompt_tokens",
-                                                                                     "completion_tokens"))
-    return Completion(message=message, finish_reason=choice.get("finish_reason"),
-                      prompt_tokens=prompt or 0, completion_tokens=completion or 0,
-                      retries=retries, status_code=status_code,
-                      cached_tokens=_detail(usage, "prompt_tokens_details", "cached_tokens"),
-                      reasoning_tokens=_detail(usage, "completion_tokens_details", "reasoning_tokens"),
-                      usage_note="; ".join(notes) or None)
-
-
-USAGE_MAX = 10**9
-"""The largest token count one call's ``usage`` field may report (a billion: a thousand times the largest
-context windows); a larger one, a negative or a non-integer one is unknown (``Completion.usage_note``)."""
-
-
-def _count(value: Any, where: str, notes: list[str]) -> int | None:
-    """``value`` as a token count: a whole number from 0 to ``USAGE_MAX``; None (and a note) otherwise."""
-    if value is None:
-        return None
-    if (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-            and value == int(value) and 0 <= value <= USAGE_MAX):
-        return int(value)
-    notes.append(f"{where} = {str(value)[:40]}: not a whole number from 0 to {USAGE_MAX:,}, counted as 0")
-    return None
-
-
-def _detail(usage: dict[str, Any], group: str, key: str) -> int | None:
-    """``usage[group][key]`` as an int; None when absent or not a valid count (the details are optional)."""
-    details = usage.get(group)
-    value = details.get(key) if isinstance(details, dict) else None
-    return _count(value, f"usage.{group}.{key}", [])
-
-
-def _retry_after(value: str | None) -> float | None:
-    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date); None if absent or bad."""
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
-    except (TypeError, ValueError):
-        return None

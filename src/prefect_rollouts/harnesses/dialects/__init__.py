@@ -58,8 +58,12 @@ class Dialect:
         Bearer``), or None."""
         return bearer(headers)
 
-    def to_chat(self, body: Any) -> tuple[Any, dict[str, Any]]:
+    def to_chat(self, body: Any, upstream: str = "chat") -> tuple[Any, dict[str, Any]]:
         """``(the chat-completions request for ProgramSession.exchange, what the translation lost)``.
+
+        ``upstream`` is the wire API the agent's client speaks (``ClientConfig.api``): a request in that
+        same API carries its native fields under ``model.apis.NATIVE_KEY`` and loses nothing but the
+        imposed fields; what is lost is what ``upstream`` cannot take.
 
         The loss report is a small dict of counts and field names (``{"ignored": ["include", ...],
         "reasoning_items": 2}``), empty when nothing was lost; it lands in

@@ -59,7 +59,7 @@ class MessagesDialect(Dialect):
         (``ANTHROPIC_AUTH_TOKEN``)."""
         return headers.get("x-api-key", "").strip() or bearer(headers)
 
-    def to_chat(self, body: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    def to_chat(self, body: Any, upstream: str = "chat") -> tuple[dict[str, Any], dict[str, Any]]:
         """See the module docstring. Raises ValueError naming the field (a 400)."""
         return translate(body, counting=False)
 

@@ -1,0 +1,83 @@
+"""The ``WireApi`` interface every wire API implements (``model.apis``), and ``NATIVE_KEY``."""
+
+from __future__ import annotations
+
+import email.utils
+import time
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from prefect_rollouts.model.completion import Completion
+
+ApiName = Literal["chat", "responses", "messages"]
+
+#: The wire APIs, in the order the docs list them.
+API_NAMES: tuple[ApiName, ...] = ("chat", "responses", "messages")
+
+NATIVE_KEY = "_native"
+"""Key of a request body holding the program's native request fields (``model.apis``' docstring); never sent."""
+
+
+class WireApi:
+    """One wire API (subclass it; ``chat.ChatApi`` is the reference).
+
+    Attributes:
+        name: Its ``ClientConfig.api`` value.
+        path: Appended to ``ClientConfig.base_url`` for every request (``/chat/completions``).
+    """
+
+    name: ApiName
+    path: str
+
+    def auth_headers(self, key: str | None) -> dict[str, str]:
+        """The headers that carry ``key`` (none without a key): ``Authorization: Bearer <key>`` here."""
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def request(self, body: dict[str, Any]) -> dict[str, Any]:
+        """This API's request body for ``body`` (a chat-completions request whose messages are the
+        trace's). Must not mutate ``body`` or its messages. Raises ``ValueError`` (its text names the
+        field) for what this API cannot express."""
+        raise NotImplementedError
+
+    def streamed(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` (this API's request) asking for a stream (``ClientConfig.stream``): ``"stream": true``
+        here; a copy, ``body`` unchanged."""
+        return {**body, "stream": True}
+
+    def unsent_keys(self, body: dict[str, Any]) -> list[str]:
+        """The top-level keys of ``body`` (a chat-completions request) this API has no place for and does
+        not send, sorted: the endpoint records them as lost for a program whose request is translated to it
+        (none here)."""
+        return []
+
+    def parse(self, data: Any, retries: int, status_code: int) -> Completion:
+        """The ``Completion`` of a 2xx response body ``data`` (decoded JSON). Raises ``ValueError``,
+        ``KeyError``, ``IndexError``, ``TypeError`` or ``AttributeError`` on any shape error (the client
+        reports a malformed body, 502)."""
+        raise NotImplementedError
+
+    def parse_events(self, events: list[tuple[str, str]], retries: int, status_code: int) -> Completion:
+        """The ``Completion`` of a streamed 2xx response (``ClientConfig.stream``): its server-sent
+        events as ``(event name, data text)`` pairs, in order (the name ``""`` where none was given).
+        Raises as ``parse`` does on any shape error."""
+        raise NotImplementedError
+
+    def retry_after(self, headers: Mapping[str, str]) -> float | None:
+        """Seconds the provider asks to wait before a retry (``Retry-After``: delta-seconds or an HTTP
+        date); None when it says nothing usable."""
+        return retry_after_header(headers.get("retry-after"))
+
+
+def retry_after_header(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header value (delta-seconds or an HTTP date, RFC 9110 10.2.3);
+    None if absent or unreadable; never negative."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None
