@@ -44,6 +44,7 @@ class Gate:
 
     def __init__(self, name: str) -> None:
         self.secret = f"sk-rollout-test-{name}"
+        self.upstream_api = "chat"
         self.prompt, self.system_prompt = "p", None
         self.ctx = SimpleNamespace(trace=SimpleNamespace(info={}), config=SimpleNamespace(model="m"))
         self.opened = asyncio.Event()

@@ -39,8 +39,8 @@ async def served() -> AsyncIterator[tuple[InterceptionEndpoint, ProgramSession, 
     client on the endpoint's Unix socket."""
     endpoint = InterceptionEndpoint()
     await endpoint.start()
-    ctx = SimpleNamespace(config=vf.AgentConfig(model="m"), trace=vf.Trace(task_id="t", model="m"), stopped=False,
-                          turn_limit_reached=lambda: False, budget_reached=_not_reached)
+    ctx = SimpleNamespace(config=vf.AgentConfig(model="m"), client=None, trace=vf.Trace(task_id="t", model="m"),
+                          stopped=False, turn_limit_reached=lambda: False, budget_reached=_not_reached)
     session = ProgramSession(ctx, "p", None, carried=[])   # type: ignore[arg-type]
     endpoint.open_session(session)
     transport = httpx.AsyncHTTPTransport(uds=str(endpoint.socket_path))
