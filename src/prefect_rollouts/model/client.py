@@ -123,13 +123,13 @@ class ModelClient:
                 ``retries`` and ``attempts`` (every failed attempt, the last included) are set on
                 it as well.
         """
-        body = self.api.request(body)
+        extra, body = self.api.request_headers(body), self.api.request(body)
         failed: list[dict[str, Any]] = []
         try:
             async for attempt in self._retrying.copy():  # per call: the iterator keeps state
                 with attempt:
                     try:
-                        completion = await self._post(body, len(failed))
+                        completion = await self._post(body, len(failed), extra)
                     except _Attempt as exc:
                         failed.append({"status_code": exc.status_code, "error": str(exc)})
                         raise
@@ -147,9 +147,9 @@ class ModelClient:
         for lane in self._lanes:
             await lane.aclose()
 
-    async def _post(self, body: dict[str, Any], retries: int) -> Completion:
+    async def _post(self, body: dict[str, Any], retries: int, extra: dict[str, str]) -> Completion:
         key = self._key()
-        headers = self.api.auth_headers(key) or None
+        headers = {**self.api.auth_headers(key), **extra} or None
         try:
             async with limits.request_slot(self.config, local=self._local):   # [limits] model_requests
                 async with asyncio.timeout(self.config.timeout):  # httpx's timeouts are per read, not total
