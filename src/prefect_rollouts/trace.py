@@ -25,7 +25,8 @@ from prefect_rollouts.errors import AgentFailure, ProviderError, RuntimeUnavaila
 
 #: 2: token details (``cached_tokens``, ``reasoning_tokens``) and failed ``attempts`` on call records.
 #: 3: messages may hold typed parts (``KEPT_PART_TYPES``, ``KEPT_PART_KEYS``; the module docstring).
-TRACE_VERSION = 3
+#: 4: ``cache_write_tokens`` on call records and usage (input written to a prompt cache: Anthropic's).
+TRACE_VERSION = 4
 
 KEPT_PART_TYPES = frozenset({"reasoning", "thinking", "redacted_thinking"})
 """Content-part types kept on the trace for the dialect that resends them, never sent to a
@@ -63,13 +64,19 @@ class Usage(_Record):
     reasoning_tokens: int | None = None
     """Completion tokens spent reasoning (``completion_tokens_details.reasoning_tokens``), summed
     over the calls that report it; None when none did."""
+    cache_write_tokens: int | None = None
+    """Prompt tokens written to the server's prompt cache (Anthropic's ``cache_creation_input_tokens``),
+    summed over the calls that report it; None when none did."""
     cost_usd: float | None = None
     """USD of the calls made through a client with a ``price`` (``pricing.call_cost_usd``), summed; None
     when no call had one (unknown, not free)."""
 
     def add(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None,
-            reasoning_tokens: int | None = None, cost_usd: float | None = None) -> None:
+            reasoning_tokens: int | None = None, cost_usd: float | None = None,
+            cache_write_tokens: int | None = None) -> None:
         """Add one call's counts; a detail the call does not report (None) leaves its sum as it is."""
+        if cache_write_tokens is not None:
+            self.cache_write_tokens = (self.cache_write_tokens or 0) + cache_write_tokens
         if cost_usd is not None:
             self.cost_usd = (self.cost_usd or 0.0) + cost_usd
         self.prompt_tokens += prompt_tokens
@@ -105,6 +112,9 @@ class _CallRecord(_Record):
     """``usage.prompt_tokens_details.cached_tokens``; None when the server does not report it."""
     reasoning_tokens: int | None = None
     """``usage.completion_tokens_details.reasoning_tokens``; None when the server does not report it."""
+    cache_write_tokens: int | None = None
+    """Prompt tokens written to the server's prompt cache (Messages' ``cache_creation_input_tokens``; part
+    of ``prompt_tokens``); None when the server does not report it."""
     retries: int = 0
     """Attempts beyond the first."""
     attempts: list[AttemptRecord] = Field(default_factory=list)
