@@ -170,3 +170,16 @@ async def test_every_program_dialect_runs_a_tool_round_trip_to_a_messages_upstre
                                            "input": {"command": "ls"}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id, "content": "a.txt"}]}]
     assert sent["tools"][0]["name"] == "Bash" and sent["max_tokens"] > 0
+
+
+async def test_what_a_chat_program_asks_that_messages_has_no_field_for_is_recorded_lost(
+        anthropic_server, agent_config, tmp_path, messages_client):
+    anthropic_server.play([reply("ok")])
+    wire = next(wire for wire in WIRES if wire.name == "chat")
+    async with launched(agent_config, tmp_path, wire, client=messages_client) as launch:
+        answer = await launch.ask([("user", "go")], seed=7, response_format={"type": "json_object"},
+                                  parallel_tool_calls=False)
+        trace = launch.interaction.trace
+    assert answer.status_code == 200
+    assert not {"seed", "response_format", "parallel_tool_calls"} & set(anthropic_server.requests[0].body)
+    assert rewrites_of(trace, 0)["translated"] == {"dialect": "chat", "ignored": ["response_format", "seed"]}

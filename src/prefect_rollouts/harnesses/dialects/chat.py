@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from prefect_rollouts.harnesses.dialects import Dialect
+from prefect_rollouts.model.apis import messages as messages_api
 from prefect_rollouts.model.apis.base import NATIVE_KEY
 
 
@@ -23,10 +24,14 @@ class ChatDialect(Dialect):
     def to_chat(self, body: Any, upstream: str = "chat") -> tuple[Any, dict[str, Any]]:
         """The body itself (``exchange`` checks it) and no loss; a body bearing ``NATIVE_KEY`` has it
         removed (only a translating dialect sets it: a program must not choose another API's native
-        fields), and the removal is the loss (``{"ignored": ["_native"]}``)."""
+        fields), and the removal is the loss (``{"ignored": ["_native"]}``). To a Messages upstream, the
+        keys it has no field for (``seed``, ``response_format``, ...: ``model.apis.messages.unsent``) are
+        lost too."""
+        ignored = messages_api.unsent(body) if upstream == "messages" and isinstance(body, dict) else []
         if isinstance(body, dict) and NATIVE_KEY in body:
-            return {key: value for key, value in body.items() if key != NATIVE_KEY}, {"ignored": [NATIVE_KEY]}
-        return body, {}
+            body = {key: value for key, value in body.items() if key != NATIVE_KEY}
+            ignored = sorted([*ignored, NATIVE_KEY])
+        return body, {"ignored": ignored} if ignored else {}
 
     def from_chat(self, completion: dict[str, Any], body: Any) -> dict[str, Any]:
         """The completion itself."""
