@@ -183,3 +183,40 @@ async def test_what_a_chat_program_asks_that_messages_has_no_field_for_is_record
     assert answer.status_code == 200
     assert not {"seed", "response_format", "parallel_tool_calls"} & set(anthropic_server.requests[0].body)
     assert rewrites_of(trace, 0)["translated"] == {"dialect": "chat", "ignored": ["response_format", "seed"]}
+
+
+def test_a_messages_request_rebuilt_for_a_messages_upstream_is_the_request_less_the_imposed_fields():
+    """``MessagesDialect.to_chat`` to a Messages upstream, then ``MessagesApi.request``: every block comes
+    back as it was (documents, citations, an image with its cache mark, a tool result's blocks with an image
+    and is_error, a tool_use's cache mark, server tools, MCP servers), and nothing is reported lost."""
+    from prefect_rollouts.harnesses.dialects.messages import DIALECT
+    from prefect_rollouts.model.apis import wire_api
+
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="},
+             "cache_control": {"type": "ephemeral", "ttl": "1h"}}
+    body = {
+        "model": "claude-x", "max_tokens": 1024, "temperature": 1, "stream": True, "top_k": 5,
+        "system": [{"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}],
+        "messages": [
+            {"role": "user", "content": [
+                {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "doc"},
+                 "citations": {"enabled": True}}, image, {"type": "text", "text": "read it"}]},
+            {"role": "assistant", "content": [
+                THINKING, {"type": "text", "text": "per the doc", "citations": [{"type": "char_location",
+                                                                                  "cited_text": "doc"}]},
+                {"type": "tool_use", "id": "toolu_01X", "name": "look", "input": {"q": 1},
+                 "cache_control": {"type": "ephemeral"}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_01X", "is_error": True, "content": [
+                    {"type": "text", "text": "failed"}, {**image, "cache_control": {"type": "ephemeral"}}]},
+                {"type": "text", "text": "try again"}]}],
+        "tools": [{"name": "look", "input_schema": {"type": "object"}, "cache_control": {"type": "ephemeral"}},
+                  {"type": "web_search_20250305", "name": "web_search", "max_uses": 2}],
+        "tool_choice": {"type": "auto", "disable_parallel_tool_use": True},
+        "mcp_servers": [{"type": "url", "url": "https://mcp.example", "name": "ex"}],
+        "stop_sequences": ["END"], "thinking": {"type": "enabled", "budget_tokens": 2048}}
+    chat, lost = DIALECT.to_chat(json.loads(json.dumps(body)), "messages")
+    assert lost == {}
+    assert wire_api("messages").request(chat) == {k: v for k, v in body.items() if k != "stream"}
+    with pytest.raises(ValueError, match="mcp_servers"):   # a chat upstream cannot have them
+        DIALECT.to_chat(json.loads(json.dumps(body)), "chat")

@@ -59,7 +59,7 @@ CHAT_ONLY = frozenset({"seed", "n", "presence_penalty", "frequency_penalty", "lo
 """Chat-completions request keys the Messages API has no field for (``parallel_tool_calls`` and
 ``max_completion_tokens`` are mapped, the others left out)."""
 
-IMPOSED = frozenset({"model", "max_tokens", "temperature", "top_p", "top_k", "messages", "system", "stream",
+IMPOSED = frozenset({"model", "max_tokens", "temperature", "top_p", "messages", "system", "stream",
                      "stop_sequences"})
 """Request keys ``NATIVE_KEY``'s params never set: the rollout imposes them, or they come from the messages."""
 
