@@ -10,7 +10,10 @@ block, verbatim: a Responses ``reasoning`` item (``{"type": "reasoning", "id", "
 ``redacted_thinking`` block. Their types are ``KEPT_PART_TYPES``; a part may also carry keys of
 ``KEPT_PART_KEYS`` (Anthropic's ``cache_control``). The chat-completions client sends neither
 (``model.wire.chat_messages``); the endpoint records what it kept back in
-``info["program_rewrites"]``. A message without such parts is as before.
+``info["program_rewrites"]``. A message without such parts is as before. For a Messages upstream
+(``ClientConfig.api = "messages"``) a Messages program's messages keep all of its blocks (documents,
+citations, server tool blocks verbatim), a ``tool`` message the ``is_error`` and ``cache_control`` of
+its ``tool_result`` and a tool call its ``tool_use``'s ``cache_control`` (``model.apis.messages``).
 """
 
 from __future__ import annotations
