@@ -95,7 +95,7 @@ async def test_a_thinking_reply_keeps_its_blocks_and_tool_ids_and_usage_counts_t
 @pytest.mark.parametrize(("stop", "finish"), [("end_turn", "stop"), ("stop_sequence", "stop"), ("max_tokens", "length"),
                                               ("refusal", "content_filter"), ("tool_use", "tool_calls")])
 async def test_stop_reasons_map_to_chat_finish_reasons(client, anthropic_server, stop, finish):
-    anthropic_server.play([message({"type": "text", "text": "x"}, stop_reason=stop)])
+    anthropic_server.play([message({"type": "text", "text": "x", "citations": None}, stop_reason=stop)])
     completion = await client.complete({"model": "m", "messages": CONVERSATION[1:2], "max_tokens": 8})
     assert completion.finish_reason == finish and completion.message["content"] == "x"
     assert anthropic_server.requests[0].body["max_tokens"] == 8

@@ -296,7 +296,7 @@ def shape(body: dict[str, Any]) -> dict[str, Any]:
 
 
 async def test_claude_code_sends_a_messages_upstream_through_the_endpoint_what_it_sends_straight(
-        npm_cache, anthropic_server, agent_config, arrivals, tmp_path):
+        npm_cache, anthropic_server, agent_config, tmp_path):
     """The issue's done-when: Claude Code run once straight at the scripted Anthropic upstream and once
     through the endpoint (``api = "messages"``, the local runtime) sends the same requests, less the
     imposed fields: thinking blocks and their signatures, redacted thinking, cache marks, tool ids, its

@@ -3,8 +3,8 @@ of events, and the rate-limit headers of a refusal.
 
 - content: ``text`` blocks -> text parts, ``thinking`` and ``redacted_thinking`` (and any other block,
   e.g. a server tool's) verbatim as typed parts, in order; ``tool_use`` -> ``tool_calls`` with the
-  block's ``id`` (``arguments``: its ``input`` as JSON). A reply of one plain text block is a string,
-  as chat completions has it;
+  block's ``id`` (``arguments``: its ``input`` as JSON). A reply of one plain text block (no citations)
+  is a string, as chat completions has it;
 - usage (docs.anthropic.com, "Prompt caching": ``input_tokens`` counts neither cache reads nor writes):
   ``prompt_tokens`` = ``input_tokens`` + ``cache_read_input_tokens`` + ``cache_creation_input_tokens``,
   ``cached_tokens`` = the reads, ``cache_write_tokens`` = the writes, ``completion_tokens`` =
@@ -46,7 +46,8 @@ def completion(data: Any, retries: int, status_code: int) -> Completion:
                 "name": block["name"], "arguments": json.dumps(block.get("input", {}))}})
         else:
             parts.append(block)
-    plain = len(parts) == 1 and parts[0].get("type") == "text" and set(parts[0]) <= {"type", "text"}
+    plain = len(parts) == 1 and parts[0].get("type") == "text" and all(   # "citations": null is none
+        key in ("type", "text") or value is None for key, value in parts[0].items())
     content: Any = parts[0]["text"] if plain else parts if parts else ""
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
