@@ -84,7 +84,7 @@ class ProgramSession:
     def upstream_api(self) -> str:
         """The wire API the agent's client speaks upstream (``ClientConfig.api``; ``"chat"`` for a client
         without one, e.g. a harness that needs no model)."""
-        api = getattr(self.ctx.client, "api", None)
+        api = getattr(getattr(self.ctx, "client", None), "api", None)
         return getattr(api, "name", "chat")
 
     def refused(self, method: str, path: str, status: int, reason: str) -> None:
