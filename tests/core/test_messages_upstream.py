@@ -220,3 +220,25 @@ def test_a_messages_request_rebuilt_for_a_messages_upstream_is_the_request_less_
     assert wire_api("messages").request(chat) == {k: v for k, v in body.items() if k != "stream"}
     with pytest.raises(ValueError, match="mcp_servers"):   # a chat upstream cannot have them
         DIALECT.to_chat(json.loads(json.dumps(body)), "chat")
+
+
+async def test_an_interaction_resends_the_thinking_of_an_earlier_turn_unchanged(
+        anthropic_server, agent_config, messages_client):
+    """The interaction API over Messages: the first turn's thinking (with its signature) and tool round
+    trip are resent as they came on the next turn, one user turn per message, the tool results first."""
+    anthropic_server.play([message(THINKING, tool_use("add", "toolu_01Turn", a=2, b=3)), reply("5"),
+                           message(REDACTED, {"type": "text", "text": "7"})])
+    config = agent_config(harness=vf.HarnessConfig(id="tools", runtime_tools=[]), client=messages_client)
+    async with vf.make_agent(config) as agent:
+        async with agent.interaction(Calculator(vf.TaskData(prompt=None))) as interaction:
+            await interaction.turn("add 2 and 3")
+            last = await interaction.turn("and 3 + 4?")
+    assert last.last_reply == "7"
+    assert interaction.trace.messages[-1]["content"] == [REDACTED, {"type": "text", "text": "7"}]
+    assert anthropic_server.requests[2].body["messages"] == [
+        {"role": "user", "content": "add 2 and 3"},
+        {"role": "assistant", "content": [THINKING, {"type": "tool_use", "id": "toolu_01Turn", "name": "add",
+                                                     "input": {"a": 2, "b": 3}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01Turn", "content": "5"}]},
+        {"role": "assistant", "content": "5"},
+        {"role": "user", "content": "and 3 + 4?"}]
