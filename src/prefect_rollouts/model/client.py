@@ -188,8 +188,8 @@ class ModelClient:
         if not key and self.config.api_key_env not in _WARNED_UNSET:
             _WARNED_UNSET.add(self.config.api_key_env)
             logger.warning("client.api_key_env = %r: the variable is not set; requests to %s go without "
-                           "an Authorization header. Export it, or set api_key_env = \"\" for a keyless "
-                           "server", self.config.api_key_env, self._shown_url)
+                           "a key (Authorization, or x-api-key for Messages). Export it, or set api_key_env = \"\" "
+                           "for a keyless server", self.config.api_key_env, self._shown_url)
         return key or None
 
     def _wait(self, state: RetryCallState) -> float:
