@@ -57,6 +57,22 @@ def openai_server(_openai_server_session):
     yield _openai_server_session
 
 
+@pytest.fixture(scope="session")
+def _anthropic_server_session():
+    """One ScriptedAnthropicServer for the whole session (use `anthropic_server` in tests)."""
+    from tests.fakes.anthropic_server import ScriptedAnthropicServer
+
+    with ScriptedAnthropicServer() as server:
+        yield server
+
+
+@pytest.fixture
+def anthropic_server(_anthropic_server_session):
+    """The session's ScriptedAnthropicServer (Anthropic Messages), reset."""
+    _anthropic_server_session.reset()
+    yield _anthropic_server_session
+
+
 @pytest.fixture
 def agent_config(openai_server):
     """Factory of inline ``AgentConfig`` aimed at the scripted server, with fast client and stage retries."""

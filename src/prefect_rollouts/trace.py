@@ -11,7 +11,11 @@ block, verbatim: a Responses ``reasoning`` item (``{"type": "reasoning", "id", "
 ``KEPT_PART_KEYS`` (Anthropic's ``cache_control``). The chat-completions client sends neither
 (``model.wire.chat_messages``); the endpoint records what it kept back in
 ``info["program_rewrites"]``. A message or tool call from a Responses item may carry that item's own
-fields (its ``id``, ``status``) under ``RESPONSES_ITEM``. A message without such parts is as before.
+fields (its ``id``, ``status``) under ``RESPONSES_ITEM``. For a Messages upstream
+(``ClientConfig.api = "messages"``) a Messages program's messages keep all of its blocks (documents,
+citations, server tool blocks verbatim), a ``tool`` message the ``is_error`` and ``cache_control`` of
+its ``tool_result`` and a tool call its ``tool_use``'s ``cache_control`` (``model.apis.messages``).
+A message without such parts is as before.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from prefect_rollouts.errors import AgentFailure, ProviderError, RuntimeUnavaila
 
 #: 2: token details (``cached_tokens``, ``reasoning_tokens``) and failed ``attempts`` on call records.
 #: 3: messages may hold typed parts (``KEPT_PART_TYPES``, ``KEPT_PART_KEYS``; the module docstring).
-TRACE_VERSION = 3
+#: 4: ``cache_write_tokens`` on call records and usage (input written to a prompt cache: Anthropic's).
+TRACE_VERSION = 4
 
 KEPT_PART_TYPES = frozenset({"reasoning", "thinking", "redacted_thinking"})
 """Content-part types kept on the trace for the dialect that resends them, never sent to a
@@ -72,13 +77,19 @@ class Usage(_Record):
     reasoning_tokens: int | None = None
     """Completion tokens spent reasoning (``completion_tokens_details.reasoning_tokens``), summed
     over the calls that report it; None when none did."""
+    cache_write_tokens: int | None = None
+    """Prompt tokens written to the server's prompt cache (Anthropic's ``cache_creation_input_tokens``),
+    summed over the calls that report it; None when none did."""
     cost_usd: float | None = None
     """USD of the calls made through a client with a ``price`` (``pricing.call_cost_usd``), summed; None
     when no call had one (unknown, not free)."""
 
     def add(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None,
-            reasoning_tokens: int | None = None, cost_usd: float | None = None) -> None:
+            reasoning_tokens: int | None = None, cost_usd: float | None = None,
+            cache_write_tokens: int | None = None) -> None:
         """Add one call's counts; a detail the call does not report (None) leaves its sum as it is."""
+        if cache_write_tokens is not None:
+            self.cache_write_tokens = (self.cache_write_tokens or 0) + cache_write_tokens
         if cost_usd is not None:
             self.cost_usd = (self.cost_usd or 0.0) + cost_usd
         self.prompt_tokens += prompt_tokens
@@ -114,6 +125,9 @@ class _CallRecord(_Record):
     """``usage.prompt_tokens_details.cached_tokens``; None when the server does not report it."""
     reasoning_tokens: int | None = None
     """``usage.completion_tokens_details.reasoning_tokens``; None when the server does not report it."""
+    cache_write_tokens: int | None = None
+    """Prompt tokens written to the server's prompt cache (Messages' ``cache_creation_input_tokens``; part
+    of ``prompt_tokens``); None when the server does not report it."""
     retries: int = 0
     """Attempts beyond the first."""
     attempts: list[AttemptRecord] = Field(default_factory=list)

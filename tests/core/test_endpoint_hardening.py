@@ -49,6 +49,7 @@ class Gate:
         self.ctx = SimpleNamespace(trace=SimpleNamespace(info={}), config=SimpleNamespace(model="m"))
         self.opened = asyncio.Event()
         self.exchanges = 0
+        self.upstream_api = "chat"   # ProgramSession.upstream_api
 
     async def exchange(self, body, raw, headers, translated=None, alternates=False):
         self.exchanges += 1

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import platform
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -248,3 +249,97 @@ async def test_the_agent_runs_on_smollm2_and_its_calls_are_on_the_trace(docker_e
     assert "Traceback" not in json.dumps(trace.model_dump(mode="json"))
     launch = trace.info["program"][0]
     assert "killed" not in launch and launch["transcript_bytes"] > 0   # it ended on its own, its transcript kept
+
+
+def claude_code_model(request: Any) -> Any:
+    """The scripted Anthropic model Claude Code talks to: its main loop's first request (tools offered,
+    no tool result yet) gets thinking with a signature, redacted thinking and a Bash call; a request
+    holding the tool result gets the final answer; its side requests (quota probe, title) a plain reply."""
+    from tests.fakes.anthropic_server import message, thinking, tool_use
+
+    body = request.body
+    if not body.get("tools") or body.get("max_tokens") == 1:
+        return reply("ok")
+    blocks = [block for turn in body.get("messages", []) if isinstance(turn.get("content"), list)
+              for block in turn["content"]]
+    if any(block.get("type") == "tool_result" for block in blocks):
+        return reply("I wrote 5 to answer.txt.")
+    return message(thinking("2 + 3 = 5; write it with the shell", "RXVzaWduYXR1cmVfY2M="),
+                   {"type": "redacted_thinking", "data": "ZW5jcnlwdGVkX2Njcw=="},
+                   tool_use("Bash", "toolu_01ClaudeCodeBash", command="echo $((2 + 3)) > answer.txt"))
+
+
+def main_loop(requests: list[Any]) -> list[dict[str, Any]]:
+    """The bodies of Claude Code's main-loop requests (tools offered, not the 1-token probe)."""
+    return [r.body for r in requests if r.path == "/v1/messages" and r.body.get("tools")
+            and r.body.get("max_tokens") != 1]
+
+
+def shape(body: dict[str, Any]) -> dict[str, Any]:
+    """What must be equal between a request sent straight and one through the endpoint: every field but
+    the imposed ones (model, stream) and the run's own values (its session id in ``metadata``, its
+    working directory and date in the system and environment texts), which are compared by place:
+    each turn's block types, every thinking, redacted thinking and tool_use block whole, each tool
+    result's id, error flag and content, and every cache mark where it sits."""
+    def block(value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        if value.get("type") in ("thinking", "redacted_thinking", "tool_use", "tool_result"):
+            return value
+        return {key: item for key, item in value.items() if key != "text"}
+    turns = [{"role": turn["role"], "content": [block(b) for b in turn["content"]]
+              if isinstance(turn["content"], list) else "text"} for turn in body["messages"]]
+    system = [block(b) for b in body["system"]] if isinstance(body.get("system"), list) else "text"
+    rest = {key: value for key, value in body.items() if key not in ("model", "stream", "metadata", "messages",
+                                                                      "system")}
+    return {"messages": turns, "system": system, "metadata": sorted(body.get("metadata", {})), **rest}
+
+
+async def test_claude_code_sends_a_messages_upstream_through_the_endpoint_what_it_sends_straight(
+        npm_cache, anthropic_server, agent_config, tmp_path):
+    """The issue's done-when: Claude Code run once straight at the scripted Anthropic upstream and once
+    through the endpoint (``api = "messages"``, the local runtime) sends the same requests, less the
+    imposed fields: thinking blocks and their signatures, redacted thinking, cache marks, tool ids, its
+    tools and thinking settings, its anthropic-beta header."""
+    import asyncio
+    import subprocess
+    import sys
+
+    from prefect_rollouts.harnesses.programs import npm_agent as driver
+
+    agent = npm_agents.AGENTS["claude-code"]
+    binary = npm_cache / "claude-code" / f"{agent.version}-{platform.machine()}" / agent.binary_for(platform.machine())
+    anthropic_server.default = claude_code_model
+    workspace, prompt = tmp_path / "straight", tmp_path / "prompt.txt"
+    workspace.mkdir()
+    prompt.write_text(task().data.prompt)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PROMPT_FILE": str(prompt), "OPENAI_MODEL": "scripted",
+           "ANTHROPIC_BASE_URL": anthropic_server.base_url.removesuffix("/v1"), "ANTHROPIC_API_KEY": KEY,
+           "ANTHROPIC_AUTH_TOKEN": KEY}
+    done = await asyncio.to_thread(subprocess.run, [sys.executable, driver.__file__, "claude-code", str(binary)],
+                                   cwd=workspace, env=env, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (workspace / "answer.txt").read_text().strip() == "5"
+    straight, straight_headers = main_loop(anthropic_server.requests), [
+        r.headers for r in anthropic_server.requests if r.body.get("tools")]
+    anthropic_server.reset()
+    anthropic_server.default = claude_code_model
+    client = vf.ClientConfig(base_url=anthropic_server.base_url, api="messages", api_key_env="TEST_OPENAI_KEY",
+                             timeout=60)
+    async with vf.make_agent(agent_config(harness="claude-code", runtime=vf.RuntimeConfig(), client=client,
+                                          max_turns=8)) as rollouts:
+        trace = await rollouts.run(task())
+    assert (trace.errors, trace.reward) == ([], 1.0)
+    through = main_loop(anthropic_server.requests)
+    assert len(straight) == len(through) == 2
+    assert [shape(body) for body in through] == [shape(body) for body in straight]
+    resent = through[1]["messages"]
+    thought = next(b for turn in resent if isinstance(turn["content"], list) for b in turn["content"]
+                   if b.get("type") == "thinking")
+    assert thought["signature"] == "RXVzaWduYXR1cmVfY2M="   # resent unchanged, as Anthropic requires
+    assert "stream" not in through[1] and straight[1]["stream"] is True
+    beta = {h.get("anthropic-beta") for h in straight_headers}
+    assert {r.headers.get("anthropic-beta") for r in anthropic_server.requests if r.body.get("tools")} == beta
+    assert all(r.headers["x-api-key"] == KEY and "authorization" not in r.headers for r in anthropic_server.requests)
+    rewrites = [r for r in trace.info["program_rewrites"] if not r.get("side")]
+    assert all(r["translated"] == {"dialect": "messages"} for r in rewrites), rewrites

@@ -213,7 +213,11 @@ class _HTTPServer(ThreadingHTTPServer):
 
 
 class ScriptedOpenAIServer:
-    """OpenAI-compatible server in a daemon thread, answering from a script of steps."""
+    """OpenAI-compatible server in a daemon thread, answering from a script of steps. A server of
+    another wire API subclasses it (``path``, ``_answer``, ``_error_body``: tests/fakes/anthropic_server.py)."""
+
+    path = CHAT_PATH
+    """The POST route that consumes script steps."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -291,7 +295,7 @@ class ScriptedOpenAIServer:
     def _handle(self, request: RecordedRequest) -> Response:
         with self._lock:
             self.requests.append(request)
-            if request.path != CHAT_PATH and request.path not in ROUTES:
+            if request.path != self.path and request.path not in ROUTES:
                 return _json(404, {"error": {"message": f"no route for POST {request.path}"}})
             step = self._script.popleft() if self._script else self.default
             self.in_flight += 1
@@ -324,12 +328,20 @@ class ScriptedOpenAIServer:
             if isinstance(step.body, str):  # sent verbatim (malformed JSON, HTML error page, ...)
                 headers = {"Content-Type": "application/json", **(step.headers or {})}
                 return step.code, headers, step.body.encode()
-            body = step.body if step.body is not None else {"error": {"message": f"scripted {step.code}"}}
+            body = step.body if step.body is not None else self._error_body(step.code)
             return _json(step.code, body, step.headers)
         if request.path in ROUTES:
             return ROUTES[request.path](self, step, request)
         if not isinstance(step, _Reply):
             raise TypeError(f"not a step: {step!r}")
+        return self._answer(step, request)
+
+    def _error_body(self, code: int) -> dict[str, Any]:
+        """A ``status`` step's default body."""
+        return {"error": {"message": f"scripted {code}"}}
+
+    def _answer(self, step: _Reply, request: RecordedRequest) -> Response:
+        """The 200 response of a ``reply``/``tool_call``/``tool_calls`` step."""
         message: dict[str, Any] = {"role": "assistant", "content": step.content}
         if step.calls:
             message["tool_calls"] = [{"id": f"call_{self._next_id('call')}", "type": "function",

@@ -105,7 +105,7 @@ async def test_a_retried_call_keeps_each_failed_attempt_on_the_trace_and_in_mode
 
 def test_a_dataset_written_before_these_columns_stays_readable(tmp_path):
     trace = vf.Trace(task_id="old", model="m", reward=1.0, stop_condition="agent_completed")
-    new_only = {"cached_tokens", "reasoning_tokens", "attempts"}
+    new_only = {"cached_tokens", "reasoning_tokens", "attempts", "cache_write_tokens"}
     old_rollouts = pa.schema([f for f in ROLLOUTS if f.name not in new_only])
     old_calls = pa.schema([f for f in MODEL_CALLS if f.name not in new_only])
     row = {k: v for k, v in rollout_row(trace, rollout_index=0, environment="e", config_hash="h", elapsed_s=1.0).items()
@@ -118,6 +118,29 @@ def test_a_dataset_written_before_these_columns_stays_readable(tmp_path):
                 pa.Table.from_pylist([call], schema=old_calls))
     rows = read_rollouts(tmp_path)
     assert null(rows["cached_tokens"].iloc[0]) and null(rows["reasoning_tokens"].iloc[0])
+    assert null(rows["cache_write_tokens"].iloc[0])
     assert [null(value) for value in read_model_calls(tmp_path)["attempts"]] == [True]
+    assert [null(value) for value in read_model_calls(tmp_path)["cache_write_tokens"]] == [True]
     summary = summarize(rows, run_id="old")
     assert (summary.rollouts, summary.cached_tokens, summary.reasoning_tokens) == (1, None, None)
+
+
+def test_cache_writes_reach_the_call_the_usage_both_tables_and_the_price(tmp_path):
+    """Anthropic bills a prompt-cache write at its own price (``price.cache_write``): a call's
+    ``cache_write_tokens`` lands on its record, the trace's usage, both tables (schema 8), and the cost."""
+    from prefect_rollouts.config.base import PriceConfig
+    from prefect_rollouts.pricing import call_cost_usd
+
+    price = PriceConfig(input=3.0, output=15.0, cached_input=0.3, cache_write=3.75)
+    cost = call_cost_usd(price, 10_000, 500, cached_tokens=8_000, cache_write_tokens=1_000)
+    assert math.isclose(cost, (1_000 * 3 + 8_000 * 0.3 + 1_000 * 3.75 + 500 * 15) / 1e6)
+    trace = vf.Trace(task_id="t", model="m", reward=1.0, stop_condition="agent_completed")
+    trace.model_calls.append(ModelCall(segment=0, started_at=1.8e9, latency_ms=5.0, prompt_tokens=10_000,
+                                       completion_tokens=500, cached_tokens=8_000, cache_write_tokens=1_000))
+    trace.usage.add(10_000, 500, 8_000, None, cost, 1_000)
+    trace.usage.add(100, 5)   # a call that reports no cache write leaves the sum as it is
+    writer = TraceWriter(tmp_path, "r")
+    writer.add(trace, rollout_index=0, environment="e", config_hash="h", elapsed_s=1.0)
+    writer.flush()
+    assert read_rollouts(tmp_path)["cache_write_tokens"].tolist() == [1_000]
+    assert read_model_calls(tmp_path)["cache_write_tokens"].tolist() == [1_000]

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import prefect_rollouts as vf
-from prefect_rollouts.trace import ErrorRecord, ModelCall
+from prefect_rollouts.trace import TRACE_VERSION, ErrorRecord, ModelCall
 from prefect_rollouts.traces import (
     SCHEMA_VERSION,
     TraceWriter,
@@ -222,12 +222,12 @@ def test_a_trace_of_version_2_reads_and_one_with_typed_parts_round_trips(tmp_pat
     writer.flush()
     path, = (tmp_path / "rollouts").rglob("*.parquet")
     table = pq.read_table(path, schema=pq.read_schema(path))
-    texts = [text.replace('"version":3', '"version":2', 1) if '"old"' in text else text
+    texts = [text.replace(f'"version":{TRACE_VERSION}', '"version":2', 1) if '"old"' in text else text
              for text in table.column("trace").to_pylist()]
     pq.write_table(table.set_column(table.schema.get_field_index("trace"), "trace", pa.array(texts)), path)
     again = {trace.task_id: trace for trace in read_traces(tmp_path, run_id="r1")}
     assert again["old"].version == 2 and again["old"].messages == old.messages and again["old"].last_reply == "42"
-    assert again["new"].version == vf.Trace(task_id="t", model="m").version == 3
+    assert again["new"].version == vf.Trace(task_id="t", model="m").version == TRACE_VERSION
     assert again["new"].messages == new.messages and again["new"].last_reply == "42"
 
 

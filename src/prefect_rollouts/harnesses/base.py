@@ -150,12 +150,12 @@ async def sample(ctx: SegmentContext, template: dict[str, Any]) -> dict[str, Any
         segment=ctx.segment_index, started_at=started_at, latency_ms=(time.perf_counter() - started) * 1e3,
         prompt_tokens=completion.prompt_tokens, completion_tokens=completion.completion_tokens,
         cached_tokens=completion.cached_tokens, reasoning_tokens=completion.reasoning_tokens,
-        finish_reason=completion.finish_reason, retries=completion.retries, attempts=completion.attempts,
-        status_code=completion.status_code))
+        cache_write_tokens=completion.cache_write_tokens, finish_reason=completion.finish_reason,
+        retries=completion.retries, attempts=completion.attempts, status_code=completion.status_code))
     cost = call_cost_usd(getattr(ctx.client.config, "price", None), completion.prompt_tokens,
-                         completion.completion_tokens, completion.cached_tokens)
+                         completion.completion_tokens, completion.cached_tokens, completion.cache_write_tokens)
     trace.usage.add(completion.prompt_tokens, completion.completion_tokens, completion.cached_tokens,
-                    completion.reasoning_tokens, cost)
+                    completion.reasoning_tokens, cost, completion.cache_write_tokens)
     if completion.usage_note:
         note_unknown_usage(trace, completion.usage_note)
     await ctx.charge(completion.prompt_tokens + completion.completion_tokens, cost, completion.usage_note)

@@ -56,7 +56,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from prefect_rollouts.errors import scrub
 from prefect_rollouts.harnesses.dialects import Dialect
 from prefect_rollouts.harnesses.dialects import chat as chat_dialect
 from prefect_rollouts.harnesses.dialects import messages as messages_dialect
@@ -70,6 +69,7 @@ from prefect_rollouts.harnesses.endpoint_limits import (
     EndpointLimits,
     Limiter,
 )
+from prefect_rollouts.model.apis.base import NATIVE_KEY
 
 if TYPE_CHECKING:
     from prefect_rollouts.harnesses.endpoint_accept import _Connection
@@ -322,9 +322,11 @@ class InterceptionEndpoint:
             status = getattr(exc, "status", 400)
             return self._refuse(request, session, status, str(exc),
                                 "request_too_large" if status == 413 else "invalid_request", dialect)
-        translated = None if dialect is chat_dialect.DIALECT and not lost else {"dialect": dialect.name, **lost, **{
-            name: _header(request.headers[name], session.secret) for name in dialect.recorded_headers
-            if name in request.headers}}
+        headers = dialect.recorded(request.headers, session.secret)
+        if isinstance(chat, dict) and isinstance(chat.get(NATIVE_KEY), dict):   # the client's own API: sent on
+            chat[NATIVE_KEY]["headers"], headers = headers, {}
+        translated = None if dialect is chat_dialect.DIALECT and not lost else {"dialect": dialect.name, **lost,
+                                                                               **headers}
         status, payload = await session.exchange(chat, raw, request.headers, translated, dialect.alternates)
         if status != 200:
             error = payload["error"]
@@ -398,10 +400,3 @@ async def _read_capped(request: Request) -> tuple[bytes | None, int]:
     return (None if size > MAX_BODY_BYTES else b"".join(chunks)), size
 
 
-
-def _header(value: str, secret: str) -> str:
-    """A recorded header's value (``anthropic-beta``: comma-separated names), scrubbed, at most 500
-    characters: an item that is a piece of ``secret`` (8 characters or more) is ``***`` too, so not
-    even a prefix of the launch key reaches the trace."""
-    items = [item.strip() for item in scrub(value, (secret,)).split(",")]
-    return ",".join("***" if len(item) >= 8 and item in secret else item for item in items)[:500]

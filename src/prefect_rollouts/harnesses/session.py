@@ -84,7 +84,7 @@ class ProgramSession:
     def upstream_api(self) -> str:
         """The wire API the agent's client speaks upstream (``ClientConfig.api``; ``"chat"`` for a client
         without one, e.g. a harness that needs no model)."""
-        api = getattr(self.ctx.client, "api", None)
+        api = getattr(getattr(self.ctx, "client", None), "api", None)
         return getattr(api, "name", "chat")
 
     def refused(self, method: str, path: str, status: int, reason: str) -> None:
@@ -357,8 +357,10 @@ def _completion(ctx: SegmentContext, message: dict[str, Any]) -> dict[str, Any]:
     call = ctx.trace.model_calls[-1]
     usage: dict[str, Any] = {"prompt_tokens": call.prompt_tokens, "completion_tokens": call.completion_tokens,
                              "total_tokens": call.prompt_tokens + call.completion_tokens}
-    if call.cached_tokens is not None:
-        usage["prompt_tokens_details"] = {"cached_tokens": call.cached_tokens}
+    if call.cached_tokens is not None or call.cache_write_tokens is not None:   # the write: not chat's own
+        usage["prompt_tokens_details"] = {"cached_tokens": call.cached_tokens or 0,
+                                          **({"cache_write_tokens": call.cache_write_tokens}
+                                             if call.cache_write_tokens is not None else {})}
     if call.reasoning_tokens is not None:
         usage["completion_tokens_details"] = {"reasoning_tokens": call.reasoning_tokens}
     return {"id": f"chatcmpl-{ctx.trace.id}-{len(ctx.trace.model_calls)}", "object": "chat.completion",

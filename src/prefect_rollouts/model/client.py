@@ -127,7 +127,7 @@ class ModelClient:
                 ``retries`` and ``attempts`` (every failed attempt, the last included) are set on
                 it as well.
         """
-        body = self.api.request(body)
+        extra, body = self.api.request_headers(body), self.api.request(body)
         if self.config.stream:
             body = self.api.streamed(body)
         failed: list[dict[str, Any]] = []
@@ -135,7 +135,7 @@ class ModelClient:
             async for attempt in self._retrying.copy():  # per call: the iterator keeps state
                 with attempt:
                     try:
-                        completion = await self._post(body, len(failed))
+                        completion = await self._post(body, len(failed), extra)
                     except _Attempt as exc:
                         failed.append({"status_code": exc.status_code, "error": str(exc)})
                         raise
@@ -153,9 +153,9 @@ class ModelClient:
         for lane in self._lanes:
             await lane.aclose()
 
-    async def _post(self, body: dict[str, Any], retries: int) -> Completion:
+    async def _post(self, body: dict[str, Any], retries: int, extra: dict[str, str]) -> Completion:
         key = self._key()
-        headers = self.api.auth_headers(key) or None
+        headers = {**self.api.auth_headers(key), **extra} or None
         try:
             async with limits.request_slot(self.config, local=self._local):   # [limits] model_requests
                 async with asyncio.timeout(self.config.timeout):  # httpx's timeouts are per read, not total
@@ -214,8 +214,8 @@ class ModelClient:
         if not key and self.config.api_key_env not in _WARNED_UNSET:
             _WARNED_UNSET.add(self.config.api_key_env)
             logger.warning("client.api_key_env = %r: the variable is not set; requests to %s go without "
-                           "an Authorization header. Export it, or set api_key_env = \"\" for a keyless "
-                           "server", self.config.api_key_env, self._shown_url)
+                           "a key (Authorization, or x-api-key for Messages). Export it, or set api_key_env = \"\" "
+                           "for a keyless server", self.config.api_key_env, self._shown_url)
         return key or None
 
     def _wait(self, state: RetryCallState) -> float:

@@ -117,10 +117,11 @@ class Judge:
         record.attempts = [AttemptRecord.model_validate(a) for a in completion.attempts]
         record.prompt_tokens, record.completion_tokens = completion.prompt_tokens, completion.completion_tokens
         record.cached_tokens, record.reasoning_tokens = completion.cached_tokens, completion.reasoning_tokens
+        record.cache_write_tokens = completion.cache_write_tokens
         cost = call_cost_usd(getattr(self.client.config, "price", None), completion.prompt_tokens,
-                             completion.completion_tokens, completion.cached_tokens)
+                             completion.completion_tokens, completion.cached_tokens, completion.cache_write_tokens)
         trace.judge_usage.add(completion.prompt_tokens, completion.completion_tokens, completion.cached_tokens,
-                              completion.reasoning_tokens, cost)
+                              completion.reasoning_tokens, cost, completion.cache_write_tokens)
         if completion.usage_note:
             note_unknown_usage(trace, f"judge {self.name!r}: {completion.usage_note}")
         if budget is not None:

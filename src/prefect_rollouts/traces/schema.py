@@ -15,7 +15,9 @@ environment, task, rollout index) may be run again as a new attempt (``--retry-e
 ``max_rollout_attempts``, a resume after a budget stop), each attempt a row of its own; an older
 file's rows read as attempt 1. (Not a model call's HTTP ``attempts``, which count tries of one call.)
 7 adds ``cost_usd`` to ``rollouts`` (USD of the rollout's agent and judge calls, from the prices the user
-gives per client: ``pricing.call_cost_usd``; null when no call had a price).
+gives per client: ``pricing.call_cost_usd``; null when no call had a price). 8 adds ``cache_write_tokens``
+to both tables (prompt tokens written to a prompt cache: Anthropic's ``cache_creation_input_tokens``; null
+when the server does not report them).
 Readers read files of every version with the current schema: a column a file lacks reads as null.
 """
 
@@ -32,7 +34,7 @@ from prefect_rollouts.nesting import MAX_JSON_DEPTH, cut_deep, nests_deeper
 from prefect_rollouts.trace import ErrorRecord, Trace
 
 #: Bumped when a column is added or changes meaning or type; readers can filter on it.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 DERIVED_FROM_MESSAGES = {"last_reply"}
 """``Trace`` fields the ``trace`` column leaves out: each repeats text of ``messages`` (``Trace`` derives it)."""
@@ -80,6 +82,7 @@ ROLLOUTS = pa.schema([
     ("total_tokens", pa.int64()),
     ("cached_tokens", pa.int64()),
     ("reasoning_tokens", pa.int64()),
+    ("cache_write_tokens", pa.int64()),
     ("judge_prompt_tokens", pa.int64()),
     ("judge_completion_tokens", pa.int64()),
     ("cost_usd", pa.float64()),
@@ -117,6 +120,7 @@ MODEL_CALLS = pa.schema([
     ("completion_tokens", pa.int64()),
     ("cached_tokens", pa.int64()),
     ("reasoning_tokens", pa.int64()),
+    ("cache_write_tokens", pa.int64()),
     ("finish_reason", pa.string()),
     ("retries", pa.int32()),
     ("attempts", pa.string()),
@@ -178,6 +182,7 @@ def rollout_row(trace: Trace, *, rollout_index: int, environment: str, config_ha
         "total_tokens": trace.usage.total_tokens,
         "cached_tokens": trace.usage.cached_tokens,
         "reasoning_tokens": trace.usage.reasoning_tokens,
+        "cache_write_tokens": trace.usage.cache_write_tokens,
         "judge_prompt_tokens": trace.judge_usage.prompt_tokens,
         "judge_completion_tokens": trace.judge_usage.completion_tokens,
         "cost_usd": cost_usd(trace),
@@ -265,6 +270,7 @@ def model_call_rows(trace: Trace, *, rollout_index: int, environment: str,
         "completion_tokens": call.completion_tokens,
         "cached_tokens": call.cached_tokens,
         "reasoning_tokens": call.reasoning_tokens,
+        "cache_write_tokens": call.cache_write_tokens,
         "finish_reason": call.finish_reason,
         "retries": call.retries,
         "attempts": json.dumps([tried.model_dump() for tried in call.attempts]),

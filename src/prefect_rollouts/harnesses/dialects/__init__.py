@@ -58,6 +58,17 @@ class Dialect:
         Bearer``), or None."""
         return bearer(headers)
 
+    def recorded(self, headers: Mapping[str, str], secret: str) -> dict[str, str]:
+        """The values of ``recorded_headers`` the request bears (``anthropic-beta``: comma-separated
+        names), scrubbed, at most 500 characters each: an item that is a piece of ``secret`` (8 characters
+        or more) is ``***`` too, so not even a prefix of the launch key reaches the trace."""
+        out = {}
+        for name in self.recorded_headers:
+            if name in headers:
+                items = [item.strip() for item in scrub(headers[name], (secret,)).split(",")]
+                out[name] = ",".join("***" if len(item) >= 8 and item in secret else item for item in items)[:500]
+        return out
+
     def to_chat(self, body: Any, upstream: str = "chat") -> tuple[Any, dict[str, Any]]:
         """``(the chat-completions request for ProgramSession.exchange, what the translation lost)``.
 

@@ -4,7 +4,10 @@ A request is translated to the endpoint's chat-completions form (``to_chat``), t
 completion back to a ``message`` (``from_chat``) or to the server-sent events the Anthropic SDKs parse
 (``events``). What the translation does, per field of a request, is ``messages_request``'s docstring.
 
-The answer: ``content`` is the text block (when there is text), then a ``tool_use`` block per tool
+The answer: ``content`` is the message's blocks in order (a ``thinking`` block with its signature, a
+``redacted_thinking`` block, a text block, any other block a Messages upstream answered: verbatim, so the
+program resends them unchanged, as Anthropic requires of thinking; a Responses ``reasoning`` item and
+an empty text are left out) or its text as one text block, then a ``tool_use`` block per tool
 call, whose ``id`` is the upstream's call id when it is a valid Anthropic id (``[A-Za-z0-9_-]+``: the
 program resends it, and the trace keeps one id per call), else ``toolu_`` and a digest of it; its
 ``input`` is the parsed arguments, or ``{"_raw": "<arguments>"}`` when they are not a JSON object
@@ -12,7 +15,8 @@ program resends it, and the trace keeps one id per call), else ``toolu_`` and a 
 ``stop_reason``: ``length`` -> ``max_tokens``, tool calls -> ``tool_use``, ``content_filter`` ->
 ``refusal``, else ``end_turn`` (a chat completion does not say whether a stop sequence matched, so
 ``stop_sequence`` is never reported). ``usage.input_tokens`` excludes the cached tokens, which are
-``cache_read_input_tokens``, as in Anthropic's API.
+``cache_read_input_tokens``, and those written to the cache, ``cache_creation_input_tokens``
+(``prompt_tokens_details.cache_write_tokens`` of the recorded completion), as in Anthropic's API.
 """
 
 from __future__ import annotations
@@ -60,17 +64,19 @@ class MessagesDialect(Dialect):
         return headers.get("x-api-key", "").strip() or bearer(headers)
 
     def to_chat(self, body: Any, upstream: str = "chat") -> tuple[dict[str, Any], dict[str, Any]]:
-        """See the module docstring. Raises ValueError naming the field (a 400)."""
-        return translate(body, counting=False)
+        """See the module docstring; to a Messages ``upstream`` nothing is lost (``messages_request``).
+        Raises ValueError naming the field (a 400)."""
+        return translate(body, counting=False, native=upstream == "messages")
 
     def from_chat(self, completion: dict[str, Any], body: Any) -> dict[str, Any]:
         """The ``message`` for a recorded ``chat.completion`` (the module docstring)."""
         choice = completion["choices"][0]
         message = choice["message"]
         text = message.get("content")
+        content: list[dict[str, Any]] = [{"type": "text", "text": text}] if isinstance(text, str) and text else []
         if isinstance(text, list):
-            text = "".join(part.get("text", "") for part in text if isinstance(part, dict))
-        content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+            content = [dict(part) for part in text if isinstance(part, dict) and part.get("type") != "reasoning"
+                       and not (part.get("type") == "text" and not part.get("text"))]
         calls = message.get("tool_calls") or []
         for call in calls:
             function = call.get("function") or {}
@@ -79,11 +85,12 @@ class MessagesDialect(Dialect):
         finish = choice.get("finish_reason")
         stop = "tool_use" if calls else {"length": "max_tokens", "content_filter": "refusal"}.get(finish, "end_turn")
         usage = completion.get("usage") or {}
-        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        details = usage.get("prompt_tokens_details") or {}
+        cached, written = details.get("cached_tokens") or 0, details.get("cache_write_tokens") or 0
         answer_usage: dict[str, Any] = {
-            "input_tokens": max(usage.get("prompt_tokens", 0) - cached, 0),
+            "input_tokens": max(usage.get("prompt_tokens", 0) - cached - written, 0),
             "output_tokens": usage.get("completion_tokens", 0),
-            "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
+            "cache_read_input_tokens": cached, "cache_creation_input_tokens": written}
         identifier = str(completion.get("id", ""))
         return {"id": "msg_" + identifier.removeprefix("chatcmpl-"), "type": "message", "role": "assistant",
                 "model": completion.get("model", ""), "content": content, "stop_reason": stop,
@@ -91,8 +98,9 @@ class MessagesDialect(Dialect):
 
     def events(self, response: dict[str, Any], body: Any) -> Iterator[str]:
         """The SSE sequence of the Anthropic API for ``response``: ``message_start`` (its usage so
-        far: the input), ``ping``, per block ``content_block_start``, one ``content_block_delta``
-        (``text_delta`` or ``input_json_delta``), ``content_block_stop``, then ``message_delta``
+        far: the input), ``ping``, per block ``content_block_start``, its ``content_block_delta``
+        (``text_delta``, ``input_json_delta``, or ``thinking_delta`` then ``signature_delta``; a
+        ``redacted_thinking`` or other block starts whole), ``content_block_stop``, then ``message_delta``
         (``stop_reason``, the whole usage) and ``message_stop``."""
         usage = response["usage"]
         start = {**response, "content": [], "stop_reason": None, "stop_sequence": None,
@@ -100,14 +108,10 @@ class MessagesDialect(Dialect):
         yield sse("message_start", {"type": "message_start", "message": start})
         yield sse("ping", {"type": "ping"})
         for index, block in enumerate(response["content"]):
-            opened: dict[str, Any]
-            if block["type"] == "text":
-                opened, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
-            else:
-                opened = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
-                delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+            opened, deltas = _opened(block)
             yield sse("content_block_start", {"type": "content_block_start", "index": index, "content_block": opened})
-            yield sse("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+            for delta in deltas:
+                yield sse("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
             yield sse("content_block_stop", {"type": "content_block_stop", "index": index})
         yield sse("message_delta", {"type": "message_delta", "usage": usage, "delta": {
             "stop_reason": response["stop_reason"], "stop_sequence": response["stop_sequence"]}})
@@ -118,6 +122,21 @@ class MessagesDialect(Dialect):
         ``invalid_request_error`` for another 4xx)."""
         kind = ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
         return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def _opened(block: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A block's ``content_block_start`` and its deltas (``events``)."""
+    kind = block["type"]
+    if kind == "text":
+        return {"type": "text", "text": ""}, [{"type": "text_delta", "text": block["text"]}]
+    if kind == "tool_use":
+        return ({"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}},
+                [{"type": "input_json_delta", "partial_json": json.dumps(block["input"])}])
+    if kind == "thinking":
+        return ({"type": "thinking", "thinking": "", "signature": ""},
+                [{"type": "thinking_delta", "thinking": block.get("thinking", "")},
+                 {"type": "signature_delta", "signature": block.get("signature", "")}])
+    return block, []
 
 
 def sse(event: str, data: dict[str, Any]) -> str:

@@ -25,6 +25,14 @@ What the translation does, per field of a request (``messages`` has the answer's
   ``container``, ``context_management``, ``output_config``, tool keys such as ``defer_loading``,
   ``mcp_servers`` when empty (a non-empty list is refused:
   connecting MCP servers is the API's own work), and any other key.
+
+To a Messages upstream (``native``: the client's ``api = "messages"``) nothing is lost: every block is
+kept on the trace's messages as it came (text blocks with their ``citations``, documents, server tool
+blocks verbatim as typed parts; a tool result's string-or-blocks content, ``is_error`` and
+``cache_control`` on its ``tool`` message; a ``tool_use``'s ``cache_control`` on its tool call; an
+assistant's blocks as a list), server tools and MCP servers pass, and every top-level key but those the
+rollout imposes or the messages carry (``NATIVE_OUT``) goes to ``model.apis.NATIVE_KEY``'s ``params``
+for ``model.apis.messages`` to send as it came; the loss report is empty.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import json
 from typing import Any
 
 from prefect_rollouts.harnesses.dialects import echo
+from prefect_rollouts.model.apis.base import NATIVE_KEY
 
 ACCEPTED = ("top_k", "metadata", "thinking", "service_tier", "container", "context_management", "output_config",
             "mcp_servers")
@@ -42,6 +51,11 @@ ACCEPTED = ("top_k", "metadata", "thinking", "service_tier", "container", "conte
 TRANSLATED = frozenset({"model", "messages", "system", "max_tokens", "temperature", "top_p", "stop_sequences",
                         "tools", "tool_choice", "stream"})
 """Request keys the translation uses."""
+
+NATIVE_OUT = frozenset({"model", "messages", "system", "max_tokens", "temperature", "top_p", "stop_sequences",
+                        "stream"})
+"""Request keys a same-API request does not put under ``NATIVE_KEY``: imposed by the rollout (model,
+sampling, ``max_tokens``, streaming) or carried by the chat form (messages, system, stop sequences)."""
 
 _TOOL_KEYS = frozenset({"name", "description", "input_schema", "type", "cache_control"})
 
@@ -53,16 +67,16 @@ def tool_arguments(value: Any) -> str:
     return json.dumps(value)
 
 
-def translate(body: Any, counting: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+def translate(body: Any, counting: bool, native: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(chat request, loss report)`` for a Messages request (``counting``: a count_tokens body,
-    which has no ``max_tokens``). See the module docstring.
+    which has no ``max_tokens``; ``native``: for a Messages upstream, nothing lost). See the module docstring.
 
     Raises:
         ValueError: the first problem, naming its field: ``<field> = <value>: <what is wrong>. <fix>``.
     """
     if not isinstance(body, dict):
         raise ValueError("the request body must be a JSON object (a Messages request)")
-    lost = _Loss()
+    lost = _Loss(native)
     request: dict[str, Any] = {}
     if "model" in body:
         request["model"] = _typed(body, "model", str)
@@ -86,7 +100,7 @@ def translate(body: Any, counting: bool) -> tuple[dict[str, Any], dict[str, Any]
             request["stop"] = stops
     if body.get("stream") is not None and not isinstance(body["stream"], bool):
         raise ValueError(f"stream = {echo(body['stream'])}: must be true or false")
-    if body.get("mcp_servers"):
+    if body.get("mcp_servers") and not native:
         raise ValueError("mcp_servers: this endpoint connects no MCP servers (the Anthropic API's own work). "
                          "Run the MCP servers in the program, or send an empty list")
     messages = _system(body.get("system"), lost)
@@ -101,13 +115,18 @@ def translate(body: Any, counting: bool) -> tuple[dict[str, Any], dict[str, Any]
     if body.get("tool_choice") is not None:
         request.update(_tool_choice(body["tool_choice"]))
     lost.ignored.extend(key for key in body if key not in TRANSLATED and key != "max_tokens")
+    if native:
+        request[NATIVE_KEY] = {"api": "messages", "params": {
+            key: value for key, value in body.items() if key not in NATIVE_OUT}}
     return request, lost.report()
 
 
 class _Loss:
     """What a translation kept back or dropped, counted by kind."""
 
-    def __init__(self) -> None:
+    def __init__(self, native: bool = False) -> None:
+        self.native = native
+        """To a Messages upstream: everything is kept, nothing reported."""
         self.ignored: list[str] = []
         self.counts: dict[str, int] = {}
 
@@ -115,6 +134,8 @@ class _Loss:
         self.counts[kind] = self.counts.get(kind, 0) + count
 
     def report(self) -> dict[str, Any]:
+        if self.native:
+            return {}
         out: dict[str, Any] = dict(sorted(self.counts.items()))
         if self.ignored:
             out["ignored"] = sorted(set(self.ignored))
@@ -146,6 +167,8 @@ def _system(system: Any, lost: _Loss, where: str = "system") -> list[dict[str, A
 
 
 def _text_part(block: dict[str, Any], lost: _Loss) -> dict[str, Any]:
+    if lost.native:
+        return dict(block)
     part: dict[str, Any] = {"type": "text", "text": block["text"]}
     if block.get("cache_control") is not None:
         part["cache_control"] = block["cache_control"]
@@ -163,6 +186,8 @@ def _image_part(block: dict[str, Any], where: str, lost: _Loss) -> dict[str, Any
         url = f"data:{source.get('media_type', 'image/png')};base64,{source['data']}"
     elif source.get("type") == "url" and isinstance(source.get("url"), str):
         url = source["url"]
+    elif lost.native:   # a file source, ...: the upstream reads it
+        return dict(block)
     else:
         raise ValueError(f"{where}.source.type = {echo(source.get('type'))}: takes \"base64\" (with "
                          "media_type and data) or \"url\" here")
@@ -199,6 +224,8 @@ def _turn(turn: Any, where: str, lost: _Loss) -> list[dict[str, Any]]:
             tools.append(_tool_result(block, at, parts, lost))
         elif kind is None or kind == "text":
             raise ValueError(f"{at}: must be a content block with a type (and a text block, its text)")
+        elif lost.native:
+            parts.append(dict(block))
         else:
             lost.add(f"dropped_{kind}_blocks")
     messages = tools
@@ -225,6 +252,8 @@ def _tool_result(block: dict[str, Any], where: str, parts: list[dict[str, Any]],
     if not isinstance(call, str) or not call:
         raise ValueError(f"{where}.tool_use_id: required, the id of the tool_use block it answers")
     content = block.get("content", "")
+    if lost.native:
+        return _native_result(call, content, block, where, lost)
     if block.get("is_error"):
         lost.add("tool_result_is_error")
     if isinstance(content, str):
@@ -242,6 +271,21 @@ def _tool_result(block: dict[str, Any], where: str, parts: list[dict[str, Any]],
         else:
             lost.add(f"dropped_{kind}_blocks")
     return _tool_message(call, "\n".join(texts), block, lost)
+
+
+def _native_result(call: str, content: Any, block: dict[str, Any], where: str, lost: _Loss) -> dict[str, Any]:
+    """A tool message that keeps all of a ``tool_result`` (a Messages upstream rebuilds it): its content
+    as it came (a string, or its blocks as parts: images as ``image_url`` parts), ``is_error`` and
+    ``cache_control`` as keys of the message."""
+    if not isinstance(content, (str, list)):
+        raise ValueError(f"{where}.content: must be a string or a list of text and image blocks")
+    if isinstance(content, list):
+        content = [_image_part(item, f"{where}.content.{index}", lost)
+                   if _kind(item, f"{where}.content.{index}") == "image" else dict(item)
+                   for index, item in enumerate(content)]
+    message = {"role": "tool", "tool_call_id": call, "content": content}
+    message.update({key: block[key] for key in ("is_error", "cache_control") if key in block})
+    return message
 
 
 def _tool_message(call: str, text: str, block: dict[str, Any], lost: _Loss) -> dict[str, Any]:
@@ -266,15 +310,19 @@ def _assistant(content: list[Any], where: str, lost: _Loss) -> dict[str, Any]:
                 raise ValueError(f"{at}: a tool_use block needs a string id and name")
             calls.append({"id": block["id"], "type": "function",
                           "function": {"name": block["name"], "arguments": tool_arguments(block.get("input", {}))}})
+            if lost.native and block.get("cache_control") is not None:
+                calls[-1]["cache_control"] = block["cache_control"]
         elif kind in ("thinking", "redacted_thinking"):
             parts.append(dict(block))   # kept verbatim, signature included: another upstream resends it
             lost.add(f"{kind}_blocks")
         elif kind is None or kind == "text":
             raise ValueError(f"{at}: must be a content block with a type (and a text block, its text)")
+        elif lost.native:
+            parts.append(dict(block))
         else:
             lost.add(f"dropped_{kind}_blocks")
     message: dict[str, Any] = {"role": "assistant"}
-    if all(part["type"] == "text" and "cache_control" not in part for part in parts):
+    if not lost.native and all(part["type"] == "text" and "cache_control" not in part for part in parts):
         message["content"] = "".join(part["text"] for part in parts)
     else:
         message["content"] = parts
@@ -291,6 +339,8 @@ def _tools(tools: Any, lost: _Loss) -> list[dict[str, Any]]:
         if not isinstance(tool, dict):
             raise ValueError(f"tools.{index}: must be an object")
         kind = tool.get("type")
+        if lost.native and ("input_schema" not in tool or kind not in (None, "custom")):
+            continue   # a server tool: the Messages upstream runs it (it goes in NATIVE_KEY's tools)
         if "input_schema" not in tool or kind not in (None, "custom"):
             raise ValueError(
                 f"tools.{index} (type {echo(kind)}, name {echo(tool.get('name'))}): a server tool, which "

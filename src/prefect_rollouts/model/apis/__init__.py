@@ -15,7 +15,7 @@ API leaves the key out of what it sends.
 
 from __future__ import annotations
 
-from prefect_rollouts.model.apis import chat, responses
+from prefect_rollouts.model.apis import chat, messages, responses
 from prefect_rollouts.model.apis.base import API_NAMES, NATIVE_KEY, ApiName, WireApi, retry_after_header
 
 __all__ = ["API_NAMES", "NATIVE_KEY", "ApiName", "WireApi", "retry_after_header", "wire_api"]
@@ -23,7 +23,7 @@ __all__ = ["API_NAMES", "NATIVE_KEY", "ApiName", "WireApi", "retry_after_header"
 
 def wire_api(name: str) -> WireApi:
     """The ``WireApi`` called ``name`` (one of ``API_NAMES``; ``ClientConfig`` validates it)."""
-    apis: dict[str, WireApi] = {"chat": chat.API, "responses": responses.API}
+    apis: dict[str, WireApi] = {"chat": chat.API, "responses": responses.API, "messages": messages.API}
     try:
         return apis[name]
     except KeyError:

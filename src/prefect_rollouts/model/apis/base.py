@@ -33,6 +33,11 @@ class WireApi:
         """The headers that carry ``key`` (none without a key): ``Authorization: Bearer <key>`` here."""
         return {"Authorization": f"Bearer {key}"} if key else {}
 
+    def request_headers(self, body: Mapping[str, Any]) -> dict[str, str]:
+        """Headers this request adds to ``auth_headers`` (the client's request form ``body``, before
+        ``request``): none here; Messages sends the program's ``anthropic-beta`` from ``NATIVE_KEY``."""
+        return {}
+
     def request(self, body: dict[str, Any]) -> dict[str, Any]:
         """This API's request body for ``body`` (a chat-completions request whose messages are the
         trace's). Must not mutate ``body`` or its messages. Raises ``ValueError`` (its text names the
