@@ -96,7 +96,7 @@ async def rollout_figures(path: Path) -> None:
 
 
 def eval_figures(path: Path, levels: list[int]) -> None:
-    from prefect_rollouts.cli_server import api_url, drain_prefect_services
+    from prefect_rollouts.cli.server import api_url, drain_prefect_services
     from prefect_rollouts.config.eval import load_eval_config
     from prefect_rollouts.flows.eval import eval_flow
     from prefect_rollouts.tempserver import TemporaryServer

@@ -18,14 +18,14 @@ PREFECT_LAYER = ("prefect_rollouts.flows", "prefect_rollouts.tasks", "prefect_ro
 
 
 def in_prefect_layer(name: str) -> bool:
-    """A module of ``flows/``, ``tasks/`` or ``blocks/``, or the CLI (``cli``, ``cli_*``), which may import Prefect."""
+    """A module of ``flows/``, ``tasks/`` or ``blocks/``, or of the CLI (``cli/``), which may import Prefect."""
     return (any(name == package or name.startswith(package + ".") for package in PREFECT_LAYER)
             or is_cli(name))
 
 
 def is_cli(name: str) -> bool:
-    leaf = name.removeprefix("prefect_rollouts.")
-    return leaf == "cli" or leaf.startswith("cli_")
+    """A module of ``cli/``, the ``prefect-rollouts`` command."""
+    return name == "prefect_rollouts.cli" or name.startswith("prefect_rollouts.cli.")
 
 
 def _python_files(root: Path) -> list[Path]:

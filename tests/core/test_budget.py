@@ -257,7 +257,7 @@ async def test_the_resume_command_prices_rollouts_not_done_at_the_finished_ones_
         tmp_path, openai_server, capsys):
     import typer
 
-    from prefect_rollouts.cli import _finish_budget_stop
+    from prefect_rollouts.cli.main import _finish_budget_stop
 
     openai_server.default = numbered_reply
     config = load_eval_config(budget_toml(tmp_path, openai_server.base_url, turns=5, max_concurrent=2,

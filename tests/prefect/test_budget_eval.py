@@ -13,7 +13,7 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilterName
 
-from prefect_rollouts.cli import BUDGET_EXIT
+from prefect_rollouts.cli.main import BUDGET_EXIT
 from prefect_rollouts.flows.keys import spend_key, summary_key
 from prefect_rollouts.traces import read_rollouts
 from tests.eval_toml import eval_toml

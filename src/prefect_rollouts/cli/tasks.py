@@ -18,8 +18,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from prefect_rollouts.cli_server import on_server, temporary_server
-from prefect_rollouts.console import brief_failures, print_error, progress_bar, set_console_log_level
+from prefect_rollouts.cli.console import brief_failures, print_error, progress_bar, set_console_log_level
+from prefect_rollouts.cli.server import on_server, temporary_server
 from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.stop_signals import run_until_stopped
 
@@ -39,7 +39,7 @@ def check_command(
     oracle reward, nop reward and build time per task. A task is broken when the oracle scores below 1 or
     nop above 0 (or either errors); exit 1 if any is. Task directories that do not load are listed
     first, all of them, and nothing runs (exit 2)."""
-    from prefect_rollouts.cli_traces import console
+    from prefect_rollouts.cli.traces import console
     from prefect_rollouts.config.eval import EvalConfig
     from prefect_rollouts.environments import harbor
     from prefect_rollouts.traces import read_rollouts

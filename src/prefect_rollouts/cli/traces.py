@@ -15,7 +15,7 @@ import httpx
 import typer
 from rich.console import Console
 
-from prefect_rollouts.console import print_error, print_summary
+from prefect_rollouts.cli.console import print_error, print_summary
 from prefect_rollouts.errors import ConfigError, TraceStoreError
 
 traces_app = typer.Typer(help="Inspect Parquet trace datasets.", no_args_is_help=True)
