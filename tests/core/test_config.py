@@ -6,7 +6,7 @@ import pytest
 
 import prefect_rollouts as vf
 from prefect_rollouts.config.agent import effective_scoring
-from prefect_rollouts.scoring.env import resolve_env
+from prefect_rollouts.config.env import resolve_env
 from tests.fakes.openai_server import reply
 
 pytestmark = pytest.mark.unit

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, SecretStr, S
 from pydantic_core import PydanticCustomError
 
 from prefect_rollouts.bounds import MAX_DEADLINE_S, MAX_RETRIES
-from prefect_rollouts.scoring.env import is_template
+from prefect_rollouts.config.env import is_template
 
 MASK = "***"
 """What a secret value reads as wherever a config is written out (JSON dumps, stored configs)."""

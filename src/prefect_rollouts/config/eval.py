@@ -41,6 +41,7 @@ from prefect_rollouts.bounds import (
 )
 from prefect_rollouts.config.agent import AgentConfig
 from prefect_rollouts.config.base import ClientConfig, ConfigModel
+from prefect_rollouts.config.env import resolve_env
 from prefect_rollouts.config.sources import set_source, toml_source, validate_sources
 from prefect_rollouts.config.taskset import (
     NAME_MAX_BYTES,
@@ -53,7 +54,6 @@ from prefect_rollouts.config.taskset import (
 from prefect_rollouts.errors import ConfigError, TraceStoreError
 from prefect_rollouts.keys import slug
 from prefect_rollouts.retry_rule import check_error_types
-from prefect_rollouts.scoring.env import resolve_env
 
 if TYPE_CHECKING:
     from prefect_rollouts.traces.store import DatasetRoot

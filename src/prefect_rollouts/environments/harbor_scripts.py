@@ -41,10 +41,10 @@ from pathlib import Path
 from typing import Any
 
 from prefect_rollouts.agent_exits import COULD_NOT_START, box_broken, program_failure
+from prefect_rollouts.config.env import resolve_env, template_variables
 from prefect_rollouts.environments.harbor_reward import REWARD_MAX_BYTES, read_reward
 from prefect_rollouts.errors import TaskError, register_secret, scrub
 from prefect_rollouts.runtimes.base import IMAGE_USER, SCRUB_SLACK_BYTES
-from prefect_rollouts.scoring.env import resolve_env, template_variables
 from prefect_rollouts.trace import Trace
 
 LOG_DIRS = ("/logs/agent", "/logs/verifier", "/logs/artifacts")

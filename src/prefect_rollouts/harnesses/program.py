@@ -55,13 +55,13 @@ from typing import TYPE_CHECKING, Any
 
 from prefect_rollouts.agent_exits import COULD_NOT_START, program_failure
 from prefect_rollouts.config.agent import HarnessConfig
+from prefect_rollouts.config.env import resolve_env
 from prefect_rollouts.config.network import NetworkPolicy
 from prefect_rollouts.errors import ConfigError, RuntimeUnavailableError, TaskError, register_secret, scrub
 from prefect_rollouts.harnesses import mini_swe_agent, npm_agents
 from prefect_rollouts.harnesses.base import SegmentContext
 from prefect_rollouts.harnesses.endpoint import DOOR_MOUNT, MOUNT, SOCKET_NAME, InterceptionEndpoint
 from prefect_rollouts.harnesses.session import ProgramSession
-from prefect_rollouts.scoring.env import resolve_env
 
 if TYPE_CHECKING:
     from prefect_rollouts.runtimes import Runtime

@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from prefect_rollouts.config.agent import RuntimeConfig
+from prefect_rollouts.config.env import resolve_env
 from prefect_rollouts.config.network import NetworkPolicy
 from prefect_rollouts.runtimes.base import ExecResult, Runtime
-from prefect_rollouts.scoring.env import resolve_env
 
 if TYPE_CHECKING:
     from prefect_rollouts.runtimes.egress import EgressProxy
