@@ -76,7 +76,7 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,8")
     args = parser.parse_args()
 
-    from prefect_rollouts import pgserver
+    from prefect_rollouts.servers import postgres as pgserver
 
     home = Path(tempfile.mkdtemp(prefix="prefect-rollouts-bench-"))
     home.chmod(0o755)

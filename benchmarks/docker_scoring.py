@@ -84,7 +84,7 @@ async def concurrent_commands(n: int) -> tuple[float, float]:
 
 
 async def main(n: int, concurrent: int) -> None:
-    from prefect_rollouts.runtimes import docker as docker_runtime
+    from prefect_rollouts.runtimes.docker import runtime as docker_runtime
 
     own_pool = docker_runtime._executor
     docker_runtime._executor = lambda: None        # type: ignore[assignment]  # asyncio's default pool

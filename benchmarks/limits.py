@@ -105,7 +105,7 @@ def main() -> None:
     multiprocessing.Process(target=serve_model, args=(args.latency, queue), daemon=True).start()
     base_url = queue.get(timeout=30)
 
-    from prefect_rollouts import pgserver
+    from prefect_rollouts.servers import postgres as pgserver
 
     home = Path(tempfile.mkdtemp(prefix="prefect-rollouts-bench-"))
     home.chmod(0o755)

@@ -11,8 +11,8 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from prefect_rollouts import pgserver
 from prefect_rollouts.cli import app
+from prefect_rollouts.servers import postgres as pgserver
 from tests.support.ports import free_port
 from tests.support.servers import server_home
 from tests.support.waiting import poll_until

@@ -30,7 +30,7 @@ from prefect_rollouts.errors import AgentFailure, BudgetStop, InfrastructureErro
 from prefect_rollouts.harnesses import Harness, make_harness
 from prefect_rollouts.model.local import is_local
 from prefect_rollouts.runtimes import Runtime, make_runtime
-from prefect_rollouts.runtimes.egress import EgressProxy, mark_phase, take_network_log
+from prefect_rollouts.runtimes.egress.proxy import EgressProxy, mark_phase, take_network_log
 from prefect_rollouts.scoring.judge_base import JUDGE_BUDGET
 from prefect_rollouts.scoring.placement import score_isolated, score_shared
 from prefect_rollouts.task import Task, call_injected
@@ -75,7 +75,7 @@ class RolloutState:
     judge_clients: JudgeClients | None = None
     """The agent's judge clients; None opens them per scoring call."""
     egress: EgressProxy | None = None
-    """The agent's egress proxy (``runtimes/egress.py``), for a docker runtime under ``{ allow, block }``."""
+    """The agent's egress proxy (``runtimes/egress/proxy.py``), for a docker runtime under ``{ allow, block }``."""
     budget: Budget | None = None
     """The eval run's token or cost budget (``evals/budget.py``), shared by its rollouts; None outside an
     eval with one."""

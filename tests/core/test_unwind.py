@@ -13,7 +13,7 @@ import docker.errors
 import pytest
 
 import prefect_rollouts as vf
-from prefect_rollouts.runtimes import docker as docker_runtime
+from prefect_rollouts.runtimes.docker import runtime as docker_runtime
 from prefect_rollouts.stages import RolloutState, teardown
 from prefect_rollouts.unwind import run_to_end
 

@@ -303,7 +303,7 @@ def sandbox_build(
 
     from prefect_rollouts.errors import RuntimeUnavailableError, TaskError
     from prefect_rollouts.harnesses import mini_swe_agent, npm_agents
-    from prefect_rollouts.runtimes.sandbox import bake_directory, build_sandbox_image, image_python
+    from prefect_rollouts.runtimes.docker.sandbox import bake_directory, build_sandbox_image, image_python
 
     known = ["mini-swe-agent", *npm_agents.AGENTS]
     unknown = sorted(set(with_ or []) - set(known))
@@ -349,8 +349,8 @@ def server_start(
                                            "must be set.")] = "127.0.0.1",
 ) -> None:
     """Start PostgreSQL and a Prefect server on it in the background; print PREFECT_API_URL."""
-    from prefect_rollouts import pgserver
     from prefect_rollouts.errors import RuntimeUnavailableError
+    from prefect_rollouts.servers import postgres as pgserver
 
     try:
         api_url = pgserver.start(home, port=port, pg_port=pg_port, host=host)
@@ -371,7 +371,7 @@ def server_stop(
                                        envvar="PREFECT_ROLLOUTS_SERVER_HOME")] = Path(".prefect-rollouts"),
 ) -> None:
     """Stop the Prefect server and PostgreSQL started by `server start`."""
-    from prefect_rollouts import pgserver
+    from prefect_rollouts.servers import postgres as pgserver
 
     pgserver.stop(home)
     console.print("stopped")

@@ -32,7 +32,7 @@ def temporary_server() -> Any:
     os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", "2")
     from prefect.settings import PREFECT_API_URL
 
-    from prefect_rollouts.tempserver import TemporaryServer
+    from prefect_rollouts.servers.temporary import TemporaryServer
 
     return None if PREFECT_API_URL.value() else TemporaryServer(
         float(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"]))

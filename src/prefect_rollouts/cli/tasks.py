@@ -41,7 +41,7 @@ def check_command(
     first, all of them, and nothing runs (exit 2)."""
     from prefect_rollouts.cli.traces import console
     from prefect_rollouts.config.eval import EvalConfig
-    from prefect_rollouts.environments import harbor
+    from prefect_rollouts.environments.harbor import taskset as harbor
     from prefect_rollouts.traces import read_rollouts
 
     try:

@@ -31,7 +31,7 @@ from pathlib import Path
 from types import TracebackType
 
 from prefect_rollouts.errors import ConfigError, RuntimeUnavailableError
-from prefect_rollouts.pgserver import healthy, server_env
+from prefect_rollouts.servers.postgres import healthy, server_env
 
 PORT_ENV = "PREFECT_ROLLOUTS_TEMP_SERVER_PORT"
 """Environment variable with the temporary server's port; unset: a free port the kernel picks."""
@@ -74,7 +74,7 @@ class TemporaryServer:
         with log_path.open("ab") as log:
             log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} temporary server on port {port}\n".encode())
             log.flush()
-            self.supervisor = subprocess.Popen([sys.executable, "-m", "prefect_rollouts.tempserver", str(port)],
+            self.supervisor = subprocess.Popen([sys.executable, "-m", "prefect_rollouts.servers.temporary", str(port)],
                                                stdin=subprocess.PIPE, stdout=log, stderr=log, start_new_session=True)
         deadline = time.monotonic() + self.startup_timeout_s
         while not healthy(self.api_url):

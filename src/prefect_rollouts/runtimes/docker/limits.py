@@ -138,7 +138,7 @@ def limits_hit(api: Any, container_id: str, config: RuntimeConfig, source: str, 
 
     Returns:
         ``"memory"`` and/or ``"pids"`` -> a sentence naming the config key and the fix; empty: none.
-        ``tmpfs_volumes``: the image's ``VOLUME`` paths are tmpfs of ``storage_mb`` (``docker_volumes``),
+        ``tmpfs_volumes``: the image's ``VOLUME`` paths are tmpfs of ``storage_mb`` (``docker/volumes.py``),
         memory the container's files there use too, so the memory sentence names ``storage_mb``.
     """
     now = counters(api, container_id)

@@ -11,9 +11,9 @@ writable everywhere in both ways (as Docker and Harbor make it: Terminal-Bench t
 - ``watch``: everywhere else (overlay2 on ext4, as on the machine this was built on), a thread
   measures the writable layer every 0.1 to 5 s and, past ``storage_mb``, kills the container's
   processes; the rollout ends as the agent's failure (``storage_quota``, scored 0). A write can get
-  at most ``docker_quota.OVERSHOOT_MB`` past the quota before it is stopped (``docker_quota``).
+  at most ``docker_quota.OVERSHOOT_MB`` past the quota before it is stopped (``docker/quota.py``).
 
-Under both, each of the image's ``VOLUME`` paths is a tmpfs of ``storage_mb`` (``docker_volumes``),
+Under both, each of the image's ``VOLUME`` paths is a tmpfs of ``storage_mb`` (``docker/volumes.py``),
 which counts against ``memory_mb``; ``storage_mb = 0`` is no quota.
 
 Must not import Prefect.

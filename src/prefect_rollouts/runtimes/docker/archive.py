@@ -2,7 +2,7 @@
 ``put_archive``: tars over the socket, no command in the container): reading a file, packing a file
 or the declared artifacts, unpacking into the container.
 
-The container's root is writable (``docker_storage``), so an archive can be unpacked anywhere; what it
+The container's root is writable (``docker/storage.py``), so an archive can be unpacked anywhere; what it
 writes counts against ``storage_mb`` like any other write.
 
 Must not import Prefect. Every function blocks (the runtime calls them in its thread pool).

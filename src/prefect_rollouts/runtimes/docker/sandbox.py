@@ -20,7 +20,7 @@ import docker
 import docker.errors
 
 from prefect_rollouts.errors import RuntimeUnavailableError
-from prefect_rollouts.runtimes.docker_limits import LOG_CONFIG
+from prefect_rollouts.runtimes.docker.limits import LOG_CONFIG
 
 logger = logging.getLogger("prefect_rollouts.sandbox")
 

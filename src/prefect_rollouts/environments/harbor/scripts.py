@@ -16,12 +16,12 @@ So here:
   scored by the tests (``agent_exits``).
 - ``test.sh``: the processes the agent left still run (Harbor's shared verifier mode: a server the
   agent started answers the tests), but the tests run in a private view of the box
-  (``runtimes/docker_private.py``) whose ``/tests`` (the task's ``tests/``) and ``/logs/verifier``
+  (``runtimes/docker/private.py``) whose ``/tests`` (the task's ``tests/``) and ``/logs/verifier``
   (empty) no process of the agent's can write: ``chmod +x /tests/test.sh && (/tests/test.sh) >
   /logs/verifier/test-stdout.txt 2>&1`` with ``[verifier] env``, for at most ``[verifier]
   timeout_sec``, with Docker's default capabilities (as in Harbor's box; the agent has none). When it
   ends, every process of the box is killed, then the reward is read from what the tests left:
-  ``reward.json``, else ``reward.txt`` (``harbor_reward.read_reward``; not a symlink, at most
+  ``reward.json``, else ``reward.txt`` (``harbor.reward.read_reward``; not a symlink, at most
   ``REWARD_MAX_BYTES``). The box's visible ``/logs/verifier`` is made anew before (so no file of the
   agent's poses as the tests' output) and gets the tests' files afterwards (their last ``LOG_BYTES``).
   How the tests ran (exit code, time, the tail of ``test-stdout.txt``) is in
@@ -42,7 +42,7 @@ from typing import Any
 
 from prefect_rollouts.agent_exits import COULD_NOT_START, box_broken, program_failure
 from prefect_rollouts.config.env import resolve_env, template_variables
-from prefect_rollouts.environments.harbor_reward import REWARD_MAX_BYTES, read_reward
+from prefect_rollouts.environments.harbor.reward import REWARD_MAX_BYTES, read_reward
 from prefect_rollouts.errors import TaskError, register_secret, scrub
 from prefect_rollouts.runtimes.base import IMAGE_USER, SCRUB_SLACK_BYTES
 from prefect_rollouts.trace import Trace
@@ -129,7 +129,7 @@ async def tests(task: Any, runtime: Any, trace: Trace, source: Path) -> float:
         AgentFailure: ``box_broken`` (``agent_exits.box_broken``): the agent broke the box so that no
             command starts in it (scored 0 without scoring).
         TaskError: the tests ran past ``[verifier] timeout_sec``, wrote no usable reward, or could not be run
-            apart from the agent's processes (``docker_private``).
+            apart from the agent's processes (``docker/private.py``).
     """
     verifier = task.toml.verifier
     env = resolved(verifier.env, f"Harbor task {task.id!r}: [verifier] env")

@@ -1,6 +1,6 @@
 """``harbor``: agentic tasks in Harbor's task format, each a box with a goal that its tests check afterwards.
 
-A task directory holds ``instruction.md`` (the prompt), ``task.toml`` (``harbor_config.TaskToml``),
+A task directory holds ``instruction.md`` (the prompt), ``task.toml`` (``harbor.config.TaskToml``),
 ``environment/`` (its ``Dockerfile``), ``tests/test.sh`` and, for the ``oracle`` harness,
 ``solution/solve.sh``. ``[env.taskset] path`` names one task directory or a directory of them (the
 task ids are the directory names). Every problem a task's files have is a ``ConfigError`` naming the
@@ -10,7 +10,7 @@ directory is refused (``harbor_files``).
 A rollout of a task (the ``docker`` runtime only):
 
 1. ``prepare``: the image (``[environment] docker_image``, else built from ``environment/``, tagged by
-   a hash of the directory: ``runtimes/images.py``) and the agent config of the rollout: that image,
+   a hash of the directory: ``runtimes/docker/images.py``) and the agent config of the rollout: that image,
    ``cpus``, ``memory_mb``, ``storage_mb`` (each unset: the runtime config's), ``workdir`` (default the
    image's ``WORKDIR``), ``env``, the user of the agent's commands (``[agent] user``, else the image's
    ``USER``) and the agent deadline (``[agent] timeout_sec``). The agent phase's network is the task's
@@ -50,10 +50,10 @@ from typing import Any, Literal
 from prefect_rollouts.bounds import MAX_STORAGE_MB, MAX_TIMEOUT_MULTIPLIER
 from prefect_rollouts.config.agent import AgentConfig, ScoringConfig
 from prefect_rollouts.config.network import NetworkPolicy
-from prefect_rollouts.environments import harbor_scripts
-from prefect_rollouts.environments.harbor_config import TaskToml, read_task_toml, refuse_unsupported
-from prefect_rollouts.environments.harbor_files import check_task_directory, inside
-from prefect_rollouts.environments.harbor_scripts import LOG_DIRS, ROOT
+from prefect_rollouts.environments.harbor import scripts as harbor_scripts
+from prefect_rollouts.environments.harbor.config import TaskToml, read_task_toml, refuse_unsupported
+from prefect_rollouts.environments.harbor.files import check_task_directory, inside
+from prefect_rollouts.environments.harbor.scripts import LOG_DIRS, ROOT
 from prefect_rollouts.errors import ConfigError, TaskError
 from prefect_rollouts.runtimes.base import IMAGE_USER
 from prefect_rollouts.task import Task, TaskData, reward
@@ -105,7 +105,7 @@ class HarborTask(Task):
             InfrastructureError: the image does not build (the build log's tail), or a ``docker_image``
                 is neither on the engine nor pullable.
         """
-        from prefect_rollouts.runtimes import images  # the docker SDK loads only for a harbor eval
+        from prefect_rollouts.runtimes.docker import images  # the docker SDK loads only for a harbor eval
 
         if config.runtime.type != "docker":
             raise ConfigError(f'[env.agent.runtime] type = "{config.runtime.type}": Harbor task {self.id!r} runs in '
@@ -188,7 +188,7 @@ class HarborTask(Task):
 
     async def solve(self, runtime: Any, trace: Trace) -> None:
         """The oracle: copy ``solution/`` to ``/solution`` and run ``solve.sh`` as Harbor's oracle does
-        (``harbor_scripts.solve``: executed directly, its output in ``/logs/agent/oracle.txt``, what it starts
+        (``harbor.scripts.solve``: executed directly, its output in ``/logs/agent/oracle.txt``, what it starts
         in the background left running), within the agent deadline.
 
         Raises:
@@ -218,7 +218,7 @@ class HarborTask(Task):
         trace.info.setdefault("harbor", {})["artifacts"] = kept
 
     def _inside(self, name: str) -> Path:
-        """``harbor_files.inside`` at run time (the directory may have changed since it loaded): a link out
+        """``harbor.files.inside`` at run time (the directory may have changed since it loaded): a link out
         of the task directory is an error of the rollout (``TaskError``)."""
         try:
             return inside(self.directory, name, f"Harbor task {self.id!r}")
@@ -228,7 +228,7 @@ class HarborTask(Task):
     @reward
     async def tests(self, trace: Trace, runtime: Any) -> float:
         """The reward ``tests/test.sh`` writes, run as Harbor runs it while the agent's services still run,
-        apart from them (``harbor_scripts.tests``); the other keys of an object in ``reward.json`` become
+        apart from them (``harbor.scripts.tests``); the other keys of an object in ``reward.json`` become
         metrics. How the tests ran (exit code, output tail) is in ``trace.info["harbor"]["verifier"]``.
 
         Raises:
@@ -253,14 +253,14 @@ def load(path: str = "examples/harbor-tasks", tasks: list[str] | None = None, ti
         tasks: Only these task directory names, in this order.
         timeout_multiplier: Scales every task's agent, verifier and build deadlines (> 0, at most 100).
         storage_mb: The disk quota of every box, in MiB (at most 1 TiB), instead of ``[environment] storage_mb``; 0 =
-            none (under the ``tmpfs`` quota a box's root filesystem is read-only: ``docker_storage``).
+            none (under the ``tmpfs`` quota a box's root filesystem is read-only: ``docker/storage.py``).
 
     Raises:
         ConfigError: ``path`` is missing or holds no task; ``tasks`` names one that is not there; a task
             lacks ``instruction.md``, ``tests/test.sh`` or an image (``environment/Dockerfile`` or
             ``docker_image``); its ``task.toml`` is not TOML, has a wrong type or a value out of bounds (named
             by key); a file it names is a link out of its directory (``harbor_files``); or it asks for what
-            this system does not run (``harbor_config.refuse_unsupported``: GPUs, MCP servers, Docker Compose,
+            this system does not run (``harbor.config.refuse_unsupported``: GPUs, MCP servers, Docker Compose,
             multi-step tasks, ...).
     """
     if not (math.isfinite(timeout_multiplier) and 0 < timeout_multiplier <= MAX_TIMEOUT_MULTIPLIER):

@@ -1,5 +1,5 @@
 """The watch that enforces the docker runtime's disk quota (``storage_mb``) where the storage driver
-cannot cap a container (``docker_storage``'s ``watch`` mode: overlay2 on ext4).
+cannot cap a container (``docker/storage.py``'s ``watch`` mode: overlay2 on ext4).
 
 The container's root is writable, as Docker makes it; what it writes lands in its writable layer on
 the engine's disk. A thread per container measures that layer (``layer_bytes``) and, once it holds

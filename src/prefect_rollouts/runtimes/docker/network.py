@@ -24,8 +24,8 @@ from typing import Any
 import docker.errors
 
 from prefect_rollouts.errors import RuntimeUnavailableError
-from prefect_rollouts.runtimes.docker_limits import LOG_CONFIG
-from prefect_rollouts.runtimes.sandbox import DEFAULT_IMAGE as SANDBOX_IMAGE
+from prefect_rollouts.runtimes.docker.limits import LOG_CONFIG
+from prefect_rollouts.runtimes.docker.sandbox import DEFAULT_IMAGE as SANDBOX_IMAGE
 
 GUARD_TIMEOUT_S = 60
 """The helper's longest run (it takes about 0.25 s here)."""

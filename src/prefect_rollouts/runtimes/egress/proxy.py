@@ -18,13 +18,13 @@ What is checked (``NetworkPolicy.decide``; no TLS interception):
   the one connected to: a loopback, link-local or
   unspecified one, any address of this machine (an interface's, a Docker gateway's) or of a
   container on its bridges, only when the allowing rule names the host exactly, and the proxy's own
-  ports never (``egress_address.py``): ``*`` and globs never reach the machine's own services, its
+  ports never (``egress/address.py``): ``*`` and globs never reach the machine's own services, its
   containers or cloud metadata.
 
 A refused request gets ``403`` with a text body saying what was refused and why; a refused
 server name closes the tunnel. Every request becomes a ``NetworkRecord`` on its route (up to
 ``MAX_RECORDS``; more are counted in ``Route.dropped``). Closing a route closes its open tunnels.
-Reading the request head and the ClientHello is ``egress_wire.py``. Past 400 lines (about 450)
+Reading the request head and the ClientHello is ``egress/wire.py``. Past 400 lines (about 450)
 because the connection's states (head, checking, hello, body, relay) are one protocol class.
 
 Must not import Prefect.
@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 
 from prefect_rollouts.config.network import NetworkPolicy
 from prefect_rollouts.errors import scrub
-from prefect_rollouts.runtimes.egress_address import Resolver, refusal, resolve_with
-from prefect_rollouts.runtimes.egress_wire import MAX_HELLO_BYTES, client_hello, parse_head
+from prefect_rollouts.runtimes.egress.address import Resolver, refusal, resolve_with
+from prefect_rollouts.runtimes.egress.wire import MAX_HELLO_BYTES, client_hello, parse_head
 from prefect_rollouts.trace import NetworkRecord, Trace
 
 logger = logging.getLogger("prefect_rollouts.egress")

@@ -1,15 +1,15 @@
 """``bfcl``: categories of the Berkeley Function Calling Leaderboard (PyPI ``bfcl-eval``).
 
 Single-turn categories: the task's functions are offered as answer tools (never executed); the
-model's tool calls are its answer, scored by BFCL's AST rules (``bfcl_scoring.py``); a miss records
+model's tool calls are its answer, scored by BFCL's AST rules (``bfcl/scoring.py``); a miss records
 the ground truth beside the answer and the rule broken in ``trace.info["bfcl_failure"]``. Function
 names with dots (not allowed in tool names) are sent with ``_`` and mapped back before scoring.
 For these, only bfcl-eval's data files are read, located with ``importlib.util.find_spec``.
 
-Multi-turn category ``multi_turn_base`` (``bfcl_multi_turn.py``): user turns against live,
+Multi-turn category ``multi_turn_base`` (``bfcl/multi_turn.py``): user turns against live,
 stateful tools (bfcl-eval's tool classes, which import only the standard library and
 ``mpmath``), scored by replaying the calls beside the ground truth under BFCL's multi-turn rules
-(``bfcl_multi_turn_scoring.py``). ``bfcl-eval`` is installed with ``--no-deps`` (its pinned
+(``bfcl/multi_turn_scoring.py``). ``bfcl-eval`` is installed with ``--no-deps`` (its pinned
 dependencies are heavy); nothing else of it is imported.
 
 Options: ``category`` (``simple_python``, ``multiple``, ``parallel``, ``parallel_multiple``,
@@ -26,8 +26,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from prefect_rollouts.environments.bfcl_data import data_dir, read_jsonl, tool_name, wire_schema
-from prefect_rollouts.environments.bfcl_scoring import mismatch
+from prefect_rollouts.environments.bfcl.data import data_dir, read_jsonl, tool_name, wire_schema
+from prefect_rollouts.environments.bfcl.scoring import mismatch
 from prefect_rollouts.errors import ConfigError, scrub_cut
 from prefect_rollouts.harnesses.schema import ToolSpec, answer_tool
 from prefect_rollouts.nesting import loads
@@ -143,7 +143,7 @@ def load(category: str = "simple_python", count: int | None = None,
             raise ConfigError(f"[env.taskset] force_tool_choice = true: does not apply to category {category!r} "
                               "(the model decides when to call a tool; a call forced on every step would never "
                               "end a turn). Remove the key, or set it to false")
-        from prefect_rollouts.environments import bfcl_multi_turn
+        from prefect_rollouts.environments.bfcl import multi_turn as bfcl_multi_turn
 
         return list(bfcl_multi_turn.load(category, count))  # list[Task]: list is invariant
     force_tool_choice = True if force_tool_choice is None else force_tool_choice

@@ -1,8 +1,8 @@
 """The image's ``VOLUME`` paths under the docker runtime's disk quota (``storage_mb``).
 
 For each ``VOLUME`` line of an image (postgres, mysql, mongo and many other service images have
-one) Docker makes an anonymous volume on the engine's disk, outside the quota of ``docker_storage``:
-``storage_opt size`` and the watch (``docker_quota``) both cover only the writable layer (with
+one) Docker makes an anonymous volume on the engine's disk, outside the quota of ``docker/storage.py``:
+``storage_opt size`` and the watch (``docker/quota.py``) both cover only the writable layer (with
 ``storage_mb = 64``, ``dd`` wrote 300 MiB to an image's ``/data`` on the host disk). So under a quota
 each such path that no other mount covers gets a tmpfs volume of its own instead: ``storage_mb``
 each, removed with the container, and seeded with the image's files there as Docker seeds an

@@ -26,8 +26,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from prefect_rollouts.environments.bfcl_data import data_dir, read_jsonl, tool_name, wire_schema
-from prefect_rollouts.environments.bfcl_multi_turn_scoring import (
+from prefect_rollouts.environments.bfcl.data import data_dir, read_jsonl, tool_name, wire_schema
+from prefect_rollouts.environments.bfcl.multi_turn_scoring import (
     DENIED,
     Backend,
     Verdict,

@@ -7,7 +7,7 @@ namespace, and a privileged ``docker exec`` is no way out either: it asks for ev
 engine, and an engine without one refuses it (this machine's dockerd lacks ``CAP_SYS_RESOURCE``: "unable
 to apply caps"). So ``run_private``:
 
-1. starts a **helper container** of the sandbox image (``runtimes/sandbox.py``) in the box's PID and
+1. starts a **helper container** of the sandbox image (``runtimes/docker/sandbox.py``) in the box's PID and
    network namespaces, as root with Docker's default capabilities plus ``CAP_SYS_ADMIN``,
    ``no-new-privileges`` and the box's cpu, memory and pids limits; the inputs (the tests) are put
    into the helper's own filesystem, which the box cannot see;
@@ -51,7 +51,7 @@ import docker
 import docker.errors
 
 from prefect_rollouts.errors import RuntimeUnavailableError, TaskError
-from prefect_rollouts.runtimes.sandbox import DEFAULT_IMAGE as SANDBOX_IMAGE
+from prefect_rollouts.runtimes.docker.sandbox import DEFAULT_IMAGE as SANDBOX_IMAGE
 
 DEFAULT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FSETID", "FOWNER", "MKNOD", "NET_RAW", "SETGID", "SETUID",
                         "SETFCAP", "SETPCAP", "NET_BIND_SERVICE", "SYS_CHROOT", "KILL", "AUDIT_WRITE")

@@ -2,13 +2,13 @@
 
 Built on the Python ``docker`` SDK (a local daemon or ``DOCKER_HOST``). The container runs
 ``sleep infinity`` under an init process with CPU, memory and pids limits and capped logs
-(``docker_limits``, which also tells which limit a dead command hit), all capabilities
+(``docker/limits.py``, which also tells which limit a dead command hit), all capabilities
 dropped and ``no-new-privileges``, labelled with the run, rollout and flow run ids, the Prefect
 API and the owning process, so the janitor flow can find leftovers and tell whose owner is
 gone. ``network = "none"`` gives it only a loopback interface; under ``{ allow, block }`` its only
-way out is the agent's egress proxy (``docker_network``, ``egress``). Its root is writable everywhere;
-``storage_mb`` is its disk quota, enforced as this engine allows (``docker_storage``: a size on the
-writable layer, or the watch of ``docker_quota``; ``docker_volumes``), and a rollout past it ends as
+way out is the agent's egress proxy (``docker/network.py``, ``egress``). Its root is writable everywhere;
+``storage_mb`` is its disk quota, enforced as this engine allows (``docker/storage.py``: a size on the
+writable layer, or the watch of ``docker/quota.py``; ``docker/volumes.py``), and a rollout past it ends as
 the agent's failure (``storage_quota``, scored 0): its ``exec`` and ``check_storage`` raise ``AgentFailure``.
 The SDK is blocking, so every call runs in a thread of the runtime's own pool (``_in_thread``):
 an ``exec`` holds its thread for the whole command, and asyncio's default pool (``min(32,
@@ -16,7 +16,7 @@ cores + 4)`` threads, 6 here) would queue concurrent commands behind each other.
 removes the container on every path, cancellation included.
 
 Past 400 lines (about 550) because every part works on the one container handle; the archive work
-is in ``docker_archive``, the disk quota's watch in ``docker_quota``; the network changes
+is in ``docker/archive.py``, the disk quota's watch in ``docker/quota.py``; the network changes
 (``scoped``, ``_apply``) are the part to move out next.
 """
 
@@ -45,15 +45,15 @@ from prefect_rollouts import limits
 from prefect_rollouts.config.agent import RuntimeConfig
 from prefect_rollouts.config.network import NetworkPolicy
 from prefect_rollouts.errors import AgentFailure, InfrastructureError, RuntimeUnavailableError, TaskError
-from prefect_rollouts.runtimes import docker_archive as archives
-from prefect_rollouts.runtimes import docker_limits as resources
-from prefect_rollouts.runtimes import docker_network as net
-from prefect_rollouts.runtimes import docker_private as private_view
-from prefect_rollouts.runtimes import docker_quota
-from prefect_rollouts.runtimes import docker_storage as storage
-from prefect_rollouts.runtimes import docker_volumes as image_volumes
 from prefect_rollouts.runtimes.base import SCRUB_SLACK_BYTES, ExecResult, output_text
-from prefect_rollouts.runtimes.egress import EgressProxy, Route
+from prefect_rollouts.runtimes.docker import archive as archives
+from prefect_rollouts.runtimes.docker import limits as resources
+from prefect_rollouts.runtimes.docker import network as net
+from prefect_rollouts.runtimes.docker import private as private_view
+from prefect_rollouts.runtimes.docker import quota as docker_quota
+from prefect_rollouts.runtimes.docker import storage
+from prefect_rollouts.runtimes.docker import volumes as image_volumes
+from prefect_rollouts.runtimes.egress.proxy import EgressProxy, Route
 from prefect_rollouts.runtimes.owner import current_owner
 from prefect_rollouts.unwind import run_to_end
 
@@ -211,7 +211,7 @@ class DockerRuntime:
                 raise
 
     async def _restrict(self, policy: NetworkPolicy) -> None:
-        """Route the container through the egress proxy under ``policy``, guarded (``docker_network``).
+        """Route the container through the egress proxy under ``policy``, guarded (``docker/network.py``).
 
         Raises:
             RuntimeUnavailableError: no egress proxy, the proxy cannot listen on the network's
@@ -390,7 +390,7 @@ class DockerRuntime:
 
     async def scoped(self, *, env: dict[str, str] | None = None, network: NetworkPolicy | None = None) -> DockerRuntime:
         """A view of this started container whose commands get ``env``; ``network`` (if it
-        differs) applies to the container from now on, for every view (``docker_network.py``: ``none``
+        differs) applies to the container from now on, for every view (``docker/network.py``: ``none``
         leaves loopback only, ``open`` joins ``docker_network``, rules guard it and go through the
         egress proxy). Stopping the view does nothing."""
         view = copy.copy(self)
@@ -484,7 +484,7 @@ class DockerRuntime:
         return ExecResult(-9 if timed_out else code, "", "", timed_out), files
 
     async def limits_hit(self) -> dict[str, str]:
-        """``Runtime.limits_hit``: the container's cgroup counters, read inside it (``docker_limits``)."""
+        """``Runtime.limits_hit``: the container's cgroup counters, read inside it (``docker/limits.py``)."""
         if self.container is None:
             return {}
         return await _in_thread(resources.limits_hit, docker_client().api, self._container_id(), self.config,
