@@ -34,7 +34,7 @@ from prefect.exceptions import ObjectNotFound
 from prefect.states import Crashed
 
 from prefect_rollouts.errors import RuntimeUnavailableError
-from prefect_rollouts.flows.ownership import tag_owner
+from prefect_rollouts.flows.services.ownership import tag_owner
 from prefect_rollouts.runtimes.local import WORKSPACE_PREFIX, workspace_owner
 from prefect_rollouts.runtimes.owner import Owner
 

@@ -102,7 +102,7 @@ class ScoringEnvError(ConfigError):
 
 
 class RunInUseError(ConfigError):
-    """Another eval flow run, not known to be dead, is running the same run id (``flows/run_lock.py``);
+    """Another eval flow run, not known to be dead, is running the same run id (``flows/services/run_lock.py``);
     the message names it. The CLI exits 2."""
 
 

@@ -4,7 +4,7 @@ alive per Docker host (``[limits]`` of an eval config).
 The core only asks for a slot around the thing it limits: the model client around each HTTP
 attempt (``model/client.py``), the docker runtime around a container's life
 (``runtimes/docker/runtime.py``). Where slots come from is injected, never imported: the Prefect layer
-(``flows/concurrency.py``) sets an ``ActiveLimits`` for the eval's context with a factory that takes a
+(``flows/services/concurrency.py``) sets an ``ActiveLimits`` for the eval's context with a factory that takes a
 slot of a Prefect global concurrency limit, shared by every worker on every machine. With no
 ``ActiveLimits`` set (``Agent.run``, interactions, the inline engine outside an eval) nothing is
 limited and no call is made.

@@ -26,8 +26,8 @@ from prefect_rollouts.evals.launch_form import AdvancedSettings, CustomTaskset, 
 from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.flows.eval import run_eval as run_eval_flow
 from prefect_rollouts.flows.launch import launch_flow
-from prefect_rollouts.flows.reconcile import reconcile_run
 from prefect_rollouts.flows.rollout import RolloutRequest, rollout_flow
+from prefect_rollouts.flows.services.reconcile import reconcile_run
 from prefect_rollouts.flows.shard import shard_flow
 from prefect_rollouts.trace import ErrorRecord
 from prefect_rollouts.traces import TraceWriter, read_rollouts

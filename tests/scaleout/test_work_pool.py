@@ -320,7 +320,7 @@ def test_shards_on_both_workers_share_one_token_budget_and_a_larger_one_finishes
     """``token_budget`` across 4 shards in flight on two workers (2 rollouts in flight in each): one counter
     (a global concurrency limit) for all; rollouts in flight stop as ``budget``, none starts after, the
     overshoot stays within one call per rollout in flight, and a resume with a larger budget finishes it."""
-    from prefect_rollouts.flows.budget import counter_name
+    from prefect_rollouts.flows.services.budget import counter_name
 
     pool, workers = work_pool
 

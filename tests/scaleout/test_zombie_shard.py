@@ -16,15 +16,15 @@ from prefect.client.orchestration import get_client
 from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
 
 from prefect_rollouts.config.eval import DispatchConfig, load_eval_config
-from prefect_rollouts.flows import dispatch
-from prefect_rollouts.flows.dispatch import (
+from prefect_rollouts.flows.eval import eval_flow
+from prefect_rollouts.flows.services import dispatch
+from prefect_rollouts.flows.services.dispatch import (
     PENDING_LIMIT_FACTOR,
     ZOMBIE_AFTER,
     crash_tag,
     ensure_zombie_automation,
     zombie_automation,
 )
-from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.traces import read_rollouts
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import reply

@@ -204,7 +204,7 @@ def _exit_without_waiting_for_prefect(code: int) -> NoReturn:
 def _reason(exc: BaseException) -> str:
     """The message of an ``ApiOutageError`` in ``exc``'s chain (Prefect may raise its own error
     while failing the flow run on a dead API), else ``exc`` as ``Type: message``."""
-    from prefect_rollouts.flows.outage import ApiOutageError
+    from prefect_rollouts.flows.services.outage import ApiOutageError
 
     if isinstance(exc, StopSignal):
         return exc.reason

@@ -28,7 +28,7 @@ def temporary_server() -> Any:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     # Prefect's client retries a failed API call 5 times by default (2+4+8+16+32 s): a rollout flow
     # run in flight when the API goes away would hold its slot for a minute. Two retries (~6 s)
-    # ride out a blip; past them the eval's own outage handling takes over (flows/outage.py).
+    # ride out a blip; past them the eval's own outage handling takes over (flows/services/outage.py).
     os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", "2")
     from prefect.settings import PREFECT_API_URL
 

@@ -181,7 +181,7 @@ def traces_reconcile(
     """Write the true final states of RUN's flow runs on the Prefect server from its rows: what an API or
     database outage left Pending or Running (or never created). Final states are left alone. Run it
     only while no eval of RUN is live (its flow run is not final either)."""
-    from prefect_rollouts.flows.reconcile import reconcile_run
+    from prefect_rollouts.flows.services.reconcile import reconcile_run
 
     with _exits():
         report = asyncio.run(reconcile_run(path, run_id))
@@ -200,8 +200,8 @@ def baseline_set(
              "of RUN's eval flow run on the Prefect server).")] = None,
 ) -> None:
     """Make RUN the baseline of its series: evals with baseline = "last" compare with it (a Prefect Variable)."""
-    from prefect_rollouts.flows.baseline import set_baseline
-    from prefect_rollouts.flows.keys import variable_name
+    from prefect_rollouts.flows.services.baseline import set_baseline
+    from prefect_rollouts.flows.services.keys import variable_name
 
     with _exits():
         series = asyncio.run(set_baseline(run_id, series))
@@ -212,8 +212,8 @@ def baseline_set(
 @baseline_app.command("show")
 def baseline_show() -> None:
     """List every series' baseline on the Prefect server."""
-    from prefect_rollouts.flows.baseline import baselines
-    from prefect_rollouts.flows.keys import VARIABLE_PREFIX
+    from prefect_rollouts.flows.services.baseline import baselines
+    from prefect_rollouts.flows.services.keys import VARIABLE_PREFIX
 
     with _exits():
         found = asyncio.run(baselines())
@@ -233,7 +233,7 @@ def alerts_create(
 ) -> None:
     """Create (or update) the Prefect automation that sends BLOCK a message when an eval's comparison
     with its baseline emits prefect-rollouts.eval.regressed (or .improved)."""
-    from prefect_rollouts.flows.alerts import ensure_regression_automation
+    from prefect_rollouts.flows.services.alerts import ensure_regression_automation
 
     with _exits():
         automation, created = asyncio.run(ensure_regression_automation(block, on, name))

@@ -240,7 +240,7 @@ class EvalConfig(ConfigModel):
     ends Failed and ``prefect-rollouts eval`` exits 1. Default 0: one errored rollout fails the
     run. Rollouts scored 0, truncated or skipped are not errors."""
     baseline: str | None = None
-    """Run to compare with when the eval ends (``flows/baseline.py``): ``"last"``, the last Completed
+    """Run to compare with when the eval ends (``flows/services/baseline.py``): ``"last"``, the last Completed
     run of the same series (deployment, else ``run_name``, else taskset id), kept in a Prefect
     Variable that each Completed run updates; or a run id of the same trace dataset. The comparison
     is published as an artifact, and an environment whose 95% interval lies below zero emits the

@@ -2,7 +2,7 @@
 and markdown that say so, the events' payloads, and whether the run may become the baseline.
 
 Plain functions of a ``traces.RunComparison`` (run A the baseline, run B this run); the Prefect
-layer (``flows/baseline.py``) finds the baseline, publishes the artifact, emits the events and
+layer (``flows/services/baseline.py``) finds the baseline, publishes the artifact, emits the events and
 moves the series' Variable.
 """
 

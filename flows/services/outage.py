@@ -19,7 +19,7 @@ The watch asks the API's ``/ready``, which answers 200 only when the server reac
 every other call is a 500, so an API without its database is an outage too, and a 5xx answer to
 the bookkeeping is taken as one. A state the eval could not write by its end is named, with the
 command that writes it from the dataset (``prefect-rollouts traces reconcile RUN``,
-``flows/reconcile.py``).
+``flows/services/reconcile.py``).
 
 Past ``limit_s`` of continuous outage the eval stops: durable rows stay, ``ApiOutageError``
 names the run to resume. Prefect's client gives up on a request after ``PREFECT_CLIENT_MAX_RETRIES``

@@ -1,6 +1,6 @@
 """An eval's rollouts as shard flow runs on a work pool (``[dispatch] work_pool``), with its progress artifact.
 
-The shards' submission, retries and crash detection are ``flows/dispatch.py``; this module turns the
+The shards' submission, retries and crash detection are ``flows/services/dispatch.py``; this module turns the
 durable rows it counts into the eval's progress artifact and ``progress_listener``.
 """
 
@@ -12,16 +12,16 @@ from prefect_rollouts.config.eval import EvalConfig
 from prefect_rollouts.evals.budget import Budget
 from prefect_rollouts.evals.engine import progress_listener
 from prefect_rollouts.evals.plan import PlannedKey
-from prefect_rollouts.flows.dispatch import dispatch
-from prefect_rollouts.flows.keys import progress_key
-from prefect_rollouts.flows.ownership import tag_flow_run
+from prefect_rollouts.flows.services.dispatch import dispatch
+from prefect_rollouts.flows.services.keys import progress_key
+from prefect_rollouts.flows.services.ownership import tag_flow_run
 from prefect_rollouts.traces.store import DatasetRoot
 
 
 async def run_on_work_pool(config: EvalConfig, root: DatasetRoot, run_id: str, todo: list[PlannedKey], *,
                             total: int, budget: Budget | None = None) -> list[BaseException]:
     """``todo`` (each rollout with its planned attempt) as shard flow runs on ``[dispatch] work_pool``
-    (``flows/dispatch.py``, which stops submitting once ``budget`` is reached); progress from durable rows.
+    (``flows/services/dispatch.py``, which stops submitting once ``budget`` is reached); progress from durable rows.
     Returns one error per rollout left without a row."""
     await tag_flow_run()
     progress_id = await acreate_progress_artifact(progress=100.0 * (total - len(todo)) / max(total, 1),

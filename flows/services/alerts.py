@@ -1,6 +1,6 @@
 """``prefect-rollouts alerts create``: the Prefect automation that sends a notification block a
 message when an eval's comparison with its baseline emits ``prefect-rollouts.eval.regressed`` or
-``...improved`` (``flows/baseline.py``)."""
+``...improved`` (``flows/services/baseline.py``)."""
 
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ from prefect_rollouts.config.eval import EvalConfig
 from prefect_rollouts.errors import EvalFailedError
 from prefect_rollouts.evals.budget import Budget, Spend, rows_spend
 from prefect_rollouts.evals.plan import RolloutKey, retry_predicate
-from prefect_rollouts.flows.keys import prefect_key
+from prefect_rollouts.flows.services.keys import prefect_key
 from prefect_rollouts.traces.store import DatasetRoot
 
 log = logging.getLogger("prefect_rollouts.budget")

@@ -49,8 +49,8 @@ from prefect.runtime import flow_run
 from prefect.states import Crashed
 
 from prefect_rollouts.errors import InfrastructureError, RunInUseError
-from prefect_rollouts.flows.concurrency import LEASE_DURATION_S, renew_lease
-from prefect_rollouts.flows.ownership import tag_flow_run, tag_owner
+from prefect_rollouts.flows.services.concurrency import LEASE_DURATION_S, renew_lease
+from prefect_rollouts.flows.services.ownership import tag_flow_run, tag_owner
 
 logger = logging.getLogger("prefect_rollouts.run_lock")
 

@@ -14,7 +14,7 @@ At its end the eval compares the baseline (run A) with itself (run B) with ``tra
 markdown artifact ``eval-comparison-<series>``, and for each environment whose interval lies below
 zero emits the Prefect event ``prefect-rollouts.eval.regressed`` (above zero:
 ``prefect-rollouts.eval.improved``), its resource the environment, its payload the difference,
-the interval and both run ids (``comparison_events``). ``flows/alerts.py`` makes the automation
+the interval and both run ids (``comparison_events``). ``flows/services/alerts.py`` makes the automation
 that sends a notification block a message on those events.
 """
 
@@ -43,7 +43,7 @@ from prefect_rollouts.evals.baseline import (
     verdict_lines,
 )
 from prefect_rollouts.evals.identity import has_rows
-from prefect_rollouts.flows.keys import VARIABLE_PREFIX, comparison_key, variable_name
+from prefect_rollouts.flows.services.keys import VARIABLE_PREFIX, comparison_key, variable_name
 from prefect_rollouts.traces import DatasetRoot, EvalSummary, compare_runs
 
 log = logging.getLogger("prefect_rollouts.baseline")

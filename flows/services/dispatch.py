@@ -94,7 +94,7 @@ async def dispatch(config: EvalConfig, root: DatasetRoot, run_id: str, todo: lis
             so a re-submitted shard never runs an attempt twice.
         on_progress: Called with how many rollouts of ``todo`` are finished (need no further attempt)
             after every poll.
-        budget: The run's shared budget (``flows/budget.py``): once reached, no shard is submitted or
+        budget: The run's shared budget (``flows/services/budget.py``): once reached, no shard is submitted or
             submitted again; the shards in flight stop their rollouts themselves.
 
     Returns:
@@ -198,7 +198,7 @@ async def ensure_shard_deployment(client: PrefectClient, settings: DispatchConfi
         parameter_openapi_schema=shard_flow.parameters.model_dump_for_openapi(), enforce_parameter_schema=False,
         job_variables={"env": {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(settings.heartbeat_s)}},
         tags=["prefect-rollouts", "shard"],
-        description="A shard of a prefect-rollouts eval, submitted by the eval flow (flows/dispatch.py).")
+        description="A shard of a prefect-rollouts eval, submitted by the eval flow (flows/services/dispatch.py).")
 
 
 def crash_tag(settings: DispatchConfig) -> str:
