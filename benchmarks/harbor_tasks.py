@@ -35,7 +35,7 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")   # the figures, not e
 import prefect_rollouts as vf
 from prefect_rollouts.environments import load_taskset
 from prefect_rollouts.runtimes.docker import images
-from prefect_rollouts.runtimes.docker.runtime import docker_client
+from prefect_rollouts.runtimes.docker.engine import docker_client
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -36,7 +36,7 @@ from prefect_rollouts.errors import AgentFailure
 from prefect_rollouts.runtimes import make_runtime
 from prefect_rollouts.runtimes.docker import limits as docker_limits
 from prefect_rollouts.runtimes.docker import quota as docker_quota
-from prefect_rollouts.runtimes.docker.runtime import docker_client
+from prefect_rollouts.runtimes.docker.engine import docker_client
 
 
 def cpu_s() -> float:

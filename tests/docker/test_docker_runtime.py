@@ -18,7 +18,7 @@ from prefect_rollouts.runtimes import make_runtime
 from prefect_rollouts.runtimes.base import IMAGE_USER
 from prefect_rollouts.runtimes.docker import quota as docker_quota
 from prefect_rollouts.runtimes.docker import storage as docker_storage
-from prefect_rollouts.runtimes.docker.runtime import LABEL, docker_client
+from prefect_rollouts.runtimes.docker.engine import LABEL, docker_client
 from tests.fakes.openai_server import delayed, reply, tool_call
 from tests.support.docker import docker_config
 from tests.support.extras import require_module
@@ -217,7 +217,7 @@ class KilledOnce(Solution):
     async def solved(self, runtime):
         if type(self).kills > 0:
             type(self).kills -= 1
-            from prefect_rollouts.runtimes.docker.runtime import docker_client
+            from prefect_rollouts.runtimes.docker.engine import docker_client
             asyncio.get_running_loop().call_later(0.3, lambda: docker_client().containers.get(runtime.id).kill())
             await runtime.exec("sleep 10")          # the container dies under it
         return float((await runtime.read_file("solution.txt")).strip() == b"42")

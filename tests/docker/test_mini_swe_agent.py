@@ -116,7 +116,7 @@ async def test_an_image_with_mini_swe_agent_baked_in_is_used_as_it_is(docker_eng
     from typer.testing import CliRunner
 
     from prefect_rollouts.cli import app
-    from prefect_rollouts.runtimes.docker.runtime import docker_client
+    from prefect_rollouts.runtimes.docker.engine import docker_client
 
     tag = "prefect-rollouts-sandbox:test-mini-swe-agent"
     client = docker_client()

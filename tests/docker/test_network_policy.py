@@ -23,7 +23,7 @@ import pytest
 
 import prefect_rollouts as vf
 from prefect_rollouts.runtimes import make_runtime
-from prefect_rollouts.runtimes.docker.runtime import LABEL, docker_client
+from prefect_rollouts.runtimes.docker.engine import LABEL, docker_client
 from prefect_rollouts.runtimes.egress.address import hosts_resolver, use_resolver
 from prefect_rollouts.runtimes.egress.proxy import EgressProxy
 from prefect_rollouts.traces import TraceWriter, read_network

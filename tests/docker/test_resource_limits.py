@@ -19,7 +19,7 @@ from prefect_rollouts.errors import AgentFailure
 from prefect_rollouts.runtimes import make_runtime
 from prefect_rollouts.runtimes.docker import limits as docker_limits
 from prefect_rollouts.runtimes.docker import storage as docker_storage
-from prefect_rollouts.runtimes.docker.runtime import LABEL
+from prefect_rollouts.runtimes.docker.engine import LABEL
 from tests.fakes.openai_server import reply, tool_call
 from tests.support.docker import docker_config
 

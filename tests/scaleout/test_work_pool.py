@@ -292,7 +292,7 @@ def test_a_shard_on_a_worker_runs_a_program_harness_like_the_eval_process(work_p
 def test_workers_build_the_harbor_images_their_shards_need(work_pool, tmp_path):
     """Harbor tasks dispatched to the pool: the workers (not the eval process) build the images, once per
     tag on their Docker engine, and score the oracle 1 on each task."""
-    from prefect_rollouts.runtimes.docker.runtime import docker_client
+    from prefect_rollouts.runtimes.docker.engine import docker_client
     from prefect_rollouts.traces import read_traces
     from tests.docker.test_harbor_docker import task_dir
     from tests.prefect.test_harbor_eval import harbor_toml

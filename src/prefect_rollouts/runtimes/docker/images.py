@@ -28,7 +28,7 @@ import docker.errors
 
 from prefect_rollouts.errors import InfrastructureError
 from prefect_rollouts.runtimes.base import cache_dir
-from prefect_rollouts.runtimes.docker.runtime import LABEL, docker_client
+from prefect_rollouts.runtimes.docker.engine import LABEL, docker_client
 
 REPOSITORY = "prefect-rollouts-task"
 """Repository of built task images: ``prefect-rollouts-task/<task name>:<hash>``."""

@@ -10,20 +10,17 @@ way out is the agent's egress proxy (``docker/network.py``, ``egress``). Its roo
 ``storage_mb`` is its disk quota, enforced as this engine allows (``docker/storage.py``: a size on the
 writable layer, or the watch of ``docker/quota.py``; ``docker/volumes.py``), and a rollout past it ends as
 the agent's failure (``storage_quota``, scored 0): its ``exec`` and ``check_storage`` raise ``AgentFailure``.
-The SDK is blocking, so every call runs in a thread of the runtime's own pool (``_in_thread``):
-an ``exec`` holds its thread for the whole command, and asyncio's default pool (``min(32,
-cores + 4)`` threads, 6 here) would queue concurrent commands behind each other. ``stop``
+The SDK is blocking: every call runs in the runtime's own thread pool (``engine.in_thread``). ``stop``
 removes the container on every path, cancellation included.
 
-Past 400 lines (about 550) because every part works on the one container handle; the archive work
-is in ``docker/archive.py``, the disk quota's watch in ``docker/quota.py``; the network changes
-(``scoped``, ``_apply``) are the part to move out next.
+What a container is made of sits beside this module: ``create.py`` (creating it), ``commands.py`` (a command
+under its deadline), ``routing.py`` (moves between network policies), ``archive.py`` (files), ``quota.py``
+(the disk quota's watch), ``engine.py`` (the client, the thread pool, removal).
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import copy
 import errno
@@ -33,89 +30,25 @@ import posixpath
 import shlex
 import tarfile
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import docker
 import docker.errors
-from docker.types import Mount
 
 from prefect_rollouts import limits
 from prefect_rollouts.config.agent import RuntimeConfig
 from prefect_rollouts.config.network import NetworkPolicy
 from prefect_rollouts.errors import AgentFailure, InfrastructureError, RuntimeUnavailableError, TaskError
-from prefect_rollouts.runtimes.base import SCRUB_SLACK_BYTES, ExecResult, output_text
+from prefect_rollouts.runtimes.base import ExecResult
 from prefect_rollouts.runtimes.docker import archive as archives
+from prefect_rollouts.runtimes.docker import commands, routing, storage
 from prefect_rollouts.runtimes.docker import limits as resources
-from prefect_rollouts.runtimes.docker import network as net
 from prefect_rollouts.runtimes.docker import private as private_view
-from prefect_rollouts.runtimes.docker import quota as docker_quota
-from prefect_rollouts.runtimes.docker import storage
-from prefect_rollouts.runtimes.docker import volumes as image_volumes
+from prefect_rollouts.runtimes.docker.create import create_container
+from prefect_rollouts.runtimes.docker.engine import LABEL, docker_client, in_thread, kill_all, remove
 from prefect_rollouts.runtimes.egress.proxy import EgressProxy, Route
-from prefect_rollouts.runtimes.owner import current_owner
 from prefect_rollouts.unwind import run_to_end
-
-LABEL = "org.prefect-rollouts"
-"""Every container this project starts carries ``LABEL=1`` and ``LABEL.<key>`` labels."""
-
-# Runs the command in its own process group and kills that group when the command ends, so a
-# background job neither outlives the command nor holds its output open; a watchdog (output
-# to /dev/null, so it holds nothing) kills the group at the deadline. The wrapper's own job-control
-# messages go to /dev/null; the command's stderr is fd 3. $1 = command, $2 = seconds.
-_WRAPPER = r"""exec 3>&2 2>/dev/null
-set -m
-bash -c "$1" </dev/null 2>&3 3>&- &
-pid=$!
-( sleep "$2"; kill -9 -- -$pid ) >/dev/null </dev/null 3>&- &
-watchdog=$!
-wait $pid
-code=$?
-kill -9 -- -$pid
-kill -9 -- -$watchdog
-exit $code
-"""
-
-
-_T = TypeVar("_T")
-
-MAX_THREADS = 512
-"""Threads of the docker runtime's pool: the most blocking Docker calls (mostly running
-``exec``s) in flight at once in one process. A ``ThreadPoolExecutor`` starts a thread only when
-no idle one is free, so the pool grows to the concurrency that uses it, not to this cap."""
-
-
-@functools.cache
-def _executor() -> concurrent.futures.ThreadPoolExecutor:
-    return concurrent.futures.ThreadPoolExecutor(max_workers=MAX_THREADS, thread_name_prefix="docker-runtime")
-
-
-async def _in_thread(fn: Callable[..., _T], *args: Any) -> _T:
-    """``fn(*args)`` in the docker runtime's thread pool (not asyncio's default one, see the module docstring)."""
-    return await asyncio.get_running_loop().run_in_executor(_executor(), functools.partial(fn, *args))
-
-
-@functools.cache
-def docker_client() -> docker.DockerClient:
-    """One Docker client per process (``docker.from_env()``: the local socket or ``DOCKER_HOST``).
-
-    Raises:
-        RuntimeUnavailableError: no engine answers.
-    """
-    try:
-        client = docker.from_env(timeout=120, max_pool_size=64)   # connections kept for concurrent calls
-        client.ping()
-        return client
-    except docker.errors.DockerException as exc:
-        raise RuntimeUnavailableError(f'runtime "docker": no Docker engine answers at DOCKER_HOST or '
-                                      f"/var/run/docker.sock ({exc}). Start dockerd, or set "
-                                      '[env.agent.runtime] type = "local"') from exc
-
-
-@functools.cache
-def _engine_info(client: docker.DockerClient) -> dict[str, Any]:
-    return dict(client.info())
 
 
 class DockerRuntime:
@@ -188,7 +121,7 @@ class DockerRuntime:
                 self._slot = await limits.hold_container_slot()
             except InfrastructureError as exc:
                 raise RuntimeUnavailableError(f'runtime "docker": no slot of [limits] containers: {exc}') from exc
-        job = asyncio.ensure_future(_in_thread(self._create))
+        job = asyncio.ensure_future(in_thread(self._create))
         try:
             self.container = await asyncio.shield(job)
         except asyncio.CancelledError:   # the thread creates the container all the same: wait for it, remove it
@@ -211,81 +144,18 @@ class DockerRuntime:
                 raise
 
     async def _restrict(self, policy: NetworkPolicy) -> None:
-        """Route the container through the egress proxy under ``policy``, guarded (``docker/network.py``).
+        await routing.restrict(self._net, policy, **self._routing())
 
-        Raises:
-            RuntimeUnavailableError: no egress proxy, the proxy cannot listen on the network's
-                gateway (a remote engine), or the guard could not be set (not retryable).
-        """
-        state = self._net
-        if "route" not in state:
-            if self._egress is None:
-                raise RuntimeUnavailableError(f"{self.source} network = {{ allow/block }} needs the agent's egress "
-                                              "proxy: run the rollout through an agent (make_agent)", retryable=False)
-            gateway = await _in_thread(net.gateway, docker_client(), self.container, self.config.docker_network)
-            try:
-                port = await self._egress.listen(gateway)
-            except OSError as exc:
-                raise RuntimeUnavailableError(
-                    f"{self.source} network = {{ allow/block }}: the egress proxy cannot listen on {gateway}, the "
-                    f"gateway of Docker network {self.config.docker_network!r} ({exc}). Rules need a Docker engine on "
-                    "this machine", retryable=False) from exc
-            route = self._egress.open_route(policy, phase="scoring" if self.labels.get("role") == "scoring" else
-                                            "setup")
-            state.update(route=route, proxy=(gateway, port), guarded=False,
-                         env=EgressProxy.environment(route, gateway, port))
-        state["route"].policy = policy
-        if not state["guarded"]:
-            await _in_thread(net.guard, docker_client(), self.container, state["proxy"])
-            state["guarded"] = True
+    def _routing(self) -> dict[str, Any]:
+        phase = "scoring" if self.labels.get("role") == "scoring" else "setup"
+        return {"container": self.container, "config": self.config, "source": self.source, "egress": self._egress,
+                "phase": phase}
 
     def _create(self) -> Any:
-        client = docker_client()
-        config = self.config
-        try:
-            image = client.images.get(config.image)
-        except docker.errors.ImageNotFound:
-            raise RuntimeUnavailableError(
-                f'{self.source} image = "{config.image}": no such image on the Docker engine. Build the '
-                "default sandbox with `prefect-rollouts sandbox build`, or name an image you have",
-                retryable=False) from None
-        labels = {LABEL: "1", f"{LABEL}.started_at": str(int(time.time())), f"{LABEL}.owner": str(current_owner()),
-                  **{f"{LABEL}.{key}": value for key, value in self.labels.items()}}
-        mode = storage.quota_mode(_engine_info(client))
-        quota = storage.quota_options(config, mode)
-        mounts = [Mount(inside, host, type="bind", read_only=host in self._read_only)
-                  for host, inside in self.binds.items()]
-        volumes = image_volumes.volume_mounts(config, image, mounts)   # the image's VOLUMEs: tmpfs of storage_mb
-        try:
-            container = client.containers.run(
-                config.image, ["sleep", "infinity"], detach=True, init=True, working_dir=config.workdir,
-                labels=labels, **net.create_options(self.network.mode, config.docker_network),
-                **resources.create_options(config), cap_drop=["ALL"], security_opt=["no-new-privileges"],
-                cap_add=list(private_view.BOX_CAPABILITIES) if config.capabilities == "docker-default" else None,
-                environment=dict(config.env), mounts=[*mounts, *volumes],
-                **quota)
-        except docker.errors.APIError as exc:
-            if mode == "size" and storage.refuse_size(exc):
-                return self._create()   # overlay2 on xfs without pquota: the watch instead
-            if (quota or volumes) and any(word in str(exc).lower() for word in ("tmpfs", "mount", "volume", "storage")):
-                raise RuntimeUnavailableError(
-                    f"{self.source} storage_mb = {config.storage_mb}: the Docker engine (storage driver "
-                    f"{_engine_info(client).get('Driver')}) cannot enforce the disk quota: {exc.explanation or exc}. "
-                    "Use an engine whose driver takes a size (overlay2 on xfs with pquota, btrfs, zfs), or set "
-                    "storage_mb = 0 for no quota", retryable=False) from exc
-            raise RuntimeUnavailableError(f'runtime "docker": cannot start a container from {config.image} '
-                                          f"({exc.explanation or exc})") from exc
-        if config.storage_mb:
-            self._quota.update(mode=mode, enospc=False, volumes=bool(volumes),
-                               paths=[*([config.workdir] if mode == "size" else []), *(v["Target"] for v in volumes)])
-        try:
-            image_volumes.seed(client, container.id, image.id, [volume["Target"] for volume in volumes])
-            if config.storage_mb and mode == "watch":
-                self._quota["watch"] = docker_quota.QuotaWatch(client.api, container.id, config.storage_mb,
-                                                               functools.partial(_kill_all, container.id, self._users))
-        except BaseException:
-            _remove(container)
-            raise
+        container, quota = create_container(self.config, source=self.source, labels=self.labels, binds=self.binds,
+                                            read_only=self._read_only, network_mode=self.network.mode,
+                                            users=self._users)
+        self._quota.update(quota)
         return container
 
     async def upload(self, source: Path, target: str) -> None:
@@ -320,7 +190,7 @@ class DockerRuntime:
                 docker_client().api.put_archive(self._container_id(), destination if onto_workdir else parent, archive)
             except docker.errors.APIError as exc:
                 raise OSError(f"cannot write {destination} in the container ({exc.explanation or exc})") from None
-        await _in_thread(put)
+        await in_thread(put)
 
     async def kill_all(self) -> None:
         """``Runtime.kill_all``: SIGKILL every process but the init (PID 1) and the keep-alive
@@ -328,7 +198,7 @@ class DockerRuntime:
         swept as the image's user and as each other user that ran a command (no capability lets one user
         signal another's processes here); a lost container is left alone."""
         if self.container is not None:
-            await _in_thread(_kill_all, self._container_id(), self._users)
+            await in_thread(kill_all, self._container_id(), self._users)
 
     async def check_storage(self) -> None:
         """``Runtime.check_storage``: the layer is past ``storage_mb`` (the watch found it, or its last
@@ -343,7 +213,7 @@ class DockerRuntime:
         watch = self._quota.get("watch")
         if watch is not None and watch.breach is None:
             with contextlib.suppress(Exception):   # what was written since its last measurement
-                await _in_thread(watch.measure)
+                await in_thread(watch.measure)
         if (failure := self._past_quota()) is not None:
             raise failure
         full = []
@@ -377,7 +247,7 @@ class DockerRuntime:
             if (watch := self._quota.get("watch")) is not None:
                 watch.close()
             try:
-                await run_to_end(_in_thread(_remove, container))
+                await run_to_end(in_thread(remove, container))
             finally:
                 if (route := self._net.get("route")) is not None and self._egress is not None:
                     self._egress.close_route(route)
@@ -397,27 +267,8 @@ class DockerRuntime:
         view.config = self.config.model_copy(update={"env": {**self.config.env, **(env or {})}})
         view._owner = False
         if network is not None and network != self.network:
-            await self._apply(network)
+            await routing.apply(self._net, network, **self._routing())
         return view
-
-    async def _apply(self, target: NetworkPolicy) -> None:
-        state, client, name = self._net, docker_client(), self.config.docker_network
-        before = state["network"].mode
-        if target.mode == "rules":
-            if before == "none":   # nothing gets out while it joins the network and the proxy is let in
-                await _in_thread(net.guard, client, self.container, None)
-                state["guarded"] = False
-                await _in_thread(net.attach, client, self.container, name)
-            await self._restrict(target)
-        elif target.mode == "open":
-            if state.get("guarded"):
-                await _in_thread(net.unguard, client, self.container)
-                state["guarded"] = False
-            if before == "none":
-                await _in_thread(net.attach, client, self.container, name)
-        else:
-            await _in_thread(net.attach, client, self.container, "none")
-        state["network"] = target
 
     async def exec(self, cmd: str, timeout: float | None = None, env: dict[str, str] | None = None,
                    user: str | None = None) -> ExecResult:
@@ -441,15 +292,15 @@ class DockerRuntime:
         if user:
             self._users.add(user)
         started = time.monotonic()
-        code, out, err = await _in_thread(self._exec, ["bash", "-c", _WRAPPER, "bash", cmd, f"{limit:.3f}"],
-                                                 environment, user)
+        code, out, err = await in_thread(commands.run, docker_client().api, self._container_id(), cmd, limit,
+                                         self.config, environment, user)
         timed_out = code == 137 and time.monotonic() - started >= limit
         if self._quota and storage.ENOSPC_TEXT in err:
             self._quota["enospc"] = True
         if (failure := self._past_quota()) is not None:   # the watch killed this command
             raise failure
         if code in (137, -1) and not timed_out:  # SIGKILL: of the command, or of the whole container?
-            await _in_thread(resources.check_alive, self.container)
+            await in_thread(resources.check_alive, self.container)
         return ExecResult(-9 if timed_out else code, out, err, timed_out)
 
     async def exec_private(self, cmd: str, *, inputs: dict[str, Path], private: list[str], collect: str,
@@ -477,7 +328,7 @@ class DockerRuntime:
             labels={**(self.container.labels if self.container is not None else {}), f"{LABEL}.role": "private"},
             user=user)
         try:
-            code, timed_out, _, files = await _in_thread(job)
+            code, timed_out, _, files = await in_thread(job)
         except docker.errors.APIError as exc:
             raise RuntimeUnavailableError(f'runtime "docker": a private view of container {self.id[:12]} failed '
                                           f"({exc.explanation or exc})") from exc
@@ -487,27 +338,8 @@ class DockerRuntime:
         """``Runtime.limits_hit``: the container's cgroup counters, read inside it (``docker/limits.py``)."""
         if self.container is None:
             return {}
-        return await _in_thread(resources.limits_hit, docker_client().api, self._container_id(), self.config,
+        return await in_thread(resources.limits_hit, docker_client().api, self._container_id(), self.config,
                                 self.source, self._seen, self._quota.get("volumes", False))
-
-    def _exec(self, argv: list[str], environment: dict[str, str], user: str = "") -> tuple[int, str, str]:
-        api = docker_client().api
-        cap = self.config.output_cap_bytes + SCRUB_SLACK_BYTES
-        try:
-            exec_id = api.exec_create(self._container_id(), argv, workdir=self.config.workdir,
-                                      environment=environment, user=user)["Id"]
-            out, err = bytearray(), bytearray()
-            for chunk_out, chunk_err in api.exec_start(exec_id, stream=True, demux=True):
-                if chunk_out and len(out) < cap:
-                    out += chunk_out[: cap - len(out)]
-                if chunk_err and len(err) < cap:
-                    err += chunk_err[: cap - len(err)]
-            code = api.exec_inspect(exec_id)["ExitCode"]
-        except docker.errors.APIError as exc:
-            raise RuntimeUnavailableError(f'runtime "docker": exec in container {self.id[:12]} failed '
-                                          f"({exc.explanation or exc})") from exc
-        shown = self.config.output_cap_bytes
-        return int(code if code is not None else -1), output_text(out, shown), output_text(err, shown)
 
     async def read_file(self, path: str) -> bytes:
         """Bytes of a file in the workdir.
@@ -516,13 +348,13 @@ class DockerRuntime:
             FileNotFoundError: it does not exist. ValueError: not a regular file, or the path leaves the workdir.
         """
         target = self._path(path)
-        return await _in_thread(archives.read_file, docker_client().api, self._container_id(), target, path)
+        return await in_thread(archives.read_file, docker_client().api, self._container_id(), target, path)
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         """Create or replace a file in the workdir (parent directories are created)."""
         relative = posixpath.relpath(self._path(path), self.config.workdir)
         archive = archives.file_tar(relative, data.encode() if isinstance(data, str) else data)
-        await _in_thread(self._put_archive, archive, path)
+        await in_thread(self._put_archive, archive, path)
 
     async def collect_artifacts(self, paths: list[str]) -> tuple[bytes, list[str]]:
         """Pack the declared workdir paths into a tar (names relative to the workdir).
@@ -534,12 +366,12 @@ class DockerRuntime:
             TaskError: more than ``config.artifact_max_bytes`` (counted while streaming).
         """
         targets = {rel: self._path(rel) for rel in paths}
-        return await _in_thread(archives.collect, docker_client().api, self._container_id(), self.config.workdir,
+        return await in_thread(archives.collect, docker_client().api, self._container_id(), self.config.workdir,
                                 targets, self.config.artifact_max_bytes)
 
     async def restore_artifacts(self, archive: bytes) -> None:
         """Unpack a ``collect_artifacts`` archive into the workdir."""
-        await _in_thread(self._put_archive, archive, "the artifacts")
+        await in_thread(self._put_archive, archive, "the artifacts")
 
     def _put_archive(self, archive: bytes, what: str) -> None:
         """Unpack ``archive`` into the workdir; a full quota is ``OSError(ENOSPC)`` naming ``what``."""
@@ -563,28 +395,3 @@ class DockerRuntime:
         if target != self.config.workdir and not target.startswith(self.config.workdir.rstrip("/") + "/"):
             raise ValueError(f"path {path!r} leaves the workspace; use a path relative to it")
         return target
-
-
-REMOVE_TRIES = 3
-"""Tries to remove a container, 1 s apart: a busy engine can fail a forced removal once ("could not
-kill", "removal already in progress") and take it the next time."""
-
-
-def _remove(container: Any) -> None:
-    for attempt in range(1, REMOVE_TRIES + 1):
-        try:
-            container.remove(force=True, v=True)   # v: the anonymous tmpfs volumes of the image's VOLUMEs too
-            return
-        except docker.errors.NotFound:
-            return
-        except docker.errors.APIError:
-            if attempt == REMOVE_TRIES:
-                raise
-            time.sleep(1.0)
-
-
-def _kill_all(container_id: str, users: set[str]) -> None:
-    """``docker_limits.kill_all`` in the container as the image's user and ``users``; a lost container or a
-    busy engine is left alone."""
-    with contextlib.suppress(Exception):
-        resources.kill_all(docker_client().api, container_id, list(users))
