@@ -247,7 +247,7 @@ async def test_a_request_the_proxy_cannot_check_is_refused_and_a_pipelined_one_n
 
 
 async def test_connections_are_capped_per_route_and_before_authentication(proxy, upstream, monkeypatch):
-    import prefect_rollouts.runtimes.egress.proxy as egress_module
+    import prefect_rollouts.runtimes.egress.connection as egress_module
 
     egress, port = proxy
     monkeypatch.setattr(egress_module, "MAX_TUNNELS_PER_ROUTE", 2)

@@ -108,7 +108,7 @@ async def test_a_hosts_resolver_answers_its_names_and_asks_the_fallback_for_othe
 
 
 async def test_a_resolver_answering_no_ipv4_address_or_nothing_in_time_gets_the_request_a_502(monkeypatch):
-    import prefect_rollouts.runtimes.egress.proxy as egress_module
+    import prefect_rollouts.runtimes.egress.connection as egress_module
 
     async def wrong(host: str, port: int) -> str:
         return "::1" if host == "six.test" else "localhost"
