@@ -22,9 +22,9 @@ from prefect_rollouts.harnesses.oracle import NoModelClient
 from prefect_rollouts.model import ModelClient
 from prefect_rollouts.model.open import open_client
 from prefect_rollouts.rollout import Rollout
+from prefect_rollouts.rollout_state import RolloutState, Segment, new_state, opening_messages
 from prefect_rollouts.runtimes.egress.proxy import EgressProxy
 from prefect_rollouts.scoring.judges import JudgeClients, client_key, open_judges
-from prefect_rollouts.stages import RolloutState, Segment, new_state, opening_messages
 from prefect_rollouts.task import Task
 from prefect_rollouts.trace import Receipt, SendRecord, Trace
 

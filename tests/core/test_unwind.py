@@ -13,8 +13,9 @@ import docker.errors
 import pytest
 
 import prefect_rollouts as vf
+from prefect_rollouts.rollout_state import RolloutState
 from prefect_rollouts.runtimes.docker import engine as docker_engine
-from prefect_rollouts.stages import RolloutState, teardown
+from prefect_rollouts.stages import teardown
 from prefect_rollouts.unwind import run_to_end
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
