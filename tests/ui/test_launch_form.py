@@ -15,14 +15,8 @@ from prefect_rollouts.config.eval import load_eval_config
 from prefect_rollouts.environments import BUILTIN
 from prefect_rollouts.environments.bfcl.taskset import CATEGORIES
 from prefect_rollouts.errors import ConfigError
-from prefect_rollouts.evals.launch_form import (
-    BUILTIN_TASKSETS,
-    AdvancedSettings,
-    BfclCategory,
-    BfclTaskset,
-    CustomTaskset,
-    LaunchForm,
-)
+from prefect_rollouts.evals.launch_form import AdvancedSettings, LaunchForm
+from prefect_rollouts.evals.launch_tasksets import BUILTIN_TASKSETS, BfclCategory, BfclTaskset, CustomTaskset
 
 pytestmark = pytest.mark.unit
 
