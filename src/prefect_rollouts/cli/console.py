@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from prefect_rollouts.traces.summary import EvalSummary
+    from prefect_rollouts.traces.eval_summary import EvalSummary
 
 CONSOLE_LEVEL_ENV = "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"
 """Prefect's setting of its console handler's level (its ``logging.yml``, overridable by environment)."""

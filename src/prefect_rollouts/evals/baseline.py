@@ -14,7 +14,7 @@ from typing import Any
 from prefect_rollouts.evals.prepare import LAST
 from prefect_rollouts.traces.compare import RunComparison
 from prefect_rollouts.traces.compare_report import format_comparison
-from prefect_rollouts.traces.summary import EvalSummary
+from prefect_rollouts.traces.eval_summary import EvalSummary
 
 __all__ = ["EVENT_TASKS", "IMPROVED", "LAST", "REGRESSED", "Baseline", "BaselineOutcome", "baseline_move",
            "comparison_events", "comparison_markdown", "replaces_baseline", "verdict_lines"]
