@@ -52,7 +52,7 @@ async def measure(base_url: str, requests: int, concurrency: int, limited: str,
                   sessions: set[int]) -> tuple[float, float, float, float]:
     from prefect_rollouts import limits
     from prefect_rollouts.config.agent import ClientConfig
-    from prefect_rollouts.config.eval import LimitsConfig
+    from prefect_rollouts.config.eval_tables import LimitsConfig
     from prefect_rollouts.flows.services.concurrency import ensure_limit, prefect_slot
     from prefect_rollouts.model.client import ModelClient
 

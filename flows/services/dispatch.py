@@ -39,7 +39,8 @@ from prefect.exceptions import ObjectNotFound
 from prefect.runtime import flow_run
 from prefect.states import Cancelling, Crashed
 
-from prefect_rollouts.config.eval import DispatchConfig, EvalConfig
+from prefect_rollouts.config.eval import EvalConfig
+from prefect_rollouts.config.eval_tables import DispatchConfig
 from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.evals.budget import Budget
 from prefect_rollouts.evals.plan import LatestAttempt, PlannedKey, next_attempt, retry_predicate

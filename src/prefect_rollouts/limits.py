@@ -32,7 +32,7 @@ import httpx
 from prefect_rollouts.config.base import ClientConfig
 
 if TYPE_CHECKING:
-    from prefect_rollouts.config.eval import LimitsConfig
+    from prefect_rollouts.config.eval_tables import LimitsConfig
 
 #: Characters Prefect refuses in a concurrency limit's name.
 BANNED = re.compile(r"[/%&<>]")

@@ -15,7 +15,8 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
 
-from prefect_rollouts.config.eval import DispatchConfig, load_eval_config
+from prefect_rollouts.config.eval import load_eval_config
+from prefect_rollouts.config.eval_tables import DispatchConfig
 from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.flows.services import dispatch
 from prefect_rollouts.flows.services.dispatch import (

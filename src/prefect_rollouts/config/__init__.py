@@ -5,7 +5,8 @@
 - ``base.py``: the strict base model, clients, sampling, env tables, the wording of errors.
 - ``judge.py``: judges (``[[env.agent.scoring.judges]]``).
 - ``taskset.py``: tasksets and a suite's entries; names that become dataset directories.
-- ``eval.py``: ``EvalConfig`` (the whole eval) and ``load_eval_config``.
+- ``eval.py``: ``EvalConfig`` (the whole eval) and ``load_eval_config``; ``eval_tables.py`` its
+  ``[traces]``, ``[dispatch]`` and ``[limits]`` tables.
 - ``sources.py``: where keys come from and which wins (``Source``, ``merge``): TOML, a stored
   run's config, ``--set``, the launch form, in that order.
 - ``redact.py``: what of a config is a secret, and the config without it.
