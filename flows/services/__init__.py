@@ -1,6 +1,7 @@
 """What only Prefect does for an eval, beside the flows that use it: none of these is a flow.
 
-``dispatch.py`` and ``work_pool.py`` (shards on a work pool), ``outage.py`` (riding out an API outage),
+``dispatch.py``, ``work_pool.py`` and ``zombies.py`` (shards on a work pool, and those whose process died),
+``outage.py`` (riding out an API outage),
 ``reconcile.py`` (states an outage left unwritten), ``concurrency.py`` (``[limits]`` as global
 concurrency limits), ``budget.py`` (the spend budget's shared counter), ``run_lock.py`` (one eval per
 run id), ``ownership.py`` (owner tags and sandbox labels), ``baseline.py`` (the series' Variable, the
