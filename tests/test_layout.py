@@ -215,3 +215,17 @@ def test_the_prefect_layer_the_agent_loads_by_name_is_there():
     assert callable(rollout.run_rollout_flow) and callable(rollout.FlowChannel)
     blocks = importlib.import_module(PREFECT_LAYER["blocks"])
     assert {"ModelEndpoint", "TraceStore"} <= set(dir(blocks))
+
+
+MAX_LINES = 400
+"""STYLE.md: past about 400 lines, split the module by what each piece does."""
+BEING_SPLIT = {"prefect_rollouts.harnesses.program": 417, "prefect_rollouts.harnesses.endpoint": 407,
+               "prefect_rollouts.config.agent": 402}
+"""Modules issue 37 is reshaping, left whole by the layout work (issue 38) so the two do not collide: each may
+not grow past its size then. Remove an entry once its module is under ``MAX_LINES``."""
+
+
+def test_no_module_is_over_400_lines():
+    sizes = {name: len(path.read_text().splitlines()) for name, path in modules().items()}
+    over = {name: n for name, n in sizes.items() if n > BEING_SPLIT.get(name, MAX_LINES)}
+    assert over == {}
