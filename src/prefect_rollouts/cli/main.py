@@ -17,10 +17,10 @@ from typer.core import TyperGroup
 from prefect_rollouts.cli.console import brief_failures, print_error, print_summary, progress_bar, set_console_log_level
 from prefect_rollouts.cli.retry import RETRY_ALL, retry_errors_args
 from prefect_rollouts.cli.server import drain_prefect_services, on_server, temporary_server
+from prefect_rollouts.cli.stop_signals import StopSignal, run_until_stopped
 from prefect_rollouts.cli.tasks import tasks_app
 from prefect_rollouts.cli.traces import alerts_app, traces_app
 from prefect_rollouts.errors import ConfigError, TraceStoreError
-from prefect_rollouts.stop_signals import StopSignal, run_until_stopped
 
 
 class _Commands(TyperGroup):

@@ -20,8 +20,8 @@ from rich.table import Table
 
 from prefect_rollouts.cli.console import brief_failures, print_error, progress_bar, set_console_log_level
 from prefect_rollouts.cli.server import on_server, temporary_server
+from prefect_rollouts.cli.stop_signals import run_until_stopped
 from prefect_rollouts.errors import ConfigError
-from prefect_rollouts.stop_signals import run_until_stopped
 
 tasks_app = typer.Typer(help="Agentic task directories (Harbor's format).", no_args_is_help=True)
 
