@@ -1,4 +1,4 @@
-"""What the shared budget counter adds to each model call of a work-pool eval (``flows/budget.py``).
+"""What the shared budget counter adds to each model call of a work-pool eval (``flows/services/budget.py``).
 
 A rollout of an eval with ``token_budget`` on a work pool reads the run's counter (a Prefect global
 concurrency limit) before each model call and increments it after. This measures that pair of API calls
@@ -34,7 +34,7 @@ async def measure(calls: int, concurrency: int, run_id: str, kept_open: bool) ->
     from prefect import get_client
 
     from prefect_rollouts.config.eval import EvalConfig
-    from prefect_rollouts.flows.budget import shared_budget
+    from prefect_rollouts.flows.services.budget import shared_budget
 
     config = EvalConfig.model_validate({"token_budget": 10**9, "env": {"taskset": {"id": "arithmetic"}, "agent": {}}})
     async with get_client() as client:
@@ -63,7 +63,7 @@ async def seeded(run_id: str) -> None:
     from prefect import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 
-    from prefect_rollouts.flows.budget import SLOT_MAX, counter_name
+    from prefect_rollouts.flows.services.budget import SLOT_MAX, counter_name
 
     async with get_client() as client:
         await client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(
@@ -76,7 +76,7 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,8")
     args = parser.parse_args()
 
-    from prefect_rollouts import pgserver
+    from prefect_rollouts.servers import postgres as pgserver
 
     home = Path(tempfile.mkdtemp(prefix="prefect-rollouts-bench-"))
     home.chmod(0o755)

@@ -31,7 +31,7 @@ EVAL_MODULES = ("plan", "run_identity", "prepare")   # before the eval package e
 def layer(module: str) -> int:
     """3 the CLI, 2 the Prefect layer, 1 the eval package, 0 the rest of the core."""
     leaf = module.removeprefix("prefect_rollouts.")
-    if leaf == "cli" or leaf.startswith("cli_"):
+    if leaf.split(".")[0] == "cli" or leaf.startswith("cli_"):   # cli/ (cli.py, cli_*.py before it)
         return 3
     if leaf.split(".")[0] in ("flows", "tasks", "blocks"):
         return 2

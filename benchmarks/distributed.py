@@ -111,7 +111,7 @@ def main() -> None:
     model.start()
     base_url = queue.get(timeout=30)
 
-    from prefect_rollouts import pgserver
+    from prefect_rollouts.servers import postgres as pgserver
 
     home = Path(tempfile.mkdtemp(prefix="prefect-rollouts-distributed-"))
     home.chmod(0o755)

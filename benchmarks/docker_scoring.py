@@ -84,12 +84,12 @@ async def concurrent_commands(n: int) -> tuple[float, float]:
 
 
 async def main(n: int, concurrent: int) -> None:
-    from prefect_rollouts.runtimes import docker as docker_runtime
+    from prefect_rollouts.runtimes.docker import engine as docker_engine
 
-    own_pool = docker_runtime._executor
-    docker_runtime._executor = lambda: None        # type: ignore[assignment]  # asyncio's default pool
+    own_pool = docker_engine.executor
+    docker_engine.executor = lambda: None         # type: ignore[assignment]  # asyncio's default pool
     default_one, default_many = await concurrent_commands(concurrent)
-    docker_runtime._executor = own_pool            # type: ignore[assignment]
+    docker_engine.executor = own_pool             # type: ignore[assignment]
     one, many = await concurrent_commands(concurrent)
     print(f"{concurrent} concurrent `sleep 1` commands in {concurrent} containers (one alone in brackets):")
     print(f"  runtime's own thread pool:   {many:.2f} s ({one:.2f} s) = {many / one:.2f}x   (target <= 1.3x)")

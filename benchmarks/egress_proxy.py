@@ -37,7 +37,7 @@ PUSH_BYTES = 16 * 1024 * 1024
 
 def _serve_proxy(port: int, ready: Any, route: Any) -> None:
     from prefect_rollouts.config.network import NetworkPolicy
-    from prefect_rollouts.runtimes.egress import EgressProxy
+    from prefect_rollouts.runtimes.egress.proxy import EgressProxy
 
     async def main() -> None:
         proxy = EgressProxy()

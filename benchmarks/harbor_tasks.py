@@ -34,8 +34,8 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")   # the figures, not e
 
 import prefect_rollouts as vf
 from prefect_rollouts.environments import load_taskset
-from prefect_rollouts.runtimes import images
-from prefect_rollouts.runtimes.docker import docker_client
+from prefect_rollouts.runtimes.docker import images
+from prefect_rollouts.runtimes.docker.engine import docker_client
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -96,10 +96,10 @@ async def rollout_figures(path: Path) -> None:
 
 
 def eval_figures(path: Path, levels: list[int]) -> None:
-    from prefect_rollouts.cli_server import api_url, drain_prefect_services
+    from prefect_rollouts.cli.server import api_url, drain_prefect_services
     from prefect_rollouts.config.eval import load_eval_config
     from prefect_rollouts.flows.eval import eval_flow
-    from prefect_rollouts.tempserver import TemporaryServer
+    from prefect_rollouts.servers.temporary import TemporaryServer
 
     with TemporaryServer(120) as server, api_url(server.api_url), tempfile.TemporaryDirectory() as traces:
         for level in levels:

@@ -32,7 +32,7 @@ from benchmarks.overhead import free_port, server_cpu_s
 
 
 def concurrency_slot(limit):  # type: ignore[no-untyped-def]
-    """The slot as ``prefect.concurrency.asyncio.concurrency`` takes it (what flows/concurrency.py does not use)."""
+    """The slot as ``prefect.concurrency.asyncio.concurrency`` takes it (what flows/services/concurrency.py does not use)."""
     from prefect.concurrency.asyncio import concurrency
 
     return concurrency(limit.name, strict=True, lease_duration=60, raise_on_lease_renewal_failure=False)
@@ -52,8 +52,8 @@ async def measure(base_url: str, requests: int, concurrency: int, limited: str,
                   sessions: set[int]) -> tuple[float, float, float, float]:
     from prefect_rollouts import limits
     from prefect_rollouts.config.agent import ClientConfig
-    from prefect_rollouts.config.eval import LimitsConfig
-    from prefect_rollouts.flows.concurrency import ensure_limit, prefect_slot
+    from prefect_rollouts.config.eval_tables import LimitsConfig
+    from prefect_rollouts.flows.services.concurrency import ensure_limit, prefect_slot
     from prefect_rollouts.model.client import ModelClient
 
     client = ModelClient(ClientConfig(base_url=base_url, api_key_env="", max_connections=concurrency))
@@ -105,7 +105,7 @@ def main() -> None:
     multiprocessing.Process(target=serve_model, args=(args.latency, queue), daemon=True).start()
     base_url = queue.get(timeout=30)
 
-    from prefect_rollouts import pgserver
+    from prefect_rollouts.servers import postgres as pgserver
 
     home = Path(tempfile.mkdtemp(prefix="prefect-rollouts-bench-"))
     home.chmod(0o755)

@@ -166,7 +166,7 @@ def which(args: argparse.Namespace) -> str:
 
 def time_runtime(meter: Meter) -> None:
     """Add the wall time of the runtimes' ``exec`` and ``kill_all`` calls to ``meter.walls``."""
-    from prefect_rollouts.runtimes.docker import DockerRuntime
+    from prefect_rollouts.runtimes.docker.runtime import DockerRuntime
     from prefect_rollouts.runtimes.local import LocalRuntime
 
     for cls in (DockerRuntime, LocalRuntime):

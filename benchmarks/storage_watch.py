@@ -33,8 +33,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 import prefect_rollouts as vf
 from prefect_rollouts.errors import AgentFailure
-from prefect_rollouts.runtimes import docker_limits, docker_quota, make_runtime
-from prefect_rollouts.runtimes.docker import docker_client
+from prefect_rollouts.runtimes import make_runtime
+from prefect_rollouts.runtimes.docker import limits as docker_limits
+from prefect_rollouts.runtimes.docker import quota as docker_quota
+from prefect_rollouts.runtimes.docker.engine import docker_client
 
 
 def cpu_s() -> float:

@@ -89,7 +89,7 @@ def main() -> None:
     parser.add_argument("--subflows", type=int, default=10)
     args = parser.parse_args()
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
-    from prefect_rollouts import pgserver
+    from prefect_rollouts.servers import postgres as pgserver
 
     home = Path(tempfile.mkdtemp(prefix="prefect-rollouts-subflow-"))
     home.chmod(0o755)

@@ -14,8 +14,8 @@ from prefect.deployments.runner import RunnerDeployment
 from prefect.schedules import Cron
 
 from prefect_rollouts.config.eval import load_eval_config
+from prefect_rollouts.evals.launch_form import LaunchForm
 from prefect_rollouts.flows.launch import launch_flow
-from prefect_rollouts.launch_form import LaunchForm
 
 NIGHTLY = "nightly-eval"
 JANITOR = "sandbox-janitor"

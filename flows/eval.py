@@ -11,7 +11,7 @@ of them errored, else Failed with the reason (``traces.run_failure``), holding a
 ``rollout`` task run (``task`` granularity) or ``batch`` task run holding it (``batch``); its row
 is written all the same (``flows/execute.py``).
 
-When its token or cost budget stopped it (``flows/budget.py``), the eval flow run ends Failed named
+When its token or cost budget stopped it (``flows/services/budget.py``), the eval flow run ends Failed named
 ``BudgetReached``, holding a ``BudgetReachedError`` with the spend and the summary.
 
 The summary (``EvalSummary``) is logged in the eval flow run and published as a table artifact
@@ -36,13 +36,13 @@ from prefect_rollouts.errors import EvalFailedError, TraceStoreError
 from prefect_rollouts.evals.engine import preparation_listener
 from prefect_rollouts.evals.identity import check_run_id
 from prefect_rollouts.evals.prepare import new_run_id, prepare_eval
-from prefect_rollouts.flows.baseline import finish_with_baseline, resolve_baseline, series_name, series_tag
-from prefect_rollouts.flows.budget import budget_state, budget_stop, seed_shared_budget
 from prefect_rollouts.flows.execute import execute
-from prefect_rollouts.flows.keys import progress_key, spend_key, summary_key
-from prefect_rollouts.flows.ownership import tag_flow_run
-from prefect_rollouts.flows.run_lock import hold_run
-from prefect_rollouts.flows.work_pool import run_on_work_pool
+from prefect_rollouts.flows.services.baseline import finish_with_baseline, resolve_baseline, series_name, series_tag
+from prefect_rollouts.flows.services.budget import budget_state, budget_stop, seed_shared_budget
+from prefect_rollouts.flows.services.keys import progress_key, spend_key, summary_key
+from prefect_rollouts.flows.services.ownership import tag_flow_run
+from prefect_rollouts.flows.services.run_lock import hold_run
+from prefect_rollouts.flows.services.work_pool import run_on_work_pool
 from prefect_rollouts.traces import DatasetRoot, EvalSummary, compact_run, run_failure, summarize_run
 from prefect_rollouts.traces.view import view_command
 
@@ -95,9 +95,9 @@ async def eval_flow(config: EvalConfig, resume: str | None = None, run_id: str |
         ``6 of 6 rollouts errored (ProviderError: ...)``, holding an ``EvalFailedError`` with
         the summary: awaiting the flow without ``return_state=True`` raises it. When ``token_budget`` or
         ``cost_budget_usd`` stopped the run with rollouts not done, a Failed state named ``BudgetReached``
-        whose message gives the spend and the budget, holding a ``BudgetReachedError`` (``flows/budget.py``);
+        whose message gives the spend and the budget, holding a ``BudgetReachedError`` (``flows/services/budget.py``);
         a ``resume`` with a larger budget finishes the run. Another live eval of
-        the run fails this one with a ``RunInUseError`` naming it (``flows/run_lock.py``).
+        the run fails this one with a ``RunInUseError`` naming it (``flows/services/run_lock.py``).
     """
     named = resume or run_id
     run_id = named or new_run_id(config)
@@ -126,7 +126,7 @@ async def _evaluate(config: EvalConfig, resume: str | None, run_id: str, named: 
         budget = await seed_shared_budget(config, root, run_id)
         failures = await run_on_work_pool(config, root, run_id, [planned.planned_key for planned in todo],
                                           total=len(plan), budget=budget)
-    else:   # the spend in memory, mirrored to the run's counters so a killed eval's survives (flows/budget.py)
+    else:   # the spend in memory, mirrored to the run's counters so a killed eval's survives (flows/services/budget.py)
         async with get_client() as client:
             budget = await seed_shared_budget(config, root, run_id, client, local=True)
             failures = await execute(config, root, run_id, todo, total=len(plan), durable=prepared.durable,

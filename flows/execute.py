@@ -5,7 +5,7 @@ run their rollouts through ``execute``, which hands the eval engine (``evals/eng
 concurrency, rows to Parquet) the runner of ``rollout_granularity``: ``flow`` (a ``rollout_flow``
 subflow per rollout, a task run per stage), ``task`` (a ``rollout`` task run per rollout) or
 ``batch`` (a ``batch`` task run per batch of rollouts, whose stages run inline). Beside the work,
-``flows/outage.py`` watches the Prefect API: while it is away, rollouts go on.
+``flows/services/outage.py`` watches the Prefect API: while it is away, rollouts go on.
 
 A rollout that errored is a Failed rollout flow run or ``rollout`` task run (``rollout_outcome``);
 a ``batch`` task run is Failed when any of its rollouts errored. Their rows are written all the same.
@@ -46,8 +46,9 @@ from prefect_rollouts.evals.engine import (
     run_stages,
 )
 from prefect_rollouts.evals.plan import Planned, RolloutKey
-from prefect_rollouts.flows.concurrency import eval_limits
-from prefect_rollouts.flows.outage import (
+from prefect_rollouts.flows.rollout import RolloutRequest, failure_message, rollout_flow, rollout_outcome, trace_of
+from prefect_rollouts.flows.services.concurrency import eval_limits
+from prefect_rollouts.flows.services.outage import (
     ApiOutageError,
     ApiWatch,
     QuietWhileDown,
@@ -55,8 +56,7 @@ from prefect_rollouts.flows.outage import (
     close_orphans,
     is_server_error,
 )
-from prefect_rollouts.flows.ownership import owner_tags, sandbox_labels, tag_flow_run
-from prefect_rollouts.flows.rollout import RolloutRequest, failure_message, rollout_flow, rollout_outcome, trace_of
+from prefect_rollouts.flows.services.ownership import owner_tags, sandbox_labels, tag_flow_run
 from prefect_rollouts.rollout import Rollout
 from prefect_rollouts.trace import Trace
 from prefect_rollouts.traces import DatasetRoot, error_text
@@ -93,7 +93,7 @@ async def execute(config: EvalConfig, root: str | DatasetRoot, run_id: str, todo
         durable: Keys ``(environment, task id, rollout index)`` already durable (resume); never written again.
         progress_key: Key of the progress artifact to keep current, or None for none.
         shard_flow_run_id: The shard flow run running these rollouts on a worker, if any.
-        budget: The run's budget shared across shards (``flows/budget.py``); None: the engine's own, in
+        budget: The run's budget shared across shards (``flows/services/budget.py``); None: the engine's own, in
             this process, when the config sets one (``evals.engine.run_rollouts``).
 
     Returns:

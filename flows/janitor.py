@@ -34,7 +34,7 @@ from prefect.exceptions import ObjectNotFound
 from prefect.states import Crashed
 
 from prefect_rollouts.errors import RuntimeUnavailableError
-from prefect_rollouts.flows.ownership import tag_owner
+from prefect_rollouts.flows.services.ownership import tag_owner
 from prefect_rollouts.runtimes.local import WORKSPACE_PREFIX, workspace_owner
 from prefect_rollouts.runtimes.owner import Owner
 
@@ -88,7 +88,7 @@ async def janitor_flow(max_age_minutes: float = 180.0, dry_run: bool = False,
 async def _containers() -> list[Any]:
     """The containers this project labelled, or none when no Docker engine answers here."""
     try:
-        from prefect_rollouts.runtimes.docker import LABEL, docker_client
+        from prefect_rollouts.runtimes.docker.engine import LABEL, docker_client
 
         return await asyncio.to_thread(docker_client().containers.list, all=True, filters={"label": LABEL})
     except (ImportError, RuntimeUnavailableError):
@@ -97,7 +97,7 @@ async def _containers() -> list[Any]:
 
 async def _container_reason(client: Any, api: str, labels: dict[str, str], max_age_minutes: float) -> str | None:
     """Why the container labelled ``labels`` may go, or None to keep it."""
-    from prefect_rollouts.runtimes.docker import LABEL
+    from prefect_rollouts.runtimes.docker.engine import LABEL
 
     try:
         started: float | None = float(labels[f"{LABEL}.started_at"])

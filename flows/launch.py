@@ -1,7 +1,7 @@
 """``launch_flow``: the eval as the Prefect UI launches it, from one ``LaunchForm`` parameter.
 
 The deployment page's "Custom run" form is rendered from this flow's parameter schema, so the
-parameter is the people-shaped ``LaunchForm`` (``launch_form.py``), not the 86-field
+parameter is the people-shaped ``LaunchForm`` (``evals/launch_form.py``), not the 86-field
 ``EvalConfig``. The flow turns it into an ``EvalConfig`` and runs ``eval_flow`` on it as a
 subflow (through ``run_eval``, as the CLI does): the eval then runs exactly as from the CLI or a
 notebook (same planning, states, artifacts, run naming by run id), and that flow run's
@@ -18,9 +18,9 @@ from prefect.states import Failed
 
 from prefect_rollouts.errors import EvalFailedError
 from prefect_rollouts.evals.baseline import LAST
+from prefect_rollouts.evals.launch_form import LaunchForm
 from prefect_rollouts.evals.prepare import new_run_id
 from prefect_rollouts.flows.eval import run_eval
-from prefect_rollouts.launch_form import LaunchForm
 from prefect_rollouts.traces import EvalSummary
 
 

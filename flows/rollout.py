@@ -37,7 +37,7 @@ from prefect.states import Failed, State
 from pydantic import BaseModel, PrivateAttr
 
 from prefect_rollouts.errors import RolloutFailedError
-from prefect_rollouts.flows.ownership import owner_tags, sandbox_labels, untagged_tasks
+from prefect_rollouts.flows.services.ownership import owner_tags, sandbox_labels, untagged_tasks
 from prefect_rollouts.rollout import Rollout, StagePolicy
 from prefect_rollouts.tasks import PrefectOrchestrator
 from prefect_rollouts.trace import Trace

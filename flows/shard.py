@@ -1,13 +1,13 @@
 """``shard_flow``: a shard of an eval's rollouts, run by a Prefect worker on any machine.
 
-The eval flow (``flows/dispatch.py``) submits each shard as a flow run of the ``shard`` deployment
+The eval flow (``flows/services/dispatch.py``) submits each shard as a flow run of the ``shard`` deployment
 on a work pool. Its parameters are plain data: the run id, the eval config (no secrets: keys come
 from environment variables or blocks where the shard runs), the dataset root and the shard's
 ``(environment, task id, rollout index)`` keys. The worker's process rebuilds the agent and the tasks from
 them (``plan.rebuild`` refuses a task id the taskset lacks on this machine), runs the rollouts that
 have no durable row at the eval's granularity (with ``flow``, each rollout is a ``rollout``
 subflow of the shard's flow run) and writes its own files into the run's dataset. An eval's budget
-is shared by every shard through the run's counters (``flows/budget.py``).
+is shared by every shard through the run's counters (``flows/services/budget.py``).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from prefect.runtime import flow_run
 from prefect_rollouts.blocks import resolve_trace_root
 from prefect_rollouts.config.eval import EvalConfig
 from prefect_rollouts.evals.plan import next_attempt, rebuild, retry_predicate, still_to_run
-from prefect_rollouts.flows.budget import open_shared_budget
 from prefect_rollouts.flows.execute import execute
+from prefect_rollouts.flows.services.budget import open_shared_budget
 from prefect_rollouts.traces import dataset_root
 from prefect_rollouts.traces.read import latest_attempts
 

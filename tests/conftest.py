@@ -89,7 +89,7 @@ def agent_config(openai_server):
 def docker_engine():
     """The Docker engine and the sandbox image. Without them: a skip locally, a failure in CI."""
     from prefect_rollouts.errors import RuntimeUnavailableError
-    from prefect_rollouts.runtimes.docker import docker_client
+    from prefect_rollouts.runtimes.docker.engine import docker_client
 
     try:
         client = docker_client()

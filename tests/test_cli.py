@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from prefect_rollouts.cli import app, retry_errors_args
+from prefect_rollouts.cli.main import app, retry_errors_args
 
 pytestmark = pytest.mark.unit
 

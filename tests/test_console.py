@@ -9,7 +9,7 @@ import logging
 import pytest
 from rich.console import Console
 
-from prefect_rollouts.console import brief_failures
+from prefect_rollouts.cli.console import brief_failures
 
 pytestmark = pytest.mark.unit
 

@@ -17,7 +17,7 @@ import pytest
 
 from prefect_rollouts.config.eval import EvalConfig
 from prefect_rollouts.config.sources import validate_config
-from prefect_rollouts.environments.harbor_config import TaskToml
+from prefect_rollouts.environments.harbor.config import TaskToml
 from tests.test_readme import FENCE, PAGES, README, REPO
 
 pytestmark = pytest.mark.unit

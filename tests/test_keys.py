@@ -1,4 +1,4 @@
-"""One sanitiser for the names an eval keeps on the Prefect server (flows/keys.py)."""
+"""One sanitiser for the names an eval keeps on the Prefect server (flows/services/keys.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from prefect_rollouts.flows.keys import comparison_key, prefect_key, progress_key, summary_key, variable_name
+from prefect_rollouts.flows.services.keys import comparison_key, prefect_key, progress_key, summary_key, variable_name
 
 pytestmark = pytest.mark.unit
 

@@ -18,14 +18,14 @@ PREFECT_LAYER = ("prefect_rollouts.flows", "prefect_rollouts.tasks", "prefect_ro
 
 
 def in_prefect_layer(name: str) -> bool:
-    """A module of ``flows/``, ``tasks/`` or ``blocks/``, or the CLI (``cli``, ``cli_*``), which may import Prefect."""
+    """A module of ``flows/``, ``tasks/`` or ``blocks/``, or of the CLI (``cli/``), which may import Prefect."""
     return (any(name == package or name.startswith(package + ".") for package in PREFECT_LAYER)
             or is_cli(name))
 
 
 def is_cli(name: str) -> bool:
-    leaf = name.removeprefix("prefect_rollouts.")
-    return leaf == "cli" or leaf.startswith("cli_")
+    """A module of ``cli/``, the ``prefect-rollouts`` command."""
+    return name == "prefect_rollouts.cli" or name.startswith("prefect_rollouts.cli.")
 
 
 def _python_files(root: Path) -> list[Path]:
@@ -43,12 +43,33 @@ def modules() -> dict[str, Path]:
     return found
 
 
+def _is_type_checking(node: ast.AST) -> bool:
+    """``if TYPE_CHECKING:`` or ``if typing.TYPE_CHECKING:``: imports only the type checker runs."""
+    test = node.test if isinstance(node, ast.If) else None
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node of ``tree`` except the bodies of ``if TYPE_CHECKING:`` (their ``else:`` is kept)."""
+    found, todo = [], [tree]
+    while todo:
+        node = todo.pop()
+        found.append(node)
+        if _is_type_checking(node):
+            todo.extend(node.orelse)   # type: ignore[attr-defined]  # an ast.If
+        else:
+            todo.extend(ast.iter_child_nodes(node))
+    return found
+
+
 def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """The project modules ``name`` imports anywhere in its body (lazy imports included).
-    ``from pkg import mod`` counts as importing ``pkg.mod`` only, as Python resolves it."""
+    """The project modules ``name`` imports anywhere in its body (lazy imports included, those under
+    ``if TYPE_CHECKING:`` left out). ``from pkg import mod`` counts as importing ``pkg.mod`` only, as
+    Python resolves it."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in _runtime_nodes(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -68,10 +89,11 @@ def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     return found
 
 
-def test_there_are_no_import_cycles():
-    known = modules()
-    graph = {name: imports_of(name, path, known) for name, path in known.items()}
-    cycles, seen = [], set()
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The cycles a depth-first walk of ``graph`` (node -> the nodes it imports) meets, each as
+    ``[a, b, ..., a]``; empty when the graph is layered."""
+    cycles: list[list[str]] = []
+    seen: set[str] = set()
 
     def walk(node: str, trail: list[str]) -> None:
         if node in trail:
@@ -84,7 +106,41 @@ def test_there_are_no_import_cycles():
         seen.add(node)
     for name in sorted(graph):
         walk(name, [])
-    assert cycles == []
+    return cycles
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Each module of the package -> the project modules it imports (typing-only imports aside)."""
+    known = modules()
+    return {name: imports_of(name, path, known) for name, path in known.items()}
+
+
+def unit_of(module: str) -> str:
+    """The layer unit a module belongs to: its subpackage (``config``, ``runtimes``, ...) or, for a root
+    module, the module itself (``agent``, ``stages``); ``__init__`` for the package's own ``__init__``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def package_graph() -> dict[str, set[str]]:
+    """The module graph folded onto subpackages and root modules: ``config -> {errors, ...}`` when any
+    module of ``config/`` imports ``errors``. A unit's imports of itself are left out."""
+    graph: dict[str, set[str]] = {}
+    for name, targets in module_graph().items():
+        unit = unit_of(name)
+        graph.setdefault(unit, set()).update(unit_of(t) for t in targets if unit_of(t) != unit)
+    return graph
+
+
+def test_there_are_no_import_cycles():
+    assert find_cycles(module_graph()) == []
+
+
+def test_there_are_no_import_cycles_between_subpackages_and_root_modules():
+    """The layers (DESIGN.md) hold only if the packages import one way: a cycle such as config ->
+    scoring -> runtimes -> config means none of them can be read, tested or moved without the others.
+    ``benchmarks/import_graph.py`` prints the graph and its cycles."""
+    assert find_cycles(package_graph()) == []
 
 
 def test_only_the_prefect_layer_imports_prefect():
@@ -146,3 +202,24 @@ def test_the_prefect_layer_sits_at_the_repository_root_and_in_the_package():
     assert Path(eval_module.__file__).resolve() == (repository / "flows" / "eval.py").resolve()
     top_level = importlib.metadata.distribution("prefect-rollouts").read_text("top_level.txt") or ""
     assert top_level.split() == ["prefect_rollouts"]   # no top-level flows, tasks or blocks in users' environments
+
+
+def test_the_prefect_layer_the_agent_loads_by_name_is_there():
+    """``orchestrator = "prefect"`` loads the Prefect layer by module name (``agent.PREFECT_LAYER``), not by
+    an import the layout checks could see: a moved or renamed module fails here, not at a user's first run."""
+    import importlib
+
+    from prefect_rollouts.agent import PREFECT_LAYER
+
+    rollout = importlib.import_module(PREFECT_LAYER["rollout"])
+    assert callable(rollout.run_rollout_flow) and callable(rollout.FlowChannel)
+    blocks = importlib.import_module(PREFECT_LAYER["blocks"])
+    assert {"ModelEndpoint", "TraceStore"} <= set(dir(blocks))
+
+
+MAX_LINES = 400
+"""STYLE.md: past about 400 lines, split the module by what each piece does."""
+def test_no_module_is_over_400_lines():
+    sizes = {name: len(path.read_text().splitlines()) for name, path in modules().items()}
+    over = {name: n for name, n in sizes.items() if n > MAX_LINES}
+    assert over == {}

@@ -11,8 +11,8 @@ import httpx
 import psutil
 import pytest
 
-from prefect_rollouts import pgserver
 from prefect_rollouts.errors import RuntimeUnavailableError
+from prefect_rollouts.servers import postgres as pgserver
 from tests.support.ports import free_port
 from tests.support.processes import alive, descendants
 from tests.support.servers import server_home

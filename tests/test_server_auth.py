@@ -11,8 +11,8 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from prefect_rollouts import pgserver
 from prefect_rollouts.cli import app
+from prefect_rollouts.servers import postgres as pgserver
 from tests.support.ports import free_port
 from tests.support.servers import server_home
 from tests.support.waiting import poll_until
@@ -69,7 +69,7 @@ def test_only_requests_with_the_auth_string_are_served_and_postgres_stays_on_loo
     bad = {"Authorization": "Basic " + base64.b64encode(b"guess").decode()}
     with httpx.Client(timeout=30) as http:
         assert http.get(f"{api}/health").status_code == 200                     # probes stay open
-        assert http.get(f"{api}/ready").status_code == 200                      # the outage watch's (flows/outage.py)
+        assert http.get(f"{api}/ready").status_code == 200   # the outage watch's (flows/services/outage.py)
         assert http.post(f"{api}/flows/filter", json={}).status_code == 401
         assert http.post(f"{api}/flows/filter", json={}, headers=bad).status_code == 401
         assert http.post(f"{api}/flows/filter", json={}, headers=good).status_code == 200

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from prefect_rollouts.pgserver import SERVER_SETTINGS, server_env
+from prefect_rollouts.servers.postgres import SERVER_SETTINGS, server_env
 
 pytestmark = pytest.mark.unit
 

@@ -85,8 +85,8 @@ def test_the_temporary_server_takes_the_port_its_variable_names_and_refuses_a_ta
     import pytest
 
     from prefect_rollouts.errors import ConfigError, RuntimeUnavailableError
-    from prefect_rollouts.pgserver import healthy
-    from prefect_rollouts.tempserver import PORT_ENV, TemporaryServer
+    from prefect_rollouts.servers.postgres import healthy
+    from prefect_rollouts.servers.temporary import PORT_ENV, TemporaryServer
     from tests.support.ports import free_port
 
     port = free_port()
@@ -107,7 +107,8 @@ def test_the_servers_output_goes_to_its_log_in_prefect_home_not_to_the_console(t
     env = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}
     env.update(PREFECT_HOME=str(home), PREFECT_SERVER_LOGGING_LEVEL="DEBUG", DO_NOT_TRACK="1",
                PREFECT_SERVER_ANALYTICS_ENABLED="false")
-    code = "from prefect_rollouts.tempserver import TemporaryServer\nwith TemporaryServer(120) as s: print(s.api_url)"
+    code = ("from prefect_rollouts.servers.temporary import TemporaryServer\n"
+            "with TemporaryServer(120) as s: print(s.api_url)")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("http://127.0.0.1:") and done.stderr == ""

@@ -26,9 +26,9 @@ from prefect_rollouts.errors import (
     StageTimeoutError,
     TaskError,
 )
+from prefect_rollouts.rollout_state import Segment
 from prefect_rollouts.runtimes import ExecResult
 from prefect_rollouts.scoring.judges import Judge
-from prefect_rollouts.stages import Segment
 from prefect_rollouts.task import Task, TaskData, metric, reward
 from prefect_rollouts.trace import Receipt, Trace
 

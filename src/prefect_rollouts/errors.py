@@ -39,7 +39,7 @@ import threading
 from typing import Any
 
 EGRESS_CREDENTIAL = re.compile(r"rollout-egress-[0-9a-f]{32}", re.IGNORECASE)
-"""The form of an egress proxy credential (``runtimes/egress.py``); ``scrub`` removes every match."""
+"""The form of an egress proxy credential (``runtimes/egress/proxy.py``); ``scrub`` removes every match."""
 
 #: Secrets sent by this process (API keys, header values), longest first; see ``scrub``.
 _secrets: tuple[str, ...] = ()
@@ -102,7 +102,7 @@ class ScoringEnvError(ConfigError):
 
 
 class RunInUseError(ConfigError):
-    """Another eval flow run, not known to be dead, is running the same run id (``flows/run_lock.py``);
+    """Another eval flow run, not known to be dead, is running the same run id (``flows/services/run_lock.py``);
     the message names it. The CLI exits 2."""
 
 

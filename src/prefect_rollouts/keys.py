@@ -1,7 +1,7 @@
 """The one sanitiser of names made from config values: ``slug``.
 
 It makes the parts of a run id's default prefix (``EvalConfig.run_prefix``: a harness id, a model
-such as ``local/smollm2``) and, in ``flows/keys.py``, the artifact keys and Variable names an eval
+such as ``local/smollm2``) and, in ``flows/services/keys.py``, the artifact keys and Variable names an eval
 keeps on the Prefect server. Must not import Prefect.
 """
 

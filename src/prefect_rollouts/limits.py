@@ -3,8 +3,8 @@ alive per Docker host (``[limits]`` of an eval config).
 
 The core only asks for a slot around the thing it limits: the model client around each HTTP
 attempt (``model/client.py``), the docker runtime around a container's life
-(``runtimes/docker.py``). Where slots come from is injected, never imported: the Prefect layer
-(``flows/concurrency.py``) sets an ``ActiveLimits`` for the eval's context with a factory that takes a
+(``runtimes/docker/runtime.py``). Where slots come from is injected, never imported: the Prefect layer
+(``flows/services/concurrency.py``) sets an ``ActiveLimits`` for the eval's context with a factory that takes a
 slot of a Prefect global concurrency limit, shared by every worker on every machine. With no
 ``ActiveLimits`` set (``Agent.run``, interactions, the inline engine outside an eval) nothing is
 limited and no call is made.
@@ -32,7 +32,7 @@ import httpx
 from prefect_rollouts.config.base import ClientConfig
 
 if TYPE_CHECKING:
-    from prefect_rollouts.config.eval import LimitsConfig
+    from prefect_rollouts.config.eval_tables import LimitsConfig
 
 #: Characters Prefect refuses in a concurrency limit's name.
 BANNED = re.compile(r"[/%&<>]")

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from prefect_rollouts import stages
 from prefect_rollouts.config.agent import AgentConfig, ScoringConfig
 from prefect_rollouts.errors import InfrastructureError, ProviderError, RuntimeUnavailableError, StageTimeoutError
-from prefect_rollouts.stages import RolloutState, Segment
+from prefect_rollouts.rollout_state import RolloutState, Segment, opening_messages, user_messages
 from prefect_rollouts.task import Task
 from prefect_rollouts.trace import SendRecord, Trace
 
@@ -121,7 +121,7 @@ class Rollout:
     """One rollout: ``open()``, ``turn(messages)`` as often as the caller likes, ``close()``.
 
     Args:
-        state: The rollout's state (``stages.new_state``); owned by this object from now on.
+        state: The rollout's state (``rollout_state.new_state``); owned by this object from now on.
         orchestrator: Runs each stage; default ``InlineOrchestrator``. It may be replaced
             before ``open()`` (the Prefect flow does, inside its flow run).
 
@@ -254,11 +254,11 @@ class Rollout:
         try:
             await self.open()
             if not self.stopped:
-                segment = await self.turn(stages.opening_messages(self.task))
+                segment = await self.turn(opening_messages(self.task))
                 for message in self.task.data.user_turns:
                     if segment.terminated:
                         break
-                    segment = await self.turn(stages.user_messages(message))
+                    segment = await self.turn(user_messages(message))
                 self.stop("agent_completed")
             await self.close()
         finally:

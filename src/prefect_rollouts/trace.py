@@ -211,7 +211,8 @@ class SendRecord(_Record):
 
 
 class NetworkRecord(_Record):
-    """One connection the egress proxy saw from the rollout's runtime (``runtimes/egress.py``), allowed or denied."""
+    """One connection the egress proxy (``runtimes/egress/proxy.py``) saw from the rollout's runtime, allowed or
+    denied."""
 
     phase: str
     """``setup``, ``agent`` or ``scoring``: the part of the rollout the runtime was in."""

@@ -185,7 +185,7 @@ async def test_judge_calls_bill_at_their_own_clients_price_and_count_in_the_spen
 
 def test_the_shared_counters_count_whole_units_and_scale_a_budget_past_a_billion():
     from prefect_rollouts.evals.budget import Spend
-    from prefect_rollouts.flows.budget import SLOT_MAX, GclLedger, counter_name
+    from prefect_rollouts.flows.services.budget import SLOT_MAX, GclLedger, counter_name
 
     exact = GclLedger("nightly-1", 1_000_000, 25.0)
     assert exact.names == {"tokens": "budget-tokens-nightly-1", "usd": "budget-usd-nightly-1"}
@@ -257,7 +257,7 @@ async def test_the_resume_command_prices_rollouts_not_done_at_the_finished_ones_
         tmp_path, openai_server, capsys):
     import typer
 
-    from prefect_rollouts.cli import _finish_budget_stop
+    from prefect_rollouts.cli.main import _finish_budget_stop
 
     openai_server.default = numbered_reply
     config = load_eval_config(budget_toml(tmp_path, openai_server.base_url, turns=5, max_concurrent=2,

@@ -6,7 +6,7 @@ import pytest
 
 import prefect_rollouts as vf
 from prefect_rollouts.config.agent import effective_scoring
-from prefect_rollouts.scoring.env import resolve_env
+from prefect_rollouts.config.env import resolve_env
 from tests.fakes.openai_server import reply
 
 pytestmark = pytest.mark.unit
@@ -186,7 +186,7 @@ def test_a_launch_form_and_a_work_pool_refuse_literal_env_values():
     from prefect_rollouts.config.eval import load_eval_config
     from prefect_rollouts.errors import ConfigError
     from prefect_rollouts.evals.identity import check_portable
-    from prefect_rollouts.launch_form import LaunchForm
+    from prefect_rollouts.evals.launch_form import LaunchForm
 
     config = load_eval_config('[env.taskset]\nid = "arithmetic"\n[env.agent]\nmodel = "m"\n[env.agent.scoring]\n'
                               'env = { TOKEN = "sk-Lit3ral9" }\n')

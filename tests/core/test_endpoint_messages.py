@@ -19,7 +19,7 @@ import prefect_rollouts as vf
 from prefect_rollouts.harnesses.endpoint import InterceptionEndpoint
 from prefect_rollouts.harnesses.session import ProgramSession
 from prefect_rollouts.model import ModelClient
-from prefect_rollouts.stages import RolloutState
+from prefect_rollouts.rollout_state import RolloutState
 from prefect_rollouts.trace import Receipt, SegmentRecord, SendRecord
 from tests.core.test_program_harness import KEY
 from tests.fakes.openai_server import reply, tool_call

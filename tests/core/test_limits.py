@@ -9,7 +9,7 @@ import pytest
 
 import prefect_rollouts as vf
 from prefect_rollouts import limits
-from prefect_rollouts.config.eval import LimitsConfig
+from prefect_rollouts.config.eval_tables import LimitsConfig
 from prefect_rollouts.errors import InfrastructureError, ProviderError
 from prefect_rollouts.model.client import ModelClient
 from tests.fakes.openai_server import delayed, reply

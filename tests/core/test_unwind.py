@@ -13,8 +13,9 @@ import docker.errors
 import pytest
 
 import prefect_rollouts as vf
-from prefect_rollouts.runtimes import docker as docker_runtime
-from prefect_rollouts.stages import RolloutState, teardown
+from prefect_rollouts.rollout_state import RolloutState
+from prefect_rollouts.runtimes.docker import engine as docker_engine
+from prefect_rollouts.stages import teardown
 from prefect_rollouts.unwind import run_to_end
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
@@ -88,11 +89,11 @@ class FlakyContainer:
 
 
 def test_a_container_removal_the_engine_refuses_once_is_tried_again(monkeypatch):
-    monkeypatch.setattr(docker_runtime.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(docker_engine.time, "sleep", lambda seconds: None)
     container = FlakyContainer(failures=1)
-    docker_runtime._remove(container)
+    docker_engine.remove(container)
     assert container.calls == 2
-    refusing = FlakyContainer(failures=docker_runtime.REMOVE_TRIES)
+    refusing = FlakyContainer(failures=docker_engine.REMOVE_TRIES)
     with pytest.raises(docker.errors.APIError):
-        docker_runtime._remove(refusing)
-    assert refusing.calls == docker_runtime.REMOVE_TRIES
+        docker_engine.remove(refusing)
+    assert refusing.calls == docker_engine.REMOVE_TRIES

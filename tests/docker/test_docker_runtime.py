@@ -14,9 +14,11 @@ import pytest
 
 import prefect_rollouts as vf
 from prefect_rollouts.errors import AgentFailure
-from prefect_rollouts.runtimes import docker_quota, docker_storage, make_runtime
+from prefect_rollouts.runtimes import make_runtime
 from prefect_rollouts.runtimes.base import IMAGE_USER
-from prefect_rollouts.runtimes.docker import LABEL, docker_client
+from prefect_rollouts.runtimes.docker import quota as docker_quota
+from prefect_rollouts.runtimes.docker import storage as docker_storage
+from prefect_rollouts.runtimes.docker.engine import LABEL, docker_client
 from tests.fakes.openai_server import delayed, reply, tool_call
 from tests.support.docker import docker_config
 from tests.support.extras import require_module
@@ -85,7 +87,7 @@ async def test_commands_run_as_the_configured_user_and_kill_all_reaches_that_use
 async def test_a_start_cancelled_while_its_container_is_created_leaves_no_container(docker_engine, monkeypatch):
     """SIGTERM or Ctrl-C during a rollout's setup: the engine's thread creates the container after the
     await was cancelled; the start waits for it and removes it (an eval stopped early left one behind)."""
-    from prefect_rollouts.runtimes.docker import DockerRuntime
+    from prefect_rollouts.runtimes.docker.runtime import DockerRuntime
 
     created, real = threading.Event(), DockerRuntime._create
 
@@ -215,7 +217,7 @@ class KilledOnce(Solution):
     async def solved(self, runtime):
         if type(self).kills > 0:
             type(self).kills -= 1
-            from prefect_rollouts.runtimes.docker import docker_client
+            from prefect_rollouts.runtimes.docker.engine import docker_client
             asyncio.get_running_loop().call_later(0.3, lambda: docker_client().containers.get(runtime.id).kill())
             await runtime.exec("sleep 10")          # the container dies under it
         return float((await runtime.read_file("solution.txt")).strip() == b"42")

@@ -12,7 +12,7 @@ import pytest
 
 import prefect_rollouts as vf
 from prefect_rollouts.harnesses.endpoint import SCRIPTS
-from prefect_rollouts.runtimes.docker import LABEL, docker_client
+from prefect_rollouts.runtimes.docker.engine import LABEL, docker_client
 from tests.docker.test_program_harness_docker import KEY, Said
 from tests.fakes.openai_server import reply, tool_call
 from tests.support.docker import docker_config

@@ -11,8 +11,8 @@ import pytest
 
 import prefect_rollouts as vf
 from prefect_rollouts.environments import load_taskset
-from prefect_rollouts.runtimes import images
-from prefect_rollouts.runtimes.docker import LABEL, docker_client
+from prefect_rollouts.runtimes.docker import images
+from prefect_rollouts.runtimes.docker.engine import LABEL, docker_client
 from tests.environments.test_harbor import make_task
 from tests.fakes.openai_server import reply, tool_call
 

@@ -227,7 +227,7 @@ async def test_tests_a_leftover_stops_with_sigstop_end_as_an_error_and_leave_no_
                                                                                       monkeypatch, docker_engine):
     """Adversarial pass: a leftover that SIGSTOPs the private view's processes (they live in the box's PID
     namespace) hung the eval for good and leaked the helper; the helper is now killed from this side."""
-    from prefect_rollouts.runtimes import docker_private
+    from prefect_rollouts.runtimes.docker import private as docker_private
 
     monkeypatch.setattr(docker_private, "SLACK_S", 2.0)
     task_dir(tmp_path, "stopped", toml='version = "1.0"\n[verifier]\ntimeout_sec = 3\n', solve_sh=STOP_THE_TESTS,

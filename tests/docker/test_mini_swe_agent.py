@@ -116,7 +116,7 @@ async def test_an_image_with_mini_swe_agent_baked_in_is_used_as_it_is(docker_eng
     from typer.testing import CliRunner
 
     from prefect_rollouts.cli import app
-    from prefect_rollouts.runtimes.docker import docker_client
+    from prefect_rollouts.runtimes.docker.engine import docker_client
 
     tag = "prefect-rollouts-sandbox:test-mini-swe-agent"
     client = docker_client()
@@ -124,7 +124,7 @@ async def test_an_image_with_mini_swe_agent_baked_in_is_used_as_it_is(docker_eng
     base.tag(tag)   # the baked layer goes on a copy of the default image (offline: no rebuild of the base)
     try:
         from prefect_rollouts.harnesses import mini_swe_agent as module
-        from prefect_rollouts.runtimes import sandbox
+        from prefect_rollouts.runtimes.docker import sandbox
         python, machine = sandbox.image_python(tag)
         sandbox.bake_directory(tag, module.install(python, machine), module.IMAGE_SITE,
                                labels={"org.prefect-rollouts.mini-swe-agent": module.VERSION})

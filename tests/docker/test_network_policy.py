@@ -23,9 +23,9 @@ import pytest
 
 import prefect_rollouts as vf
 from prefect_rollouts.runtimes import make_runtime
-from prefect_rollouts.runtimes.docker import LABEL, docker_client
-from prefect_rollouts.runtimes.egress import EgressProxy
-from prefect_rollouts.runtimes.egress_address import hosts_resolver, use_resolver
+from prefect_rollouts.runtimes.docker.engine import LABEL, docker_client
+from prefect_rollouts.runtimes.egress.address import hosts_resolver, use_resolver
+from prefect_rollouts.runtimes.egress.proxy import EgressProxy
 from prefect_rollouts.traces import TraceWriter, read_network
 from tests.fakes.openai_server import reply, tool_call
 from tests.support.docker import docker_config as runtime_config
@@ -296,7 +296,7 @@ _HOLD = textwrap.dedent("""\
     import asyncio, sys
     import prefect_rollouts as vf
     from prefect_rollouts.runtimes import make_runtime
-    from prefect_rollouts.runtimes.egress import EgressProxy
+    from prefect_rollouts.runtimes.egress.proxy import EgressProxy
     async def main():
         runtime = make_runtime(vf.RuntimeConfig(type="docker", network={"allow": []}), egress=EgressProxy(),
                                labels={"run_id": sys.argv[1]})

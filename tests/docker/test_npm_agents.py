@@ -121,8 +121,8 @@ async def test_sandbox_build_with_both_agents_bakes_them_and_rollouts_use_them(
     from typer.testing import CliRunner
 
     from prefect_rollouts.cli import app
-    from prefect_rollouts.runtimes import sandbox
-    from prefect_rollouts.runtimes.docker import docker_client
+    from prefect_rollouts.runtimes.docker import sandbox
+    from prefect_rollouts.runtimes.docker.engine import docker_client
 
     tag = "prefect-rollouts-sandbox:test-npm-agents"
     client = docker_client()
@@ -169,8 +169,8 @@ async def test_an_image_whose_libc_cannot_run_the_binary_fails_at_setup_naming_w
     """A glibc program in an image without glibc's loader (Claude Code on Alpine) does not exec: here
     a copy of the host's ``true`` whose loader is renamed to one no image has, baked where the
     harness looks first."""
-    from prefect_rollouts.runtimes import sandbox
-    from prefect_rollouts.runtimes.docker import docker_client
+    from prefect_rollouts.runtimes.docker import sandbox
+    from prefect_rollouts.runtimes.docker.engine import docker_client
 
     agent = npm_agents.AGENTS["claude-code"]
     site = unloadable_install(tmp_path / "site", agent.binary_for(platform.machine()))

@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 import prefect_rollouts as vf
-from prefect_rollouts.runtimes.docker import LABEL, docker_client
+from prefect_rollouts.runtimes.docker.engine import LABEL, docker_client
 from tests.fakes.openai_server import reply, tool_call
 from tests.support.docker import docker_config
 

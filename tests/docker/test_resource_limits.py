@@ -16,8 +16,10 @@ from docker.models.containers import ContainerCollection
 
 import prefect_rollouts as vf
 from prefect_rollouts.errors import AgentFailure
-from prefect_rollouts.runtimes import docker_limits, docker_storage, make_runtime
-from prefect_rollouts.runtimes.docker import LABEL
+from prefect_rollouts.runtimes import make_runtime
+from prefect_rollouts.runtimes.docker import limits as docker_limits
+from prefect_rollouts.runtimes.docker import storage as docker_storage
+from prefect_rollouts.runtimes.docker.engine import LABEL
 from tests.fakes.openai_server import reply, tool_call
 from tests.support.docker import docker_config
 
@@ -186,7 +188,7 @@ def test_reading_an_image_s_volume_files_leaves_no_volume_on_the_engine(docker_e
     """The container that reads a VOLUME's seed files is created, never started, and removed with its anonymous
     volumes: removed without them, each rollout in such an image left one on the engine's disk (143 found
     here after a day of test runs)."""
-    from prefect_rollouts.runtimes.docker_volumes import image_files
+    from prefect_rollouts.runtimes.docker.volumes import image_files
 
     image_id = docker_engine.images.get(volume_image).id
     before = {volume.name for volume in docker_engine.volumes.list(filters={"dangling": True})}

@@ -15,8 +15,8 @@ pytestmark = pytest.mark.unit
 require_module("bfcl_eval", "bfcl-eval, which scripts/test installs with pip install --no-deps")
 
 from prefect_rollouts.environments import load_taskset  # noqa: E402
-from prefect_rollouts.environments.bfcl import load, tool_name, wire_schema  # noqa: E402
-from prefect_rollouts.environments.bfcl_scoring import check  # noqa: E402
+from prefect_rollouts.environments.bfcl.scoring import check  # noqa: E402
+from prefect_rollouts.environments.bfcl.taskset import load, tool_name, wire_schema  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +172,7 @@ async def test_show_prints_the_ground_truth_beside_the_answer_of_a_near_miss(ope
 
 
 def test_mismatch_names_the_rule_an_answer_breaks():
-    from prefect_rollouts.environments.bfcl_scoring import mismatch
+    from prefect_rollouts.environments.bfcl.scoring import mismatch
 
     functions = [{"name": "area", "parameters": {"type": "dict", "required": ["base"], "properties": {
         "base": {"type": "integer"}, "unit": {"type": "string"}}}}]

@@ -19,8 +19,8 @@ require_module("bfcl_eval", "bfcl-eval, which scripts/test installs with pip ins
 
 import prefect_rollouts as vf  # noqa: E402
 from prefect_rollouts.environments import load_taskset  # noqa: E402
-from prefect_rollouts.environments.bfcl import load  # noqa: E402
-from prefect_rollouts.environments.bfcl_multi_turn_scoring import Backend, parse_call  # noqa: E402
+from prefect_rollouts.environments.bfcl.multi_turn_scoring import Backend, parse_call  # noqa: E402
+from prefect_rollouts.environments.bfcl.taskset import load  # noqa: E402
 from prefect_rollouts.errors import ConfigError  # noqa: E402
 from prefect_rollouts.trace import ToolCall, Trace  # noqa: E402
 from tests.fakes.openai_server import delayed, reply, tool_call, tool_calls  # noqa: E402
@@ -267,7 +267,7 @@ async def test_concurrent_rollouts_of_one_task_keep_their_own_file_system(openai
 
 
 def test_a_tool_class_that_does_not_import_is_a_config_error_at_load(monkeypatch):
-    from prefect_rollouts.environments import bfcl_multi_turn
+    from prefect_rollouts.environments.bfcl import multi_turn as bfcl_multi_turn
 
     def missing(class_name):
         if class_name == "MathAPI":

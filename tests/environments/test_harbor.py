@@ -12,9 +12,9 @@ import pytest
 import prefect_rollouts as vf
 from prefect_rollouts.config.agent import with_task_network
 from prefect_rollouts.environments import load_taskset
-from prefect_rollouts.environments.harbor import HarborTask
-from prefect_rollouts.environments.harbor_config import TaskToml
-from prefect_rollouts.environments.harbor_reward import read_reward
+from prefect_rollouts.environments.harbor.config import TaskToml
+from prefect_rollouts.environments.harbor.reward import read_reward
+from prefect_rollouts.environments.harbor.taskset import HarborTask
 from prefect_rollouts.errors import ConfigError, TaskError
 
 pytestmark = pytest.mark.unit

@@ -10,12 +10,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from prefect_rollouts.config.agent import HarnessConfig
-from prefect_rollouts.environments import harbor_scripts
+from prefect_rollouts.config.harness import HarnessConfig
+from prefect_rollouts.environments.harbor import scripts as harbor_scripts
 from prefect_rollouts.errors import TaskError, register_secret
 from prefect_rollouts.harnesses.oracle import OracleHarness
-from prefect_rollouts.runtimes import docker_private
 from prefect_rollouts.runtimes.base import SCRUB_SLACK_BYTES
+from prefect_rollouts.runtimes.docker import private as docker_private
 from prefect_rollouts.task import Task, TaskData
 from prefect_rollouts.trace import Trace
 

@@ -13,8 +13,8 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilterName
 
-from prefect_rollouts.cli import BUDGET_EXIT
-from prefect_rollouts.flows.keys import spend_key, summary_key
+from prefect_rollouts.cli.main import BUDGET_EXIT
+from prefect_rollouts.flows.services.keys import spend_key, summary_key
 from prefect_rollouts.traces import read_rollouts
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply, status
@@ -106,7 +106,7 @@ def test_a_resume_counts_what_a_killed_eval_spent_and_the_counter_is_never_lower
     no row durable) starts from it; reseeding from the rows never lowers the counter."""
     from prefect_rollouts.config.eval import load_eval_config
     from prefect_rollouts.evals.budget import Spend
-    from prefect_rollouts.flows.budget import GclLedger, seed_shared_budget
+    from prefect_rollouts.flows.services.budget import GclLedger, seed_shared_budget
 
     openai_server.default = says_its_number
     config = tmp_path / "eval.toml"

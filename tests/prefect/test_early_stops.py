@@ -15,7 +15,7 @@ from prefect.client.schemas.filters import FlowRunFilterName
 from typer.testing import CliRunner
 
 from prefect_rollouts.cli import app
-from prefect_rollouts.runtimes.docker import LABEL
+from prefect_rollouts.runtimes.docker.engine import LABEL
 from prefect_rollouts.traces import read_rollouts, store
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply

@@ -25,7 +25,7 @@ from tests.support.waiting import poll_until, wait_until
 pytestmark = pytest.mark.prefect
 
 LONG_FLUSH = ("import sys, prefect_rollouts.evals.engine as e; e.FLUSH_INTERVAL_S = 30.0; "
-              "from prefect_rollouts.cli import app; sys.argv[0] = 'prefect-rollouts'; app()")
+              "from prefect_rollouts.cli.main import app; sys.argv[0] = 'prefect-rollouts'; app()")
 
 
 class ChargesOnScoring(vf.Task):

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from prefect_rollouts.cli import app
 from prefect_rollouts.config.eval import load_eval_config
 from prefect_rollouts.flows.eval import eval_flow
-from prefect_rollouts.runtimes.docker import LABEL, docker_client
+from prefect_rollouts.runtimes.docker.engine import LABEL, docker_client
 from prefect_rollouts.traces import read_rollouts, read_traces
 from tests.docker.test_harbor_docker import task_dir
 from tests.fakes.openai_server import reply, tool_call

@@ -17,8 +17,8 @@ from prefect.states import Running
 
 import prefect_rollouts as vf
 from prefect_rollouts.flows.janitor import janitor_flow
-from prefect_rollouts.flows.ownership import OWNER_TAG
-from prefect_rollouts.runtimes.docker import LABEL
+from prefect_rollouts.flows.services.ownership import OWNER_TAG
+from prefect_rollouts.runtimes.docker.engine import LABEL
 from prefect_rollouts.runtimes.owner import Owner, boot_id, current_owner, process_start
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from prefect_rollouts.evals.launch_form import AdvancedSettings, LaunchForm
+from prefect_rollouts.evals.launch_tasksets import ArithmeticTaskset
 from prefect_rollouts.flows.launch import launch_flow
-from prefect_rollouts.launch_form import AdvancedSettings, ArithmeticTaskset, LaunchForm
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.prefect

@@ -15,7 +15,7 @@ from prefect_rollouts.config.eval import load_eval_config
 from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.limits import endpoint_limit_name
-from prefect_rollouts.runtimes.docker import LABEL
+from prefect_rollouts.runtimes.docker.engine import LABEL
 from prefect_rollouts.traces import read_rollouts
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, gathered, reply

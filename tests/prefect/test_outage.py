@@ -19,7 +19,7 @@ import pytest
 from prefect.client.orchestration import PrefectClient
 from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterId, FlowRunFilterName
 
-from prefect_rollouts import pgserver
+from prefect_rollouts.servers import postgres as pgserver
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply
 from tests.support.cli import eval_env, finish, start_eval

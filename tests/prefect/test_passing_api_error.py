@@ -56,7 +56,7 @@ async def test_a_failed_flow_run_creation_while_the_api_answers_is_tried_again(t
 def test_prefect_s_log_of_a_lost_api_connection_marks_the_watch_down_instead_of_printing_a_traceback():
     import sys
 
-    from prefect_rollouts.flows.outage import ApiWatch, QuietWhileDown
+    from prefect_rollouts.flows.services.outage import ApiWatch, QuietWhileDown
 
     watch = ApiWatch("http://127.0.0.1:9/api", limit_s=60)
     quiet = QuietWhileDown(watch)

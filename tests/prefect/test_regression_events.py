@@ -29,7 +29,7 @@ import prefect_rollouts as vf
 from prefect_rollouts.cli import app
 from prefect_rollouts.config.eval import load_eval_config
 from prefect_rollouts.evals.baseline import IMPROVED, REGRESSED
-from prefect_rollouts.flows.keys import variable_name
+from prefect_rollouts.flows.services.keys import variable_name
 from prefect_rollouts.traces import EvalSummary
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import reply
@@ -232,7 +232,7 @@ def test_series_names_map_to_distinct_valid_variable_and_artifact_names():
     from prefect.types.names import ArtifactKey
     from pydantic import TypeAdapter
 
-    from prefect_rollouts.flows.keys import comparison_key
+    from prefect_rollouts.flows.services.keys import comparison_key
 
     names = ["nightly-eval", "Nightly Eval", "nightly/eval", "中文", "日本", "L" * 300, "L" * 300 + "-other"]
     variables = [variable_name(name) for name in names]
@@ -266,7 +266,7 @@ def test_a_run_that_did_not_score_every_rollout_of_the_baseline_does_not_replace
 @pytest.mark.unit
 async def test_a_comparison_that_fails_is_a_note_not_the_run_s_failure(tmp_path):
     from prefect_rollouts.evals.baseline import Baseline
-    from prefect_rollouts.flows.baseline import finish_with_baseline
+    from prefect_rollouts.flows.services.baseline import finish_with_baseline
     from prefect_rollouts.traces import EvalSummary, dataset_root
 
     config = load_eval_config(eval_toml(tmp_path, "http://127.0.0.1:9/v1", baseline="last"))
@@ -280,7 +280,7 @@ async def test_a_comparison_that_fails_is_a_note_not_the_run_s_failure(tmp_path)
 @pytest.mark.prefect
 async def test_a_regressed_or_failed_run_does_not_replace_the_baseline_and_the_summary_says_so(tmp_path):
     from prefect_rollouts.evals.baseline import Baseline
-    from prefect_rollouts.flows.baseline import finish_with_baseline
+    from prefect_rollouts.flows.services.baseline import finish_with_baseline
     from prefect_rollouts.traces import TraceWriter, dataset_root, summarize_run
 
     def write(run_id: str, rewards: list[float]) -> EvalSummary:

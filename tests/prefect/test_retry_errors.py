@@ -22,13 +22,14 @@ import prefect_rollouts as vf
 from prefect_rollouts.cli import app
 from prefect_rollouts.config.eval import load_eval_config
 from prefect_rollouts.evals.identity import prepare_run
+from prefect_rollouts.evals.launch_form import AdvancedSettings, LaunchForm
+from prefect_rollouts.evals.launch_tasksets import CustomTaskset
 from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.flows.eval import run_eval as run_eval_flow
 from prefect_rollouts.flows.launch import launch_flow
-from prefect_rollouts.flows.reconcile import reconcile_run
 from prefect_rollouts.flows.rollout import RolloutRequest, rollout_flow
+from prefect_rollouts.flows.services.reconcile import reconcile_run
 from prefect_rollouts.flows.shard import shard_flow
-from prefect_rollouts.launch_form import AdvancedSettings, CustomTaskset, LaunchForm
 from prefect_rollouts.trace import ErrorRecord
 from prefect_rollouts.traces import TraceWriter, read_rollouts
 from tests.eval_toml import eval_toml

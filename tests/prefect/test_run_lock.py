@@ -15,7 +15,7 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterTags
 
-from prefect_rollouts.flows.run_lock import lock_name
+from prefect_rollouts.flows.services.run_lock import lock_name
 from prefect_rollouts.traces import read_rollouts
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import delayed, reply

@@ -10,7 +10,7 @@ from prefect import flow, get_client
 from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.states import Completed, Crashed
 
-from prefect_rollouts.flows.dispatch import ended_text, next_shard_index, run_tag
+from prefect_rollouts.flows.services.dispatch import ended_text, next_shard_index, run_tag
 
 
 @flow(name="shard-numbering-stand-in")

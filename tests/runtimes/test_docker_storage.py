@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 import prefect_rollouts as vf
-from prefect_rollouts.runtimes import docker_quota
-from prefect_rollouts.runtimes.docker_storage import full_places, quota_mode, quota_options
-from prefect_rollouts.runtimes.docker_volumes import image_volumes, volume_mounts
+from prefect_rollouts.runtimes.docker import quota as docker_quota
+from prefect_rollouts.runtimes.docker.storage import full_places, quota_mode, quota_options
+from prefect_rollouts.runtimes.docker.volumes import image_volumes, volume_mounts
 
 pytestmark = pytest.mark.unit
 

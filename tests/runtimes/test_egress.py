@@ -15,9 +15,9 @@ import pytest
 
 from prefect_rollouts import NetworkPolicy
 from prefect_rollouts.errors import scrub
-from prefect_rollouts.runtimes.egress import EgressProxy, Route
-from prefect_rollouts.runtimes.egress_address import is_host_address, resolve, use_resolver
-from prefect_rollouts.runtimes.egress_wire import server_name
+from prefect_rollouts.runtimes.egress.address import is_host_address, resolve, use_resolver
+from prefect_rollouts.runtimes.egress.proxy import EgressProxy, Route
+from prefect_rollouts.runtimes.egress.wire import server_name
 from tests.support.waiting import within
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
@@ -247,7 +247,7 @@ async def test_a_request_the_proxy_cannot_check_is_refused_and_a_pipelined_one_n
 
 
 async def test_connections_are_capped_per_route_and_before_authentication(proxy, upstream, monkeypatch):
-    import prefect_rollouts.runtimes.egress as egress_module
+    import prefect_rollouts.runtimes.egress.connection as egress_module
 
     egress, port = proxy
     monkeypatch.setattr(egress_module, "MAX_TUNNELS_PER_ROUTE", 2)
@@ -268,7 +268,7 @@ async def test_connections_are_capped_per_route_and_before_authentication(proxy,
 
 
 def test_a_credential_the_runtime_plants_in_a_host_name_is_scrubbed_from_the_trace():
-    from prefect_rollouts.runtimes.egress import take_network_log
+    from prefect_rollouts.runtimes.egress.proxy import take_network_log
     from prefect_rollouts.trace import NetworkRecord, Trace
 
     route = Route(NetworkPolicy.model_validate({"allow": []}))

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from prefect_rollouts.config.network import NetworkPolicy
-from prefect_rollouts.runtimes import egress_address
-from prefect_rollouts.runtimes.egress_address import is_bridged_address, refusal
+from prefect_rollouts.runtimes.egress import address as egress_address
+from prefect_rollouts.runtimes.egress.address import is_bridged_address, refusal
 
 pytestmark = pytest.mark.unit
 

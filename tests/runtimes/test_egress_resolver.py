@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from prefect_rollouts import NetworkPolicy
-from prefect_rollouts.runtimes.egress import EgressProxy
-from prefect_rollouts.runtimes.egress_address import hosts_resolver, process_resolver, resolve, use_resolver
+from prefect_rollouts.runtimes.egress.address import hosts_resolver, process_resolver, resolve, use_resolver
+from prefect_rollouts.runtimes.egress.proxy import EgressProxy
 from tests.runtimes.test_egress import _echo_or_http, proxy_url
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
@@ -108,7 +108,7 @@ async def test_a_hosts_resolver_answers_its_names_and_asks_the_fallback_for_othe
 
 
 async def test_a_resolver_answering_no_ipv4_address_or_nothing_in_time_gets_the_request_a_502(monkeypatch):
-    import prefect_rollouts.runtimes.egress as egress_module
+    import prefect_rollouts.runtimes.egress.connection as egress_module
 
     async def wrong(host: str, port: int) -> str:
         return "::1" if host == "six.test" else "localhost"

@@ -292,7 +292,7 @@ def test_a_shard_on_a_worker_runs_a_program_harness_like_the_eval_process(work_p
 def test_workers_build_the_harbor_images_their_shards_need(work_pool, tmp_path):
     """Harbor tasks dispatched to the pool: the workers (not the eval process) build the images, once per
     tag on their Docker engine, and score the oracle 1 on each task."""
-    from prefect_rollouts.runtimes.docker import docker_client
+    from prefect_rollouts.runtimes.docker.engine import docker_client
     from prefect_rollouts.traces import read_traces
     from tests.docker.test_harbor_docker import task_dir
     from tests.prefect.test_harbor_eval import harbor_toml
@@ -320,7 +320,7 @@ def test_shards_on_both_workers_share_one_token_budget_and_a_larger_one_finishes
     """``token_budget`` across 4 shards in flight on two workers (2 rollouts in flight in each): one counter
     (a global concurrency limit) for all; rollouts in flight stop as ``budget``, none starts after, the
     overshoot stays within one call per rollout in flight, and a resume with a larger budget finishes it."""
-    from prefect_rollouts.flows.budget import counter_name
+    from prefect_rollouts.flows.services.budget import counter_name
 
     pool, workers = work_pool
 

@@ -15,16 +15,17 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
 
-from prefect_rollouts.config.eval import DispatchConfig, load_eval_config
-from prefect_rollouts.flows import dispatch
-from prefect_rollouts.flows.dispatch import (
+from prefect_rollouts.config.eval import load_eval_config
+from prefect_rollouts.config.eval_tables import DispatchConfig
+from prefect_rollouts.flows.eval import eval_flow
+from prefect_rollouts.flows.services import zombies
+from prefect_rollouts.flows.services.zombies import (
     PENDING_LIMIT_FACTOR,
     ZOMBIE_AFTER,
     crash_tag,
     ensure_zombie_automation,
     zombie_automation,
 )
-from prefect_rollouts.flows.eval import eval_flow
 from prefect_rollouts.traces import read_rollouts
 from tests.eval_toml import eval_toml
 from tests.fakes.openai_server import reply
@@ -141,7 +142,7 @@ def test_a_shard_whose_worker_died_while_it_was_pending_is_crashed_and_run_again
                                                                                  monkeypatch):
     """The worker took the shard (Pending) and died with its process before it turned Running:
     the eval crashes it after ``PENDING_LIMIT_FACTOR * crash_after_s`` (2 x 60 s here)."""
-    monkeypatch.setattr(dispatch, "PENDING_LIMIT_FACTOR", 2)
+    monkeypatch.setattr(zombies, "PENDING_LIMIT_FACTOR", 2)
     openai_server.default = lambda request: reply("42")
     result, dead, runs = run_with_a_dying_shard(pg_api, zombie_pool, openai_server.base_url, tmp_path, "start",
                                                 "stuck-pending")

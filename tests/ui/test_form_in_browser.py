@@ -15,7 +15,7 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-from prefect_rollouts.environments.bfcl import CATEGORIES
+from prefect_rollouts.environments.bfcl.taskset import CATEGORIES
 from prefect_rollouts.traces import read_rollouts
 from tests.fakes.openai_server import reply
 from tests.support.workers import REPO, prefect

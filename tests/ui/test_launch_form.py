@@ -13,16 +13,10 @@ from pydantic import BaseModel
 
 from prefect_rollouts.config.eval import load_eval_config
 from prefect_rollouts.environments import BUILTIN
-from prefect_rollouts.environments.bfcl import CATEGORIES
+from prefect_rollouts.environments.bfcl.taskset import CATEGORIES
 from prefect_rollouts.errors import ConfigError
-from prefect_rollouts.launch_form import (
-    BUILTIN_TASKSETS,
-    AdvancedSettings,
-    BfclCategory,
-    BfclTaskset,
-    CustomTaskset,
-    LaunchForm,
-)
+from prefect_rollouts.evals.launch_form import AdvancedSettings, LaunchForm
+from prefect_rollouts.evals.launch_tasksets import BUILTIN_TASKSETS, BfclCategory, BfclTaskset, CustomTaskset
 
 pytestmark = pytest.mark.unit
 
@@ -94,7 +88,7 @@ def test_each_built_in_tasksets_form_has_its_loaders_options_and_defaults(taskse
 
 
 def test_the_bfcl_form_offers_exactly_the_bfcl_categories():
-    from prefect_rollouts.environments.bfcl import CATEGORIES
+    from prefect_rollouts.environments.bfcl.taskset import CATEGORIES
 
     assert typing.get_args(BfclTaskset.model_fields["category"].annotation) == CATEGORIES
 

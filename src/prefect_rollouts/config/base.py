@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, SecretStr, S
 from pydantic_core import PydanticCustomError
 
 from prefect_rollouts.bounds import MAX_DEADLINE_S, MAX_RETRIES
-from prefect_rollouts.scoring.env import is_template
+from prefect_rollouts.config.env import is_template
 
 MASK = "***"
 """What a secret value reads as wherever a config is written out (JSON dumps, stored configs)."""
@@ -33,7 +33,7 @@ def _mask_literal_values(env: dict[str, str], info: SerializationInfo) -> dict[s
 EnvTable = Annotated[dict[str, str], PlainSerializer(_mask_literal_values)]
 """An environment table (``[env.agent.runtime] env``, ``[env.agent.scoring] env``): values are
 literal or ``${VAR}`` / ``${VAR:-default}`` templates, resolved from the environment of the process
-that starts the runtime or scoring (``scoring.env.resolve_env``). A literal value may be a secret, so
+that starts the runtime or scoring (``config.env.resolve_env``). A literal value may be a secret, so
 every JSON dump shows it as ``"***"`` (templates as written): that is what the Prefect server stores
 as a flow run's parameters. Where a config must travel as JSON (a work pool's shards, a deployment),
 literal values are refused."""

@@ -5,7 +5,7 @@ A policy is one of:
 - ``"open"``: the runtime's Docker network as it is, nothing checked or logged;
 - ``"none"``: no network interface but loopback;
 - ``{ allow = [...], block = [...] }``: only what the rules let through, enforced by the agent's
-  egress proxy (``runtimes/egress.py``) and logged on the trace. ``allow`` left out means every
+  egress proxy (``runtimes/egress/proxy.py``) and logged on the trace. ``allow`` left out means every
   host (``["*"]``); ``allow = []`` means none. ``block`` wins over ``allow``.
 
 A rule is one of (letters are compared lower-case):
@@ -24,7 +24,7 @@ whole host out); ``host:port`` and origins block what they name.
 Only a leading ``*.`` is a glob. ``*`` and globs never reach a loopback, link-local (cloud metadata
 at 169.254.169.254) or unspecified address, nor any address of this machine (its interfaces', a
 Docker network's gateway): name the host or address exactly to allow one
-(``runtimes/egress_address.py``, which also refuses the proxy's own ports always).
+(``runtimes/egress/address.py``, which also refuses the proxy's own ports always).
 
 A task may bring its own agent-phase policy (``TaskData.network``, a Harbor task's network mode);
 ``compose`` joins it with the agent's as verifiers does: an open side or ``allow = ["*"]`` takes

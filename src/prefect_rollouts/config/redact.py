@@ -15,7 +15,7 @@ import httpx
 
 from prefect_rollouts.config.agent import AgentConfig
 from prefect_rollouts.config.base import REVEAL_SECRETS
-from prefect_rollouts.scoring.env import is_template
+from prefect_rollouts.config.env import is_template
 
 if TYPE_CHECKING:   # the eval config loads only where an eval is run, not with the agent
     from prefect_rollouts.config.eval import EvalConfig

@@ -5,7 +5,7 @@ An eval's config is one or more ``Source`` objects merged in order, each later o
 key (a table merges into a table; any other value, lists included, replaces): the TOML file or
 the stored config of the run being resumed, then the ``--set`` items, then (from the UI) the launch
 form's values. ``merge`` is the only place that rule is written; ``config.eval.load_eval_config``,
-``evals.identity.stored_eval_config`` and ``launch_form.LaunchForm.to_eval_config`` build their
+``evals.identity.stored_eval_config`` and ``evals.launch_form.LaunchForm.to_eval_config`` build their
 configs from it. Must not import Prefect.
 """
 

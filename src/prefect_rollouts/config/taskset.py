@@ -11,8 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from prefect_rollouts.bounds import MAX_TASKS
 from prefect_rollouts.config.agent import AgentConfig
+from prefect_rollouts.config.env import is_template
 from prefect_rollouts.config.sources import validate_config
-from prefect_rollouts.scoring.env import is_template
 
 
 class TasksetConfig(BaseModel):

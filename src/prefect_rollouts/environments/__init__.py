@@ -24,8 +24,8 @@ from prefect_rollouts.task import Task
 #: Built-in taskset names and the function behind each.
 BUILTIN = {
     "arithmetic": "prefect_rollouts.environments.arithmetic:load",
-    "bfcl": "prefect_rollouts.environments.bfcl:load",
-    "harbor": "prefect_rollouts.environments.harbor:load",
+    "bfcl": "prefect_rollouts.environments.bfcl.taskset:load",
+    "harbor": "prefect_rollouts.environments.harbor.taskset:load",
     "humaneval": "prefect_rollouts.environments.humaneval:load",
 }
 

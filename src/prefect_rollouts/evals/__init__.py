@@ -9,6 +9,8 @@
 - ``engine.py``: the rollouts of a run, a bounded number at once, rows flushed to Parquet; the
   granularity is an injected runner (``inline_runner`` here; flow, task and batch runs in ``flows/``).
 - ``baseline.py``: verdicts against a baseline run, event payloads, whether the baseline moves.
+- ``launch_form.py``, ``launch_tasksets.py``: ``LaunchForm``, an eval as a person fills it in from the Prefect UI (the
+  ``launch`` flow's parameter), and its ``EvalConfig``.
 
 Summaries and comparisons of runs are ``traces/``. May import the core (agent, config, tasksets,
 traces); never Prefect, the Prefect layer (``flows``, ``tasks``, ``blocks``) or the CLI

@@ -2,7 +2,7 @@
 and markdown that say so, the events' payloads, and whether the run may become the baseline.
 
 Plain functions of a ``traces.RunComparison`` (run A the baseline, run B this run); the Prefect
-layer (``flows/baseline.py``) finds the baseline, publishes the artifact, emits the events and
+layer (``flows/services/baseline.py``) finds the baseline, publishes the artifact, emits the events and
 moves the series' Variable.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 from prefect_rollouts.evals.prepare import LAST
 from prefect_rollouts.traces.compare import RunComparison
 from prefect_rollouts.traces.compare_report import format_comparison
-from prefect_rollouts.traces.summary import EvalSummary
+from prefect_rollouts.traces.eval_summary import EvalSummary
 
 __all__ = ["EVENT_TASKS", "IMPROVED", "LAST", "REGRESSED", "Baseline", "BaselineOutcome", "baseline_move",
            "comparison_events", "comparison_markdown", "replaces_baseline", "verdict_lines"]

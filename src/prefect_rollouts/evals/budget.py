@@ -11,9 +11,9 @@ Where the spend is kept is a ``Ledger``:
 - ``MemoryLedger``: one process runs the whole run (the inline engine without Prefect). It starts from the
   spend of the run's durable rows (``rows_spend``: every attempt, judges included), so a resume counts
   what earlier attempts spent. The eval flow without a work pool mirrors it to Prefect-side counters
-  (``flows/budget.py``: ``MirroredLedger``), so a killed eval's spend survives.
+  (``flows/services/budget.py``: ``MirroredLedger``), so a killed eval's spend survives.
 - Across shards and workers (``[dispatch] work_pool``) the Prefect layer gives a ledger every process
-  shares (``flows/budget.py``: a Prefect global concurrency limit used as a counter).
+  shares (``flows/services/budget.py``: a Prefect global concurrency limit used as a counter).
 
 Overshoot: a rollout checks before each call and charges after it, so once the budget is reached no
 further call starts anywhere that sees the ledger; what lands past it is at most the calls that were in

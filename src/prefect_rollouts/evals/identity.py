@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from prefect_rollouts.config.eval import EvalConfig, TracesConfig, load_eval_config
+from prefect_rollouts.config.eval import EvalConfig, load_eval_config
+from prefect_rollouts.config.eval_tables import TracesConfig
 from prefect_rollouts.config.redact import leaves, redact_eval_config, render_key
 from prefect_rollouts.config.sources import Source, merge, set_source
 from prefect_rollouts.config.taskset import RUN_ID_MAX_BYTES, path_safe

@@ -29,7 +29,7 @@ from prefect_rollouts.traces.read import LatestAttempt, latest_attempts
 from prefect_rollouts.traces.store import DatasetRoot
 
 LAST = "last"
-"""``baseline = "last"``: the series' last Completed run that did not regress (``flows/baseline.py``)."""
+"""``baseline = "last"``: the series' last Completed run that did not regress (``flows/services/baseline.py``)."""
 
 
 @dataclass(frozen=True, eq=False)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from prefect_rollouts.config.agent import HarnessConfig
+from prefect_rollouts.config.harness import HarnessConfig
 from prefect_rollouts.harnesses.base import Harness, SegmentContext
 from prefect_rollouts.harnesses.chat import ChatHarness
 from prefect_rollouts.harnesses.oracle import NopHarness, OracleHarness

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect_rollouts.config.agent import HarnessConfig
+from prefect_rollouts.config.harness import HarnessConfig
 from prefect_rollouts.harnesses.base import SegmentContext, request_template, sample
 
 

@@ -16,7 +16,7 @@ directory, named ``rollout-<owner>-<random>.*`` so the janitor removes them when
 Inside the runtime the launcher relays ``127.0.0.1:<port>`` to the door's socket, so the program
 reaches the endpoint under every network policy and nothing else is exposed (no host port).
 
-Routes: each wire dialect's (``DIALECTS``, ``harnesses/dialects``: ``POST /v1/chat/completions``,
+Routes: each wire dialect's (``dialects.served.DIALECTS``: ``POST /v1/chat/completions``,
 streamed or not, ...) served by one handler (``_serve``), ``GET /v1/models``, and
 ``GET /prefect-rollouts/session`` (the launcher fetches the turn's prompt) and ``POST
 /prefect-rollouts/session/end`` (the launcher saw the program exit); any other route is a 404 (a
@@ -59,7 +59,7 @@ from starlette.routing import Route
 from prefect_rollouts.harnesses.dialects import Dialect
 from prefect_rollouts.harnesses.dialects import chat as chat_dialect
 from prefect_rollouts.harnesses.dialects import messages as messages_dialect
-from prefect_rollouts.harnesses.dialects import responses as responses_dialect
+from prefect_rollouts.harnesses.dialects.served import DIALECTS, dialect_of
 from prefect_rollouts.harnesses.endpoint_accept import Acceptor, connection_class
 from prefect_rollouts.harnesses.endpoint_body import read_json
 from prefect_rollouts.harnesses.endpoint_files import SOCKET_NAME, prepare, restore_scripts
@@ -83,21 +83,6 @@ MOUNT = "/run/prefect-rollouts"
 DOOR_MOUNT = "/run/prefect-rollouts-door"
 """Where a container sees its rollout's door, read-only: the socket ``s`` of its current launch."""
 
-
-DIALECTS: tuple[Dialect, ...] = (
-    chat_dialect.DIALECT,
-    responses_dialect.DIALECT,
-    messages_dialect.DIALECT,
-)
-"""The wire dialects served, each on its ``paths`` (``harnesses/dialects``): one line per dialect."""
-
-
-def dialect_of(path: str) -> Dialect:
-    """The dialect whose error shape a refusal on ``path`` takes: Anthropic Messages' on ``/v1/messages``
-    and below it (``count_tokens``), else OpenAI's (chat's)."""
-    if path.rstrip("/") == "/v1/messages" or path.startswith("/v1/messages/"):
-        return messages_dialect.DIALECT
-    return next((dialect for dialect in DIALECTS if path in dialect.paths), chat_dialect.DIALECT)
 
 SCRIPTS = ("launch.py", "bash_agent.py", "mini_swe_agent.py", "npm_agent.py")
 """The in-runtime scripts copied from ``harnesses/programs`` into the endpoint's directory."""

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from prefect_rollouts.config.agent import ClientConfig, HarnessConfig
+from prefect_rollouts.config.agent import ClientConfig
+from prefect_rollouts.config.harness import HarnessConfig
 from prefect_rollouts.errors import ConfigError
 from prefect_rollouts.harnesses.base import SegmentContext
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from prefect_rollouts.config.agent import HarnessConfig
+from prefect_rollouts.config.harness import HarnessConfig
 from prefect_rollouts.errors import AgentFailure, scrub
 from prefect_rollouts.harnesses.base import SegmentContext, request_template, sample
 from prefect_rollouts.harnesses.schema import ToolSpec, tool_spec

@@ -2,9 +2,9 @@
 
 Contract: ``Runtime`` in ``base.py`` (exec, read_file, write_file, artifacts, start/stop).
 ``make_runtime`` (the registry, here) picks the implementation from ``RuntimeConfig.type``:
-``local.py`` or ``docker.py`` (with ``docker_storage.py`` and ``docker_quota.py``, its disk quota, and
-``docker_network.py``, its network under each policy). ``egress.py`` is the agent's egress proxy, the one way out under
-``{ allow, block }`` rules. Must not import Prefect.
+``local.py`` or the ``docker/`` package (``docker/runtime.py``, with its disk quota, network, limits and
+images beside it). ``egress/`` is the agent's egress proxy, the one way out under ``{ allow, block }``
+rules; ``owner.py`` names the process that owns a sandbox. Must not import Prefect.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from prefect_rollouts.config.agent import RuntimeConfig
+from prefect_rollouts.config.env import resolve_env
 from prefect_rollouts.config.network import NetworkPolicy
 from prefect_rollouts.runtimes.base import ExecResult, Runtime
-from prefect_rollouts.scoring.env import resolve_env
 
 if TYPE_CHECKING:
-    from prefect_rollouts.runtimes.egress import EgressProxy
+    from prefect_rollouts.runtimes.egress.proxy import EgressProxy
 
 __all__ = ["ExecResult", "Runtime", "make_runtime"]
 
@@ -43,7 +43,7 @@ def make_runtime(config: RuntimeConfig, *, network: NetworkPolicy | None = None,
         config = config.model_copy(update={"env": resolve_env(config.env, table=f"{source} env",
                                                               place="where the runtime starts")})
     if config.type == "docker":
-        from prefect_rollouts.runtimes.docker import DockerRuntime  # the docker SDK loads only when used
+        from prefect_rollouts.runtimes.docker.runtime import DockerRuntime  # the docker SDK loads only when used
 
         return DockerRuntime(config, network=network, labels=labels, source=source, binds=binds, egress=egress)
     from prefect_rollouts.runtimes.local import LocalRuntime

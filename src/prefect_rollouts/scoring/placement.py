@@ -14,10 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from prefect_rollouts.config.agent import RuntimeConfig, ScoringConfig
+from prefect_rollouts.config.env import resolve_env
 from prefect_rollouts.errors import RuntimeUnavailableError
 from prefect_rollouts.runtimes import make_runtime
-from prefect_rollouts.runtimes.egress import EgressProxy, take_network_log
-from prefect_rollouts.scoring.env import resolve_env
+from prefect_rollouts.runtimes.egress.proxy import EgressProxy, take_network_log
 from prefect_rollouts.scoring.judges import JudgeClients, run_judges
 from prefect_rollouts.scoring.rewards import run_scoring_functions
 from prefect_rollouts.task import Task

@@ -13,6 +13,7 @@ it would hide the module ``traces.compare`` of the same name.)
 
 from prefect_rollouts.traces.compact import CompactResult, compact_run
 from prefect_rollouts.traces.compare import GroupComparison, RunComparison, compare_runs
+from prefect_rollouts.traces.eval_summary import ErrorCount, EvalSummary
 from prefect_rollouts.traces.read import (
     durable_keys,
     read_model_calls,
@@ -25,8 +26,6 @@ from prefect_rollouts.traces.run_config import RUN_CONFIG_VERSION, read_run_conf
 from prefect_rollouts.traces.schema import SCHEMA_VERSION
 from prefect_rollouts.traces.store import DatasetRoot, dataset_root
 from prefect_rollouts.traces.summary import (
-    ErrorCount,
-    EvalSummary,
     error_text,
     pass_at_k,
     run_failure,

@@ -198,4 +198,4 @@ def count_tokens(body: Any) -> int:
 
 
 DIALECT = MessagesDialect()
-"""The one instance the endpoint serves (``endpoint.DIALECTS``)."""
+"""The one instance the endpoint serves (``dialects.served.DIALECTS``)."""

@@ -165,7 +165,7 @@ def kill_group(pgid):
         time.sleep(0.02)
 
 
-# The box's cgroup counters (v2, then v1) and limits: what ``docker_limits`` reads from outside.
+# The box's cgroup counters (v2, then v1) and limits: what ``docker/limits.py`` reads from outside.
 COUNTERS = {"oom_kill": ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"),
             "max": ("/sys/fs/cgroup/pids.events", "/sys/fs/cgroup/pids/pids.events")}
 LIMITS = {"memory_mb": ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"),
