@@ -33,8 +33,9 @@ def test_the_wheel_holds_flows_tasks_and_blocks_inside_the_package(tmp_path):
     (wheel,) = tmp_path.glob("prefect_rollouts-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     for package in ("flows", "tasks", "blocks"):
-        sources = {Path(name).name for name in names if name.startswith(f"prefect_rollouts/{package}/")}
-        expected = {path.name for path in (clean / package).glob("*.py")}
+        prefix = f"prefect_rollouts/{package}/"   # its subpackages too (flows/services/)
+        sources = {name.removeprefix(prefix) for name in names if name.startswith(prefix) and name.endswith(".py")}
+        expected = {str(path.relative_to(clean / package)) for path in (clean / package).rglob("*.py")}
         assert sources == expected, package
     assert {name.split("/")[0] for name in names} == {"prefect_rollouts", wheel.name.split("-")[0] + "-"
                                                       + wheel.name.split("-")[1] + ".dist-info"}
