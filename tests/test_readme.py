@@ -112,6 +112,8 @@ def split(words: list[str]) -> tuple[list[str], list[str], list[str]]:
 def test_each_prefect_rollouts_command_has_its_subcommand_and_options(words):
     leading, sub, options = split(words)
     assert not leading
+    bracketed = [word for word in words if word.startswith("[")]   # `[--opt N]` is an argument when pasted
+    assert not bracketed, f"{' '.join(words)}: write optional parts as a comment, not {bracketed}"
     result = CliRunner().invoke(app, [*sub, "--help"], env={"COLUMNS": "200", "TERM": "dumb"})
     assert result.exit_code == 0, result.output
     assert "Usage:" in result.output and not re.search(r"Usage: .* COMMAND", result.output), result.output

@@ -58,10 +58,24 @@ async def test_a_4xx_other_than_429_is_not_retried(openai_server):
     assert (caught.value.status_code, caught.value.retryable, len(openai_server.requests)) == (401, False, 1)
 
 
+async def test_a_401_names_the_variable_whose_key_was_refused_and_not_the_key(openai_server, monkeypatch):
+    monkeypatch.setenv("TRIAL_KEY", "sk-ant-wrong-1234567890")
+    openai_server.default = status(401)
+    client = ModelClient(vf.ClientConfig(base_url=openai_server.base_url, api_key_env="TRIAL_KEY", timeout=2))
+    try:
+        with pytest.raises(vf.ProviderError) as caught:
+            await client.complete(BODY)
+    finally:
+        await client.aclose()
+    assert "the server refused the key in client.api_key_env = 'TRIAL_KEY': export a valid key" in str(caught.value)
+    assert "1234567890" not in str(caught.value)
+
+
 async def test_a_404_hints_at_the_base_url(openai_server):
     client = client_for(openai_server.base_url.removesuffix("/v1"))
     try:
-        with pytest.raises(vf.ProviderError, match="base_url usually ends in /v1") as caught:
+        with pytest.raises(vf.ProviderError, match=r"base_url usually ends in /v1, and the server must speak "
+                                               r"client\.api = 'chat'") as caught:
             await client.complete(BODY)
     finally:
         await client.aclose()

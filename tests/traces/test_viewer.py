@@ -126,6 +126,9 @@ def test_the_server_answers_only_its_token_on_a_loopback_host(dataset):
     assert missing.status_code == 404 and "RUN = 'nope'" in missing.text
     page = client.get("/", params={"token": "tok-1"})
     assert page.status_code == 200 and '"token":"tok-1"' in page.text
+    assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+    meta = page.text.split('http-equiv="Content-Security-Policy" content="')[1].split('"')[0]
+    assert "frame-ancestors" not in meta and "connect-src 'self'" in meta   # a browser logs an error for it there
 
 
 def test_the_html_file_caps_what_it_embeds_and_names_a_bad_cap(dataset, tmp_path):

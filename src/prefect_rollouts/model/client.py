@@ -170,7 +170,7 @@ class ModelClient:
         except httpx.TransportError as exc:   # no response, so no HTTP status
             raise _Attempt(self._scrub(f"failed: {_transport_failure(exc, self._address)}", key), None) from None
         if response.status_code >= 300:
-            hint = "; base_url usually ends in /v1" if response.status_code == 404 else ""
+            hint = self._status_hint(response.status_code, key)
             body_text = self._scrub(response.text, key)[:_BODY_CHARS]   # scrub first: a cut could halve a key
             raise _Attempt(f"returned {response.status_code}: {body_text}{hint}",
                            response.status_code, self.api.retry_after(response.headers))
@@ -202,6 +202,23 @@ class ModelClient:
         """``text`` with the API key, every header value and every other registered secret
         (should a server or an exception echo them) replaced by ``***``."""
         return scrub(text, (key or "", *self.config.header_values().values()))
+
+    def _status_hint(self, status: int, key: str | None) -> str:
+        """What to check after a 404 (the route) or a 401/403 (the key), naming the client's field; "" for
+        any other status. Names the variable, never the key."""
+        if status == 404:
+            return f"; base_url usually ends in /v1, and the server must speak client.api = {self.config.api!r}"
+        if status not in (401, 403):
+            return ""
+        if self._api_key is not None:
+            return "; the server refused the ModelEndpoint block's key: set the block's api_key to a valid one"
+        if not self.config.api_key_env:
+            return "; no key was sent (client.api_key_env is empty): set it to the variable holding the key"
+        if key is None:
+            return (f"; no key was sent: client.api_key_env = {self.config.api_key_env!r} is not set. "
+                    "Export it")
+        return (f"; the server refused the key in client.api_key_env = {self.config.api_key_env!r}: "
+                "export a valid key for this base_url")
 
     def _key(self) -> str | None:
         """The API key for this request (block key, else the environment variable), stripped."""

@@ -29,13 +29,15 @@ def _hash(text: str) -> str:
     return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
 
 
-def content_security_policy(*, served: bool) -> str:
+def content_security_policy(*, served: bool, header: bool = True) -> str:
     """The page's policy: nothing by default; our script and style by hash; images from ``data:``; the
-    server's own ``api/`` for a served page (``connect-src 'self'``), no connection at all for a file."""
+    server's own ``api/`` for a served page (``connect-src 'self'``), no connection at all for a file.
+    ``frame-ancestors 'none'`` only in the served page's header (``header``): browsers ignore it in a
+    ``<meta>`` and log an error to the console for it (CSP Level 3, 6.4.2)."""
     return "; ".join([
         "default-src 'none'", f"script-src {_hash(asset('app.js'))}", f"style-src {_hash(asset('app.css'))}",
         "img-src data:", "connect-src " + ("'self'" if served else "'none'"),
-        "base-uri 'none'", "form-action 'none'", *(["frame-ancestors 'none'"] if served else [])])
+        "base-uri 'none'", "form-action 'none'", *(["frame-ancestors 'none'"] if served and header else [])])
 
 
 def embed_json(data: Any) -> str:
@@ -61,7 +63,7 @@ def render_page(data: dict[str, Any], *, served: bool) -> str:
     """The HTML page with ``data`` embedded: ``{"mode": "server", "token", "run"}`` for a served page,
     ``{"mode": "file", "runs", "rollouts", "details", "comparisons", "run"}`` for a file
     (``render.file_data``). The policy is also in a ``<meta>`` so a file opened from disk keeps it."""
-    policy = content_security_policy(served=served)
+    policy = content_security_policy(served=served, header=False)
     return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
             f"<meta http-equiv=\"Content-Security-Policy\" content=\"{policy}\">\n"
             "<meta name=\"referrer\" content=\"no-referrer\">\n"
