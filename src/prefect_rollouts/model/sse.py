@@ -3,11 +3,10 @@
 The event-stream interpretation of the WHATWG HTML standard (9.2.6), cut to what a model API sends: lines
 (``text_lines`` splits them on ``\\r\\n``, ``\\n`` or ``\\r``, as httpx's ``aiter_lines`` does) gather
 ``event:`` and ``data:`` fields (several ``data`` lines joined with ``\\n``; one space after the colon
-dropped); a blank line dispatches
-the event; a line starting with ``:`` is a comment (a keep-alive); ``id``, ``retry`` and unknown fields
-are ignored; an event without data is not dispatched. No runtime dependency ships a parser (httpx has
-none; the OpenAI and Anthropic SDKs' are private and test-only here), so this is ours, tested in
-tests/core/test_streaming.py.
+dropped); a blank line dispatches the event; a line starting with ``:`` is a comment (a keep-alive); ``id``,
+``retry`` and unknown fields are ignored; an event without data is not dispatched. No runtime dependency ships
+a parser (httpx has none; the OpenAI and Anthropic SDKs' are private and test-only here), so this is ours,
+tested in tests/core/test_streaming.py.
 """
 
 from __future__ import annotations
