@@ -129,6 +129,24 @@ async def test_overloaded_529_is_retried_and_its_error_body_kept_scrubbed(client
     assert "overloaded_error" in completion.attempts[0]["error"] and KEY not in completion.attempts[0]["error"]
 
 
+async def test_a_usage_field_echoing_the_key_is_noted_scrubbed_never_a_prefix(client, anthropic_server):
+    from prefect_rollouts.errors import register_secret
+    from prefect_rollouts.model.completion import count
+    from tests.fakes.openai_server import secret_fragments
+
+    anthropic_server.play([message({"type": "text", "text": "hi"}, usage={"input_tokens": KEY, "output_tokens": -5})])
+    completion = await client.complete({"model": "m", "messages": CONVERSATION[1:2]})
+    assert (completion.prompt_tokens, completion.completion_tokens) == (0, 0)
+    assert completion.usage_note.startswith("usage.input_tokens = ***: not a whole number")
+    assert "usage.output_tokens = -5" in completion.usage_note
+    longer = "sk-ant-api03-" + "Vq7Lm2Xr9Kt4Wn8Bz3Hs6Jd1Fp5Gc0Ye" * 3   # past the 40 characters a note keeps
+    register_secret(longer)
+    notes: list[str] = []
+    assert count(longer, "usage.input_tokens", notes) is None
+    assert notes == ["usage.input_tokens = ***: not a whole number from 0 to 1,000,000,000, counted as 0"]
+    assert secret_fragments(notes[0], longer, 6) == []
+
+
 async def test_an_authentication_error_is_not_retried(client, anthropic_server):
     anthropic_server.play([status(401), reply("never")])
     with pytest.raises(vf.ProviderError) as failed:
