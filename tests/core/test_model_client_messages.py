@@ -174,6 +174,25 @@ def test_retry_after_reads_what_the_anthropic_sdk_honours(headers, seconds):
     assert wire_api("messages").retry_after(headers) == seconds
 
 
+def test_a_stream_nested_past_the_depth_bound_is_a_malformed_body_not_a_recursion_error():
+    """An event, or a tool's streamed input, nested deeper than ``MAX_JSON_DEPTH``: a ``ValueError`` the
+    client reports as a 502 (json.loads raised RecursionError past ~1,000 levels, which the client let out,
+    and took 400 levels that pydantic cannot write into the trace's row)."""
+    start = json.dumps({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant",
+                                                             "content": [], "usage": {"input_tokens": 1}}})
+    block = json.dumps({"type": "content_block_start", "index": 0,
+                        "content_block": {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {}}})
+    deep = '{"a":' * 400 + "1" + "}" * 400
+    delta = json.dumps({"type": "content_block_delta", "index": 0,
+                        "delta": {"type": "input_json_delta", "partial_json": deep}})
+    api = wire_api("messages")
+    with pytest.raises(ValueError, match="an event nests deeper than 128 levels"):
+        api.parse_events([("message_start", "[" * 100_000)], 0, 200)
+    with pytest.raises(ValueError, match=r"content\.0\.input nests deeper than 128 levels"):
+        api.parse_events([("message_start", start), ("content_block_start", block), ("content_block_delta", delta)],
+                         0, 200)
+
+
 def test_a_recorded_stream_parses_as_the_same_message():
     """``parse_events`` on the events the scripted server streams for a thinking reply with a tool call:
     the thinking (its ``thinking_delta`` and ``signature_delta`` joined), the tool call and the usage of
