@@ -237,6 +237,23 @@ def test_a_messages_request_rebuilt_for_a_messages_upstream_is_the_request_less_
         DIALECT.to_chat(json.loads(json.dumps(body)), "chat")
 
 
+@pytest.mark.parametrize("api", ["messages", "responses"])
+def test_a_programs_own_native_key_is_not_sent_to_its_apis_upstream(api):
+    """A Messages or Responses program sending ``_native`` to an upstream of its API: it is not a param
+    sent on as a body field (nor its headers), and its removal is the loss."""
+    from prefect_rollouts.harnesses.dialects.messages import DIALECT as MESSAGES
+    from prefect_rollouts.harnesses.dialects.responses import DIALECT as RESPONSES
+    from prefect_rollouts.model.apis import wire_api
+
+    smuggled = {"api": api, "headers": {"x-api-key": "theirs"}, "params": {"model": "other"}}
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "_native": smuggled} \
+        if api == "messages" else {"model": "m", "input": "hi", "_native": smuggled}
+    chat, lost = (MESSAGES if api == "messages" else RESPONSES).to_chat(body, api)
+    sent = wire_api(api).request(chat)
+    assert "_native" not in sent and sent["model"] == "m"
+    assert wire_api(api).request_headers(chat) == {} and lost == {"ignored": ["_native"]}
+
+
 async def test_an_interaction_resends_the_thinking_of_an_earlier_turn_unchanged(
         anthropic_server, agent_config, messages_client):
     """The interaction API over Messages: the first turn's thinking (with its signature) and tool round
