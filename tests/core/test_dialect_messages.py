@@ -191,3 +191,13 @@ def test_count_tokens_estimates_characters_over_four_and_images_apart():
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "A" * 100_000}}]}]}
     assert 100 < count_tokens(text) < 120
     assert count_tokens(with_image) - count_tokens(text) < 1600 + 20
+
+
+def test_a_long_beta_header_is_kept_to_500_characters_between_its_names():
+    """``anthropic-beta`` goes upstream as recorded: cut at 500 characters, a name cut in two would be a
+    400 there, so the cut falls between names."""
+    names = [f"feature-number-{index:03d}-2025-01-01" for index in range(30)]   # 29 characters each
+    kept = DIALECT.recorded({"anthropic-beta": ",".join(names)}, "sk-launch-key-0123456789")["anthropic-beta"]
+    assert kept == ",".join(names[:16]) and len(kept) == 16 * 30 - 1
+    secret = "sk-launch-key-0123456789"
+    assert DIALECT.recorded({"anthropic-beta": f"a-beta,{secret[:12]}"}, secret) == {"anthropic-beta": "a-beta,***"}

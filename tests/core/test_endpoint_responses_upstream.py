@@ -205,6 +205,26 @@ async def test_imposed_fields_win_over_the_programs_own_on_a_responses_upstream(
                                                 "max_tokens": {"program": 5000, "sent": 32}}
 
 
+async def test_sampling_extra_wins_over_the_programs_native_fields_on_a_responses_upstream(
+        openai_server, responses_config, tmp_path):
+    openai_server.play([reply("ok"), reply("ok")])
+    wire = next(wire for wire in WIRES if wire.name == "responses")
+    tools = [{"type": "function", "name": "shell", "parameters": PARAMETERS}]
+    asked = {"input": "go", "tools": tools, "tool_choice": "required", "include": ["reasoning.encrypted_content"],
+             "reasoning": {"effort": "high", "summary": "auto"}, "text": {"verbosity": "high"}}
+    extra = {"reasoning": {"effort": "low"}, "text": {"verbosity": "low"}, "tool_choice": "none"}
+    async with launched(responses_config, tmp_path, wire, sampling=vf.SamplingConfig(extra=extra)) as launch:
+        assert (await launch.post(asked)).status_code == 200
+    sent = openai_server.requests[0].body
+    assert (sent["reasoning"], sent["text"], sent["tool_choice"]) == ({"effort": "low"}, {"verbosity": "low"}, "none")
+    assert sent["include"] == ["reasoning.encrypted_content"] and sent["tools"] == tools   # not imposed: as sent
+    chat_keys = {"reasoning_effort": "low", "verbosity": "low"}   # chat's names: set inside the program's own
+    async with launched(responses_config, tmp_path, wire, sampling=vf.SamplingConfig(extra=chat_keys)) as launch:
+        assert (await launch.post(asked)).status_code == 200
+    sent = openai_server.requests[1].body
+    assert (sent["reasoning"], sent["text"]) == ({"effort": "low", "summary": "auto"}, {"verbosity": "low"})
+
+
 async def test_a_chat_program_to_a_responses_upstream_records_the_keys_it_cannot_take(
         openai_server, responses_config, tmp_path):
     openai_server.play([reply("ok")])

@@ -185,6 +185,21 @@ async def test_what_a_chat_program_asks_that_messages_has_no_field_for_is_record
     assert rewrites_of(trace, 0)["translated"] == {"dialect": "chat", "ignored": ["response_format", "seed"]}
 
 
+async def test_sampling_extra_wins_over_the_programs_native_tool_choice_on_a_messages_upstream(
+        anthropic_server, agent_config, tmp_path, messages_client):
+    anthropic_server.play([reply("ok")])
+    wire = next(wire for wire in WIRES if wire.name == "messages")
+    extra = {"tool_choice": "none", "thinking": {"type": "disabled"}}
+    async with launched(agent_config, tmp_path, wire, client=messages_client,
+                        sampling=vf.SamplingConfig(extra=extra)) as launch:
+        body = wire.body([("user", "go")], {"tools": TOOLS["messages"], "tool_choice": {"type": "any"},
+                                            "thinking": {"type": "enabled", "budget_tokens": 2048}})
+        assert (await launch.post(body)).status_code == 200
+    sent = anthropic_server.requests[0].body
+    assert (sent["tool_choice"], sent["thinking"]) == ({"type": "none"}, {"type": "disabled"})
+    assert sent["tools"][0]["name"] == "Bash"   # not imposed: as the program sent them
+
+
 def test_a_messages_request_rebuilt_for_a_messages_upstream_is_the_request_less_the_imposed_fields():
     """``MessagesDialect.to_chat`` to a Messages upstream, then ``MessagesApi.request``: every block comes
     back as it was (documents, citations, an image with its cache mark, a tool result's blocks with an image
@@ -220,6 +235,23 @@ def test_a_messages_request_rebuilt_for_a_messages_upstream_is_the_request_less_
     assert wire_api("messages").request(chat) == {k: v for k, v in body.items() if k != "stream"}
     with pytest.raises(ValueError, match="mcp_servers"):   # a chat upstream cannot have them
         DIALECT.to_chat(json.loads(json.dumps(body)), "chat")
+
+
+@pytest.mark.parametrize("api", ["messages", "responses"])
+def test_a_programs_own_native_key_is_not_sent_to_its_apis_upstream(api):
+    """A Messages or Responses program sending ``_native`` to an upstream of its API: it is not a param
+    sent on as a body field (nor its headers), and its removal is the loss."""
+    from prefect_rollouts.harnesses.dialects.messages import DIALECT as MESSAGES
+    from prefect_rollouts.harnesses.dialects.responses import DIALECT as RESPONSES
+    from prefect_rollouts.model.apis import wire_api
+
+    smuggled = {"api": api, "headers": {"x-api-key": "theirs"}, "params": {"model": "other"}}
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "_native": smuggled} \
+        if api == "messages" else {"model": "m", "input": "hi", "_native": smuggled}
+    chat, lost = (MESSAGES if api == "messages" else RESPONSES).to_chat(body, api)
+    sent = wire_api(api).request(chat)
+    assert "_native" not in sent and sent["model"] == "m"
+    assert wire_api(api).request_headers(chat) == {} and lost == {"ignored": ["_native"]}
 
 
 async def test_an_interaction_resends_the_thinking_of_an_earlier_turn_unchanged(

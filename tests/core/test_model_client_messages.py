@@ -129,6 +129,24 @@ async def test_overloaded_529_is_retried_and_its_error_body_kept_scrubbed(client
     assert "overloaded_error" in completion.attempts[0]["error"] and KEY not in completion.attempts[0]["error"]
 
 
+async def test_a_usage_field_echoing_the_key_is_noted_scrubbed_never_a_prefix(client, anthropic_server):
+    from prefect_rollouts.errors import register_secret
+    from prefect_rollouts.model.completion import count
+    from tests.fakes.openai_server import secret_fragments
+
+    anthropic_server.play([message({"type": "text", "text": "hi"}, usage={"input_tokens": KEY, "output_tokens": -5})])
+    completion = await client.complete({"model": "m", "messages": CONVERSATION[1:2]})
+    assert (completion.prompt_tokens, completion.completion_tokens) == (0, 0)
+    assert completion.usage_note.startswith("usage.input_tokens = ***: not a whole number")
+    assert "usage.output_tokens = -5" in completion.usage_note
+    longer = "sk-ant-api03-" + "Vq7Lm2Xr9Kt4Wn8Bz3Hs6Jd1Fp5Gc0Ye" * 3   # past the 40 characters a note keeps
+    register_secret(longer)
+    notes: list[str] = []
+    assert count(longer, "usage.input_tokens", notes) is None
+    assert notes == ["usage.input_tokens = ***: not a whole number from 0 to 1,000,000,000, counted as 0"]
+    assert secret_fragments(notes[0], longer, 6) == []
+
+
 async def test_an_authentication_error_is_not_retried(client, anthropic_server):
     anthropic_server.play([status(401), reply("never")])
     with pytest.raises(vf.ProviderError) as failed:
@@ -154,6 +172,25 @@ async def test_a_rate_limit_waits_for_the_reset_of_the_exhausted_limit(client, a
      None), ({}, None)])
 def test_retry_after_reads_what_the_anthropic_sdk_honours(headers, seconds):
     assert wire_api("messages").retry_after(headers) == seconds
+
+
+def test_a_stream_nested_past_the_depth_bound_is_a_malformed_body_not_a_recursion_error():
+    """An event, or a tool's streamed input, nested deeper than ``MAX_JSON_DEPTH``: a ``ValueError`` the
+    client reports as a 502 (json.loads raised RecursionError past ~1,000 levels, which the client let out,
+    and took 400 levels that pydantic cannot write into the trace's row)."""
+    start = json.dumps({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant",
+                                                             "content": [], "usage": {"input_tokens": 1}}})
+    block = json.dumps({"type": "content_block_start", "index": 0,
+                        "content_block": {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {}}})
+    deep = '{"a":' * 400 + "1" + "}" * 400
+    delta = json.dumps({"type": "content_block_delta", "index": 0,
+                        "delta": {"type": "input_json_delta", "partial_json": deep}})
+    api = wire_api("messages")
+    with pytest.raises(ValueError, match="an event nests deeper than 128 levels"):
+        api.parse_events([("message_start", "[" * 100_000)], 0, 200)
+    with pytest.raises(ValueError, match=r"content\.0\.input nests deeper than 128 levels"):
+        api.parse_events([("message_start", start), ("content_block_start", block), ("content_block_delta", delta)],
+                         0, 200)
 
 
 def test_a_recorded_stream_parses_as_the_same_message():

@@ -3,6 +3,7 @@ assembled: content, tool-call deltas by index, finish reason, the usage chunk), 
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -63,3 +64,54 @@ def test_a_chat_stream_without_usage_notes_it_and_an_error_chunk_raises():
     assert completion.message["content"] == "hi" and completion.usage_note == "the response reported no usage"
     with pytest.raises(ValueError, match="overloaded"):
         CHAT.parse_events([("", json.dumps({"error": {"message": "overloaded"}}))], 0, 200)
+
+
+async def test_text_lines_split_as_httpx_does_at_any_chunking():
+    import httpx
+
+    from prefect_rollouts.model.sse import text_lines
+
+    text = "event: a\r\ndata: 1\r\n\r\ndata: 2\rdata: 3\n\n\r\r\nlast"
+    for size in (1, 2, 3, 5, 64):
+        async def chunks(size=size):
+            for at in range(0, len(text), size):
+                yield text[at:at + size]
+        assert [line async for line in text_lines(chunks())] == list(httpx.Response(200, text=text).iter_lines())
+
+
+async def test_a_stream_whose_line_never_ends_is_refused_at_the_limit_not_held_whole():
+    """A server streaming one line without end (no newline, never closing): the client stops reading at
+    ``MAX_STREAM_CHARS`` with a 502, before its timeout (httpx's ``aiter_lines`` held the line whole
+    until the timeout, growing without bound: 430 MB resident for 200 MB)."""
+    import socket
+    import threading
+
+    import prefect_rollouts as vf
+    from prefect_rollouts.errors import ProviderError
+    from prefect_rollouts.model import ModelClient
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\ndata: ")
+            with contextlib.suppress(OSError):
+                while not stop.is_set():
+                    conn.sendall(b"x" * 1_048_576)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    client = ModelClient(vf.ClientConfig(base_url=f"http://127.0.0.1:{listener.getsockname()[1]}/v1", api="messages",
+                                         stream=True, timeout=8, retries=vf.RetryConfig(max_retries=0)))
+    try:
+        with pytest.raises(ProviderError) as raised:
+            await client.complete({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    finally:
+        stop.set()
+        await client.aclose()
+        listener.close()
+        thread.join(5)
+    assert raised.value.status_code == 502 and "longer than 67108864 characters (MAX_STREAM_CHARS)" in str(raised.value)

@@ -4,6 +4,7 @@ package's own models accept, with every tool call and its observation in place."
 from __future__ import annotations
 
 import json
+import re
 
 import atif
 import pytest
@@ -87,3 +88,12 @@ def test_export_names_an_unknown_run_and_an_unknown_format(tmp_path):
     assert unknown.exit_code == 1 and "RUN = 'nope': no rollouts of this run" in unknown.output
     wrong = runner.invoke(app, ["traces", "export", str(tmp_path), "r", "--format", "csv", "--out", str(tmp_path)])
     assert wrong.exit_code == 2 and "--format = 'csv'" in wrong.output and "Use --format atif" in wrong.output
+
+
+def test_names_that_are_not_path_components_get_distinct_safe_ones():
+    from prefect_rollouts.traces.atif import _safe
+
+    names = ["a/b", "a_b", "a b", "..", ".", "../../etc", "x" * 130, "x" * 131, "t\u00e9", "t\x00"]
+    made = [_safe(name) for name in names]
+    assert len(set(made)) == len(names) and made[1] == "a_b"
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]{1,120}", part) and part.strip(".") for part in made)

@@ -131,6 +131,28 @@ def test_the_server_answers_only_its_token_on_a_loopback_host(dataset):
     assert "frame-ancestors" not in meta and "connect-src 'self'" in meta   # a browser logs an error for it there
 
 
+def test_a_non_ascii_token_or_a_missing_parameter_is_refused_not_a_server_error(dataset):
+    client = TestClient(make_app(dataset, "tok-1"), base_url="http://127.0.0.1:8000", raise_server_exceptions=False)
+    for wrong in ["%C3%A9", "tok-1%C3%A9", "%FF"]:   # compare_digest raises on a str with non-ASCII text
+        refused = client.get(f"/api/runs?token={wrong}")
+        assert refused.status_code == 403 and refused.text.startswith("a token is required")
+    for path, present in [("/api/rollouts", {}), ("/api/plots", {}), ("/api/rollout", {"run": "run-a"}),
+                          ("/api/compare", {"a": "run-a"})]:
+        answered = client.get(path, params={"token": "tok-1", **present})
+        missing = {"/api/rollout": "id", "/api/compare": "b"}.get(path, "run")
+        assert answered.status_code == 400
+        assert answered.text == f"{path} needs the parameter {missing}: add {missing}=... to the query"
+
+
+@pytest.mark.parametrize("port", [-1, 65536])
+def test_a_port_outside_its_range_is_a_clear_error(port):
+    from prefect_rollouts.errors import ConfigError
+    from prefect_rollouts.traces.view.server import bind
+
+    with pytest.raises(ConfigError, match=f"--port {port}: cannot listen there .*port must be 0-65535"):
+        bind("127.0.0.1", port)
+
+
 def test_the_html_file_caps_what_it_embeds_and_names_a_bad_cap(dataset, tmp_path):
     data = file_data(dataset, max_rollouts=2)
     assert data["capped"] == {"run-a": 2, "run-b": 4} and len(data["details"]) == 4

@@ -26,6 +26,7 @@ from pydantic import (
 
 from prefect_rollouts.errors import ProviderError, scrub
 from prefect_rollouts.harnesses.base import SegmentContext, request_template, sample, scrub_message
+from prefect_rollouts.model.apis.base import IMPOSED_KEYS, NATIVE_KEY
 
 IMPOSED_OUT = ("stream", "stream_options", "n", "max_completion_tokens", "user", "store", "metadata")
 """Request keys the endpoint does not pass upstream: it always asks for one non-streamed choice
@@ -283,6 +284,8 @@ class ProgramSession:
             imposed["n"] = {"program": body["n"], "sent": 1}
         if imposed:
             rewrites["imposed"] = imposed
+        if isinstance(request.get(NATIVE_KEY), dict):   # the wire API lets none of the program's fields over these
+            request[NATIVE_KEY] = {**request[NATIVE_KEY], IMPOSED_KEYS: sorted(template)}
         return request, [*carried, *spliced], rewrites
 
 

@@ -37,7 +37,7 @@ from prefect_rollouts.config.agent import ClientConfig
 from prefect_rollouts.errors import InfrastructureError, ProviderError, register_secret, scrub
 from prefect_rollouts.model.apis import wire_api
 from prefect_rollouts.model.completion import Completion
-from prefect_rollouts.model.sse import read_events
+from prefect_rollouts.model.sse import read_events, text_lines
 from prefect_rollouts.nesting import loads
 
 #: Connections per httpx client. httpcore's pool does work per request that grows with the
@@ -194,7 +194,7 @@ class ModelClient:
                 await response.aread()
                 return response, None
             try:
-                return response, await read_events(response.aiter_lines())
+                return response, await read_events(text_lines(response.aiter_text()))
             except ValueError as exc:   # longer than MAX_STREAM_CHARS
                 raise _Attempt(f"returned a malformed body ({exc})", 502) from None
 

@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from prefect_rollouts.errors import scrub
+
 
 @dataclass(slots=True)
 class Completion:
@@ -45,13 +47,15 @@ context windows); a larger one, a negative or a non-integer one is unknown (``Co
 
 def count(value: Any, where: str, notes: list[str]) -> int | None:
     """``value`` as a token count: a whole number from 0 to ``USAGE_MAX``; None (and a note naming
-    ``where``, e.g. ``usage.prompt_tokens``) otherwise; None without a note when ``value`` is None."""
+    ``where``, e.g. ``usage.prompt_tokens``, and the value scrubbed of secrets then cut to 40 characters)
+    otherwise; None without a note when ``value`` is None."""
     if value is None:
         return None
     if (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
             and value == int(value) and 0 <= value <= USAGE_MAX):
         return int(value)
-    notes.append(f"{where} = {str(value)[:40]}: not a whole number from 0 to {USAGE_MAX:,}, counted as 0")
+    shown = scrub(str(value))[:40]   # the provider's text: a key echoed there is scrubbed before the cut
+    notes.append(f"{where} = {shown}: not a whole number from 0 to {USAGE_MAX:,}, counted as 0")
     return None
 
 

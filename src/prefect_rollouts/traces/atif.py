@@ -10,12 +10,14 @@ n-th assistant message). ``final_metrics`` sums the usage; ``extra`` holds the r
 task id, environment, stop condition and errors; the program launches go to ``agent.extra``.
 
 ``export_run`` writes one file per rollout in a Harbor-like layout:
-``<out>/<run>/<environment>/<task>__<index>/agent/trajectory.json`` (latest attempts).
+``<out>/<run>/<environment>/<task>__<index>/agent/trajectory.json`` (latest attempts; a name that is not a
+safe path component is made one, with a hash of it: ``_safe``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import re
 from importlib.metadata import PackageNotFoundError, version
@@ -150,9 +152,13 @@ def export_run(root: str | Path, run_id: str, out: str | Path) -> list[Path]:
 
 
 def _safe(name: str) -> str:
-    """``name`` as one path component: characters outside ``[A-Za-z0-9._-]`` as ``_``, never ``.`` or ``..``."""
+    """``name`` as one path component: characters outside ``[A-Za-z0-9._-]`` as ``_``, never ``.`` or ``..``,
+    at most 120 characters; a name so changed ends in ``-`` and 10 hex digits of its SHA-256, so two names
+    never share a file (``a/b`` and ``a_b`` were one path, the second rollout's file over the first's)."""
     cleaned = re.sub(r"[^A-Za-z0-9._-]", "_", name)[:120]
-    return cleaned if cleaned.strip(".") else "_" + cleaned
+    if cleaned == name and cleaned.strip("."):
+        return cleaned
+    return f"{cleaned[:109]}-{hashlib.sha256(name.encode('utf-8', 'surrogatepass')).hexdigest()[:10]}"
 
 
 def _arguments(text: Any) -> dict[str, Any]:

@@ -60,13 +60,19 @@ class Dialect:
 
     def recorded(self, headers: Mapping[str, str], secret: str) -> dict[str, str]:
         """The values of ``recorded_headers`` the request bears (``anthropic-beta``: comma-separated
-        names), scrubbed, at most 500 characters each: an item that is a piece of ``secret`` (8 characters
-        or more) is ``***`` too, so not even a prefix of the launch key reaches the trace."""
+        names), scrubbed, at most 500 characters each, cut between items (a Messages upstream is sent the
+        value: a name cut in two is a 400 there): an item that is a piece of ``secret`` (8 characters or
+        more) is ``***`` too, so not even a prefix of the launch key reaches the trace."""
         out = {}
         for name in self.recorded_headers:
             if name in headers:
                 items = [item.strip() for item in scrub(headers[name], (secret,)).split(",")]
-                out[name] = ",".join("***" if len(item) >= 8 and item in secret else item for item in items)[:500]
+                kept: list[str] = []
+                for item in ("***" if len(item) >= 8 and item in secret else item for item in items):
+                    if len(",".join([*kept, item])) > 500:
+                        break
+                    kept.append(item)
+                out[name] = ",".join(kept)
         return out
 
     def to_chat(self, body: Any, upstream: str = "chat") -> tuple[Any, dict[str, Any]]:

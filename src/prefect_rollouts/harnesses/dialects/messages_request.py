@@ -115,9 +115,10 @@ def translate(body: Any, counting: bool, native: bool = False) -> tuple[dict[str
     if body.get("tool_choice") is not None:
         request.update(_tool_choice(body["tool_choice"]))
     lost.ignored.extend(key for key in body if key not in TRANSLATED and key != "max_tokens")
-    if native:
+    if native:   # a NATIVE_KEY of the program's own is not sent on (only the endpoint sets one): the loss
         request[NATIVE_KEY] = {"api": "messages", "params": {
-            key: value for key, value in body.items() if key not in NATIVE_OUT}}
+            key: value for key, value in body.items() if key not in NATIVE_OUT and key != NATIVE_KEY}}
+        return request, {"ignored": [NATIVE_KEY]} if NATIVE_KEY in body else {}
     return request, lost.report()
 
 

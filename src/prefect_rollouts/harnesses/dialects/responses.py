@@ -95,8 +95,10 @@ class ResponsesDialect(Dialect):
             if isinstance(body.get("tools"), list) and body["tools"]:   # ProgramSession.side looks at them
                 chat["tools"] = body["tools"]
             chat[NATIVE_KEY] = {"api": self.name, "params": {key: value for key, value in body.items()
-                                                              if key not in NATIVE_TAKEN},
+                                                              if key not in NATIVE_TAKEN and key != NATIVE_KEY},
                                 INSTRUCTIONS: body.get("instructions") is not None}
+            if NATIVE_KEY in body:   # the program's own is not sent on (only the endpoint sets one): the loss
+                lost["ignored"] = [NATIVE_KEY]
             return chat, lost
         tools = tools_of(body["tools"], lost) if body.get("tools") is not None else []
         if tools:

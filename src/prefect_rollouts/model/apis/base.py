@@ -17,6 +17,17 @@ API_NAMES: tuple[ApiName, ...] = ("chat", "responses", "messages")
 NATIVE_KEY = "_native"
 """Key of a request body holding the program's native request fields (``model.apis``' docstring); never sent."""
 
+IMPOSED_KEYS = "imposed"
+"""Key of ``NATIVE_KEY`` listing the chat-form keys the rollout imposed (``harnesses.base.request_template``:
+model, sampling, ``sampling.extra``): a wire API lets no native field of the program over them, nor over the
+native field each maps to (``reasoning_effort`` -> Responses ``reasoning.effort``, ``tool_choice``...)."""
+
+
+def imposed_keys(native: Mapping[str, Any]) -> frozenset[str]:
+    """``IMPOSED_KEYS`` of ``native`` (a ``NATIVE_KEY`` dict) as a set; empty when absent or malformed."""
+    keys = native.get(IMPOSED_KEYS)
+    return frozenset(key for key in keys if isinstance(key, str)) if isinstance(keys, list) else frozenset()
+
 
 class WireApi:
     """One wire API (subclass it; ``chat.ChatApi`` is the reference).

@@ -26,7 +26,8 @@ trace's, typed parts included; ``request``):
   is (``sampling.extra`` may name Anthropic's own: ``top_k``, ``thinking``, ``metadata``);
 - ``NATIVE_KEY`` of a request the endpoint received in Messages itself: its ``params`` (``tools``,
   ``tool_choice``, ``thinking``, ``metadata``, ``context_management``, ...) are used as the program sent
-  them, never over an imposed field (model, sampling, ``max_tokens``, messages, system), and its
+  them, never over an imposed field (model, sampling and ``sampling.extra``: ``IMPOSED_KEYS``,
+  ``max_tokens``, messages, system), and its
   ``headers`` (``anthropic-beta``) go with the request (``request_headers``).
 
 The response (``messages_parse``): text and thinking blocks kept as typed parts, ``tool_use`` ->
@@ -41,7 +42,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from prefect_rollouts.model.apis import messages_parse
-from prefect_rollouts.model.apis.base import NATIVE_KEY, WireApi
+from prefect_rollouts.model.apis.base import NATIVE_KEY, WireApi, imposed_keys
 from prefect_rollouts.model.completion import Completion
 
 VERSION = "2023-06-01"
@@ -115,8 +116,9 @@ class MessagesApi(WireApi):
             if key not in out and key not in CHAT_ONLY and key not in ("messages", "tools", "tool_choice", "stop",
                                                                        NATIVE_KEY):
                 out[key] = value
+        imposed = imposed_keys(native)   # the rollout's sampling.extra too: in out already, never replaced
         for key, value in params.items():
-            if key not in IMPOSED and key not in CHAT_ONLY:
+            if key not in IMPOSED and key not in CHAT_ONLY and key not in imposed:
                 if key in ("tools", "tool_choice") or key not in out:
                     out[key] = value
         if not out.get("tools"):

@@ -22,6 +22,7 @@ from typing import Any
 
 from prefect_rollouts.model.apis.base import retry_after_header
 from prefect_rollouts.model.completion import Completion, count
+from prefect_rollouts.nesting import loads
 
 STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls", "max_tokens": "length",
                 "model_context_window_exceeded": "length", "refusal": "content_filter", "pause_turn": "stop"}
@@ -75,12 +76,12 @@ def assemble(events: list[tuple[str, str]]) -> dict[str, Any]:
 
     Raises:
         ValueError: an ``error`` event (its type and message), a stream without ``message_start``, or
-            an event that is not JSON.
+            an event (or a tool's input) that is not JSON or nests deeper than ``nesting.MAX_JSON_DEPTH``.
     """
     message: dict[str, Any] | None = None
     partial: dict[int, str] = {}
     for name, text in events:
-        event = json.loads(text) if text.strip() else {}
+        event = loads(text, "an event") if text.strip() else {}   # depth bounded: MAX_JSON_DEPTH
         kind = event.get("type", name) if isinstance(event, dict) else name
         if kind == "error":
             error = event.get("error") or {}
@@ -115,7 +116,7 @@ def assemble(events: list[tuple[str, str]]) -> dict[str, Any]:
     if message is None:
         raise ValueError("the stream held no message_start event")
     for index, text in partial.items():
-        message["content"][index]["input"] = json.loads(text) if text.strip() else {}
+        message["content"][index]["input"] = loads(text, f"content.{index}.input") if text.strip() else {}
     return message
 
 

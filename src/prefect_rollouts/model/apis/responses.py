@@ -14,7 +14,8 @@ false unless set: Responses makes it true by default), ``tool_choice`` likewise,
 (the endpoint records them as lost). A request the endpoint received in Responses carries the
 program's own top-level fields under ``NATIVE_KEY`` (``include``, ``reasoning``, ``store``, its tools as
 it sent them, ``text``, ``prompt_cache_key``...): they are sent as they came, under the imposed ones
-(``IMPOSED``: model, sampling, the token cap).
+(``IMPOSED``: model, sampling, the token cap; and ``base.IMPOSED_KEYS``: ``sampling.extra`` replaces a field
+it names, ``reasoning_effort`` and ``verbosity`` set theirs inside the program's ``reasoning`` and ``text``).
 
 ``store`` is false unless the program's native fields say otherwise: this client is stateless (it resends
 the whole conversation every call, as the trace holds it), so a stored response would only keep a copy
@@ -41,7 +42,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from prefect_rollouts.model.apis.base import NATIVE_KEY, WireApi, retry_after_header
+from prefect_rollouts.model.apis.base import NATIVE_KEY, WireApi, imposed_keys, retry_after_header
 from prefect_rollouts.model.completion import Completion, count, detail
 from prefect_rollouts.nesting import loads
 from prefect_rollouts.trace import RESPONSES_ITEM
@@ -74,7 +75,9 @@ class ResponsesApi(WireApi):
         if not (isinstance(native, dict) and native.get("api") == self.name):
             native = {}
         given = native.get("params")
-        params: dict[str, Any] = given if isinstance(given, dict) else {}
+        imposed = imposed_keys(native)   # the rollout's: no field of the program goes over them
+        params: dict[str, Any] = {key: value for key, value in given.items() if key not in imposed} \
+            if isinstance(given, dict) else {}
         out: dict[str, Any] = {key: value for key, value in params.items() if key not in IMPOSED}
         out.setdefault("store", False)
         for key, value in body.items():
@@ -90,14 +93,14 @@ class ResponsesApi(WireApi):
             out["max_output_tokens"] = limit
         if "tools" not in params and body.get("tools"):
             out["tools"] = [_tool(tool) for tool in body["tools"]]
-        if "tool_choice" not in params and body.get("tool_choice") is not None:
+        if ("tool_choice" not in params or "tool_choice" in imposed) and body.get("tool_choice") is not None:
             out["tool_choice"] = _tool_choice(body["tool_choice"])
-        if "text" not in params and isinstance(body.get("response_format"), dict):
-            out["text"] = {"format": _text_format(body["response_format"])}
-        if "reasoning" not in params and body.get("reasoning_effort") is not None:
-            out["reasoning"] = {"effort": body["reasoning_effort"]}
-        if "text" not in params and body.get("verbosity") is not None:
-            out["text"] = {**out.get("text", {}), "verbosity": body["verbosity"]}
+        if ("text" not in params or "response_format" in imposed) and isinstance(body.get("response_format"), dict):
+            out["text"] = {**_dict(out.get("text")), "format": _text_format(body["response_format"])}
+        if ("reasoning" not in params or "reasoning_effort" in imposed) and body.get("reasoning_effort") is not None:
+            out["reasoning"] = {**_dict(out.get("reasoning")), "effort": body["reasoning_effort"]}
+        if ("text" not in params or "verbosity" in imposed) and body.get("verbosity") is not None:
+            out["text"] = {**_dict(out.get("text")), "verbosity": body["verbosity"]}
         return out
 
     def unsent_keys(self, body: dict[str, Any]) -> list[str]:
@@ -239,6 +242,10 @@ def _finish(data: dict[str, Any], called: bool) -> str:
         reason = (data.get("incomplete_details") or {}).get("reason")
         return "content_filter" if reason == "content_filter" else "length"
     return "tool_calls" if called else "stop"
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def _input(messages: list[dict[str, Any]], instructions_first: bool,

@@ -34,15 +34,17 @@ LOOPBACK_NAMES = ["127.0.0.1", "localhost", "[::1]", "::1"]
 def make_app(dataset: Dataset, token: str, *, run_id: str | None = None,
              allowed_hosts: list[str] | None = None) -> Starlette:
     """The viewer's Starlette app: ``/`` the page, ``/api/runs``, ``/api/rollouts?run=``,
-    ``/api/rollout?run=&id=``, ``/api/compare?a=&b=`` (JSON). A request without ``token`` gets 403; a
-    Host header outside ``allowed_hosts`` (default ``LOOPBACK_NAMES``) gets 400; an unknown run 404."""
+    ``/api/rollout?run=&id=``, ``/api/compare?a=&b=`` (JSON). A request without ``token`` (or with any
+    other, non-ASCII too) gets 403; a Host header outside ``allowed_hosts`` (default ``LOOPBACK_NAMES``)
+    gets 400, and so does a request lacking a parameter its view needs (naming it); an unknown run 404."""
     answered: dict[tuple[Any, ...], bytes] = {}
     headers = {"Content-Security-Policy": content_security_policy(served=True), "X-Content-Type-Options": "nosniff",
                "Referrer-Policy": "no-referrer", "Cache-Control": "no-store", "X-Frame-Options": "DENY"}
 
     def guarded(view: Callable[[Request], Any]) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
-            if not secrets.compare_digest(request.query_params.get("token", ""), token):
+            given = request.query_params.get("token", "").encode("utf-8", "surrogatepass")
+            if not secrets.compare_digest(given, token.encode()):   # bytes: a str with non-ASCII text raises
                 return PlainTextResponse("a token is required: open the URL `prefect-rollouts traces view` printed",
                                          status_code=403, headers=headers)
 
@@ -51,6 +53,9 @@ def make_app(dataset: Dataset, token: str, *, run_id: str | None = None,
                 return Response(answered[key], media_type="application/json", headers=headers)
             try:
                 result = await run_in_threadpool(view, request)   # Dataset locks what it keeps
+            except MissingParameter as exc:
+                return PlainTextResponse(f"{request.url.path} needs the parameter {exc.args[0]}: add "
+                                         f"{exc.args[0]}=... to the query", status_code=400, headers=headers)
             except (ConfigError, KeyError) as exc:
                 return PlainTextResponse(str(exc), status_code=404, headers=headers)
             except TraceStoreError as exc:
@@ -62,21 +67,34 @@ def make_app(dataset: Dataset, token: str, *, run_id: str | None = None,
         return endpoint
 
     def one(request: Request) -> Any:
-        found = dataset.rollout(request.query_params["run"], request.query_params["id"])
+        run, rollout_id = param(request, "run"), param(request, "id")
+        found = dataset.rollout(run, rollout_id)
         if found is None:
-            raise KeyError(f"no rollout {request.query_params['id']} in run {request.query_params['run']}")
+            raise KeyError(f"no rollout {rollout_id} in run {run}")
         return found
 
     routes = [
         Route("/", guarded(lambda r: render_page({"mode": "server", "token": token, "run": run_id}, served=True))),
         Route("/api/runs", guarded(lambda r: dataset.runs())),
-        Route("/api/rollouts", guarded(lambda r: dataset.rollouts(r.query_params["run"]))),
-        Route("/api/plots", guarded(lambda r: dataset.plots(r.query_params["run"]))),
+        Route("/api/rollouts", guarded(lambda r: dataset.rollouts(param(r, "run")))),
+        Route("/api/plots", guarded(lambda r: dataset.plots(param(r, "run")))),
         Route("/api/rollout", guarded(one)),
-        Route("/api/compare", guarded(lambda r: dataset.compare(r.query_params["a"], r.query_params["b"]))),
+        Route("/api/compare", guarded(lambda r: dataset.compare(param(r, "a"), param(r, "b")))),
     ]
     hosts = allowed_hosts or LOOPBACK_NAMES
     return Starlette(routes=routes, middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=hosts)])
+
+
+class MissingParameter(LookupError):
+    """A request lacks a query parameter its view needs (``args[0]``: its name); answered 400."""
+
+
+def param(request: Request, name: str) -> str:
+    """Query parameter ``name`` of ``request``; ``MissingParameter`` when absent."""
+    value = request.query_params.get(name)
+    if value is None:
+        raise MissingParameter(name)
+    return value
 
 
 def _json(value: Any) -> bytes:
@@ -87,14 +105,15 @@ def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     """A listening socket on ``host:port`` (port 0: one the system picks).
 
     Raises:
-        ConfigError: the address cannot be bound (in use, or not an address of this machine).
+        ConfigError: the address cannot be bound (in use, not an address of this machine, a port outside
+            0-65535).
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-    except OSError as exc:
+    except (OSError, OverflowError) as exc:   # OverflowError: a port outside 0-65535
         sock.close()
         raise ConfigError(f"--host {host} --port {port}: cannot listen there ({exc}). Choose another port, or "
                           "--port 0 for a free one") from exc
