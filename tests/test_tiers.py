@@ -3,7 +3,6 @@ under its tier's timeout unless it sets its own."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -175,37 +174,3 @@ def test_the_model_lane_comes_first_then_the_groups_with_most_tests_then_the_res
     collected = [line for line in result.outlines if "::" in line]
     assert collected == ["test_c_big.py::test_model", "test_c_big.py::test_big[0]", "test_c_big.py::test_big[1]",
                          "test_b_small.py::test_small", "test_a_single.py::test_alone"]
-
-
-@pytest.mark.skipif(os.geteuid() != 0 or not Path("/proc/self/autogroup").exists(),
-                    reason="raising a scheduling priority needs root and autogroup scheduling")
-def test_a_model_server_this_process_starts_gets_the_cores_first():
-    """``raise_model_servers`` (run while a ``smollm2`` test runs) gives a descendant whose command line names
-    the model server, in a session of its own as ``LocalModelServer`` starts it, the lane's priority; it
-    leaves another process alone."""
-    import subprocess
-    import sys
-    import threading
-
-    from tests.support.tiers import MODEL_AUTOGROUP_NICE, MODEL_SERVER, raise_model_servers
-
-    sleep = [sys.executable, "-c", "import time; time.sleep(30)"]
-    server = subprocess.Popen([*sleep, MODEL_SERVER], start_new_session=True)
-    other = subprocess.Popen(sleep, start_new_session=True)
-    stop = threading.Event()
-    watch = threading.Thread(target=raise_model_servers, args=(stop, 0.05), daemon=True)
-    watch.start()
-    try:
-        def nice(process: subprocess.Popen) -> str:
-            return Path(f"/proc/{process.pid}/autogroup").read_text().split()[-1]
-        for _ in range(100):
-            if nice(server) == str(MODEL_AUTOGROUP_NICE):
-                break
-            stop.wait(0.05)
-        assert (nice(server), nice(other)) == (str(MODEL_AUTOGROUP_NICE), "0")
-    finally:
-        stop.set()
-        watch.join(timeout=5)
-        for process in (server, other):
-            process.kill()
-            process.wait(timeout=5)

@@ -21,8 +21,7 @@ Within a tier, tests run at once in pytest-xdist workers (scripts/test). Two rul
   the fixture is set up once, as without xdist;
 - a test marked ``smollm2`` runs the real model, whose llama.cpp server takes every core while it reads a
   prompt: those tests run in ``MODEL_LANES`` lanes (groups ``smollm2-0``, ...; alternating in collection
-  order; they win over the module's group), and the llama.cpp servers they start get the cores first
-  (``MODEL_AUTOGROUP_NICE``);
+  order; they win over the module's group);
 - a test marked ``serial`` acts on what every test shares (the whole Docker engine's containers, the
   machine's load or disk): scripts/test runs those after the others, one at a time.
 
@@ -36,28 +35,13 @@ first and the short tests fill the gaps at the end.
 from __future__ import annotations
 
 import os
-import threading
-from pathlib import Path
 
-import psutil
 import pytest
 
 MODEL_LANES = 1
 """How many tests that run the real model (``smollm2``) may run at once. One lane is the system tier's
 critical path (680 of its 718 s on a clean clone), but the tier is CPU-bound: with two lanes the model
 tests ran 2-3x longer side by side and the whole ``.ci/run`` took 18 min 12 s against 18 min 23 s."""
-
-MODEL_AUTOGROUP_NICE = -10
-"""The scheduling priority of the llama.cpp servers a ``smollm2`` test starts: the niceness of their
-session's autogroup. Linux (``kernel.sched_autogroup_enabled``) shares the CPU between sessions before
-processes, and ``LocalModelServer`` starts its server in a session of its own, so a plain niceness would
-change nothing against the suite's other servers and workers. The real-model lane is the suite's longest
-chain; with its server first, the other tests fill what it leaves. ``benchmarks/local_prompt.py --busy 3
---tokens 1500``: 71.4 s at niceness 0, 12.9 s at -10 (and 27.5 against 17.0 s of CPU: llama.cpp's threads
-spin while they wait for each other). Only root may raise a priority; elsewhere nothing changes."""
-
-MODEL_SERVER = "prefect_rollouts.model.llama_server"
-"""What a real-model server's command line holds (``model/local.py``)."""
 
 TIMEOUT_S = {"unit": 10, "prefect": 300, "system": 600}
 """Seconds per test, setup included: a unit test takes under 5 s here; the harness starts within the
@@ -112,39 +96,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(TIMEOUT_S[tiers_of(item)[0]]))
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
-    """While a ``smollm2`` test runs (setup to teardown), raise the llama.cpp servers this process starts
-    (``MODEL_AUTOGROUP_NICE``), looking for new ones every half second."""
-    if item.get_closest_marker("smollm2") is None:
-        yield
-        return
-    stop = threading.Event()
-    watch = threading.Thread(target=raise_model_servers, args=(stop,), name="model-priority", daemon=True)
-    watch.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        watch.join(timeout=5)
-
-
-def raise_model_servers(stop: threading.Event, interval_s: float = 0.5) -> None:
-    """Until ``stop`` is set: give each descendant of this process whose command line names
-    ``MODEL_SERVER`` the autogroup niceness ``MODEL_AUTOGROUP_NICE`` (once per process)."""
-    raised: set[int] = set()
-    me = psutil.Process()
-    while True:
-        for child in me.children(recursive=True):
-            if child.pid in raised:
-                continue
-            try:
-                if MODEL_SERVER in child.cmdline():
-                    Path(f"/proc/{child.pid}/autogroup").write_text(str(MODEL_AUTOGROUP_NICE))
-                    raised.add(child.pid)
-            except (psutil.Error, OSError):   # gone meanwhile, no autogroup here, or not root
-                raised.add(child.pid)
-        if stop.wait(interval_s):
-            return
