@@ -1,4 +1,4 @@
-"""PostgreSQL-backed Prefect servers (``pgserver``) for the system tier: the directories such servers
+"""PostgreSQL-backed Prefect servers (``servers/postgres.py``) for the system tier: the directories such servers
 live in (removed after, also when a test fails), a server on free ports, one that this process's
 Prefect settings point at, and the module-scoped fixtures ``pg_server`` and ``pg_api``."""
 
@@ -32,7 +32,7 @@ def server_home(prefix: str) -> Iterator[Path]:
         yield home
     finally:
         try:
-            from prefect_rollouts import pgserver
+            from prefect_rollouts.servers import postgres as pgserver
 
             pgserver.stop(home)
         finally:
@@ -43,7 +43,7 @@ def server_home(prefix: str) -> Iterator[Path]:
 def pg_server_running(prefix: str = "pg-") -> Iterator[str]:
     """Start a Prefect server on PostgreSQL (both on free ports) in a fresh server home and yield its
     API URL (its UI is at the same address without ``/api``); stop and remove it after."""
-    from prefect_rollouts import pgserver
+    from prefect_rollouts.servers import postgres as pgserver
 
     with server_home(prefix) as home:
         yield pgserver.start(home, port=free_port(), pg_port=free_port())
