@@ -4,7 +4,6 @@ answers only its token on a loopback Host. (tests/ui/test_viewer_in_browser.py d
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import json
@@ -20,7 +19,7 @@ from prefect_rollouts.traces.view.data import TABLE_COLUMNS, Dataset
 from prefect_rollouts.traces.view.page import asset, content_security_policy, embed_json, render_page
 from prefect_rollouts.traces.view.render import file_data
 from prefect_rollouts.traces.view.server import make_app
-from tests.traces.viewer_runs import HOSTILE, two_runs
+from tests.traces.viewer_runs import HOSTILE, make_two_runs
 
 pytestmark = pytest.mark.unit
 
@@ -28,16 +27,7 @@ pytestmark = pytest.mark.unit
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory, _openai_server_session):
     """Two runs (tests/traces/viewer_runs.py ``two_runs``), read through one ``Dataset``."""
-    import os
-
-    root = tmp_path_factory.mktemp("viewer")
-    os.environ["TEST_OPENAI_KEY"] = "sk-test-viewer"
-    try:
-        _openai_server_session.reset()
-        asyncio.run(two_runs(root, _openai_server_session))
-    finally:
-        del os.environ["TEST_OPENAI_KEY"]
-    return Dataset(root)
+    return Dataset(make_two_runs(tmp_path_factory.mktemp("viewer"), _openai_server_session))
 
 
 def test_embedded_json_cannot_close_its_script_element_and_reads_back_the_same():

@@ -5,6 +5,7 @@ dataset as an eval writes them."""
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import Any
 
@@ -119,3 +120,15 @@ async def two_runs(root: Path, server: ScriptedOpenAIServer) -> None:
     write_run(root, "run-a", a)
     b = [await tools_rollout(server, f"t{i}", i, i) for i in range(1, 5)]
     write_run(root, "run-b", [*b, await hostile_rollout(server), await steered_rollout(server)])
+
+
+def make_two_runs(root: Path, server: ScriptedOpenAIServer) -> Path:
+    """``two_runs`` from synchronous code (a module fixture), with the key variable set only meanwhile;
+    returns ``root``."""
+    os.environ["TEST_OPENAI_KEY"] = "sk-test-viewer"
+    try:
+        server.reset()
+        asyncio.run(two_runs(root, server))
+    finally:
+        del os.environ["TEST_OPENAI_KEY"]
+    return root

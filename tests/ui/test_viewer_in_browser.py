@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import subprocess
@@ -19,7 +18,7 @@ from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from tests.support.workers import REPO
-from tests.traces.viewer_runs import HOSTILE, two_runs
+from tests.traces.viewer_runs import HOSTILE, make_two_runs
 
 pytestmark = pytest.mark.system
 
@@ -29,14 +28,7 @@ TITLE = "prefect-rollouts traces"
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory, _openai_server_session):
     """tests/traces/viewer_runs.py's two runs (tools rollouts, a hostile one, a steered one)."""
-    root = tmp_path_factory.mktemp("viewer-browser")
-    os.environ["TEST_OPENAI_KEY"] = "sk-test-viewer"
-    try:
-        _openai_server_session.reset()
-        asyncio.run(two_runs(root, _openai_server_session))
-    finally:
-        del os.environ["TEST_OPENAI_KEY"]
-    return root
+    return make_two_runs(tmp_path_factory.mktemp("viewer-browser"), _openai_server_session)
 
 
 @pytest.fixture(scope="module")

@@ -97,3 +97,15 @@ def retry_after_header(value: str | None) -> float | None:
         return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
     except (TypeError, ValueError):
         return None
+
+
+def requested_wait(headers: Mapping[str, str]) -> float | None:
+    """Seconds a provider's response asks to wait, as both SDKs read it first: ``retry-after-ms``
+    (milliseconds), else ``Retry-After`` (``retry_after_header``); None when neither says anything usable."""
+    milliseconds = headers.get("retry-after-ms")
+    if milliseconds:
+        try:
+            return max(0.0, float(milliseconds) / 1000)
+        except ValueError:
+            pass
+    return retry_after_header(headers.get("retry-after"))

@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from prefect_rollouts.model.apis.base import retry_after_header
+from prefect_rollouts.model.apis.base import requested_wait
 from prefect_rollouts.model.completion import Completion, count
 from prefect_rollouts.nesting import loads
 
@@ -124,13 +124,7 @@ def retry_after(headers: Mapping[str, str]) -> float | None:
     """Seconds to wait before a retry, as the ``anthropic`` SDK reads them: ``retry-after-ms``, then
     ``retry-after`` (seconds or an HTTP date); else the latest ``anthropic-ratelimit-<limit>-reset``
     (RFC 3339) of a limit whose ``-remaining`` is 0. None when none says anything usable."""
-    milliseconds = headers.get("retry-after-ms")
-    if milliseconds:
-        try:
-            return max(0.0, float(milliseconds) / 1000)
-        except ValueError:
-            pass
-    seconds = retry_after_header(headers.get("retry-after"))
+    seconds = requested_wait(headers)
     if seconds is not None:
         return seconds
     waits = []

@@ -42,7 +42,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from prefect_rollouts.model.apis.base import NATIVE_KEY, WireApi, imposed_keys, retry_after_header
+from prefect_rollouts.model.apis.base import NATIVE_KEY, WireApi, imposed_keys, requested_wait
 from prefect_rollouts.model.completion import Completion, count, detail
 from prefect_rollouts.nesting import loads
 from prefect_rollouts.trace import RESPONSES_ITEM
@@ -187,13 +187,7 @@ def openai_retry_after(headers: Mapping[str, str]) -> float | None:
     else ``Retry-After``, else the latest ``x-ratelimit-reset-requests`` / ``-tokens`` of a limit whose
     ``x-ratelimit-remaining-*`` is 0 (durations such as ``6m0s``, ``1.5s``, ``20ms``: OpenAI's rate-limit
     guide). None when none says anything usable."""
-    value = headers.get("retry-after-ms")
-    if value:
-        try:
-            return max(0.0, float(value) / 1000)
-        except ValueError:
-            pass
-    seconds = retry_after_header(headers.get("retry-after"))
+    seconds = requested_wait(headers)
     if seconds is not None:
         return seconds
     waits = [duration_s(headers.get(f"x-ratelimit-reset-{kind}")) for kind in ("requests", "tokens")
