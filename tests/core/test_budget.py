@@ -253,6 +253,27 @@ async def test_usage_that_is_missing_negative_or_huge_counts_as_unknown_with_a_w
     assert len(warned) == 1 and "the response reported no usage" in warned[0]   # once per run
 
 
+async def test_a_judge_call_without_usage_is_noted_and_warned_once_in_a_budgeted_run(tmp_path, openai_server, caplog):
+    def answer(request):   # the judge's server reports no usage
+        if request.body.get("model") == "judge-model":
+            return status(200, {"id": "j", "object": "chat.completion", "model": "judge-model", "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": "yes"}, "finish_reason": "stop"}]})
+        return numbered_reply(request)
+    openai_server.default = answer
+    text = budget_toml(tmp_path, openai_server.base_url, turns=1, num_tasks=2, max_concurrent=1,
+                       token_budget=100_000)
+    text += ('[[env.agent.scoring.judges]]\nid = "reference"\nmodel = "judge-model"\n'
+             f'[env.agent.scoring.judges.client]\nbase_url = "{openai_server.base_url}"\napi_key_env = ""\n')
+    prepared = prepare_eval(load_eval_config(text), run_id="judge-usage", resume=False)
+    with caplog.at_level("WARNING", logger="prefect_rollouts.budget"):
+        await run(prepared, 1)
+    traces = read_traces(tmp_path / "traces", run_id="judge-usage")
+    assert [trace.info["usage_unknown"]["notes"] for trace in traces] == [
+        ["judge 'reference': the response reported no usage"]] * 2
+    warned = [r.getMessage() for r in caplog.records if "usage is unknown" in r.getMessage()]
+    assert len(warned) == 1 and "judge 'reference': the response reported no usage" in warned[0]
+
+
 async def test_the_resume_command_prices_rollouts_not_done_at_the_finished_ones_and_replaces_the_budget(
         tmp_path, openai_server, capsys):
     import typer

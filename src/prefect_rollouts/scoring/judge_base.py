@@ -42,6 +42,10 @@ class JudgeBudget(Protocol):
         """Count one call's tokens and cost."""
         ...
 
+    def warn_unknown(self, note: str) -> None:
+        """Log (once per budget) that a call's usage was missing or invalid, so it counted 0 tokens."""
+        ...
+
 
 JUDGE_BUDGET: ContextVar[JudgeBudget | None] = ContextVar("judge_budget", default=None)
 """The eval's budget while a rollout is scored (``stages.score`` sets it); None outside an eval with a budget.
@@ -125,6 +129,8 @@ class Judge:
         if completion.usage_note:
             note_unknown_usage(trace, f"judge {self.name!r}: {completion.usage_note}")
         if budget is not None:
+            if completion.usage_note:
+                budget.warn_unknown(f"judge {self.name!r}: {completion.usage_note}")
             await budget.charge(completion.prompt_tokens + completion.completion_tokens, cost)
         reply = content_text(completion.message.get("content"))
         record.reply = scrub_cut(reply, REPLY_CAP_CHARS, note=False)
