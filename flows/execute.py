@@ -19,7 +19,7 @@ import math
 import os
 import socket
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -295,7 +295,8 @@ def _crashed(task_: Any, task_run: Any, state: State[Any]) -> bool:
 @task(name="batch", task_run_name="batch-{batch_index}", retries=1, retry_condition_fn=_crashed,
       persist_result=False, cache_policy=NO_CACHE)
 async def batch_task(run: EvalRun, batch: list[Planned], batch_index: int) -> int | State[int]:
-    """A batch of rollouts whose stages run inline. A retry runs only the rollouts with no durable row.
+    """A batch of rollouts whose stages run inline. A retry runs only the rollouts with no durable row, and
+    the next attempt of those whose errored attempt is durable and whose retry the crash cut off (``EvalRun.due``).
 
     A batch is a task run of many rollouts, so it cannot be a rollout's state: it is Failed when
     any of its rollouts errored (``N of M rollouts errored (<first error>)``), as a ``rollout``
@@ -306,7 +307,8 @@ async def batch_task(run: EvalRun, batch: list[Planned], batch_index: int) -> in
         How many rollouts this attempt ran; in a Failed state when some of them errored.
     """
     await run.flush()  # rows of a failed attempt become durable first, so they are not run twice
-    pending = [planned for planned in batch if planned.key not in run.writer.durable]
+    pending = [planned if planned.key not in run.writer.durable else replace(planned, attempt=run.due[planned.key])
+               for planned in batch if planned.key not in run.writer.durable or planned.key in run.due]
 
     results = await gather_all([run_one(run, planned, run_stages) for planned in pending], return_exceptions=True)
     errors = [r for r in results if isinstance(r, BaseException)]

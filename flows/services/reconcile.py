@@ -68,10 +68,10 @@ async def reconcile_run(root: str | DatasetRoot, run_id: str) -> ReconcileReport
     if not len(rows):
         raise ConfigError(f"RUN = {run_id!r}: no rollouts of this run in the trace dataset at {root.uri}. "
                           "Check the run id (prefect-rollouts traces summary PATH lists them) and the path")
-    records = rows.sort_values("attempt").to_dict("records")   # by_key keeps each rollout's latest attempt
+    records = rows.sort_values("attempt").to_dict("records")
     by_rollout = {str(r["rollout_id"]): r for r in records}
     by_id = {str(r["flow_run_id"]): r for r in records if isinstance(r["flow_run_id"], str)}
-    by_key = {(str(r["task_id"]), int(r["rollout_index"])): r for r in records}
+    by_key = {_key(r["task_type"], r["task_id"], r["rollout_index"], r["attempt"]): r for r in records}
     report = ReconcileReport()
     async with get_client() as client:
         seen: set[str] = set()   # rollout ids (one per attempt) and flow run ids that have a flow run
@@ -79,7 +79,8 @@ async def reconcile_run(root: str | DatasetRoot, run_id: str) -> ReconcileReport
             request = flow_run.parameters.get("rollout") or {}
             if request.get("run_id") != run_id:
                 continue
-            key = (str(request.get("task_id")), int(request.get("rollout_index") or 0))
+            key = _key(request.get("task_type"), request.get("task_id"), request.get("rollout_index"),
+                       request.get("attempt"))
             seen |= {str(request.get("rollout_id")), str(flow_run.id)}
             if flow_run.state is not None and flow_run.state.is_final():
                 continue
@@ -116,6 +117,12 @@ async def _flow_runs(client: Any, flow: str, flow_run_filter: FlowRunFilter | No
         if len(page) < PAGE:
             return found
         offset += PAGE
+
+
+def _key(task_type: Any, task_id: Any, rollout_index: Any, attempt: Any) -> tuple[str, str, int, int]:
+    """A rollout attempt as a flow run's parameters and a row both name it (when their rollout ids differ):
+    its environment's task type, task, rollout index and attempt (null: 1)."""
+    return str(task_type), str(task_id), int(rollout_index or 0), int(attempt or 1)
 
 
 def _rollout_state(row: dict[str, Any] | None) -> State[Any]:

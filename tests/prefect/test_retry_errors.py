@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 import prefect_rollouts as vf
 from prefect_rollouts.cli import app
 from prefect_rollouts.config.eval import load_eval_config
+from prefect_rollouts.evals.engine import EvalRun
 from prefect_rollouts.evals.identity import prepare_run
 from prefect_rollouts.evals.launch_form import AdvancedSettings, LaunchForm
 from prefect_rollouts.evals.launch_tasksets import CustomTaskset
@@ -146,6 +147,37 @@ async def test_max_rollout_attempts_recovers_errored_rollouts_within_one_run(tmp
     assert sorted(every.loc[every["is_error"], "task_id"]) == ["n1", "n4"] and len(every) == 8
 
 
+
+async def test_a_batch_retried_after_a_crash_runs_the_attempt_the_crash_cut_off(tmp_path, openai_server, monkeypatch):
+    fails = {"1": 1}   # task 1's first request fails; its second attempt crashes the batch before it starts
+
+    def step(request):
+        number = re.search(r"say (\d+)", request.messages[-1]["content"]).group(1)
+        if fails.get(number, 0) > 0:
+            fails[number] -= 1
+            return status(503)
+        return reply(number)
+    openai_server.default = step
+    crashed: list[str] = []
+    make = EvalRun.rollout
+
+    def rollout(self, planned):
+        if planned.attempt == 2 and not crashed:
+            crashed.append(planned.task.id)
+            raise RuntimeError("the worker lost its runtime")
+        return make(self, planned)
+    monkeypatch.setattr(EvalRun, "rollout", rollout)
+    config = load_eval_config(eval_toml(tmp_path / "traces", openai_server.base_url, rollout_granularity="batch",
+                                        batch_size=4, max_concurrent=2, max_rollout_attempts=2,
+                                        rollout_backoff_s=0.0).replace("count = 10", "count = 4"))
+    summary = await eval_flow(config, run_id="batch-crash")
+    assert crashed == ["n1"]   # the batch raised and its task run was retried
+    assert (summary.rollouts, summary.errored, summary.retried, summary.recovered) == (4, 0, 1, 1)
+    every = read_rollouts(tmp_path / "traces", run_id="batch-crash", attempts="all")
+    assert sorted(zip(every["task_id"], every["attempt"], strict=True)) == [
+        ("n0", 1), ("n1", 1), ("n1", 2), ("n2", 1), ("n3", 1)]
+
+
 async def test_retry_errors_of_given_types_runs_only_the_rollouts_with_those_errors(tmp_path, openai_server):
     down = {"3"}
     openai_server.default = provider_down_for(down)
@@ -178,9 +210,10 @@ async def test_a_shard_runs_the_attempt_it_was_planned_once_however_often_it_is_
 
 
 async def test_reconcile_gives_each_attempts_flow_run_the_state_of_its_own_row(tmp_path):
-    first = vf.Trace(task_id="n0", model="scripted", stop_condition="provider_error")
+    first = vf.Trace(task_id="n0", task_type="Numbered", model="scripted", stop_condition="provider_error")
     first.errors.append(ErrorRecord(type="ProviderError", message="503 from the provider", stage="segment"))
-    second = vf.Trace(task_id="n0", model="scripted", stop_condition="agent_completed", reward=1.0)
+    second = vf.Trace(task_id="n0", task_type="Numbered", model="scripted", stop_condition="agent_completed",
+                      reward=1.0)
     writer = TraceWriter(tmp_path / "traces", "two-attempts")
     for attempt, made in enumerate((first, second), start=1):
         writer.add(made, rollout_index=0, environment=NUMBERED, config_hash="h", elapsed_s=1.0, attempt=attempt)
@@ -190,11 +223,16 @@ async def test_reconcile_gives_each_attempts_flow_run_the_state_of_its_own_row(t
             "rollout": RolloutRequest(rollout_id=made.id, task_id="n0", rollout_index=0, task_type="Numbered",
                                       model="scripted", run_id="two-attempts").model_dump()})
             for i, made in enumerate((first, second))]
+        # a flow run whose rollout id no row has (matched by task type, task, index and its own attempt)
+        runs.append(await client.create_flow_run(rollout_flow, name="left-by-key", state=Running(), parameters={
+            "rollout": RolloutRequest(rollout_id="not-a-row", task_id="n0", rollout_index=0, task_type="Numbered",
+                                      model="scripted", run_id="two-attempts", attempt=1).model_dump()}))
         report = await reconcile_run(tmp_path / "traces", "two-attempts")
         states = [(await client.read_flow_run(run.id)).state for run in runs]
-    assert sorted(report.rollouts_set) == ["left-0", "left-1"]
-    assert [state.name for state in states] == ["Failed", "Completed"]   # not both the latest attempt's state
-    assert states[0].message == "ProviderError: 503 from the provider"
+    assert sorted(report.rollouts_set) == ["left-0", "left-1", "left-by-key"]
+    # each gets its own attempt's state, not the latest attempt's
+    assert [state.name for state in states] == ["Failed", "Completed", "Failed"]
+    assert states[0].message == states[2].message == "ProviderError: 503 from the provider"
 
 
 async def test_the_launch_form_finishes_a_run_with_its_errored_rollouts(tmp_path, openai_server):

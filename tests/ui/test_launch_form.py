@@ -15,7 +15,7 @@ from prefect_rollouts.config.eval import load_eval_config
 from prefect_rollouts.environments import BUILTIN
 from prefect_rollouts.environments.bfcl.taskset import CATEGORIES
 from prefect_rollouts.errors import ConfigError
-from prefect_rollouts.evals.launch_form import AdvancedSettings, LaunchForm
+from prefect_rollouts.evals.launch_form import AdvancedSettings, LaunchForm, LimitSettings
 from prefect_rollouts.evals.launch_tasksets import BUILTIN_TASKSETS, BfclCategory, BfclTaskset, CustomTaskset
 
 pytestmark = pytest.mark.unit
@@ -33,7 +33,7 @@ def form_schema() -> dict:
 
 
 def form_models() -> list[type[BaseModel]]:
-    return [LaunchForm, AdvancedSettings, *BUILTIN_TASKSETS.values(), CustomTaskset]
+    return [LaunchForm, LimitSettings, AdvancedSettings, *BUILTIN_TASKSETS.values(), CustomTaskset]
 
 
 def test_the_form_shows_the_common_fields_first_and_the_rest_under_advanced():
@@ -46,7 +46,7 @@ def test_the_form_shows_the_common_fields_first_and_the_rest_under_advanced():
     titles = [field.get("title") or definitions[field["$ref"].rsplit("/", 1)[1]]["title"]
               for field in fields]   # a $ref field shows its model's title
     assert titles == ["Taskset", "Model", "Endpoint", "Number of tasks", "Rollouts per task", "Concurrency",
-                      "More tasksets (a suite)", "Advanced"]
+                      "More tasksets (a suite)", "Limits", "Advanced"]
     assert "run_name" not in form["properties"]     # Prefect's own "Run Name" is the only one up there
     advanced = definitions["AdvancedSettings"]["properties"]
     assert advanced["run_name"]["title"] == "Run id prefix"
@@ -165,12 +165,21 @@ def test_the_form_offers_exactly_the_bfcl_categories_the_taskset_supports():
     assert typing.get_args(BfclCategory) == CATEGORIES
 
 
-def test_the_form_finishes_a_run_and_sets_retries_through_other_config_keys():
-    form = LaunchForm.model_validate({"advanced": {"finish_run": "nightly-1", "overrides": {
-        "max_rollout_attempts": 3, "retry_error_types": ["ProviderError"]}}})
+def test_the_form_finishes_a_run_with_budgets_and_attempts_of_its_own_and_retry_types_in_other_keys():
+    form = LaunchForm.model_validate({
+        "limits": {"max_rollout_attempts": 3, "token_budget": 50_000, "cost_budget_usd": 2.5},
+        "advanced": {"finish_run": "nightly-1", "overrides": {
+            "retry_error_types": ["ProviderError"], "env.agent.client.price": {"input": 3.0, "output": 15.0}}}})
     config = form.to_eval_config()
     assert (form.advanced.finish_run, config.max_rollout_attempts, config.retry_error_types) == (
         "nightly-1", 3, ["ProviderError"])
+    assert (config.token_budget, config.cost_budget_usd) == (50_000, 2.5)
+    assert LaunchForm.from_eval_config(config).limits == form.limits             # and back
+    assert LaunchForm().to_eval_config().token_budget is None                      # empty: no budget
+    with pytest.raises(ConfigError, match=r'overrides\["token_budget"\]: the form has a field for it \(limits'):
+        LaunchForm(advanced=AdvancedSettings(overrides={"token_budget": 5})).to_eval_config()
+    with pytest.raises(ConfigError, match="cost_budget_usd"):   # a cost budget needs the client's price
+        LaunchForm(limits=LimitSettings(cost_budget_usd=1.0)).to_eval_config()
     assert LaunchForm.model_validate({"advanced": {"finish_run": None}}).advanced.finish_run == ""
     with pytest.raises(ConfigError, match="'Providererror' is not an error type a rollout records"):
         LaunchForm(advanced=AdvancedSettings(overrides={"retry_error_types": ["Providererror"]})).to_eval_config()

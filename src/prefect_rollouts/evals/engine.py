@@ -72,6 +72,9 @@ class EvalRun:
     """The run's token or cost budget (``evals/budget.py``), shared by its rollouts; None without one."""
     retry: InRunRetry = field(default_factory=InRunRetry)
     """Which errored attempts run again within the run, and after which wait (``max_rollout_attempts``)."""
+    due: dict[RolloutKey, int] = field(default_factory=dict)
+    """Rollouts whose errored attempt is durable and whose next attempt (the value) has no row yet: it waits
+    for its backoff or runs. A ``batch`` task run retried after a crash runs these again (``flows/execute.py``)."""
 
     def rollout(self, planned: Planned) -> Rollout:
         labels = {"run_id": self.run_id, "rollout_index": str(planned.index), **self.labels,
@@ -241,6 +244,8 @@ async def run_attempt(run: EvalRun, planned: Planned, how: RunRollout) -> Trace 
         rollout, started = run.rollout(planned), time.perf_counter()
         await how(rollout, planned)
         await run.record(rollout, planned, time.perf_counter() - started)
+        if run.due.get(planned.key) == planned.attempt:
+            del run.due[planned.key]
         return rollout.trace
 
 
@@ -248,6 +253,7 @@ async def retry_after_backoff(run: EvalRun, planned: Planned, how: RunRollout) -
     """After errored attempt ``planned.attempt``: make its row durable (a kill during the wait or the next
     attempt keeps it), wait ``run.retry.wait_s`` without holding a gate slot, then ``run_one`` the next attempt."""
     await run.flush()
+    run.due[planned.key] = planned.attempt + 1
     await asyncio.sleep(run.retry.wait_s(planned.attempt))
     return await run_one(run, replace(planned, attempt=planned.attempt + 1), how)
 

@@ -3,8 +3,9 @@
 ``EvalConfig`` mirrors the TOML (86 fields once flattened, in the order of its tables), which
 makes a poor form. ``LaunchForm`` is the ``launch`` flow's one parameter (``flows/launch.py``):
 the fields that change between launches first (the taskset with its own options, model,
-endpoint, number of tasks, rollouts per task, concurrency), then ``advanced`` (run id prefix,
-granularity, harness, caps, sampling, runtime, traces) and, for every other key, dotted
+endpoint, number of tasks, rollouts per task, concurrency), then ``limits`` (budgets, attempts per
+rollout) and ``advanced`` (run id prefix, granularity, harness, caps, sampling, runtime, traces,
+finishing an earlier run) and, for every other key, dotted
 ``overrides`` as the CLI's ``--set`` takes them. ``to_eval_config`` turns a form into the config
 ``eval_flow`` runs; ``from_eval_config`` is its inverse (``prefect-rollouts serve CONFIG``
 launches the config's values as the form's defaults). Prefect renders the form from the JSON
@@ -100,6 +101,26 @@ class AdvancedSettings(Form):
         return cls.model_fields[info.field_name or ""].default if value is None else value
 
 
+class LimitSettings(Form):
+    """What a run may spend, and how often an errored rollout runs again (``docs/budgets.md``,
+    ``docs/retries.md``)."""
+
+    model_config = ConfigDict(title="Limits")
+    max_rollout_attempts: int = config_field(
+        "max_rollout_attempts", ge=1, le=100, title="Attempts per rollout",
+        description="A rollout that ends in a provider, runtime or infrastructure error runs again, up to this "
+                    "many attempts in all, each a row of its own. 1: no retry.")
+    token_budget: int | None = config_field(
+        "token_budget", ge=1, title="Token budget",
+        description="Tokens the whole run may spend (every model and judge call of every attempt). Once reached, no "
+                    "rollout starts, rollouts in flight stop at their next call, and the run ends BudgetReached; "
+                    "Finish run with a larger budget runs the rest. Empty: no budget.")
+    cost_budget_usd: float | None = config_field(
+        "cost_budget_usd", gt=0, title="Cost budget (USD)",
+        description="USD the whole run may spend, as the token budget, priced with each client's price (set "
+                    "env.agent.client.price in Other config keys). Empty: no budget.")
+
+
 class LaunchForm(Form):
     """One eval as launched from the UI. Defaults are the TOML's (the taskset's: arithmetic)."""
 
@@ -125,6 +146,8 @@ class LaunchForm(Form):
         [], title="More tasksets (a suite)",
         description="Tasksets run in the same eval after the one above, each its own environment with its own "
                     "options and number of tasks. Default [].")
+    limits: LimitSettings = Field(LimitSettings(), title="Limits",
+                                  description="Token and cost budgets of the run, and attempts per rollout.")
     advanced: AdvancedSettings = Field(AdvancedSettings(), title="Advanced",
                                        description="Rarer settings, and any other config key by its dotted name.")
 
@@ -211,7 +234,8 @@ _FIELDS = (
     ("advanced.request_timeout_s", "env.agent.client.timeout"),
     ("advanced.runtime", "env.agent.runtime.type"), ("advanced.traces_path", "traces.path"),
     ("advanced.trace_store", "traces.store"), ("advanced.pass_threshold", "pass_threshold"),
-    ("advanced.baseline", "baseline"),
+    ("advanced.baseline", "baseline"), ("limits.max_rollout_attempts", "max_rollout_attempts"),
+    ("limits.token_budget", "token_budget"), ("limits.cost_budget_usd", "cost_budget_usd"),
 )
 
 
