@@ -18,6 +18,7 @@ import pytest
 from prefect_rollouts.config.eval import EvalConfig
 from prefect_rollouts.config.sources import validate_config
 from prefect_rollouts.environments.harbor.config import TaskToml
+from prefect_rollouts.evals.identity import check_portable
 from tests.test_readme import FENCE, PAGES, README, REPO
 
 pytestmark = pytest.mark.unit
@@ -57,11 +58,19 @@ def test_each_toml_block_is_a_config_the_project_accepts(where, body):
         task = TaskToml.model_validate(data)
         assert task.unknown_keys() == [], f"{where}: keys Harbor's task.toml does not have: {task.unknown_keys()}"
         return
+    config = validate_config(EvalConfig, eval_config_of(data), "", REPO / "examples")
+    # a literal env value counts as a secret: "***" in the trace's config, refused by the launch form and a
+    # work pool; a value that is no secret is written "${NAME:-value}"
+    check_portable(config, "a launch form")
+
+
+def eval_config_of(data: dict[str, Any]) -> dict[str, Any]:
+    """A docs TOML fragment completed into an eval config (``BASE``; a suite's tasksets replace its taskset).
+    Its relative paths (a program's files) are relative to the config file: the examples' directory."""
     config = merged(BASE, data)
     if "tasksets" in config["env"]:
         del config["env"]["taskset"]
-    # relative paths (a program's files) are relative to the config file: the examples' directory
-    validate_config(EvalConfig, config, "", REPO / "examples")
+    return config
 
 
 def module_file(name: str) -> Path | None:

@@ -178,6 +178,37 @@ async def test_a_batch_retried_after_a_crash_runs_the_attempt_the_crash_cut_off(
         ("n0", 1), ("n1", 1), ("n1", 2), ("n2", 1), ("n3", 1)]
 
 
+async def test_a_batch_that_crashes_again_says_to_retry_the_errors_whose_next_attempt_it_cut_off(
+        tmp_path, openai_server, monkeypatch):
+    fails = {"1": 2}   # task 1's first two requests fail; its attempts 2 and 3 crash the batch (once each)
+
+    def step(request):
+        number = re.search(r"say (\d+)", request.messages[-1]["content"]).group(1)
+        if fails.get(number, 0) > 0:
+            fails[number] -= 1
+            return status(503)
+        return reply(number)
+    openai_server.default = step
+    crashes = {2, 3}
+    make = EvalRun.rollout
+
+    def rollout(self, planned):
+        if planned.task.id == "n1" and planned.attempt in crashes:
+            crashes.discard(planned.attempt)
+            raise RuntimeError("the worker lost its runtime")
+        return make(self, planned)
+    monkeypatch.setattr(EvalRun, "rollout", rollout)
+    toml = eval_toml(tmp_path / "traces", openai_server.base_url, rollout_granularity="batch", batch_size=4,
+                     max_concurrent=2, max_rollout_attempts=3, rollout_backoff_s=0.0).replace("count = 10", "count = 4")
+    with pytest.raises(RuntimeError, match=r"0 of 4 rollouts have no row .*--resume batch-crash2 --retry-errors"):
+        await eval_flow(load_eval_config(toml), run_id="batch-crash2")
+    monkeypatch.setattr(EvalRun, "rollout", make)
+    summary = await eval_flow(load_eval_config(toml), resume="batch-crash2", retry_errors=True)
+    assert (summary.rollouts, summary.errored) == (4, 0)
+    assert sorted(raw_rows(tmp_path / "traces")) == [   # the attempt the crash cut off ran once, none twice
+        ("n0", 0, 1), ("n1", 0, 1), ("n1", 0, 2), ("n1", 0, 3), ("n2", 0, 1), ("n3", 0, 1)]
+
+
 async def test_retry_errors_of_given_types_runs_only_the_rollouts_with_those_errors(tmp_path, openai_server):
     down = {"3"}
     openai_server.default = provider_down_for(down)
