@@ -147,14 +147,16 @@ async def _evaluate(config: EvalConfig, resume: str | None, run_id: str, named: 
         return budget_state(stopped.message, summary, stopped.spent)  # type: ignore[return-value]  # holds its error
     if failures:
         raise RuntimeError(f"{len(plan) - summary.rollouts} of {len(plan)} rollouts have no row ({failures[0]}); "
-                           f"resume with --resume {run_id}{_cut_off(summary.errored)}") from failures[0]
+                           f"resume with --resume {run_id}{_cut_off(summary.errored, config.max_rollout_attempts)}"
+                           ) from failures[0]
     return summary if failure is None else Failed(message=failure, data=EvalFailedError(failure, summary))
 
 
-def _cut_off(errored: int) -> str:
-    """The crash may have cut off the retry of errored rollouts (their next attempt has no row, and a plain
-    resume runs only the rollouts without one): how to run them again."""
-    if not errored:
+def _cut_off(errored: int, max_attempts: int) -> str:
+    """With in-run retries (``max_rollout_attempts`` past 1) the crash may have cut off the retry of errored
+    rollouts (their next attempt has no row, and a plain resume runs only the rollouts without one): how to
+    run them again. Without in-run retries a plain resume finishes what the crash left."""
+    if not errored or max_attempts <= 1:
         return ""
     return (f" --retry-errors ({errored} rollouts errored, and the crash may have cut off their next attempt: "
             "--retry-errors runs them again as new attempts)")
