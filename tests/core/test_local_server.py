@@ -194,21 +194,3 @@ async def test_a_server_that_cannot_start_keeps_its_log_and_names_it(tmpdir_for_
     assert str(server.log_path) in str(caught.value) and server.log_path.read_text()
     await server.stop()   # nothing to stop; the log stays
     assert server.log_path.is_file()
-
-
-@pytest.mark.unit
-def test_the_prompt_cache_counts_the_logits_each_state_holds(monkeypatch):
-    require_module("llama_cpp", "the local extra")
-    import numpy as np
-    from llama_cpp.llama import LlamaState
-    from llama_cpp.llama_cache import LlamaRAMCache
-
-    from prefect_rollouts.model.llama_server import size_prompt_cache
-    monkeypatch.setattr(LlamaRAMCache, "cache_size", LlamaRAMCache.cache_size)   # undone after the test
-    size_prompt_cache()
-    cache = LlamaRAMCache(capacity_bytes=5 << 20)
-    for n in range(4):   # 10 bytes of llama.cpp state, 2 MB of logits each (a real one: up to 100 MB)
-        cache[[n]] = LlamaState(input_ids=np.zeros(4, np.intc), scores=np.zeros((8, 65536), np.single),
-                                n_tokens=4, llama_state=b"0" * 10, llama_state_size=10, seed=0)
-    assert [key for key in cache.cache_state] == [(2,), (3,)]   # the least recently used went first
-    assert cache.cache_size <= 5 << 20

@@ -26,11 +26,6 @@ by reading what it renders (llama-cpp-python 0.3):
    grammar for the next tool's name (a function name or the end), so the message was always
    empty: SmolLM2 answering "Hello! Who are you?" beside a tool got ``content: ""``. The message
    step now runs without a grammar.
-7. Its prompt cache (``--cache_type ram --cache_size N``) counts only each state's llama.cpp data
-   against ``N``, yet a state also holds a copy of the logits (up to ``n_batch`` x the vocabulary in
-   float32: 100 MB for SmolLM2, 512 x 49,152 x 4 bytes) and the input ids, so with 1 GB the server's RSS
-   was 3.7 GB after 5 turns of 6 conversations at once (0.4 GB at the start), and still growing.
-   ``cache_bytes`` counts the whole state (``size_prompt_cache``).
 """
 
 from __future__ import annotations
@@ -149,25 +144,10 @@ def _is_json(text: str) -> bool:
     return True
 
 
-def cache_bytes(cache: Any) -> int:
-    """What a ``LlamaRAMCache``'s states hold: llama.cpp's data, the logits and the input ids (fix 7)."""
-    return sum(state.llama_state_size + state.scores.nbytes + state.input_ids.nbytes
-               for state in cache.cache_state.values())
-
-
-def size_prompt_cache() -> None:
-    """Fix 7: ``LlamaRAMCache`` evicts its least recently used states by ``cache_bytes``."""
-    from llama_cpp.llama_cache import LlamaRAMCache
-
-    LlamaRAMCache.cache_size = property(cache_bytes)  # type: ignore[method-assign,assignment]
-
-
 def install() -> None:
-    """Switch off template autoescaping in this process, register ``CHAT_FORMAT`` and size the prompt cache."""
+    """Switch off template autoescaping in this process and register ``CHAT_FORMAT``."""
     import jinja2
     from llama_cpp import llama_chat_format
-
-    size_prompt_cache()
 
     jinja2.select_autoescape = lambda *args, **kwargs: (lambda template_name=None: False)
 

@@ -91,10 +91,7 @@ class LocalModelServer:
             ``LlamaRAMCache``, least recently used out first), so a request that continues an earlier
             conversation reads only its new tokens even when other conversations' requests came in
             between (rollouts at once on one server); 0: only the last request's tokens are reused.
-            A state is about 23 KB per token for SmolLM2-135M (46 MB at 2,000 tokens, saved in 0.1 s), plus
-            its logits (up to 100 MB), all counted against the size (``llama_server`` fix 7): 6 conversations
-            at once, 8 turns each, kept the server at 2.1 GB of RSS with 1024 (it reached 3.7 GB at the 5th
-            turn when only the llama.cpp data was counted).
+            A state is about 23 KB per token for SmolLM2-135M (46 MB at 2,000 tokens, saved in 0.1 s).
             Two 6-turn conversations at once took 121 s and 167 s of server CPU with 1024 MB, 174 s and
             311 s without, with the same replies (``benchmarks/local_concurrent.py``).
 
