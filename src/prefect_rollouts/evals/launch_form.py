@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
+from prefect_rollouts.bounds import MAX_RETRIES
 from prefect_rollouts.config.eval import EvalConfig
 from prefect_rollouts.config.harness import HarnessId
 from prefect_rollouts.config.sources import Source, validate_sources
@@ -107,7 +108,7 @@ class LimitSettings(Form):
 
     model_config = ConfigDict(title="Limits")
     max_rollout_attempts: int = config_field(
-        "max_rollout_attempts", ge=1, le=100, title="Attempts per rollout",
+        "max_rollout_attempts", ge=1, le=MAX_RETRIES, title="Attempts per rollout",
         description="A rollout that ends in a provider, runtime or infrastructure error runs again, up to this "
                     "many attempts in all, each a row of its own. 1: no retry.")
     token_budget: int | None = config_field(
@@ -118,7 +119,7 @@ class LimitSettings(Form):
     cost_budget_usd: float | None = config_field(
         "cost_budget_usd", gt=0, title="Cost budget (USD)",
         description="USD the whole run may spend, as the token budget, priced with each client's price (set "
-                    "env.agent.client.price in Other config keys). Empty: no budget.")
+                    "env.agent.client.price in Advanced > Other config keys). Empty: no budget.")
 
 
 class LaunchForm(Form):
