@@ -54,6 +54,17 @@ def provider_down_for(down: set[str], delay_s: float = 0.0):
     return step
 
 
+def provider_fails_first(fails: dict[str, int]):
+    """Task i says i, except that the first ``fails[i]`` requests of task i get 503."""
+    def step(request):
+        number = re.search(r"say (\d+)", request.messages[-1]["content"]).group(1)
+        if fails.get(number, 0) > 0:
+            fails[number] -= 1
+            return status(503)
+        return reply(number)
+    return step
+
+
 def raw_rows(root) -> list[tuple[str, int, int]]:
     """``(task id, rollout index, attempt)`` of every rollout row on disk, duplicates included."""
     rows = []
@@ -129,14 +140,7 @@ def test_a_kill_9_during_the_retries_then_a_resume_writes_no_attempt_twice_and_l
 @pytest.mark.parametrize("granularity", ["flow", "task", "batch"])
 async def test_max_rollout_attempts_recovers_errored_rollouts_within_one_run(tmp_path, openai_server, granularity):
     fails = {"1": 1, "4": 1}   # these tasks' first requests fail, then the provider answers
-
-    def step(request):
-        number = re.search(r"say (\d+)", request.messages[-1]["content"]).group(1)
-        if fails.get(number, 0) > 0:
-            fails[number] -= 1
-            return status(503)
-        return reply(number)
-    openai_server.default = step
+    openai_server.default = provider_fails_first(fails)
     config = load_eval_config(eval_toml(tmp_path / "traces", openai_server.base_url, rollout_granularity=granularity,
                                         batch_size=4, max_concurrent=3, max_rollout_attempts=2,
                                         rollout_backoff_s=0.0).replace("count = 10", "count = 6"))
@@ -150,14 +154,7 @@ async def test_max_rollout_attempts_recovers_errored_rollouts_within_one_run(tmp
 
 async def test_a_batch_retried_after_a_crash_runs_the_attempt_the_crash_cut_off(tmp_path, openai_server, monkeypatch):
     fails = {"1": 1}   # task 1's first request fails; its second attempt crashes the batch before it starts
-
-    def step(request):
-        number = re.search(r"say (\d+)", request.messages[-1]["content"]).group(1)
-        if fails.get(number, 0) > 0:
-            fails[number] -= 1
-            return status(503)
-        return reply(number)
-    openai_server.default = step
+    openai_server.default = provider_fails_first(fails)
     crashed: list[str] = []
     make = EvalRun.rollout
 
@@ -181,14 +178,7 @@ async def test_a_batch_retried_after_a_crash_runs_the_attempt_the_crash_cut_off(
 async def test_a_batch_that_crashes_again_says_to_retry_the_errors_whose_next_attempt_it_cut_off(
         tmp_path, openai_server, monkeypatch):
     fails = {"1": 2}   # task 1's first two requests fail; its attempts 2 and 3 crash the batch (once each)
-
-    def step(request):
-        number = re.search(r"say (\d+)", request.messages[-1]["content"]).group(1)
-        if fails.get(number, 0) > 0:
-            fails[number] -= 1
-            return status(503)
-        return reply(number)
-    openai_server.default = step
+    openai_server.default = provider_fails_first(fails)
     crashes = {2, 3}
     make = EvalRun.rollout
 
