@@ -68,7 +68,7 @@ async def reconcile_run(root: str | DatasetRoot, run_id: str) -> ReconcileReport
     if not len(rows):
         raise ConfigError(f"RUN = {run_id!r}: no rollouts of this run in the trace dataset at {root.uri}. "
                           "Check the run id (prefect-rollouts traces summary PATH lists them) and the path")
-    records = rows.sort_values("attempt").to_dict("records")
+    records = rows.to_dict("records")
     by_rollout = {str(r["rollout_id"]): r for r in records}
     by_id = {str(r["flow_run_id"]): r for r in records if isinstance(r["flow_run_id"], str)}
     by_key = {_key(r["task_type"], r["task_id"], r["rollout_index"], r["attempt"]): r for r in records}

@@ -99,9 +99,7 @@ class RolloutState:
         """Count one model call's tokens and cost against the eval's budget (if any); ``usage_note``: its
         usage was missing or invalid (``Budget.warn_unknown``)."""
         if self.budget is not None:
-            if usage_note:
-                self.budget.warn_unknown(usage_note)
-            await self.budget.charge(tokens, cost_usd)
+            await self.budget.charge(tokens, cost_usd, usage_note)
 
 
 @dataclass(slots=True)

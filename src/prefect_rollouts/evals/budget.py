@@ -113,8 +113,11 @@ class Budget:
             self.is_reached = self.over(self.spent)
         return self.is_reached
 
-    async def charge(self, tokens: int, cost_usd: float | None) -> None:
-        """Count one call's (or a rollout's judge calls') ``tokens`` and ``cost_usd`` (None: no price: 0)."""
+    async def charge(self, tokens: int, cost_usd: float | None, usage_note: str | None = None) -> None:
+        """Count one call's ``tokens`` and ``cost_usd`` (None: no price: 0); ``usage_note``: the call's usage
+        was missing or invalid (``warn_unknown``, once)."""
+        if usage_note:
+            self.warn_unknown(usage_note)
         if tokens or cost_usd:
             await self.ledger.add(Spend(tokens, cost_usd or 0.0))
 

@@ -38,12 +38,8 @@ class JudgeBudget(Protocol):
         """True when the run's spend has reached the budget (then no call starts)."""
         ...
 
-    async def charge(self, tokens: int, cost_usd: float | None) -> None:
-        """Count one call's tokens and cost."""
-        ...
-
-    def warn_unknown(self, note: str) -> None:
-        """Log (once per budget) that a call's usage was missing or invalid, so it counted 0 tokens."""
+    async def charge(self, tokens: int, cost_usd: float | None, usage_note: str | None = None) -> None:
+        """Count one call's tokens and cost; ``usage_note``: its usage was missing or invalid (logged once)."""
         ...
 
 
@@ -126,12 +122,11 @@ class Judge:
                              completion.completion_tokens, completion.cached_tokens, completion.cache_write_tokens)
         trace.judge_usage.add(completion.prompt_tokens, completion.completion_tokens, completion.cached_tokens,
                               completion.reasoning_tokens, cost, completion.cache_write_tokens)
-        if completion.usage_note:
-            note_unknown_usage(trace, f"judge {self.name!r}: {completion.usage_note}")
+        note = f"judge {self.name!r}: {completion.usage_note}" if completion.usage_note else None
+        if note:
+            note_unknown_usage(trace, note)
         if budget is not None:
-            if completion.usage_note:
-                budget.warn_unknown(f"judge {self.name!r}: {completion.usage_note}")
-            await budget.charge(completion.prompt_tokens + completion.completion_tokens, cost)
+            await budget.charge(completion.prompt_tokens + completion.completion_tokens, cost, note)
         reply = content_text(completion.message.get("content"))
         record.reply = scrub_cut(reply, REPLY_CAP_CHARS, note=False)
         try:   # parsers are plugin code: off the loop, like sync rewards (threads.py)
